@@ -1,0 +1,31 @@
+#include "actors/error.h"
+
+#include <caf/message.hpp>
+
+namespace tandem {
+
+caf::error to_caf_error(const status& st) {
+  if (st.ok()) return caf::error{};
+  return caf::make_error(st.code(), st.message());
+}
+
+status from_caf_error(const caf::error& e) {
+  if (!e) return {};
+  if (e.category() == caf::atom("tandem")) {
+    std::string msg;
+    const auto& ctx = e.context();
+    if (ctx.size() == 1 && ctx.match_element<std::string>(0)) msg = ctx.get_as<std::string>(0);
+    return {static_cast<errc>(e.code()), msg};
+  }
+  return {errc::unsupported, caf::to_string(e)};
+}
+
+void register_error_category(caf::actor_system_config& cfg) {
+  cfg.add_error_category(caf::atom("tandem"), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
+    std::string out = "tandem: " + std::string(to_string(static_cast<errc>(code)));
+    if (ctx.size() == 1 && ctx.match_element<std::string>(0)) out += " (" + ctx.get_as<std::string>(0) + ")";
+    return out;
+  });
+}
+
+}  // namespace tandem

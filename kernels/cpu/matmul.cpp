@@ -1,0 +1,267 @@
+// CPU matmul: runtime ISA dispatch, the portable scalar path and the pieces every ISA shares
+// (per-thread scratch, the OpenBLAS prefill path).
+//
+// Two regimes (see matmul.h): decode (m <= max_decode_m) streams each weight row once and dots
+// it with every input row, which is bound by memory bandwidth; prefill (larger m) is a GEMM,
+// bound by FMA throughput. The ISA translation units implement both for their instruction set.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+#include <cstring>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/matmul_impl.h"
+
+namespace tandem::kernels::cpu {
+namespace detail {
+namespace {
+
+bool cpu_has(isa level) {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512dq");
+  switch (level) {
+    case isa::scalar: return true;
+    case isa::avx2: return avx2;
+    case isa::avx512: return avx512;
+    case isa::avx512_bf16:
+      return avx512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16");
+  }
+  return false;
+}
+
+isa detect() {
+  for (isa l : {isa::avx512_bf16, isa::avx512, isa::avx2})
+    if (cpu_has(l)) return l;
+  return isa::scalar;
+}
+
+// ---- scalar path ----
+
+// x: [m, k] f32 and (for q8_0 weights) xq: [m, k/32] blocks; y: [m, w.rows]; rows [r0, r1).
+void decode_rows_scalar(const weight_view& w, const float* x, const block_q8_0* xq, int64_t m,
+                        float* y, int64_t r0, int64_t r1) {
+  const int64_t k = w.cols, n = w.rows;
+  if (w.type == dtype::q8_0) {
+    const int64_t nb = k / q8_0_block;
+    for (int64_t r = r0; r < r1; ++r) {
+      const auto* wb = reinterpret_cast<const block_q8_0*>(row_ptr(w, r));
+      for (int64_t i = 0; i < m; ++i) {
+        const block_q8_0* xb = xq + i * nb;
+        float sum = 0.0f;
+        for (int64_t b = 0; b < nb; ++b) {
+          int32_t s = 0;  // exact: 32 products of |v| <= 128
+          for (int j = 0; j < q8_0_block; ++j) s += int32_t(wb[b].qs[j]) * xb[b].qs[j];
+          sum += f16_to_f32(wb[b].d) * f16_to_f32(xb[b].d) * float(s);
+        }
+        y[i * n + r] = sum;
+      }
+    }
+    return;
+  }
+  auto* row = static_cast<float*>(thread_scratch(scratch_tmp, size_t(k) * sizeof(float)));
+  for (int64_t r = r0; r < r1; ++r) {
+    dequantize_row(w.type, row_ptr(w, r), row, k);
+    for (int64_t i = 0; i < m; ++i) {
+      const float* xi = x + i * k;
+      float part[8] = {};  // independent partial sums: shorter dependency chains, less rounding
+      int64_t c = 0;
+      for (; c + 8 <= k; c += 8)
+        for (int j = 0; j < 8; ++j) part[j] += row[c + j] * xi[c + j];
+      for (; c < k; ++c) part[0] += row[c] * xi[c];
+      y[i * n + r] = ((part[0] + part[1]) + (part[2] + part[3])) +
+                     ((part[4] + part[5]) + (part[6] + part[7]));
+    }
+  }
+}
+
+// Rows [r0, r1) of W against all m rows of x through cblas_sgemm. y: [m, w.rows].
+void blas_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_t r0, int64_t r1,
+               dequant_fn dequant) {
+  const int64_t k = w.cols, n = w.rows;
+  auto sgemm = [&](const float* wp, int64_t rows, float* yp) {  // yp[m, rows] = x · wpᵀ
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(rows), int(k), 1.0f, x,
+                int(k), wp, int(k), 0.0f, yp, int(n));
+  };
+  if (w.type == dtype::f32) {
+    sgemm(reinterpret_cast<const float*>(row_ptr(w, r0)), r1 - r0, y + r0);
+    return;
+  }
+  // A panel of ~1 MiB of f32 weights: big enough for OpenBLAS's own blocking, stays in L2/L3.
+  const int64_t panel = std::clamp<int64_t>((int64_t(1) << 18) / std::max<int64_t>(k, 1), 16, 256);
+  auto* buf = static_cast<float*>(thread_scratch(scratch_panel, size_t(panel * k) * sizeof(float)));
+  for (int64_t p = r0; p < r1; p += panel) {
+    const int64_t rows = std::min(panel, r1 - p);
+    for (int64_t r = 0; r < rows; ++r) dequant(w.type, row_ptr(w, p + r), buf + r * k, k);
+    sgemm(buf, rows, y + p);
+  }
+}
+
+}  // namespace
+
+const char* isa_label(isa level) {
+  switch (level) {
+    case isa::scalar: return "scalar";
+    case isa::avx2: return "avx2";
+    case isa::avx512: return "avx512";
+    case isa::avx512_bf16: return "avx512_bf16";
+  }
+  return "?";
+}
+
+isa best_isa() {
+  static const isa level = detect();
+  return level;
+}
+
+bool isa_supported(isa level) { return int(level) <= int(best_isa()); }
+
+namespace {
+struct scratch_set {
+  void* ptr[scratch_slots] = {};
+  size_t cap[scratch_slots] = {};
+  scratch_set() = default;
+  scratch_set(const scratch_set&) = delete;
+  scratch_set& operator=(const scratch_set&) = delete;
+  ~scratch_set() {
+    for (void* p : ptr) std::free(p);
+  }
+};
+}  // namespace
+
+void* thread_scratch(scratch_slot slot, size_t bytes) {
+  thread_local scratch_set s;
+  if (s.cap[slot] < bytes) {
+    std::free(s.ptr[slot]);
+    s.ptr[slot] = nullptr;
+    s.cap[slot] = 0;
+    const size_t cap = (std::max(bytes, size_t(4096)) + 63) & ~size_t(63);  // aligned_alloc: size % 64 == 0
+    s.ptr[slot] = std::aligned_alloc(64, cap);
+    if (!s.ptr[slot]) throw std::bad_alloc();
+    s.cap[slot] = cap;
+  }
+  return s.ptr[slot];
+}
+
+void init_blas_threads() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+int64_t decode_grain(const weight_view& w) {
+  // ~32 KiB of weights per grain: a smaller matrix runs inline on the calling thread.
+  const int64_t rb = std::max<int64_t>(1, row_bytes(w.type, w.cols));
+  return std::max<int64_t>(4, (int64_t(32) << 10) / rb);
+}
+
+void prefill_blas(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
+                  dequant_fn dequant) {
+  init_blas_threads();
+  const int64_t k = w.cols, n = w.rows;
+  if (n >= 64 * pool.size()) {  // split weight rows: each is dequantized once
+    pool.parallel_for(n, 16, [&](int64_t r0, int64_t r1, int) {
+      blas_rows(w, x, m, y, r0, r1, dequant);
+    });
+  } else {  // few weight rows: split the input rows instead
+    pool.parallel_for(m, 16, [&](int64_t i0, int64_t i1, int) {
+      blas_rows(w, x + i0 * k, i1 - i0, y + i0 * n, 0, n, dequant);
+    });
+  }
+}
+
+void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
+  if (m > max_decode_m) {
+    prefill_blas(w, x, m, y, pool, &dequantize_row);
+    return;
+  }
+  const block_q8_0* xq = nullptr;
+  if (w.type == dtype::q8_0) {  // quantize x once per call, like ggml's vec_dot_q8_0_q8_0
+    const int64_t nb = w.cols / q8_0_block;
+    auto* q = static_cast<block_q8_0*>(
+        thread_scratch(scratch_x, size_t(m * nb) * sizeof(block_q8_0)));
+    for (int64_t i = 0; i < m; ++i) quantize_row_q8_0(x + i * w.cols, q + i * nb, w.cols);
+    xq = q;
+  }
+  pool.parallel_for(w.rows, decode_grain(w), [&](int64_t r0, int64_t r1, int) {
+    decode_rows_scalar(w, x, xq, m, y, r0, r1);
+  });
+}
+
+void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m, float* y,
+                     thread_pool& pool) {
+  if (!isa_supported(level))
+    throw std::invalid_argument(std::string("matmul: this CPU lacks ") + isa_label(level));
+  assert(w.type != dtype::q8_0 || w.cols % q8_0_block == 0);
+  if (m <= 0 || w.rows <= 0) return;
+  if (w.cols <= 0) {  // empty dot products
+    std::fill(y, y + m * w.rows, 0.0f);
+    return;
+  }
+  switch (level) {
+    case isa::scalar: return matmul_scalar(w, x, m, y, pool);
+    case isa::avx2: return matmul_avx2(w, x, m, y, pool);
+    case isa::avx512: return matmul_avx512(w, x, m, y, pool, false);
+    case isa::avx512_bf16: return matmul_avx512(w, x, m, y, pool, true);
+  }
+}
+
+double fma_gflops_scalar(double seconds) {
+  // Twelve independent multiply-add chains; volatile seeds keep the compiler from folding them.
+  volatile float seed_b = 0.999999f, seed_c = 1e-7f;
+  const float b = seed_b, c = seed_c;
+  float a[12];
+  for (int j = 0; j < 12; ++j) a[j] = float(j);
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  int64_t iters = 0;
+  do {
+    for (int it = 0; it < 1 << 16; ++it)
+      for (float& v : a) v = v * b + c;
+    iters += 1 << 16;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < seconds);
+  volatile float sink = a[0] + a[11];
+  (void)sink;
+  return double(iters) * 12 * 2 / elapsed * 1e-9;
+}
+
+float read_sum_scalar(const float* p, size_t n) {
+  // Integer adds of 8-byte words: associative, so four independent chains keep up with memory.
+  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t u[4];
+    std::memcpy(u, p + i, sizeof u);
+    s0 += u[0];
+    s1 += u[1];
+    s2 += u[2];
+    s3 += u[3];
+  }
+  return float((s0 ^ s1 ^ s2 ^ s3) & 0xffff);
+}
+
+}  // namespace detail
+
+void matmul(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
+  detail::matmul_with_isa(detail::best_isa(), w, x, m, y, pool);
+}
+
+const char* isa_name() {
+  switch (detail::best_isa()) {
+    case detail::isa::scalar: return "scalar";
+    case detail::isa::avx2: return "avx2";
+    case detail::isa::avx512:
+    case detail::isa::avx512_bf16: return "avx512";
+  }
+  return "?";
+}
+
+}  // namespace tandem::kernels::cpu

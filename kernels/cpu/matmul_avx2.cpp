@@ -1,0 +1,260 @@
+// AVX2 + FMA + F16C kernels (compiled with -mavx2 -mfma -mf16c; called only after the CPU check).
+// Decode: hand-written GEMV over 8-float vectors. Prefill: dequantized panels through OpenBLAS,
+// whose Haswell sgemm kernel is already near the 256-bit FMA peak.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "kernels/cpu/matmul_impl.h"
+
+namespace tandem::kernels::cpu::detail {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Weights c..c+7 of a row as f32.
+template <dtype T>
+inline __m256 load8(const uint8_t* row, int64_t c) {
+  if constexpr (T == dtype::f32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + c);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * c));
+    if constexpr (T == dtype::f16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16
+  }
+}
+
+template <dtype T>
+inline float load1(const uint8_t* row, int64_t c) {
+  if constexpr (T == dtype::f32) {
+    float f;
+    std::memcpy(&f, row + 4 * c, 4);
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * c, 2);
+    return T == dtype::f16 ? _cvtsh_ss(h) : bf16_to_f32(h);
+  }
+}
+
+// Rows [r0, r1) of f32/f16/bf16 W against M input rows. x: [M, k], y: [M, n] (n = w.rows).
+template <dtype T, int M>
+void decode_float(const weight_view& w, const float* x, float* y, int64_t r0, int64_t r1) {
+  constexpr int U = std::max(1, 8 / M);  // M*U independent FMA chains hide the FMA latency
+  const int64_t k = w.cols, n = w.rows;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = row_ptr(w, r);
+    __m256 acc[M][U];
+    for (auto& a : acc)
+      for (auto& v : a) v = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 * U <= k; c += 8 * U)
+      for (int u = 0; u < U; ++u) {
+        const __m256 wv = load8<T>(row, c + 8 * u);
+        for (int i = 0; i < M; ++i)
+          acc[i][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * k + c + 8 * u), acc[i][u]);
+      }
+    for (; c + 8 <= k; c += 8) {
+      const __m256 wv = load8<T>(row, c);
+      for (int i = 0; i < M; ++i)
+        acc[i][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * k + c), acc[i][0]);
+    }
+    for (int i = 0; i < M; ++i) {
+      for (int u = 1; u < U; ++u) acc[i][0] = _mm256_add_ps(acc[i][0], acc[i][u]);
+      float s = hsum(acc[i][0]);
+      for (int64_t t = c; t < k; ++t) s += load1<T>(row, t) * x[i * k + t];  // cols % 8 tail
+      y[i * n + r] = s;
+    }
+  }
+}
+
+// q8_0 rows [r0, r1) against M quantized inputs. xq: [M, k] int8, xd: [M, k/32], y: [M, n].
+template <int M>
+void decode_q8(const weight_view& w, const int8_t* xq, const float* xd, float* y, int64_t r0,
+               int64_t r1) {
+  const int64_t k = w.cols, nb = k / q8_0_block, n = w.rows;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* wb = reinterpret_cast<const block_q8_0*>(row_ptr(w, r));
+    __m256 acc[M][2];  // two chains per input: alternate blocks
+    for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+    auto block = [&](int64_t b, int chain) {
+      const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[b].qs));
+      const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb[b].d));
+      for (int i = 0; i < M; ++i) {
+        const __m256i xv =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * k + b * q8_0_block));
+        // maddubs wants u8 x s8: |x| times w carrying x's sign. Pair sums <= 2*127*128 fit s16.
+        const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wq, xv));
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(xd[i * nb + b]));
+        acc[i][chain] = _mm256_fmadd_ps(p, s, acc[i][chain]);
+      }
+    };
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      block(b, 0);
+      block(b + 1, 1);
+    }
+    if (b < nb) block(b, 0);
+    for (int i = 0; i < M; ++i) y[i * n + r] = hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
+  }
+}
+
+// Calls kern<M>(x offset, y offset, M) over the m inputs in chunks of at most 4.
+template <class F>
+void for_input_chunks(int64_t m, F&& kern) {
+  for (int64_t i0 = 0; i0 < m;) {
+    const int64_t c = std::min<int64_t>(4, m - i0);
+    switch (c) {
+      case 1: kern(std::integral_constant<int, 1>{}, i0); break;
+      case 2: kern(std::integral_constant<int, 2>{}, i0); break;
+      case 3: kern(std::integral_constant<int, 3>{}, i0); break;
+      default: kern(std::integral_constant<int, 4>{}, i0); break;
+    }
+    i0 += c;
+  }
+}
+
+template <dtype T>
+void decode_float_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_t r0,
+                       int64_t r1) {
+  for_input_chunks(m, [&](auto mc, int64_t i0) {
+    decode_float<T, decltype(mc)::value>(w, x + i0 * w.cols, y + i0 * w.rows, r0, r1);
+  });
+}
+
+void dequant_avx2(dtype t, const void* src, float* dst, int64_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  int64_t c = 0;
+  switch (t) {
+    case dtype::f32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case dtype::f16:
+      for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, load8<dtype::f16>(s, c));
+      for (; c < n; ++c) dst[c] = load1<dtype::f16>(s, c);
+      return;
+    case dtype::bf16:
+      for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, load8<dtype::bf16>(s, c));
+      for (; c < n; ++c) dst[c] = load1<dtype::bf16>(s, c);
+      return;
+    case dtype::q8_0: {
+      const auto* b = static_cast<const block_q8_0*>(src);
+      for (int64_t i = 0; i < n / q8_0_block; ++i) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        for (int j = 0; j < q8_0_block; j += 8) {
+          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[i].qs + j));
+          _mm256_storeu_ps(dst + i * q8_0_block + j,
+                           _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+        }
+      }
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+void quantize_x_q8_avx2(const float* x, int64_t n, int8_t* q, float* d) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < n / q8_0_block; ++b) {
+    const float* xb = x + b * q8_0_block;
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(xb + 8 * j);
+      amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], abs_mask));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    // Keep the scale in f32 (ggml rounds it to f16): it never leaves this call.
+    const float scale = _mm_cvtss_f32(m4) / 127.0f;
+    const __m256 inv = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+    __m256i i[4];
+    for (int j = 0; j < 4; ++j) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // nearest
+    // Packing interleaves 128-bit lanes; the permute restores element order.
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * q8_0_block), ordered);
+    d[b] = scale;
+  }
+}
+
+void decode_q8_0_avx2(const weight_view& w, const int8_t* xq, const float* xd, int64_t m,
+                      float* y, int64_t r0, int64_t r1) {
+  const int64_t k = w.cols, nb = k / q8_0_block;
+  for_input_chunks(m, [&](auto mc, int64_t i0) {
+    decode_q8<decltype(mc)::value>(w, xq + i0 * k, xd + i0 * nb, y + i0 * w.rows, r0, r1);
+  });
+}
+
+void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
+  if (m > max_decode_m) {
+    prefill_blas(w, x, m, y, pool, &dequant_avx2);
+    return;
+  }
+  const int64_t k = w.cols, grain = decode_grain(w);
+  switch (w.type) {
+    case dtype::f32:
+      return pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
+        decode_float_rows<dtype::f32>(w, x, m, y, r0, r1);
+      });
+    case dtype::f16:
+      return pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
+        decode_float_rows<dtype::f16>(w, x, m, y, r0, r1);
+      });
+    case dtype::bf16:
+      return pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
+        decode_float_rows<dtype::bf16>(w, x, m, y, r0, r1);
+      });
+    case dtype::q8_0: {
+      // x quantized once per call (the calling thread's scratch; workers only read it).
+      const int64_t nb = k / q8_0_block;
+      auto* buf = static_cast<uint8_t*>(thread_scratch(scratch_x, size_t(m * (k + 4 * nb))));
+      auto* xd = reinterpret_cast<float*>(buf);  // [m, nb]
+      auto* xq = reinterpret_cast<int8_t*>(buf + m * nb * 4);  // [m, k]
+      for (int64_t i = 0; i < m; ++i) quantize_x_q8_avx2(x + i * k, k, xq + i * k, xd + i * nb);
+      return pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
+        decode_q8_0_avx2(w, xq, xd, m, y, r0, r1);
+      });
+    }
+  }
+}
+
+double fma_gflops_avx2(double seconds) {
+  // Twelve independent chains cover FMA latency x throughput (4 x 2) with margin.
+  volatile float seed = 0.999999f;
+  const __m256 b = _mm256_set1_ps(seed), c = _mm256_set1_ps(1e-7f);
+  __m256 a[12];
+  for (int j = 0; j < 12; ++j) a[j] = _mm256_set1_ps(float(j));
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  int64_t iters = 0;
+  do {
+    for (int it = 0; it < 1 << 16; ++it) {
+      for (auto& v : a) v = _mm256_fmadd_ps(v, b, c);
+      __asm__ volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]), "+x"(a[5]),
+                       "+x"(a[6]), "+x"(a[7]), "+x"(a[8]), "+x"(a[9]), "+x"(a[10]), "+x"(a[11]));
+    }
+    iters += 1 << 16;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < seconds);
+  volatile float sink = hsum(_mm256_add_ps(a[0], a[11]));
+  (void)sink;
+  return double(iters) * 12 * 16 / elapsed * 1e-9;
+}
+
+float read_sum_avx2(const float* p, size_t n) {
+  __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (size_t i = 0; i + 32 <= n; i += 32)
+    for (int j = 0; j < 4; ++j) s[j] = _mm256_add_ps(s[j], _mm256_load_ps(p + i + 8 * j));
+  return hsum(_mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3])));
+}
+
+}  // namespace tandem::kernels::cpu::detail

@@ -1,0 +1,80 @@
+#pragma once
+// Private to the CPU matmul: the ISA levels, the per-ISA entry points and the pieces they share.
+// Only matmul.cpp, matmul_avx2.cpp, matmul_avx512.cpp, peak.cpp and tests include this.
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/matmul.h"
+
+namespace tandem::kernels::cpu::detail {
+
+// Ordered: a level needs everything the ones before it need.
+enum class isa {
+  scalar,          // portable C++ (prefill still goes through OpenBLAS)
+  avx2,            // AVX2 + FMA + F16C
+  avx512,          // AVX-512 F/BW/VL/DQ (+ FMA/F16C); q8_0 decode borrows the AVX2 kernel
+  avx512_bf16,     // avx512 + AVX512-VNNI + AVX512-BF16
+};
+
+const char* isa_label(isa level);
+// The best level this CPU runs, detected once.
+isa best_isa();
+bool isa_supported(isa level);
+
+// The same contract as cpu::matmul on a chosen ISA level (tests compare levels through this).
+// Throws std::invalid_argument if the CPU lacks `level`.
+void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m, float* y,
+                     thread_pool& pool);
+
+// Batches up to this many rows take the decode (GEMV-like) path; larger ones the GEMM path.
+// Chosen by measurement on the bench-76m shapes (see matmul.cpp).
+constexpr int64_t max_decode_m = 4;
+
+// ---- per-ISA entry points; call only after checking the CPU supports the level ----
+void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool);
+void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool);
+void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
+                   bool vnni_bf16);
+
+// q8_0 decode rows [r0, r1) with AVX2 integer dot products; AVX-512 without VNNI uses it too.
+// xq: [m, cols] int8 and xd: [m, cols/32] scales of x quantized with quantize_x_q8_avx2;
+// y: [m, w.rows].
+void decode_q8_0_avx2(const weight_view& w, const int8_t* xq, const float* xd, int64_t m,
+                      float* y, int64_t r0, int64_t r1);
+void quantize_x_q8_avx2(const float* x, int64_t n, int8_t* q, float* d);
+
+// ---- shared helpers (matmul.cpp) ----
+
+// Start of weight row r.
+inline const uint8_t* row_ptr(const weight_view& w, int64_t r) {
+  return static_cast<const uint8_t*>(w.data) + r * row_bytes(w.type, w.cols);
+}
+
+// A per-thread, 64-byte aligned scratch buffer of at least `bytes`, one per slot. It stays valid
+// (and keeps its contents) until this thread asks for the same slot again. Slots let one call
+// hold several buffers: the calling thread's slot 0 carries data its pool's workers read.
+enum scratch_slot { scratch_x = 0, scratch_panel = 1, scratch_tmp = 2, scratch_slots = 3 };
+void* thread_scratch(scratch_slot slot, size_t bytes);
+
+// Converts `n` elements of a weight row to f32 (an ISA's vectorised dequantize_row).
+using dequant_fn = void (*)(dtype t, const void* src, float* dst, int64_t n);
+// Prefill through OpenBLAS: each pool thread dequantizes panels of its weight rows with
+// `dequant` and multiplies them with single-threaded cblas_sgemm (f32 weights are used in place).
+void prefill_blas(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
+                  dequant_fn dequant);
+// Rows per parallel_for grain for the decode path: enough weight bytes per slice that waking a
+// thread pays off.
+int64_t decode_grain(const weight_view& w);
+// Makes OpenBLAS single-threaded (once): our pool owns the cores.
+void init_blas_threads();
+
+// ---- peak measurement helpers, one thread each (used by peak.cpp) ----
+double fma_gflops_scalar(double seconds);
+double fma_gflops_avx2(double seconds);
+double fma_gflops_avx512(double seconds);
+// Sums n floats (n a multiple of 64, p 64-byte aligned) as fast as the ISA reads.
+float read_sum_scalar(const float* p, size_t n);
+float read_sum_avx2(const float* p, size_t n);
+float read_sum_avx512(const float* p, size_t n);
+
+}  // namespace tandem::kernels::cpu::detail

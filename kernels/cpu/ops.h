@@ -1,0 +1,21 @@
+#pragma once
+// CPU reference kernels for the elementwise parts of a Llama layer. Every other backend is
+// tested against these.
+#include <cstdint>
+
+namespace tandem::kernels::cpu {
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * w.   x, y: [rows, dim], w: [dim]
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps);
+// out = silu(gate) * up, elementwise over n.
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+// x += y over n.
+void add_inplace(float* x, const float* y, int64_t n);
+// Rotary embedding, llama "normal" layout (adjacent pairs (2i, 2i+1) rotate together):
+// x: [n_tokens, n_heads, head_dim], pos: [n_tokens]; pair i turns by pos·base^(−2i/head_dim).
+void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+          float freq_base);
+// In-place softmax over n values; returns nothing, leaves probabilities summing to 1.
+void softmax(float* x, int64_t n);
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,296 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/ops.h"
+
+namespace tandem {
+
+namespace cpu = kernels::cpu;
+
+// Activations for one forward pass, grown on demand and reused across calls.
+struct engine::scratch {
+  std::vector<float> x, xn, q, k, v, attn, proj, gate, up;  // [T, width] each
+  std::vector<std::vector<float>> scores;                  // per thread: [n_rep, n_ctx]
+  std::vector<std::vector<const float*>> kptr, vptr;        // per thread: block pointers
+};
+
+namespace {
+void grow(std::vector<float>& v, int64_t n) {
+  if (int64_t(v.size()) < n) v.resize(size_t(n));
+}
+int32_t div_up(int32_t a, int32_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+engine::engine(std::shared_ptr<const model> m, engine_options opts)
+    : model_(std::move(m)),
+      opts_(opts),
+      pool_threads_(opts.n_threads),
+      pool_(kv_layout{model_->config().n_layer, model_->config().n_kv_head, model_->config().head_dim,
+                      opts.block_size},
+            opts.n_kv_blocks > 0
+                ? opts.n_kv_blocks
+                : int32_t(std::max<int64_t>(
+                      1, opts.kv_memory_bytes /
+                             kv_layout{model_->config().n_layer, model_->config().n_kv_head,
+                                       model_->config().head_dim, opts.block_size}
+                                 .bytes_per_block()))),
+      scratch_(std::make_unique<scratch>()) {
+  if (opts.block_size <= 0) throw failure(errc::invalid_argument, "KV block size must be positive");
+  scratch_->scores.resize(size_t(pool_threads_.size()));
+  scratch_->kptr.resize(size_t(pool_threads_.size()));
+  scratch_->vptr.resize(size_t(pool_threads_.size()));
+}
+
+engine::~engine() = default;
+
+seq_id engine::create_sequence() {
+  const seq_id s = next_seq_++;
+  seqs_.emplace(s, sequence{});
+  return s;
+}
+
+status engine::free_sequence(seq_id s) {
+  auto it = seqs_.find(s);
+  if (it == seqs_.end()) return {errc::unknown_sequence, "sequence " + std::to_string(s) + " does not exist"};
+  for (block_id b : it->second.blocks) pool_.release(b);
+  seqs_.erase(it);
+  return {};
+}
+
+int32_t engine::sequence_length(seq_id s) const {
+  auto it = seqs_.find(s);
+  return it == seqs_.end() ? -1 : it->second.n_tokens;
+}
+
+int32_t engine::blocks_needed(seq_id s, int32_t n_tokens) const {
+  auto it = seqs_.find(s);
+  const int32_t have = it == seqs_.end() ? 0 : int32_t(it->second.blocks.size());
+  const int32_t len = it == seqs_.end() ? 0 : it->second.n_tokens;
+  return std::max(0, div_up(len + n_tokens, opts_.block_size) - have);
+}
+
+status engine::forward(std::span<const batch_entry> batch, std::vector<float>& logits) {
+  const llama_config& c = config();
+  const int32_t T = int32_t(batch.size());
+  if (T == 0) return {};
+
+  // Validate everything and count blocks before touching any state (all-or-nothing).
+  std::unordered_map<seq_id, int32_t> added;
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  std::vector<sequence*> seqs(static_cast<size_t>(T));
+  for (int32_t t = 0; t < T; ++t) {
+    const auto& e = batch[size_t(t)];
+    auto it = seqs_.find(e.seq);
+    if (it == seqs_.end())
+      return {errc::unknown_sequence, "sequence " + std::to_string(e.seq) + " does not exist"};
+    if (e.token < 0 || e.token >= c.n_vocab)
+      return {errc::invalid_argument, "token id " + std::to_string(e.token) + " is outside the vocabulary (" +
+                                          std::to_string(c.n_vocab) + ")"};
+    seqs[size_t(t)] = &it->second;
+    pos[size_t(t)] = it->second.n_tokens + added[e.seq]++;
+    if (pos[size_t(t)] >= c.n_ctx)
+      return {errc::context_overflow, "sequence " + std::to_string(e.seq) + " would exceed the context length " +
+                                          std::to_string(c.n_ctx)};
+  }
+  int32_t need = 0;
+  for (auto& [s, n] : added) need += blocks_needed(s, n);
+  if (need > pool_.free_blocks())
+    return {errc::out_of_kv_blocks, "batch needs " + std::to_string(need) + " KV blocks, " +
+                                        std::to_string(pool_.free_blocks()) + " free"};
+  for (auto& [s, n] : added) {
+    sequence& sq = seqs_.at(s);
+    for (int32_t i = blocks_needed(s, n); i > 0; --i) sq.blocks.push_back(pool_.allocate());
+  }
+
+  run_layers(batch, pos, seqs);
+  for (auto& [s, n] : added) seqs_.at(s).n_tokens += n;
+
+  // Logits only for the rows asked for: the output head is the largest matmul per token.
+  std::vector<int32_t> rows;
+  for (int32_t t = 0; t < T; ++t)
+    if (batch[size_t(t)].want_logits) rows.push_back(t);
+  logits.resize(rows.size() * size_t(c.n_vocab));
+  if (!rows.empty()) {
+    scratch& s = *scratch_;
+    grow(s.xn, int64_t(rows.size()) * c.dim);
+    for (size_t i = 0; i < rows.size(); ++i)
+      cpu::rms_norm(s.x.data() + int64_t(rows[i]) * c.dim, model_->output_norm().data(),
+                    s.xn.data() + int64_t(i) * c.dim, 1, c.dim, c.rms_eps);
+    cpu::matmul(model_->output(), s.xn.data(), int64_t(rows.size()), logits.data(), pool_threads_);
+  }
+  return {};
+}
+
+void engine::run_layers(std::span<const batch_entry> batch, std::span<const int32_t> pos,
+                        std::span<sequence* const> seqs) {
+  const llama_config& c = config();
+  const int64_t T = int64_t(batch.size());
+  const int64_t q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
+  const int32_t n_rep = c.n_head / c.n_kv_head, bs = opts_.block_size;
+  scratch& s = *scratch_;
+  grow(s.x, T * c.dim);
+  grow(s.xn, T * c.dim);
+  grow(s.q, T * q_dim);
+  grow(s.k, T * kv_dim);
+  grow(s.v, T * kv_dim);
+  grow(s.attn, T * q_dim);
+  grow(s.proj, T * c.dim);
+  grow(s.gate, T * c.ffn_dim);
+  grow(s.up, T * c.ffn_dim);
+
+  // x: [T, dim] ← token embeddings
+  const auto& emb = model_->tok_embd();
+  const int64_t emb_row = kernels::row_bytes(emb.type, c.dim);
+  for (int64_t t = 0; t < T; ++t)
+    kernels::dequantize_row(emb.type, static_cast<const uint8_t*>(emb.data) + batch[size_t(t)].token * emb_row,
+                            s.x.data() + t * c.dim, c.dim);
+
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    const layer_weights& w = model_->layers()[size_t(l)];
+    cpu::rms_norm(s.x.data(), w.attn_norm.data(), s.xn.data(), T, c.dim, c.rms_eps);
+    cpu::matmul(w.wq, s.xn.data(), T, s.q.data(), pool_threads_);  // q: [T, n_head, head_dim]
+    cpu::matmul(w.wk, s.xn.data(), T, s.k.data(), pool_threads_);  // k: [T, n_kv_head, head_dim]
+    cpu::matmul(w.wv, s.xn.data(), T, s.v.data(), pool_threads_);  // v: [T, n_kv_head, head_dim]
+    cpu::rope(s.q.data(), pos.data(), T, c.n_head, c.head_dim, c.rope_freq_base);
+    cpu::rope(s.k.data(), pos.data(), T, c.n_kv_head, c.head_dim, c.rope_freq_base);
+
+    // Every entry's K/V goes into the cache first: later entries of the batch attend to it.
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t p = pos[size_t(t)];
+      const block_id b = seqs[size_t(t)]->blocks[size_t(p / bs)];
+      const int64_t off = int64_t(p % bs) * c.head_dim;
+      for (int32_t h = 0; h < c.n_kv_head; ++h) {
+        std::memcpy(pool_.k(b, l, h) + off, s.k.data() + t * kv_dim + int64_t(h) * c.head_dim,
+                    sizeof(float) * size_t(c.head_dim));
+        std::memcpy(pool_.v(b, l, h) + off, s.v.data() + t * kv_dim + int64_t(h) * c.head_dim,
+                    sizeof(float) * size_t(c.head_dim));
+      }
+    }
+
+    // One task per (entry, KV head): the GQA group's query heads read its K/V once.
+    pool_threads_.parallel_for(T * c.n_kv_head, 1, [&](int64_t begin, int64_t end, int thread) {
+      auto& scores = s.scores[size_t(thread)];
+      auto& kp = s.kptr[size_t(thread)];
+      auto& vp = s.vptr[size_t(thread)];
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t t = task / c.n_kv_head;
+        const int32_t g = int32_t(task % c.n_kv_head);
+        const int32_t n_ctx = pos[size_t(t)] + 1;  // causal: up to and including itself
+        const sequence& sq = *seqs[size_t(t)];
+        const int32_t nb = div_up(n_ctx, bs);
+        kp.resize(size_t(nb));
+        vp.resize(size_t(nb));
+        for (int32_t i = 0; i < nb; ++i) {
+          kp[size_t(i)] = pool_.k(sq.blocks[size_t(i)], l, g);
+          vp[size_t(i)] = pool_.v(sq.blocks[size_t(i)], l, g);
+        }
+        if (int64_t(scores.size()) < int64_t(n_rep) * n_ctx) scores.resize(size_t(n_rep) * size_t(n_ctx));
+        const int64_t q_off = t * q_dim + int64_t(g) * n_rep * c.head_dim;
+        cpu::attention_paged(s.q.data() + q_off, n_rep, kp.data(), vp.data(), bs, n_ctx, c.head_dim,
+                             scale, scores.data(), s.attn.data() + q_off);
+      }
+    });
+
+    cpu::matmul(w.wo, s.attn.data(), T, s.proj.data(), pool_threads_);
+    cpu::add_inplace(s.x.data(), s.proj.data(), T * c.dim);
+
+    cpu::rms_norm(s.x.data(), w.ffn_norm.data(), s.xn.data(), T, c.dim, c.rms_eps);
+    cpu::matmul(w.w_gate, s.xn.data(), T, s.gate.data(), pool_threads_);  // [T, ffn_dim]
+    cpu::matmul(w.w_up, s.xn.data(), T, s.up.data(), pool_threads_);      // [T, ffn_dim]
+    cpu::silu_mul(s.gate.data(), s.up.data(), s.gate.data(), T * c.ffn_dim);
+    cpu::matmul(w.w_down, s.gate.data(), T, s.proj.data(), pool_threads_);
+    cpu::add_inplace(s.x.data(), s.proj.data(), T * c.dim);
+  }
+}
+
+status engine::prefill(seq_id s, std::span<const token_id> tokens, std::vector<float>& last_logits) {
+  if (tokens.empty()) return {errc::invalid_argument, "prefill needs at least one token"};
+  std::vector<batch_entry> batch(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) batch[i] = {s, tokens[i], i + 1 == tokens.size()};
+  return forward(batch, last_logits);
+}
+
+status engine::decode(std::span<const seq_id> seqs, std::span<const token_id> tokens,
+                      std::vector<float>& logits) {
+  if (seqs.size() != tokens.size())
+    return {errc::invalid_argument, "decode needs one token per sequence"};
+  std::vector<batch_entry> batch(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    for (size_t j = 0; j < i; ++j)
+      if (seqs[j] == seqs[i])
+        return {errc::invalid_argument, "sequence " + std::to_string(seqs[i]) + " appears twice in a decode batch"};
+    batch[i] = {seqs[i], tokens[i], true};
+  }
+  return forward(batch, logits);
+}
+
+status engine::export_kv(seq_id s, std::vector<kv_block_export>& out) const {
+  auto it = seqs_.find(s);
+  if (it == seqs_.end()) return {errc::unknown_sequence, "sequence " + std::to_string(s) + " does not exist"};
+  const kv_layout& lay = pool_.layout();
+  out.clear();
+  const sequence& sq = it->second;
+  for (size_t i = 0; i < sq.blocks.size(); ++i) {
+    kv_block_export e;
+    e.model_id = model_->identity();
+    e.layer_begin = 0;
+    e.layer_end = lay.n_layer;
+    e.pos_begin = int32_t(i) * lay.block_size;
+    e.pos_end = std::min(sq.n_tokens, e.pos_begin + lay.block_size);
+    e.dtype = kernels::dtype::f32;
+    e.block_size = lay.block_size;
+    e.n_kv_head = lay.n_kv_head;
+    e.head_dim = lay.head_dim;
+    const float* src = pool_.block_data(sq.blocks[i]);
+    e.payload.assign(src, src + lay.floats_per_block());
+    e.checksum = e.compute_checksum();
+    out.push_back(std::move(e));
+  }
+  return {};
+}
+
+status engine::import_kv(seq_id s, std::span<const kv_block_export> blocks) {
+  auto it = seqs_.find(s);
+  if (it == seqs_.end()) return {errc::unknown_sequence, "sequence " + std::to_string(s) + " does not exist"};
+  sequence& sq = it->second;
+  if (sq.n_tokens != 0) return {errc::invalid_argument, "import needs an empty sequence"};
+  const kv_layout& lay = pool_.layout();
+  int32_t n_tokens = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const kv_block_export& e = blocks[i];
+    const std::string which = "KV block " + std::to_string(i);
+    if (e.checksum != e.compute_checksum())
+      return {errc::checksum_mismatch, which + " fails its checksum: corrupted in transit"};
+    if (e.model_id != model_->identity())
+      return {errc::incompatible_kv, which + " was made by a different model"};
+    if (e.dtype != kernels::dtype::f32 || e.block_size != lay.block_size || e.n_kv_head != lay.n_kv_head ||
+        e.head_dim != lay.head_dim || e.layer_begin != 0 || e.layer_end != lay.n_layer ||
+        int64_t(e.payload.size()) != lay.floats_per_block())
+      return {errc::incompatible_kv, which + " has a different layout than this engine's cache"};
+    const bool last = i + 1 == blocks.size();
+    if (e.pos_begin != n_tokens || e.pos_end <= e.pos_begin || e.pos_end - e.pos_begin > lay.block_size ||
+        (!last && e.pos_end - e.pos_begin != lay.block_size))
+      return {errc::incompatible_kv, which + " does not continue the positions before it"};
+    n_tokens = e.pos_end;
+  }
+  if (n_tokens > config().n_ctx)
+    return {errc::context_overflow, "imported KV exceeds the context length"};
+  if (int32_t(blocks.size()) > pool_.free_blocks())
+    return {errc::out_of_kv_blocks, "import needs " + std::to_string(blocks.size()) + " KV blocks, " +
+                                        std::to_string(pool_.free_blocks()) + " free"};
+  for (const auto& e : blocks) {
+    const block_id b = pool_.allocate();
+    std::memcpy(pool_.block_data(b), e.payload.data(), e.payload.size() * sizeof(float));
+    sq.blocks.push_back(b);
+  }
+  sq.n_tokens = n_tokens;
+  return {};
+}
+
+}  // namespace tandem

@@ -1,0 +1,93 @@
+#pragma once
+// The model engine a worker actor owns: one model (shared, read-only), its own thread pool,
+// its own KV block pool. No global state, so several engines live in one process.
+//
+// Forward work is a batch of entries, each one token of one sequence. Prefill is a batch of
+// one sequence's next tokens (chunks of any size: chunked prefill); decode is a batch of one
+// token for each of several sequences of different lengths (continuous batching); a mix of
+// both is the colocated step.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kernels/thread_pool.h"
+#include "runtime/errors.h"
+#include "runtime/kv_cache.h"
+#include "runtime/model.h"
+
+namespace tandem {
+
+using seq_id = int64_t;
+
+struct engine_options {
+  int n_threads = 1;
+  int32_t block_size = 16;
+  // KV pool size: n_kv_blocks if > 0, else as many blocks as kv_memory_bytes holds.
+  int32_t n_kv_blocks = 0;
+  int64_t kv_memory_bytes = 256ll << 20;
+};
+
+struct batch_entry {
+  seq_id seq = 0;
+  token_id token = 0;
+  bool want_logits = false;
+};
+
+class engine {
+ public:
+  engine(std::shared_ptr<const model> m, engine_options opts);
+  ~engine();
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  const model& get_model() const { return *model_; }
+  const llama_config& config() const { return model_->config(); }
+  const kv_block_pool& kv_pool() const { return pool_; }
+  int n_threads() const { return pool_threads_.size(); }
+
+  seq_id create_sequence();
+  status free_sequence(seq_id s);  // returns every block the sequence holds
+  bool has_sequence(seq_id s) const { return seqs_.count(s) != 0; }
+  int32_t sequence_length(seq_id s) const;  // tokens in its KV cache; -1 if unknown
+  // Blocks a sequence would need to grow by n tokens (0 if its last block has room).
+  int32_t blocks_needed(seq_id s, int32_t n_tokens) const;
+
+  // Runs one forward pass over `batch`. Entries of one sequence must appear in order; each
+  // entry takes the next position of its sequence. `logits` receives one row of n_vocab per
+  // entry with want_logits, in batch order. All-or-nothing: on out_of_kv_blocks,
+  // context_overflow or unknown_sequence nothing changes.
+  status forward(std::span<const batch_entry> batch, std::vector<float>& logits);
+
+  // Appends `tokens` to s; `last_logits` gets the logits after the last token.
+  status prefill(seq_id s, std::span<const token_id> tokens, std::vector<float>& last_logits);
+  // Advances each sequence by one token; logits: [seqs.size(), n_vocab].
+  status decode(std::span<const seq_id> seqs, std::span<const token_id> tokens,
+                std::vector<float>& logits);
+
+  // A sequence's KV as blocks (what a KV link moves) and the way back into another engine.
+  status export_kv(seq_id s, std::vector<kv_block_export>& out) const;
+  // Imports into an empty sequence; refuses a block whose checksum, model, shape or
+  // positions do not match (checksum_mismatch / incompatible_kv), leaving s empty.
+  status import_kv(seq_id s, std::span<const kv_block_export> blocks);
+
+ private:
+  struct sequence {
+    std::vector<block_id> blocks;
+    int32_t n_tokens = 0;
+  };
+  struct scratch;
+  void run_layers(std::span<const batch_entry> batch, std::span<const int32_t> pos,
+                  std::span<sequence* const> seqs);
+
+  std::shared_ptr<const model> model_;
+  engine_options opts_;
+  kernels::thread_pool pool_threads_;
+  kv_block_pool pool_;
+  std::map<seq_id, sequence> seqs_;
+  seq_id next_seq_ = 1;
+  std::unique_ptr<scratch> scratch_;
+};
+
+}  // namespace tandem

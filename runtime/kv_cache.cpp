@@ -1,0 +1,49 @@
+#include "runtime/kv_cache.h"
+
+#include <xxhash.h>
+
+#include <cassert>
+#include <stdexcept>
+
+namespace tandem {
+
+kv_block_pool::kv_block_pool(kv_layout layout, int32_t n_blocks)
+    : layout_(layout),
+      data_(size_t(layout.floats_per_block() * std::max(n_blocks, 0)), 0.0f),
+      refs_(size_t(std::max(n_blocks, 0)), 0) {
+  free_.reserve(refs_.size());
+  for (int32_t b = n_blocks - 1; b >= 0; --b) free_.push_back(b);
+}
+
+block_id kv_block_pool::allocate() {
+  if (free_.empty()) return -1;
+  const block_id b = free_.back();
+  free_.pop_back();
+  refs_[size_t(b)] = 1;
+  return b;
+}
+
+void kv_block_pool::retain(block_id b) {
+  assert(refs_[size_t(b)] > 0);
+  ++refs_[size_t(b)];
+}
+
+void kv_block_pool::release(block_id b) {
+  if (b < 0 || size_t(b) >= refs_.size() || refs_[size_t(b)] <= 0)
+    throw std::logic_error("kv_block_pool: release of a block that is not held");
+  if (--refs_[size_t(b)] == 0) free_.push_back(b);
+}
+
+uint64_t kv_block_export::compute_checksum() const {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  const int64_t header[] = {int64_t(model_id), layer_begin, layer_end, pos_begin, pos_end,
+                            int64_t(dtype), block_size, n_kv_head, head_dim};
+  XXH3_64bits_update(st, header, sizeof(header));
+  XXH3_64bits_update(st, payload.data(), payload.size() * sizeof(float));
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+}  // namespace tandem

@@ -1,0 +1,82 @@
+#pragma once
+// Paged KV cache: a preallocated pool of fixed-size blocks, and per-sequence block tables.
+// A block holds `block_size` consecutive positions of one sequence for every layer:
+//   block: [n_layer][2 (k, v)][n_kv_head][block_size][head_dim]  f32
+// so that attention for one (layer, kv head) reads each block's keys as one contiguous run.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/tensor_types.h"
+#include "runtime/errors.h"
+
+namespace tandem {
+
+struct kv_layout {
+  int32_t n_layer = 0;
+  int32_t n_kv_head = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 16;
+  int64_t floats_per_block() const {
+    return int64_t(n_layer) * 2 * n_kv_head * block_size * head_dim;
+  }
+  int64_t bytes_per_block() const { return floats_per_block() * int64_t(sizeof(float)); }
+  bool operator==(const kv_layout&) const = default;
+};
+
+using block_id = int32_t;
+
+class kv_block_pool {
+ public:
+  kv_block_pool(kv_layout layout, int32_t n_blocks);
+
+  const kv_layout& layout() const { return layout_; }
+  int32_t total_blocks() const { return int32_t(refs_.size()); }
+  int32_t free_blocks() const { return int32_t(free_.size()); }
+
+  // A free block with reference count 1, or -1 when none is left (a status, not an error).
+  block_id allocate();
+  // Another holder of a block (prefix sharing): bumps its reference count.
+  void retain(block_id b);
+  // Drops one reference; the block returns to the free list at zero.
+  void release(block_id b);
+  int32_t ref_count(block_id b) const { return refs_[size_t(b)]; }
+
+  float* block_data(block_id b) { return data_.data() + int64_t(b) * layout_.floats_per_block(); }
+  const float* block_data(block_id b) const {
+    return data_.data() + int64_t(b) * layout_.floats_per_block();
+  }
+  // k/v rows of one (layer, kv head) in a block: [block_size][head_dim]
+  float* k(block_id b, int32_t layer, int32_t head) { return block_data(b) + offset(layer, 0, head); }
+  float* v(block_id b, int32_t layer, int32_t head) { return block_data(b) + offset(layer, 1, head); }
+  const float* k(block_id b, int32_t layer, int32_t head) const { return block_data(b) + offset(layer, 0, head); }
+  const float* v(block_id b, int32_t layer, int32_t head) const { return block_data(b) + offset(layer, 1, head); }
+
+ private:
+  int64_t offset(int32_t layer, int32_t kv, int32_t head) const {
+    return ((int64_t(layer) * 2 + kv) * layout_.n_kv_head + head) * layout_.block_size * layout_.head_dim;
+  }
+  kv_layout layout_;
+  std::vector<float> data_;
+  std::vector<int32_t> refs_;
+  std::vector<block_id> free_;  // used as a stack: recently freed blocks are reused first
+};
+
+// One block of a sequence's KV cache as it travels between engines (the unit a KV link moves).
+struct kv_block_export {
+  uint64_t model_id = 0;           // model::identity() of the engine that produced it
+  int32_t layer_begin = 0;         // layers [layer_begin, layer_end) are in the payload
+  int32_t layer_end = 0;
+  int32_t pos_begin = 0;           // positions [pos_begin, pos_end) are valid
+  int32_t pos_end = 0;
+  kernels::dtype dtype = kernels::dtype::f32;
+  int32_t block_size = 0;
+  int32_t n_kv_head = 0;
+  int32_t head_dim = 0;
+  uint64_t checksum = 0;           // XXH3-64 over every field above and the payload
+  std::vector<float> payload;      // [layer_end-layer_begin][2][n_kv_head][block_size][head_dim]
+
+  uint64_t compute_checksum() const;
+};
+
+}  // namespace tandem

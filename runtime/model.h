@@ -1,0 +1,77 @@
+#pragma once
+// A Llama-family model read from a GGUF file: hyperparameters from llama.* metadata, weights
+// referenced in place in the memory-mapped file (never copied, so engines in one process
+// share one copy), and the tokenizer from tokenizer.ggml.*.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "runtime/gguf.h"
+#include "runtime/tokenizer.h"
+
+namespace tandem {
+
+struct llama_config {
+  std::string name;            // general.name, or the file name
+  int32_t n_vocab = 0;
+  int32_t dim = 0;             // embedding width
+  int32_t n_layer = 0;
+  int32_t n_head = 0;
+  int32_t n_kv_head = 0;       // < n_head: grouped-query attention
+  int32_t head_dim = 0;
+  int32_t ffn_dim = 0;
+  int32_t n_ctx = 0;           // context length the model was trained for
+  float rms_eps = 1e-5f;
+  float rope_freq_base = 10000.0f;
+  bool tied_output = false;    // output head shares token_embd
+  int64_t n_params = 0;
+};
+
+struct layer_weights {
+  std::vector<float> attn_norm;  // [dim]
+  kernels::weight_view wq;       // [n_head*head_dim, dim]
+  kernels::weight_view wk;       // [n_kv_head*head_dim, dim]
+  kernels::weight_view wv;       // [n_kv_head*head_dim, dim]
+  kernels::weight_view wo;       // [dim, n_head*head_dim]
+  std::vector<float> ffn_norm;   // [dim]
+  kernels::weight_view w_gate;   // [ffn_dim, dim]
+  kernels::weight_view w_up;     // [ffn_dim, dim]
+  kernels::weight_view w_down;   // [dim, ffn_dim]
+};
+
+class model {
+ public:
+  // Throws tandem::failure (io_error, malformed_file, unsupported, missing_key) naming the problem.
+  static std::shared_ptr<const model> load(const std::string& path);
+
+  const llama_config& config() const { return cfg_; }
+  const tokenizer& tok() const { return *tok_; }
+  const gguf::file& file() const { return *file_; }
+  // Identifies the exact weights: KV blocks are only exchanged between engines with equal ids.
+  uint64_t identity() const { return identity_; }
+  // Bytes of weights resident for one copy of this model.
+  uint64_t weight_bytes() const { return weight_bytes_; }
+  // The dominant weight type (that of the attention/FFN matrices).
+  kernels::dtype weight_type() const { return layers_.front().wq.type; }
+
+  const kernels::weight_view& tok_embd() const { return tok_embd_; }  // [n_vocab, dim]
+  const std::vector<float>& output_norm() const { return output_norm_; }
+  const kernels::weight_view& output() const { return output_; }     // [n_vocab, dim]
+  const std::vector<layer_weights>& layers() const { return layers_; }
+
+ private:
+  model() = default;
+  std::unique_ptr<gguf::file> file_;
+  llama_config cfg_;
+  std::unique_ptr<tokenizer> tok_;
+  uint64_t identity_ = 0;
+  uint64_t weight_bytes_ = 0;
+  kernels::weight_view tok_embd_;
+  std::vector<float> output_norm_;
+  kernels::weight_view output_;
+  std::vector<layer_weights> layers_;
+};
+
+}  // namespace tandem

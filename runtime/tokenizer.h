@@ -1,0 +1,80 @@
+#pragma once
+// Tokenizers read from a GGUF file's tokenizer.ggml.* metadata:
+//  - "llama": SentencePiece-style, merges by score, byte fallback through <0xXX> tokens;
+//  - "gpt2":  byte-level BPE with ranked merges and the GPT-2 pre-tokenizer.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace tandem {
+
+using token_id = int32_t;
+
+// What a tokenizer is built from: exactly the tokenizer.ggml.* keys of a GGUF file.
+struct vocab_spec {
+  std::string model;                 // tokenizer.ggml.model: "llama" or "gpt2"
+  std::string pre;                   // tokenizer.ggml.pre (informational; "default" if absent)
+  std::vector<std::string> tokens;   // tokenizer.ggml.tokens
+  std::vector<float> scores;         // tokenizer.ggml.scores (llama); may be empty for gpt2
+  std::vector<int32_t> token_types;  // tokenizer.ggml.token_type: 1 normal, 2 unknown, 3 control,
+                                     // 4 user-defined, 5 unused, 6 byte; may be empty
+  std::vector<std::string> merges;   // tokenizer.ggml.merges (gpt2): "left right", by rank
+  token_id bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
+  bool add_bos = true;               // tokenizer.ggml.add_bos_token
+  bool add_eos = false;              // tokenizer.ggml.add_eos_token
+  bool add_space_prefix = true;      // tokenizer.ggml.add_space_prefix (llama only)
+};
+
+class tokenizer {
+ public:
+  // Throws tandem::failure(errc::malformed_file / unsupported) naming what is wrong.
+  explicit tokenizer(vocab_spec spec);
+  ~tokenizer();
+  tokenizer(tokenizer&&) noexcept;
+  tokenizer& operator=(tokenizer&&) noexcept;
+
+  // Text -> ids. Prepends BOS when add_bos is true and the vocab defines one.
+  std::vector<token_id> encode(std::string_view text, bool add_bos) const;
+  // The raw bytes a token stands for (byte tokens give their byte, "▁" gives a space,
+  // gpt2 byte-unicode is mapped back). Control tokens give "". May be part of a UTF-8 char.
+  std::string token_bytes(token_id id) const;
+  // Ids -> text (concatenated token_bytes). For a llama vocab with add_space_prefix,
+  // `strip_leading_space` drops the space that encode() prefixed to the first word.
+  std::string decode(std::span<const token_id> ids, bool strip_leading_space = false) const;
+
+  int32_t n_vocab() const;
+  token_id bos() const;
+  token_id eos() const;
+  bool is_eog(token_id id) const;  // end of generation: EOS (and EOT-like control tokens)
+  const std::string& token_text(token_id id) const;  // the vocab entry as stored in the file
+  const vocab_spec& spec() const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+// Streaming detokenizer for one sequence: push each generated id, get back only complete
+// UTF-8 characters; bytes of a partial character are held until it completes.
+class stream_decoder {
+ public:
+  explicit stream_decoder(const tokenizer& tok) : tok_(&tok) {}
+  std::string push(token_id id);
+  // Whatever is still held at the end (an incomplete character becomes U+FFFD per byte).
+  std::string flush();
+
+ private:
+  const tokenizer* tok_;
+  std::string pending_;
+};
+
+// A gpt2-style byte-level BPE vocabulary of exactly `n_vocab` entries, for synthetic models:
+// <unk>, <s>, </s>, the 256 byte tokens (GPT-2 byte-to-unicode spelling), then merges learned
+// deterministically from a built-in English text until the vocab is full. n_vocab >= 259.
+vocab_spec make_byte_level_vocab(int32_t n_vocab);
+
+}  // namespace tandem

@@ -1,0 +1,359 @@
+// The engine against a plain double-precision Llama written here, plus the properties the
+// serving layers rely on: chunked prefill, batched decode, KV export/import, block accounting.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+#include "runtime/synth.h"
+
+using namespace tandem;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string synth_file(const std::string& preset, kernels::dtype t) {
+  const auto dir = fs::temp_directory_path() / "tandem-test-models";
+  fs::create_directories(dir);
+  const auto path = dir / (preset + "-" + std::string(kernels::to_string(t)) + ".gguf");
+  if (!fs::exists(path)) synthesize_model(find_synth_preset(preset), t, path.string(), 7);
+  return path.string();
+}
+
+// ---- the double-precision reference ----
+using dvec = std::vector<double>;
+
+dvec row_of(const kernels::weight_view& w, int64_t r) {
+  std::vector<float> f(size_t(w.cols));
+  kernels::dequantize_row(w.type, static_cast<const uint8_t*>(w.data) + r * kernels::row_bytes(w.type, w.cols),
+                          f.data(), w.cols);
+  return dvec(f.begin(), f.end());
+}
+
+dvec matvec(const kernels::weight_view& w, const dvec& x) {
+  dvec y(size_t(w.rows));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const dvec row = row_of(w, r);
+    double s = 0;
+    for (int64_t i = 0; i < w.cols; ++i) s += row[size_t(i)] * x[size_t(i)];
+    y[size_t(r)] = s;
+  }
+  return y;
+}
+
+dvec rmsnorm(const dvec& x, const std::vector<float>& w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double k = 1.0 / std::sqrt(ss / double(x.size()) + eps);
+  dvec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * k * w[i];
+  return y;
+}
+
+void rope(dvec& x, int n_heads, int hd, int pos, double base) {
+  for (int h = 0; h < n_heads; ++h)
+    for (int i = 0; i < hd / 2; ++i) {
+      const double th = pos * std::pow(base, -2.0 * i / hd);
+      double& a = x[size_t(h * hd + 2 * i)];
+      double& b = x[size_t(h * hd + 2 * i + 1)];
+      const double a0 = a, b0 = b;
+      a = a0 * std::cos(th) - b0 * std::sin(th);
+      b = a0 * std::sin(th) + b0 * std::cos(th);
+    }
+}
+
+// Logits after each token of `tokens`, computed token by token with a growing K/V history.
+std::vector<dvec> reference_logits(const model& m, const std::vector<token_id>& tokens) {
+  const auto& c = m.config();
+  const int hd = c.head_dim, rep = c.n_head / c.n_kv_head;
+  std::vector<std::vector<dvec>> K(size_t(c.n_layer)), V(size_t(c.n_layer));
+  std::vector<dvec> out;
+  for (size_t p = 0; p < tokens.size(); ++p) {
+    dvec x = row_of(m.tok_embd(), tokens[p]);
+    for (int l = 0; l < c.n_layer; ++l) {
+      const auto& w = m.layers()[size_t(l)];
+      dvec xn = rmsnorm(x, w.attn_norm, c.rms_eps);
+      dvec q = matvec(w.wq, xn), k = matvec(w.wk, xn), v = matvec(w.wv, xn);
+      rope(q, c.n_head, hd, int(p), c.rope_freq_base);
+      rope(k, c.n_kv_head, hd, int(p), c.rope_freq_base);
+      K[size_t(l)].push_back(k);
+      V[size_t(l)].push_back(v);
+      dvec att(size_t(c.n_head * hd), 0.0);
+      for (int h = 0; h < c.n_head; ++h) {
+        const int g = h / rep;
+        std::vector<double> s(p + 1);
+        double mx = -1e300;
+        for (size_t t = 0; t <= p; ++t) {
+          double d = 0;
+          for (int i = 0; i < hd; ++i) d += q[size_t(h * hd + i)] * K[size_t(l)][t][size_t(g * hd + i)];
+          s[t] = d / std::sqrt(double(hd));
+          mx = std::max(mx, s[t]);
+        }
+        double sum = 0;
+        for (auto& e : s) sum += (e = std::exp(e - mx));
+        for (size_t t = 0; t <= p; ++t)
+          for (int i = 0; i < hd; ++i) att[size_t(h * hd + i)] += s[t] / sum * V[size_t(l)][t][size_t(g * hd + i)];
+      }
+      dvec o = matvec(w.wo, att);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+      xn = rmsnorm(x, w.ffn_norm, c.rms_eps);
+      dvec g = matvec(w.w_gate, xn), u = matvec(w.w_up, xn);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+      dvec d = matvec(w.w_down, g);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += d[i];
+    }
+    out.push_back(matvec(m.output(), rmsnorm(x, m.output_norm(), c.rms_eps)));
+  }
+  return out;
+}
+
+double max_abs(const dvec& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+std::vector<token_id> some_tokens(int n, int vocab, int salt = 0) {
+  std::vector<token_id> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[size_t(i)] = token_id((i * 37 + salt * 101 + 5) % vocab);
+  return t;
+}
+
+token_id argmax(const float* x, int n) { return token_id(std::max_element(x, x + n) - x); }
+
+}  // namespace
+
+// Tolerance on each logit, relative to the largest reference logit. f32 and f16 weights keep
+// f32 activations: only float accumulation differs from the double reference. bf16 and
+// q8_0 kernels round (or quantize) the activations to the weight format for the dot products
+// (as llama.cpp does), which costs about two decimal digits.
+struct dtype_case {
+  kernels::dtype type;
+  double tol;
+};
+class ForwardVsReference : public ::testing::TestWithParam<dtype_case> {};
+
+TEST_P(ForwardVsReference, LogitsMatchDoublePrecision) {
+  const auto [type, tol] = GetParam();
+  for (const std::string preset : {"tiny", "small"}) {
+    auto m = model::load(synth_file(preset, type));
+    const auto& c = m->config();
+    EXPECT_EQ(c.tied_output, preset == "tiny");
+    const auto tokens = some_tokens(preset == "tiny" ? 20 : 6, c.n_vocab);
+    const auto ref = reference_logits(*m, tokens);
+
+    engine eng(m, engine_options{.n_threads = 2, .block_size = 4, .n_kv_blocks = 64});
+    const seq_id s = eng.create_sequence();
+    // Ask for logits at every position, so every row of the batch is checked.
+    std::vector<batch_entry> batch;
+    for (auto t : tokens) batch.push_back({s, t, true});
+    std::vector<float> logits;
+    ASSERT_TRUE(eng.forward(batch, logits).ok());
+    ASSERT_EQ(logits.size(), tokens.size() * size_t(c.n_vocab));
+    for (size_t p = 0; p < tokens.size(); ++p) {
+      const double scale = std::max(1.0, max_abs(ref[p]));
+      double worst = 0;
+      for (int v = 0; v < c.n_vocab; ++v)
+        worst = std::max(worst, std::fabs(double(logits[p * size_t(c.n_vocab) + size_t(v)]) - ref[p][size_t(v)]));
+      EXPECT_LE(worst / scale, tol) << preset << " " << kernels::to_string(type) << " position " << p;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllWeightTypes, ForwardVsReference,
+                         ::testing::Values(dtype_case{kernels::dtype::f32, 1e-4}, dtype_case{kernels::dtype::f16, 1e-4},
+                                           dtype_case{kernels::dtype::bf16, 2e-2}, dtype_case{kernels::dtype::q8_0, 3e-2}),
+                         [](const auto& info) { return std::string(kernels::to_string(info.param.type)); });
+
+TEST(Engine, ChunkedPrefillEqualsOneShot) {
+  auto m = model::load(synth_file("tiny", kernels::dtype::f32));
+  const int V = m->config().n_vocab;
+  const auto prompt = some_tokens(150, V);
+  engine eng(m, engine_options{.n_threads = 2, .n_kv_blocks = 128});
+  std::vector<float> whole;
+  const seq_id s0 = eng.create_sequence();
+  ASSERT_TRUE(eng.prefill(s0, prompt, whole).ok());
+  for (int chunk : {1, 7, 64}) {
+    const seq_id s = eng.create_sequence();
+    std::vector<float> logits;
+    for (size_t i = 0; i < prompt.size(); i += size_t(chunk))
+      ASSERT_TRUE(eng.prefill(s, std::span(prompt).subspan(i, std::min(size_t(chunk), prompt.size() - i)), logits).ok());
+    ASSERT_EQ(logits.size(), whole.size());
+    for (size_t i = 0; i < whole.size(); ++i) ASSERT_NEAR(logits[i], whole[i], 1e-4) << "chunk " << chunk;
+    EXPECT_EQ(eng.sequence_length(s), 150);
+  }
+}
+
+TEST(Engine, BatchedDecodeEqualsEachAlone) {
+  auto m = model::load(synth_file("tiny", kernels::dtype::q8_0));
+  const int V = m->config().n_vocab;
+  engine batched(m, engine_options{.n_threads = 2, .n_kv_blocks = 64});
+  engine alone(m, engine_options{.n_threads = 2, .n_kv_blocks = 64});
+  std::vector<seq_id> bs, as;
+  std::vector<token_id> next;
+  std::vector<float> logits;
+  for (int i = 0; i < 3; ++i) {  // prompt lengths 5, 17, 40
+    const auto prompt = some_tokens(i == 0 ? 5 : i == 1 ? 17 : 40, V, i);
+    bs.push_back(batched.create_sequence());
+    as.push_back(alone.create_sequence());
+    ASSERT_TRUE(batched.prefill(bs.back(), prompt, logits).ok());
+    ASSERT_TRUE(alone.prefill(as.back(), prompt, logits).ok());
+    next.push_back(argmax(logits.data(), V));
+  }
+  std::vector<token_id> alone_next = next;
+  for (int step = 0; step < 12; ++step) {
+    std::vector<float> blog;
+    ASSERT_TRUE(batched.decode(bs, next, blog).ok());
+    for (size_t i = 0; i < as.size(); ++i) {
+      std::vector<float> alog;
+      ASSERT_TRUE(alone.decode(std::span(&as[i], 1), std::span(&alone_next[i], 1), alog).ok());
+      for (int v = 0; v < V; ++v) ASSERT_NEAR(blog[i * size_t(V) + size_t(v)], alog[size_t(v)], 1e-4);
+      alone_next[i] = argmax(alog.data(), V);
+      next[i] = argmax(blog.data() + i * size_t(V), V);
+      ASSERT_EQ(next[i], alone_next[i]);
+    }
+  }
+}
+
+TEST(Engine, KvExportImportContinuesIdentically) {
+  auto m = model::load(synth_file("tiny", kernels::dtype::f32));
+  const int V = m->config().n_vocab;
+  engine prefill_side(m, engine_options{.n_threads = 1, .n_kv_blocks = 32});
+  engine decode_side(m, engine_options{.n_threads = 2, .n_kv_blocks = 32});
+  const auto prompt = some_tokens(37, V);  // not a multiple of the block size: a partial last block
+  const seq_id a = prefill_side.create_sequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(prefill_side.prefill(a, prompt, logits).ok());
+  const token_id first = argmax(logits.data(), V);
+
+  std::vector<kv_block_export> blocks;
+  ASSERT_TRUE(prefill_side.export_kv(a, blocks).ok());
+  ASSERT_EQ(blocks.size(), 3u);  // 16 + 16 + 5
+  EXPECT_EQ(blocks.back().pos_begin, 32);
+  EXPECT_EQ(blocks.back().pos_end, 37);
+  const seq_id b = decode_side.create_sequence();
+  ASSERT_TRUE(decode_side.import_kv(b, blocks).ok());
+  EXPECT_EQ(decode_side.sequence_length(b), 37);
+
+  token_id ta = first, tb = first;
+  for (int i = 0; i < 20; ++i) {
+    std::vector<float> la, lb;
+    ASSERT_TRUE(prefill_side.decode(std::span(&a, 1), std::span(&ta, 1), la).ok());
+    ASSERT_TRUE(decode_side.decode(std::span(&b, 1), std::span(&tb, 1), lb).ok());
+    ta = argmax(la.data(), V);
+    tb = argmax(lb.data(), V);
+    ASSERT_EQ(ta, tb) << "step " << i;
+  }
+}
+
+TEST(Engine, CorruptedOrForeignKvBlockIsRefused) {
+  auto m = model::load(synth_file("tiny", kernels::dtype::f32));
+  auto other = model::load(synth_file("tiny", kernels::dtype::f16));
+  engine src(m, engine_options{.n_kv_blocks = 16});
+  engine dst(m, engine_options{.n_kv_blocks = 16});
+  engine foreign(other, engine_options{.n_kv_blocks = 16});
+  const seq_id s = src.create_sequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(src.prefill(s, some_tokens(40, m->config().n_vocab), logits).ok());
+  std::vector<kv_block_export> blocks;
+  ASSERT_TRUE(src.export_kv(s, blocks).ok());
+
+  auto bad = blocks;
+  bad[1].payload[123] += 1e-3f;  // one value changed in flight
+  const seq_id d = dst.create_sequence();
+  const status st = dst.import_kv(d, bad);
+  EXPECT_EQ(st.code(), errc::checksum_mismatch) << st.to_string();
+  EXPECT_EQ(dst.sequence_length(d), 0);
+  EXPECT_EQ(dst.kv_pool().free_blocks(), 16);  // nothing leaked
+
+  auto gap = blocks;
+  gap.erase(gap.begin() + 1);
+  EXPECT_EQ(dst.import_kv(d, gap).code(), errc::incompatible_kv);
+
+  const seq_id f = foreign.create_sequence();
+  EXPECT_EQ(foreign.import_kv(f, blocks).code(), errc::incompatible_kv);
+  EXPECT_TRUE(dst.import_kv(d, blocks).ok());
+}
+
+TEST(Engine, OutOfBlocksIsAStatusAndChangesNothing) {
+  auto m = model::load(synth_file("tiny", kernels::dtype::f32));
+  const int V = m->config().n_vocab;
+  engine eng(m, engine_options{.block_size = 16, .n_kv_blocks = 4});  // 64 positions in all
+  std::vector<float> logits;
+  const seq_id a = eng.create_sequence();
+  ASSERT_TRUE(eng.prefill(a, some_tokens(40, V), logits).ok());
+  EXPECT_EQ(eng.kv_pool().free_blocks(), 1);
+  const seq_id b = eng.create_sequence();
+  const status st = eng.prefill(b, some_tokens(20, V), logits);
+  EXPECT_EQ(st.code(), errc::out_of_kv_blocks);
+  EXPECT_EQ(eng.sequence_length(b), 0);
+  EXPECT_EQ(eng.kv_pool().free_blocks(), 1);
+  ASSERT_TRUE(eng.free_sequence(a).ok());
+  EXPECT_EQ(eng.kv_pool().free_blocks(), 4);
+  EXPECT_TRUE(eng.prefill(b, some_tokens(20, V), logits).ok());
+  EXPECT_EQ(eng.free_sequence(a).code(), errc::unknown_sequence);
+}
+
+TEST(Engine, ContextOverflowAndBadTokensAreRefused) {
+  auto m = model::load(synth_file("tiny", kernels::dtype::f32));
+  const auto& c = m->config();
+  engine eng(m, engine_options{.n_kv_blocks = 64});
+  std::vector<float> logits;
+  const seq_id s = eng.create_sequence();
+  EXPECT_EQ(eng.prefill(s, some_tokens(c.n_ctx + 1, c.n_vocab), logits).code(), errc::context_overflow);
+  const token_id bad[] = {5, c.n_vocab};
+  EXPECT_EQ(eng.prefill(s, bad, logits).code(), errc::invalid_argument);
+  EXPECT_EQ(eng.sequence_length(s), 0);
+  EXPECT_EQ(eng.kv_pool().free_blocks(), 64);
+}
+
+TEST(Engine, IndependentEnginesRunConcurrently) {
+  auto m = model::load(synth_file("tiny", kernels::dtype::bf16));
+  const int V = m->config().n_vocab;
+  auto run = [&](std::vector<token_id>& out) {
+    engine eng(m, engine_options{.n_threads = 1, .n_kv_blocks = 32});
+    const seq_id s = eng.create_sequence();
+    std::vector<float> logits;
+    ASSERT_TRUE(eng.prefill(s, some_tokens(30, V), logits).ok());
+    for (int i = 0; i < 30; ++i) {
+      token_id t = argmax(logits.data(), V);
+      out.push_back(t);
+      ASSERT_TRUE(eng.decode(std::span(&s, 1), std::span(&t, 1), logits).ok());
+    }
+  };
+  std::vector<token_id> a, b, c;
+  std::thread t1([&] { run(a); }), t2([&] { run(b); });
+  t1.join();
+  t2.join();
+  run(c);
+  EXPECT_EQ(a, c);
+  EXPECT_EQ(b, c);
+}
+
+TEST(Sampler, GreedyAndDeterministic) {
+  std::vector<float> logits = {0.1f, 2.0f, -1.0f, 2.0f, 0.5f};
+  EXPECT_EQ(sample(logits, sampling_params{.temperature = 0.0f}, 0), 1);  // tie → lowest id
+  EXPECT_EQ(sample(logits, sampling_params{.temperature = 1.0f, .top_k = 1}, 3), 1);
+  const sampling_params p{.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 99};
+  for (uint64_t i = 0; i < 50; ++i) EXPECT_EQ(sample(logits, p, i), sample(logits, p, i));
+  EXPECT_EQ(sampling_params{.temperature = -1.0f}.validate().code(), errc::invalid_argument);
+  EXPECT_EQ(sampling_params{.top_p = 0.0f}.validate().code(), errc::invalid_argument);
+}
+
+TEST(Sampler, FrequenciesFollowTheDistribution) {
+  // Softmax of these logits at temperature 1 is {0.0900, 0.2447, 0.6652}.
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f};
+  const sampling_params p{.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 7};
+  int counts[3] = {};
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++counts[sample(logits, p, uint64_t(i))];
+  EXPECT_NEAR(counts[0] / double(n), 0.0900, 0.01);
+  EXPECT_NEAR(counts[1] / double(n), 0.2447, 0.015);
+  EXPECT_NEAR(counts[2] / double(n), 0.6652, 0.015);
+  // top_p = 0.6 keeps only the most likely token (0.665 >= 0.6).
+  const sampling_params nucleus{.temperature = 1.0f, .top_k = 0, .top_p = 0.6f, .seed = 7};
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(sample(logits, nucleus, uint64_t(i)), 2);
+}

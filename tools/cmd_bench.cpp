@@ -1,0 +1,172 @@
+// `tandem bench kernels`: engine throughput on a synthetic model next to this machine's
+// measured peaks, so every figure comes with the ceiling it should be judged against.
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/peak.h"
+#include "runtime/engine.h"
+#include "runtime/synth.h"
+#include "tools/commands.h"
+
+namespace tandem::cli {
+namespace {
+
+struct bench_opts {
+  std::string preset = "bench-76m", model;
+  std::vector<std::string> dtypes = {"f32", "bf16", "q8_0"};
+  std::vector<int> threads = {1, 2};
+  int prompt_tokens = 512, decode_tokens = 128, repeats = 2;
+  bool json = false;
+};
+
+using clock_type = std::chrono::steady_clock;
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// FLOPs and bytes of one token's matmuls (weights of all layers, plus the output head).
+struct token_cost {
+  double matmul_flops = 0;      // excluding the output head
+  double head_flops = 0;
+  double weight_bytes = 0;      // excluding the output head
+  double head_bytes = 0;
+};
+
+token_cost cost_of(const model& m) {
+  token_cost tc;
+  auto add = [&](const kernels::weight_view& w, bool head) {
+    const double f = 2.0 * double(w.rows) * double(w.cols);
+    const double b = double(w.rows) * double(kernels::row_bytes(w.type, w.cols));
+    (head ? tc.head_flops : tc.matmul_flops) += f;
+    (head ? tc.head_bytes : tc.weight_bytes) += b;
+  };
+  for (const auto& l : m.layers())
+    for (const auto* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) add(*w, false);
+  add(m.output(), true);
+  return tc;
+}
+
+// Attention FLOPs (QKᵀ and PV) for one query at context length n.
+double attn_flops(const llama_config& c, double n) { return 4.0 * c.n_layer * c.n_head * c.head_dim * n; }
+
+void check(const status& st) {
+  if (!st.ok()) throw failure(st.code(), st.message());
+}
+
+int run_bench(const bench_opts& o) {
+  nlohmann::json results = nlohmann::json::array();
+  nlohmann::json peaks = nlohmann::json::object();
+  std::map<int, std::pair<double, double>> peak;  // threads -> (GFLOP/s, GB/s)
+  for (int t : o.threads) {
+    kernels::thread_pool pool(t);
+    const double gf = kernels::cpu::measure_fma_gflops(pool);
+    const double bw = kernels::cpu::measure_read_bandwidth_gbs(pool);
+    peak[t] = {gf, bw};
+    peaks[std::to_string(t)] = {{"fma_gflops", gf}, {"read_gbs", bw}};
+    spdlog::info("peak with {} thread(s): {:.1f} GFLOP/s FMA ({}), {:.1f} GB/s read", t, gf,
+                 kernels::cpu::isa_name(), bw);
+  }
+
+  for (const auto& dt_name : o.dtypes) {
+    const auto dt = kernels::dtype_from_name(dt_name);
+    if (!dt) throw failure(errc::invalid_argument, "unknown dtype '" + dt_name + "'");
+    const std::string path = o.model.empty() ? cached_synth_model(o.preset, *dt) : o.model;
+    auto m = model::load(path);
+    const auto& c = m->config();
+    const token_cost tc = cost_of(*m);
+    if (o.prompt_tokens + o.decode_tokens > c.n_ctx)
+      throw failure(errc::invalid_argument, "prompt + decode tokens exceed the model's context");
+    std::vector<token_id> prompt(size_t(o.prompt_tokens));
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = token_id((i * 7919 + 13) % size_t(c.n_vocab));
+
+    for (int t : o.threads) {
+      engine_options eo;
+      eo.n_threads = t;
+      eo.n_kv_blocks = (o.prompt_tokens + o.decode_tokens) / eo.block_size + 2;
+      engine eng(m, eo);
+      double best_prefill = 1e30, best_decode = 1e30;
+      std::vector<float> logits;
+      for (int r = 0; r < o.repeats; ++r) {
+        const seq_id s = eng.create_sequence();
+        const auto t0 = clock_type::now();
+        check(eng.prefill(s, prompt, logits));
+        best_prefill = std::min(best_prefill, seconds_since(t0));
+        token_id tok = token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        const auto t1 = clock_type::now();
+        for (int i = 0; i < o.decode_tokens; ++i) {
+          check(eng.decode(std::span(&s, 1), std::span(&tok, 1), logits));
+          tok = token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        }
+        best_decode = std::min(best_decode, seconds_since(t1));
+        check(eng.free_sequence(s));
+      }
+      const double P = o.prompt_tokens, D = o.decode_tokens;
+      const double kv_token_bytes = double(c.n_layer) * 2 * c.n_kv_head * c.head_dim * sizeof(float);
+      const double prefill_flops = P * tc.matmul_flops + tc.head_flops + attn_flops(c, (P + 1) / 2) * P;
+      const double mean_ctx = P + (D + 1) / 2;
+      const double decode_flops = D * (tc.matmul_flops + tc.head_flops + attn_flops(c, mean_ctx));
+      const double decode_bytes = D * (tc.weight_bytes + tc.head_bytes + kv_token_bytes * mean_ctx);
+      nlohmann::json r = {
+          {"model", c.name}, {"dtype", dt_name}, {"threads", t}, {"isa", kernels::cpu::isa_name()},
+          {"prompt_tokens", o.prompt_tokens}, {"decode_tokens", o.decode_tokens},
+          {"prefill_tokens_per_s", P / best_prefill}, {"prefill_gflops", prefill_flops / best_prefill / 1e9},
+          {"prefill_pct_of_fma_peak", 100.0 * prefill_flops / best_prefill / 1e9 / peak[t].first},
+          {"decode_tokens_per_s", D / best_decode}, {"decode_gflops", decode_flops / best_decode / 1e9},
+          {"decode_gbs", decode_bytes / best_decode / 1e9},
+          {"decode_pct_of_read_bw", 100.0 * decode_bytes / best_decode / 1e9 / peak[t].second},
+          {"weight_bytes", m->weight_bytes()}};
+      results.push_back(r);
+      spdlog::info("{} x{}: prefill {:.0f} tok/s ({:.1f} GFLOP/s), decode {:.1f} tok/s ({:.1f} GB/s)", dt_name, t,
+                   double(r["prefill_tokens_per_s"]), double(r["prefill_gflops"]), double(r["decode_tokens_per_s"]),
+                   double(r["decode_gbs"]));
+    }
+  }
+  if (o.json) {
+    std::cout << nlohmann::json{{"peaks", peaks}, {"results", results}}.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("\n%-6s %3s | %12s %9s %7s | %11s %9s %8s %7s\n", "dtype", "thr", "prefill t/s", "GFLOP/s",
+              "%peak", "decode t/s", "GFLOP/s", "GB/s", "%bw");
+  for (const auto& r : results)
+    std::printf("%-6s %3d | %12.1f %9.1f %6.1f%% | %11.1f %9.2f %8.2f %6.1f%%\n",
+                std::string(r["dtype"]).c_str(), int(r["threads"]), double(r["prefill_tokens_per_s"]),
+                double(r["prefill_gflops"]), double(r["prefill_pct_of_fma_peak"]), double(r["decode_tokens_per_s"]),
+                double(r["decode_gflops"]), double(r["decode_gbs"]), double(r["decode_pct_of_read_bw"]));
+  for (auto& [t, p] : peak)
+    std::printf("peak, %d thread(s): %.1f GFLOP/s FMA (%s), %.1f GB/s read\n", t, p.first, kernels::cpu::isa_name(),
+                p.second);
+  return 0;
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks that print figures");
+  bench->require_subcommand(1);
+  auto o = std::make_shared<bench_opts>();
+  auto* k = bench->add_subcommand(
+      "kernels", "Prefill and decode throughput of the engine on a synthetic model, with this machine's "
+                 "measured FMA peak and read bandwidth");
+  k->add_option("--preset", o->preset, "Synthetic model preset")->check(CLI::IsMember([] {
+    std::vector<std::string> n;
+    for (const auto& p : synth_presets()) n.push_back(p.name);
+    return n;
+  }()));
+  k->add_option("--model", o->model, "Use this GGUF file instead of a synthetic preset (one dtype)");
+  k->add_option("--dtypes", o->dtypes, "Weight types to run")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+  k->add_option("--threads", o->threads, "Thread counts to run")->delimiter(',')->check(CLI::Range(1, 1024));
+  k->add_option("--prompt-tokens", o->prompt_tokens, "Prefill prompt length")->check(CLI::Range(1, 1 << 20));
+  k->add_option("--decode-tokens", o->decode_tokens, "Decode steps for one sequence")->check(CLI::Range(1, 1 << 20));
+  k->add_option("--repeats", o->repeats, "Runs per configuration; the best is reported")->check(CLI::Range(1, 100));
+  k->add_flag("--json", o->json, "Print results as JSON");
+  k->callback([o] { run_bench(*o); });
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,38 @@
+// tandem: one binary, one subcommand per job.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+
+#include "runtime/errors.h"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  // stdout carries only results (generated text, JSON); logs go to stderr.
+  auto log = spdlog::stderr_color_mt("tandem");
+  spdlog::set_default_logger(log);
+  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+
+  CLI::App app{"tandem: disaggregated LLM serving on actors", "tandem"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tandem 0.1.0");
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(log_level)); });
+  tandem::cli::add_generate(app);
+  tandem::cli::add_model(app);
+  tandem::cli::add_bench(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tandem::failure& e) {
+    spdlog::error("{}", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+  return 0;
+}

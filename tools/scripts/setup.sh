@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs everything tandem builds and tests with, from Debian 12 packages. Idempotent; run as root.
+set -euo pipefail
+pkgs=(build-essential cmake ccache pkg-config
+      libcaf-dev libboost-dev libmsgpack-cxx-dev nlohmann-json3-dev
+      libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev libpcre2-dev libopenblas-dev
+      googletest libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all packages present"; exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: missing packages (${missing[*]}); run this script as root" >&2; exit 1
+fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
