@@ -343,15 +343,18 @@ vocab_spec make_byte_level_vocab(int32_t n_vocab) {
     counts.push_back(count);
   }
 
+  // Pair counts over the corpus, kept up to date as words change.
   std::unordered_map<uint64_t, int64_t> pair_counts;
-  while (static_cast<int32_t>(spec.tokens.size()) < n_vocab) {
-    pair_counts.clear();
-    for (size_t w = 0; w < words.size(); ++w) {
-      for (size_t i = 1; i < words[w].size(); ++i) {
-        pair_counts[detail::pair_key(words[w][i - 1], words[w][i])] += counts[w];
-      }
+  auto count_pairs = [&pair_counts](const std::vector<token_id>& w, int64_t count) {
+    for (size_t i = 1; i < w.size(); ++i) {
+      const uint64_t key = detail::pair_key(w[i - 1], w[i]);
+      if ((pair_counts[key] += count) == 0) pair_counts.erase(key);
     }
-    if (pair_counts.empty()) break;
+  };
+  for (size_t w = 0; w < words.size(); ++w) count_pairs(words[w], counts[w]);
+
+  std::vector<token_id> merged_word;
+  while (static_cast<int32_t>(spec.tokens.size()) < n_vocab && !pair_counts.empty()) {
     // The most frequent pair; ties go to the lexicographically smallest (left, right) text.
     token_id best_l = -1, best_r = -1;
     int64_t best_count = 0;
@@ -375,17 +378,26 @@ vocab_spec make_byte_level_vocab(int32_t n_vocab) {
       index.emplace(merged, merged_id);
       add_token(std::move(merged), detail::type_normal);
     }
-    for (auto& w : words) {
-      size_t o = 0;
-      for (size_t i = 0; i < w.size(); ++i) {
-        if (i + 1 < w.size() && w[i] == best_l && w[i + 1] == best_r) {
-          w[o++] = merged_id;
+    // Rewrite the words holding the pair (left to right, non-overlapping), updating counts.
+    for (size_t w = 0; w < words.size(); ++w) {
+      std::vector<token_id>& word = words[w];
+      bool found = false;
+      for (size_t i = 1; i < word.size() && !found; ++i) {
+        found = word[i - 1] == best_l && word[i] == best_r;
+      }
+      if (!found) continue;
+      merged_word.clear();
+      for (size_t i = 0; i < word.size(); ++i) {
+        if (i + 1 < word.size() && word[i] == best_l && word[i + 1] == best_r) {
+          merged_word.push_back(merged_id);
           ++i;
         } else {
-          w[o++] = w[i];
+          merged_word.push_back(word[i]);
         }
       }
-      w.resize(o);
+      count_pairs(word, -counts[w]);
+      count_pairs(merged_word, counts[w]);
+      word.swap(merged_word);
     }
   }
 

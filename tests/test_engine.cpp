@@ -134,6 +134,7 @@ struct dtype_case {
   kernels::dtype type;
   double tol;
 };
+void PrintTo(const dtype_case& c, std::ostream* os) { *os << kernels::to_string(c.type) << " tol " << c.tol; }
 class ForwardVsReference : public ::testing::TestWithParam<dtype_case> {};
 
 TEST_P(ForwardVsReference, LogitsMatchDoublePrecision) {

@@ -23,6 +23,17 @@ int main(int argc, char** argv) {
   tandem::cli::add_generate(app);
   tandem::cli::add_model(app);
   tandem::cli::add_bench(app);
+  // CLI11 reports an unknown first word only as "a subcommand is required": name it instead.
+  std::string names;
+  bool known = false;
+  for (const auto* sc : app.get_subcommands({})) {
+    names += (names.empty() ? "" : ", ") + sc->get_name();
+    known = known || (argc > 1 && sc->get_name() == argv[1]);
+  }
+  if (argc > 1 && argv[1][0] != '-' && !known) {
+    std::cerr << "tandem: unknown command '" << argv[1] << "' (commands: " << names << "; see tandem --help)\n";
+    return 109;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

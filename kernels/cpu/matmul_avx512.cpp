@@ -6,7 +6,13 @@
 // stay in cache, and a 6x64 register-blocked microkernel broadcasts x and FMAs 4 zmm per x
 // row. bf16 (and q8_0) weights use the same structure with vdpbf16ps, which does twice the
 // multiply-adds per instruction; x is then rounded to bf16 (relative error <= 2^-9 per term).
+// GCC 12 reports its own _mm512_undefined_* idiom inside these headers as (maybe-)uninitialized
+// (GCC bug 105593); the pragma covers the header lines only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <chrono>
@@ -105,42 +111,45 @@ void quantize_x_pairs(const float* x, int64_t k, q8_pairs out) {
   }
 }
 
-// q8_0 rows [r0, r1) against M inputs with vpdpbusd (u8 x s8): the weights are offset to u8
-// by xor 0x80 (w + 128), and the bias lanes subtract 128 * sum(x) again, so each block's int32
-// dot product is exact. Two blocks per zmm; y: [M, n].
+// One pair of q8_0 blocks (p) of a weight row against M inputs, added to acc[M].
+// vpdpbusd multiplies u8 x s8: the weights are offset to u8 by xor 0x80 (w + 128) and the bias
+// lanes subtract 128 * sum(x) again, so each block's int32 dot product is exact.
+template <int M>
+VNNI_BF16 inline __attribute__((always_inline)) void q8_pair(const block_q8_0* wb, int64_t nb,
+                                                             const q8_pairs* xs, int64_t p,
+                                                             __m512* acc) {
+  const int64_t b = 2 * p;
+  const bool both = b + 1 < nb;
+  __m512i wq = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[b].qs)));
+  if (both)
+    wq = _mm512_inserti64x4(wq, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[b + 1].qs)), 1);
+  wq = _mm512_xor_si512(wq, _mm512_set1_epi8(char(0x80)));  // a missing 2nd block: 128 * 0
+  const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(wb[b].d)),
+                                       _mm256_set1_ps(both ? _cvtsh_ss(wb[b + 1].d) : 0.0f), 1);
+  for (int i = 0; i < M; ++i) {
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(xs[i].bias + p * 16), wq,
+                                          _mm512_loadu_si512(xs[i].q + p * 64));
+    const __m512 scale = _mm512_mul_ps(dw, _mm512_loadu_ps(xs[i].d + p * 16));
+    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[i]);
+  }
+}
+
+// q8_0 rows [r0, r1) against M quantized inputs xs[M]; y: [M, n].
 template <int M>
 VNNI_BF16 void decode_q8_vnni(const weight_view& w, const q8_pairs* xs, float* y, int64_t r0,
                               int64_t r1) {
-  const int64_t nb = w.cols / q8_0_block, n = w.rows;
-  const __m512i flip = _mm512_set1_epi8(char(0x80));
+  const int64_t nb = w.cols / q8_0_block, n = w.rows, np = xs[0].np;
   for (int64_t r = r0; r < r1; ++r) {
     const auto* wb = reinterpret_cast<const block_q8_0*>(row_ptr(w, r));
-    __m512 acc[M][2];  // two chains per input: alternate block pairs
-    for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
-    auto pair = [&](int64_t p, int chain) {
-      const int64_t b = 2 * p;
-      const bool both = b + 1 < nb;
-      __m512i wq = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[b].qs)));
-      if (both)
-        wq = _mm512_inserti64x4(wq, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[b + 1].qs)), 1);
-      wq = _mm512_xor_si512(wq, flip);  // a missing second block reads as 128 * x(=0) = 0
-      const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(wb[b].d)),
-                                           _mm256_set1_ps(both ? _cvtsh_ss(wb[b + 1].d) : 0.0f), 1);
-      for (int i = 0; i < M; ++i) {
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(xs[i].bias + p * 16), wq,
-                                              _mm512_loadu_si512(xs[i].q + p * 64));
-        const __m512 scale = _mm512_mul_ps(dw, _mm512_loadu_ps(xs[i].d + p * 16));
-        acc[i][chain] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[i][chain]);
-      }
-    };
-    const int64_t np = xs[0].np;
+    __m512 acc0[M], acc1[M];  // two chains per input: alternate block pairs
+    for (int i = 0; i < M; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
     int64_t p = 0;
     for (; p + 2 <= np; p += 2) {
-      pair(p, 0);
-      pair(p + 1, 1);
+      q8_pair<M>(wb, nb, xs, p, acc0);
+      q8_pair<M>(wb, nb, xs, p + 1, acc1);
     }
-    if (p < np) pair(p, 0);
-    for (int i = 0; i < M; ++i) y[i * n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
+    if (p < np) q8_pair<M>(wb, nb, xs, p, acc0);
+    for (int i = 0; i < M; ++i) y[i * n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
   }
 }
 
@@ -206,7 +215,238 @@ void decode(const weight_view& w, const float* x, int64_t m, float* y, thread_po
   rows([&](int64_t r0, int64_t r1) { decode_q8_rows(w, xs, m, y, r0, r1); });
 }
 
-}  // namespace
-}  // namespace tandem::kernels::cpu::detail
+// ---------------------------------------------------------------- prefill GEMM
 
-#include "kernels/cpu/matmul_avx512_gemm.inc"
+constexpr int MR = 6;   // x rows per microkernel: 6 x 4 zmm accumulators + 4 weight vectors
+constexpr int NR = 64;  // weight rows per microkernel (y columns)
+constexpr int64_t NC = 256;  // weight rows per packed block (per thread)
+// k per packed block: one [KC][64] f32 micro-panel is 64 KiB, streamed from L2 (measured
+// faster than smaller panels that fit L1: fewer passes over y).
+constexpr int64_t KC_F32 = 256, KC_BF16 = 512;  // multiples of 32 (q8_0 blocks) and of 2
+
+// y[R, 64] (+)= a[R, kc] · b. a: rows at stride lda; b: [kc][64] packed; y: rows at stride
+// ldy, its columns beyond `mask` neither read nor written.
+template <int R>
+void kernel_f32(const float* a, int64_t lda, const float* b, int64_t kc, float* y, int64_t ldy,
+                const __mmask16* mask, bool accumulate) {
+  __m512 c[R][4];
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < 4; ++v)
+      c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p) {
+    __m512 bv[4];
+    for (int v = 0; v < 4; ++v) bv[v] = _mm512_load_ps(b + p * 64 + 16 * v);
+    for (int i = 0; i < R; ++i) {
+      const __m512 av = _mm512_set1_ps(a[i * lda + p]);
+      for (int v = 0; v < 4; ++v) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
+}
+
+// As kernel_f32 with bf16 a and b: b: [kc/2][64][2], each 32-bit lane a pair of k.
+template <int R>
+VNNI_BF16 void kernel_bf16(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kc,
+                           float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
+  __m512 c[R][4];
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < 4; ++v)
+      c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; p += 2) {
+    __m512bh bv[4];
+    for (int v = 0; v < 4; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + p * 64 + 32 * v);
+    for (int i = 0; i < R; ++i) {
+      uint32_t pair;
+      std::memcpy(&pair, a + i * lda + p, 4);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(pair));
+      for (int v = 0; v < 4; ++v) c[i][v] = _mm512_dpbf16_ps(c[i][v], av, bv[v]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
+}
+
+// Columns [p0, p0 + kc) of weight row r as f32 in tmp (or in place for f32). Needs p0 + kc <= k.
+const float* row_f32(const weight_view& w, int64_t r, int64_t p0, int64_t kc, float* tmp) {
+  const uint8_t* row = row_ptr(w, r);
+  switch (w.type) {
+    case dtype::f32: return reinterpret_cast<const float*>(row) + p0;
+    case dtype::f16:
+      for (int64_t c = 0; c < kc; c += 16)
+        _mm512_storeu_ps(tmp + c, load16<dtype::f16>(row, p0 + c, tail_mask(kc - c)));
+      return tmp;
+    case dtype::bf16:
+      for (int64_t c = 0; c < kc; c += 16)
+        _mm512_storeu_ps(tmp + c, load16<dtype::bf16>(row, p0 + c, tail_mask(kc - c)));
+      return tmp;
+    case dtype::q8_0: {  // p0 and kc are multiples of 32
+      const auto* b = reinterpret_cast<const block_q8_0*>(row) + p0 / q8_0_block;
+      for (int64_t i = 0; i < kc / q8_0_block; ++i) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+        for (int j = 0; j < 2; ++j) {
+          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs + 16 * j));
+          _mm512_storeu_ps(tmp + 32 * i + 16 * j, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+        }
+      }
+      return tmp;
+    }
+  }
+  return tmp;
+}
+
+// Packs weight rows [j0, j0 + nc) x columns [p0, p0 + kc) for kernel_f32:
+// bp: [ceil(nc/64)][kc][64], rows past nc zero.
+void pack_f32(const weight_view& w, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* bp, float* tmp) {
+  for (int64_t j = 0; j < (nc + NR - 1) / NR * NR; ++j) {
+    float* dst = bp + (j / NR) * kc * NR + j % NR;
+    const float* src = j < nc ? row_f32(w, j0 + j, p0, kc, tmp) : nullptr;
+    for (int64_t p = 0; p < kc; ++p) dst[p * NR] = src ? src[p] : 0.0f;
+  }
+}
+
+// Packs for kernel_bf16: bp: [ceil(nc/64)][kc/2][64] pairs; zero past row nc and column k.
+VNNI_BF16 void pack_bf16(const weight_view& w, int64_t j0, int64_t nc, int64_t p0, int64_t kc,
+                         uint16_t* bp, float* tmp) {
+  const int64_t valid = std::min(kc, w.cols - p0);  // kc may run past an odd k by one
+  auto* t16 = reinterpret_cast<uint16_t*>(tmp + kc);
+  for (int64_t j = 0; j < (nc + NR - 1) / NR * NR; ++j) {
+    auto* dst = reinterpret_cast<uint32_t*>(bp) + (j / NR) * (kc / 2) * NR + j % NR;
+    std::memset(t16, 0, size_t(kc) * 2);
+    if (j < nc && w.type == dtype::bf16) {
+      std::memcpy(t16, row_ptr(w, j0 + j) + 2 * p0, size_t(valid) * 2);
+    } else if (j < nc) {  // q8_0: dequantize, round to nearest-even bf16
+      const float* f = row_f32(w, j0 + j, p0, valid, tmp);
+      for (int64_t c = 0; c < valid; c += 16)
+        _mm256_mask_storeu_epi16(t16 + c, tail_mask(valid - c),
+                                 (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(tail_mask(valid - c), f + c)));
+    }
+    for (int64_t p = 0; p < kc / 2; ++p) std::memcpy(dst + p * NR, t16 + 2 * p, 4);
+  }
+}
+
+// y[m, n] rows [r0, r1) of W against x[m, k]: a is x (f32) or x rounded to bf16 (rows at
+// stride lda); y: [m, ldy].
+template <bool BF16>
+void gemm_rows(const weight_view& w, const void* a, int64_t lda, int64_t m, float* y, int64_t ldy,
+               int64_t r0, int64_t r1) {
+  constexpr int64_t KC = BF16 ? KC_BF16 : KC_F32;
+  const int64_t k = BF16 ? w.cols + (w.cols & 1) : w.cols;
+  void* bp = thread_scratch(scratch_panel, size_t(NC * KC) * (BF16 ? 2 : 4));
+  auto* tmp = static_cast<float*>(thread_scratch(scratch_tmp, size_t(KC) * 6 + 64));
+  for (int64_t jc = r0; jc < r1; jc += NC) {
+    const int64_t nc = std::min(NC, r1 - jc);
+    for (int64_t pc = 0; pc < k; pc += KC) {
+      const int64_t kc = std::min(KC, k - pc);
+      if constexpr (BF16) pack_bf16(w, jc, nc, pc, kc, static_cast<uint16_t*>(bp), tmp);
+      else pack_f32(w, jc, nc, pc, kc, static_cast<float*>(bp), tmp);
+      for (int64_t jr = 0; jr < nc; jr += NR) {
+        __mmask16 mask[4];
+        for (int v = 0; v < 4; ++v) mask[v] = tail_mask(std::max<int64_t>(0, nc - jr - 16 * v));
+        for (int64_t i = 0; i < m; i += MR) {
+          float* yp = y + i * ldy + jc + jr;
+          auto run = [&](auto rows) {
+            constexpr int R = decltype(rows)::value;
+            if constexpr (BF16)
+              kernel_bf16<R>(static_cast<const uint16_t*>(a) + i * lda + pc, lda,
+                             static_cast<const uint16_t*>(bp) + jr * kc, kc, yp, ldy, mask, pc > 0);
+            else
+              kernel_f32<R>(static_cast<const float*>(a) + i * lda + pc, lda,
+                            static_cast<const float*>(bp) + jr * kc, kc, yp, ldy, mask, pc > 0);
+          };
+          switch (std::min<int64_t>(MR, m - i)) {
+            case 1: run(std::integral_constant<int, 1>{}); break;
+            case 2: run(std::integral_constant<int, 2>{}); break;
+            case 3: run(std::integral_constant<int, 3>{}); break;
+            case 4: run(std::integral_constant<int, 4>{}); break;
+            case 5: run(std::integral_constant<int, 5>{}); break;
+            default: run(std::integral_constant<int, 6>{}); break;
+          }
+        }
+      }
+    }
+  }
+}
+
+// x: [m, k] f32 -> xb: [m, lda] bf16 (nearest even), zero-padded to lda.
+VNNI_BF16 void x_to_bf16(const float* x, int64_t k, int64_t lda, uint16_t* xb) {
+  for (int64_t c = 0; c < k; c += 16) {
+    const __mmask16 mk = tail_mask(k - c);
+    _mm256_mask_storeu_epi16(xb + c, mk, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, x + c)));
+  }
+  for (int64_t c = k; c < lda; ++c) xb[c] = 0;
+}
+
+void prefill(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
+             bool vnni_bf16) {
+  const int64_t k = w.cols, n = w.rows;
+  // q8_0 weights also take the bf16 kernel: rounding q*d to bf16 (2^-9) is well inside the
+  // error q8_0 already has, and it doubles the multiply-add rate.
+  const bool bf16 = vnni_bf16 && (w.type == dtype::bf16 || w.type == dtype::q8_0);
+  const void* a = x;
+  int64_t lda = k;
+  if (bf16) {  // x rounded to bf16 once per call, shared by all threads
+    lda = k + (k & 1);
+    auto* xb = static_cast<uint16_t*>(thread_scratch(scratch_x, size_t(m * lda) * 2));
+    pool.parallel_for(m, 16, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) x_to_bf16(x + i * k, k, lda, xb + i * lda);
+    });
+    a = xb;
+  }
+  auto rows = [&](const void* ap, int64_t mm, float* yp, int64_t r0, int64_t r1) {
+    if (bf16) gemm_rows<true>(w, ap, lda, mm, yp, n, r0, r1);
+    else gemm_rows<false>(w, ap, lda, mm, yp, n, r0, r1);
+  };
+  if (n >= NR * pool.size()) {  // split weight rows: each is packed once
+    pool.parallel_for(n, NR, [&](int64_t r0, int64_t r1, int) { rows(a, m, y, r0, r1); });
+  } else {  // few weight rows: split the inputs
+    const size_t esize = bf16 ? 2 : 4;
+    pool.parallel_for(m, MR, [&](int64_t i0, int64_t i1, int) {
+      rows(static_cast<const uint8_t*>(a) + size_t(i0 * lda) * esize, i1 - i0, y + i0 * n, 0, n);
+    });
+  }
+}
+
+}  // namespace
+
+void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
+                   bool vnni_bf16) {
+  if (m > max_decode_m) prefill(w, x, m, y, pool, vnni_bf16);
+  else decode(w, x, m, y, pool, vnni_bf16);
+}
+
+double fma_gflops_avx512(double seconds) {
+  // Twelve independent chains (distinct seeds: the compiler cannot merge them) held in named
+  // registers cover FMA latency x throughput (4 x 2).
+  volatile float seed = 0.999999f;
+  const __m512 b = _mm512_set1_ps(seed), c = _mm512_set1_ps(1e-7f);
+  __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2), a3 = _mm512_set1_ps(3);
+  __m512 a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5), a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7);
+  __m512 a8 = _mm512_set1_ps(8), a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  int64_t iters = 0;
+  do {
+    for (int it = 0; it < 1 << 16; ++it) {
+      a0 = _mm512_fmadd_ps(a0, b, c), a1 = _mm512_fmadd_ps(a1, b, c), a2 = _mm512_fmadd_ps(a2, b, c);
+      a3 = _mm512_fmadd_ps(a3, b, c), a4 = _mm512_fmadd_ps(a4, b, c), a5 = _mm512_fmadd_ps(a5, b, c);
+      a6 = _mm512_fmadd_ps(a6, b, c), a7 = _mm512_fmadd_ps(a7, b, c), a8 = _mm512_fmadd_ps(a8, b, c);
+      a9 = _mm512_fmadd_ps(a9, b, c), a10 = _mm512_fmadd_ps(a10, b, c), a11 = _mm512_fmadd_ps(a11, b, c);
+    }
+    iters += 1 << 16;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < seconds);
+  for (__m512 v : {a1, a2, a3, a4, a5, a6, a7, a8, a9, a10}) a0 = _mm512_fmadd_ps(a0, b, v);  // all chains live
+  volatile float sink = _mm512_reduce_add_ps(_mm512_add_ps(a0, a11));
+  (void)sink;
+  return double(iters) * 12 * 32 / elapsed * 1e-9;
+}
+
+float read_sum_avx512(const float* p, size_t n) {
+  __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (size_t i = 0; i + 64 <= n; i += 64)
+    for (int j = 0; j < 4; ++j) s[j] = _mm512_add_ps(s[j], _mm512_load_ps(p + i + 16 * j));
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])));
+}
+
+}  // namespace tandem::kernels::cpu::detail

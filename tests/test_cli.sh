@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# End-to-end checks of the `tandem` binary: stdout carries exactly the continuation, --json is
+# one object, bad flags and bad files give clear errors and a non-zero exit.
+#   test_cli.sh TANDEM_BINARY SHARED_DIR
+set -uo pipefail
+bin=$1
+shared=$2
+model=$shared/models/stories260K.gguf
+ref=$shared/models/stories260K-reference.txt
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export TANDEM_CACHE_DIR=$work/cache
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+pass() { echo "ok: $*"; }
+
+[ -f "$model" ] || { echo "FAIL: missing shared data $model (set TANDEM_SHARED_DIR)"; exit 1; }
+
+# 1. Greedy continuation on stdout equals the reference text byte for byte (plus the final newline).
+"$bin" generate --model "$model" --prompt "Once upon a time" -n 64 --temperature 0 >"$work/out.txt" 2>"$work/err.txt"
+sed -n '/BEGIN>>>/,/<<<END/p' "$ref" | sed '1s/^.*BEGIN>>>//; $s/<<<END.*$//' >"$work/expected.txt"
+if cmp -s "$work/out.txt" "$work/expected.txt"; then pass "generate stdout equals the reference"
+else fail "generate stdout differs:"; diff "$work/out.txt" "$work/expected.txt" | head; fi
+grep -q "tokens generated" "$work/err.txt" && pass "logs go to stderr" || fail "no log line on stderr"
+
+# 2. --json prints one object with the ids, the text and the timings.
+"$bin" generate --model "$model" --prompt "Once upon a time" -n 8 --temperature 0 --json >"$work/out.json" 2>/dev/null
+for key in '"prompt_token_ids":\[1,403,407,261,378\]' '"token_ids":\[432,383,286,261,376,298,315,421\]' \
+           '"text":", there was a little girl"' '"prefill_ms":' '"decode_ms_per_token":'; do
+  grep -Eq "$key" "$work/out.json" && pass "json has $key" || fail "json lacks $key: $(cat "$work/out.json")"
+done
+[ "$(wc -l <"$work/out.json")" -eq 1 ] && pass "json is one line" || fail "json is not one line"
+
+# 3. Seeded sampling is reproducible.
+a=$("$bin" generate --model "$model" --prompt "Once" -n 20 --temperature 1 --seed 11 2>/dev/null)
+b=$("$bin" generate --model "$model" --prompt "Once" -n 20 --temperature 1 --seed 11 2>/dev/null)
+[ "$a" = "$b" ] && pass "same seed, same text" || fail "seeded runs differ"
+
+# 4. Bad flags and bad inputs: non-zero exit and a message naming the problem.
+expect_error() {  # expect_error PATTERN ARGS...
+  local pat=$1; shift
+  if "$bin" "$@" >"$work/o" 2>"$work/e"; then fail "'$*' succeeded"; return; fi
+  grep -qi -- "$pat" "$work/e" && pass "'$*' -> $pat" || fail "'$*' error lacks '$pat': $(cat "$work/e")"
+}
+expect_error "temperature" generate --model "$model" --prompt x --temperature -1
+expect_error "top-p" generate --model "$model" --prompt x --top-p 1.5
+expect_error "not a GGUF file" generate --model "$ref" --prompt x
+expect_error "cannot open" generate --model /nonexistent.gguf --prompt x
+expect_error "prompt" generate --model "$model"
+expect_error "frobnicate" frobnicate
+expect_error "preset" model synth --preset nope --out "$work/x.gguf"
+expect_error "context length" generate --model "$model" --prompt x -n 100000
+printf 'GGUF\3\0\0\0' >"$work/trunc.gguf"
+expect_error "truncated" model inspect "$work/trunc.gguf"
+
+# 5. --help on every subcommand.
+for cmd in "" "generate" "model" "model synth" "model inspect" "bench" "bench kernels"; do
+  # shellcheck disable=SC2086
+  "$bin" $cmd --help >/dev/null 2>&1 && pass "help: tandem $cmd" || fail "tandem $cmd --help"
+done
+
+# 6. synth + inspect round trip, and the default model path.
+"$bin" model synth --preset tiny --dtype q8_0 --out "$work/tiny.gguf" 2>/dev/null || fail "synth"
+"$bin" model inspect "$work/tiny.gguf" --json >"$work/inspect.json" 2>/dev/null || fail "inspect"
+grep -q '"n_kv_head": 2' "$work/inspect.json" && grep -q '"q8_0"' "$work/inspect.json" && pass "inspect json" \
+  || fail "inspect json: $(cat "$work/inspect.json")"
+"$bin" model inspect "$model" | grep -q "llama" && pass "inspect text" || fail "inspect text"
+
+echo "$fails failure(s)"
+[ "$fails" -eq 0 ]
