@@ -21,6 +21,9 @@ enum class errc : uint8_t {
   context_overflow,    // a sequence would grow past the model's context length
   checksum_mismatch,   // an imported KV block's payload does not match its checksum: refused
   incompatible_kv,     // an imported KV block does not fit this engine (shape, dtype, model, positions)
+  overloaded,          // admission control refused a request (queue bound or latency budget); retry later
+  worker_failed,       // the worker computing a request died; the request could not continue
+  shutting_down,       // the server is stopping and takes no new work
 };
 
 // Stable, lowercase names used in logs, JSON errors and caf::error rendering.
@@ -37,6 +40,9 @@ constexpr std::string_view to_string(errc e) {
     case errc::context_overflow: return "context_overflow";
     case errc::checksum_mismatch: return "checksum_mismatch";
     case errc::incompatible_kv: return "incompatible_kv";
+    case errc::overloaded: return "overloaded";
+    case errc::worker_failed: return "worker_failed";
+    case errc::shutting_down: return "shutting_down";
   }
   return "unknown";
 }

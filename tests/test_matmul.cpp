@@ -65,7 +65,8 @@ problem make_problem(tk::dtype t, int64_t m, int64_t rows, int64_t cols, uint32_
 
 double tolerance(tk::dtype t, isa level, int64_t m) {
   if (t == tk::dtype::q8_0) return 1e-2;
-  if (t == tk::dtype::bf16 && level == isa::avx512_bf16 && m > cpu::detail::max_decode_m) return 1e-2;
+  if (t == tk::dtype::bf16 && level == isa::avx512_bf16 && m > cpu::detail::decode_max_m(level, t))
+    return 1e-2;
   return 1e-4;
 }
 

@@ -157,6 +157,25 @@ void init_blas_threads() {
   std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
+int64_t decode_max_m(isa level, dtype t) {
+  if (const char* e = std::getenv("TANDEM_DECODE_MAX_M")) return std::atoi(e);  // TUNING ONLY
+  // Crossovers measured with 12 layers of bench-76m weights (out of cache), one thread. The
+  // decode kernels read each weight once but run out of FMA issue (f32, f16) or memory
+  // parallelism as m grows; q8_0 decode reads 4x fewer bytes per weight and stays ahead longest;
+  // the vdpbf16ps GEMM overtakes bf16 decode early.
+  switch (level) {
+    case isa::avx512_bf16:
+      return t == dtype::q8_0 ? 16 : t == dtype::f16 ? 8 : 4;
+    case isa::avx512:
+      return t == dtype::q8_0 ? 16 : t == dtype::f32 ? 4 : 8;
+    case isa::avx2:  // prefill is OpenBLAS with dequantized panels
+      return t == dtype::q8_0 ? 16 : 8;
+    case isa::scalar:
+      return 2;
+  }
+  return 1;
+}
+
 int64_t decode_grain(const weight_view& w) {
   // ~32 KiB of weights per grain: a smaller matrix runs inline on the calling thread.
   const int64_t rb = std::max<int64_t>(1, row_bytes(w.type, w.cols));
@@ -179,7 +198,7 @@ void prefill_blas(const weight_view& w, const float* x, int64_t m, float* y, thr
 }
 
 void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
-  if (m > max_decode_m) {
+  if (m > decode_max_m(isa::scalar, w.type)) {
     prefill_blas(w, x, m, y, pool, &dequantize_row);
     return;
   }

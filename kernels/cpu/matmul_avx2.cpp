@@ -58,22 +58,22 @@ void decode_float(const weight_view& w, const float* x, float* y, int64_t r0, in
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = row_ptr(w, r);
     __m256 acc[M][U];
-    for (auto& a : acc)
-      for (auto& v : a) v = _mm256_setzero_ps();
+    TANDEM_UNROLL for (auto& a : acc)
+      TANDEM_UNROLL for (auto& v : a) v = _mm256_setzero_ps();
     int64_t c = 0;
     for (; c + 8 * U <= k; c += 8 * U)
-      for (int u = 0; u < U; ++u) {
+      TANDEM_UNROLL for (int u = 0; u < U; ++u) {
         const __m256 wv = load8<T>(row, c + 8 * u);
-        for (int i = 0; i < M; ++i)
+        TANDEM_UNROLL for (int i = 0; i < M; ++i)
           acc[i][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * k + c + 8 * u), acc[i][u]);
       }
     for (; c + 8 <= k; c += 8) {
       const __m256 wv = load8<T>(row, c);
-      for (int i = 0; i < M; ++i)
+      TANDEM_UNROLL for (int i = 0; i < M; ++i)
         acc[i][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * k + c), acc[i][0]);
     }
-    for (int i = 0; i < M; ++i) {
-      for (int u = 1; u < U; ++u) acc[i][0] = _mm256_add_ps(acc[i][0], acc[i][u]);
+    TANDEM_UNROLL for (int i = 0; i < M; ++i) {
+      TANDEM_UNROLL for (int u = 1; u < U; ++u) acc[i][0] = _mm256_add_ps(acc[i][0], acc[i][u]);
       float s = hsum(acc[i][0]);
       for (int64_t t = c; t < k; ++t) s += load1<T>(row, t) * x[i * k + t];  // cols % 8 tail
       y[i * n + r] = s;
@@ -90,11 +90,11 @@ void decode_q8(const weight_view& w, const int8_t* xq, const float* xd, float* y
   for (int64_t r = r0; r < r1; ++r) {
     const auto* wb = reinterpret_cast<const block_q8_0*>(row_ptr(w, r));
     __m256 acc[M][2];  // two chains per input: alternate blocks
-    for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+    TANDEM_UNROLL for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
     auto block = [&](int64_t b, int chain) {
       const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[b].qs));
       const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb[b].d));
-      for (int i = 0; i < M; ++i) {
+      TANDEM_UNROLL for (int i = 0; i < M; ++i) {
         const __m256i xv =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * k + b * q8_0_block));
         // maddubs wants u8 x s8: |x| times w carrying x's sign. Pair sums <= 2*127*128 fit s16.
@@ -110,7 +110,7 @@ void decode_q8(const weight_view& w, const int8_t* xq, const float* xd, float* y
       block(b + 1, 1);
     }
     if (b < nb) block(b, 0);
-    for (int i = 0; i < M; ++i) y[i * n + r] = hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
+    TANDEM_UNROLL for (int i = 0; i < M; ++i) y[i * n + r] = hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
   }
 }
 
@@ -201,7 +201,7 @@ void decode_q8_0_avx2(const weight_view& w, const int8_t* xq, const float* xd, i
 }
 
 void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
-  if (m > max_decode_m) {
+  if (m > decode_max_m(isa::avx2, w.type)) {
     prefill_blas(w, x, m, y, pool, &dequant_avx2);
     return;
   }

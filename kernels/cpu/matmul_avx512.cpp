@@ -51,23 +51,23 @@ void decode_float(const weight_view& w, const float* x, float* y, int64_t r0, in
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = row_ptr(w, r);
     __m512 acc[M][U];
-    for (auto& a : acc)
-      for (auto& v : a) v = _mm512_setzero_ps();
+    TANDEM_UNROLL for (auto& a : acc)
+      TANDEM_UNROLL for (auto& v : a) v = _mm512_setzero_ps();
     int64_t c = 0;
     for (; c + 16 * U <= k; c += 16 * U)
-      for (int u = 0; u < U; ++u) {
+      TANDEM_UNROLL for (int u = 0; u < U; ++u) {
         const __m512 wv = load16<T>(row, c + 16 * u);
-        for (int i = 0; i < M; ++i)
+        TANDEM_UNROLL for (int i = 0; i < M; ++i)
           acc[i][u] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i * k + c + 16 * u), acc[i][u]);
       }
     for (; c < k; c += 16) {  // remaining vectors, the last one masked
       const __mmask16 mk = tail_mask(k - c);
       const __m512 wv = load16<T>(row, c, mk);
-      for (int i = 0; i < M; ++i)
+      TANDEM_UNROLL for (int i = 0; i < M; ++i)
         acc[i][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mk, x + i * k + c), acc[i][0]);
     }
-    for (int i = 0; i < M; ++i) {
-      for (int u = 1; u < U; ++u) acc[i][0] = _mm512_add_ps(acc[i][0], acc[i][u]);
+    TANDEM_UNROLL for (int i = 0; i < M; ++i) {
+      TANDEM_UNROLL for (int u = 1; u < U; ++u) acc[i][0] = _mm512_add_ps(acc[i][0], acc[i][u]);
       y[i * n + r] = _mm512_reduce_add_ps(acc[i][0]);
     }
   }
@@ -126,7 +126,7 @@ VNNI_BF16 inline __attribute__((always_inline)) void q8_pair(const block_q8_0* w
   wq = _mm512_xor_si512(wq, _mm512_set1_epi8(char(0x80)));  // a missing 2nd block: 128 * 0
   const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(wb[b].d)),
                                        _mm256_set1_ps(both ? _cvtsh_ss(wb[b + 1].d) : 0.0f), 1);
-  for (int i = 0; i < M; ++i) {
+  TANDEM_UNROLL for (int i = 0; i < M; ++i) {
     const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(xs[i].bias + p * 16), wq,
                                           _mm512_loadu_si512(xs[i].q + p * 64));
     const __m512 scale = _mm512_mul_ps(dw, _mm512_loadu_ps(xs[i].d + p * 16));
@@ -142,14 +142,14 @@ VNNI_BF16 void decode_q8_vnni(const weight_view& w, const q8_pairs* xs, float* y
   for (int64_t r = r0; r < r1; ++r) {
     const auto* wb = reinterpret_cast<const block_q8_0*>(row_ptr(w, r));
     __m512 acc0[M], acc1[M];  // two chains per input: alternate block pairs
-    for (int i = 0; i < M; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
+    TANDEM_UNROLL for (int i = 0; i < M; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
     int64_t p = 0;
     for (; p + 2 <= np; p += 2) {
       q8_pair<M>(wb, nb, xs, p, acc0);
       q8_pair<M>(wb, nb, xs, p + 1, acc1);
     }
     if (p < np) q8_pair<M>(wb, nb, xs, p, acc0);
-    for (int i = 0; i < M; ++i) y[i * n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
+    TANDEM_UNROLL for (int i = 0; i < M; ++i) y[i * n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
   }
 }
 
@@ -230,19 +230,19 @@ template <int R>
 void kernel_f32(const float* a, int64_t lda, const float* b, int64_t kc, float* y, int64_t ldy,
                 const __mmask16* mask, bool accumulate) {
   __m512 c[R][4];
-  for (int i = 0; i < R; ++i)
-    for (int v = 0; v < 4; ++v)
+  TANDEM_UNROLL for (int i = 0; i < R; ++i)
+    TANDEM_UNROLL for (int v = 0; v < 4; ++v)
       c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
   for (int64_t p = 0; p < kc; ++p) {
     __m512 bv[4];
-    for (int v = 0; v < 4; ++v) bv[v] = _mm512_load_ps(b + p * 64 + 16 * v);
-    for (int i = 0; i < R; ++i) {
+    TANDEM_UNROLL for (int v = 0; v < 4; ++v) bv[v] = _mm512_load_ps(b + p * 64 + 16 * v);
+    TANDEM_UNROLL for (int i = 0; i < R; ++i) {
       const __m512 av = _mm512_set1_ps(a[i * lda + p]);
-      for (int v = 0; v < 4; ++v) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
+      TANDEM_UNROLL for (int v = 0; v < 4; ++v) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
     }
   }
-  for (int i = 0; i < R; ++i)
-    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
+  TANDEM_UNROLL for (int i = 0; i < R; ++i)
+    TANDEM_UNROLL for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
 }
 
 // As kernel_f32 with bf16 a and b: b: [kc/2][64][2], each 32-bit lane a pair of k.
@@ -250,21 +250,21 @@ template <int R>
 VNNI_BF16 void kernel_bf16(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kc,
                            float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
   __m512 c[R][4];
-  for (int i = 0; i < R; ++i)
-    for (int v = 0; v < 4; ++v)
+  TANDEM_UNROLL for (int i = 0; i < R; ++i)
+    TANDEM_UNROLL for (int v = 0; v < 4; ++v)
       c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
   for (int64_t p = 0; p < kc; p += 2) {
     __m512bh bv[4];
-    for (int v = 0; v < 4; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + p * 64 + 32 * v);
-    for (int i = 0; i < R; ++i) {
+    TANDEM_UNROLL for (int v = 0; v < 4; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + p * 64 + 32 * v);
+    TANDEM_UNROLL for (int i = 0; i < R; ++i) {
       uint32_t pair;
       std::memcpy(&pair, a + i * lda + p, 4);
       const __m512bh av = (__m512bh)_mm512_set1_epi32(int(pair));
-      for (int v = 0; v < 4; ++v) c[i][v] = _mm512_dpbf16_ps(c[i][v], av, bv[v]);
+      TANDEM_UNROLL for (int v = 0; v < 4; ++v) c[i][v] = _mm512_dpbf16_ps(c[i][v], av, bv[v]);
     }
   }
-  for (int i = 0; i < R; ++i)
-    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
+  TANDEM_UNROLL for (int i = 0; i < R; ++i)
+    TANDEM_UNROLL for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
 }
 
 // Columns [p0, p0 + kc) of weight row r as f32 in tmp (or in place for f32). Needs p0 + kc <= k.
@@ -295,33 +295,88 @@ const float* row_f32(const weight_view& w, int64_t r, int64_t p0, int64_t kc, fl
   return tmp;
 }
 
+// dst[t * ld + r] = src[r][c + t] for a 16x16 block of 32-bit values (f32, or bf16 k-pairs):
+// in-register transpose, a quarter of the stores of an element-wise scatter.
+inline void transpose16(const uint32_t* const* src, int64_t c, uint32_t* dst, int64_t ld) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src[i] + c);
+  for (int i = 0; i < 16; i += 2) {  // interleave 32-bit elements of row pairs
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)  // interleave 64-bit elements of pair pairs
+    for (int j = 0; j < 2; ++j) {
+      const __m512d lo = _mm512_castps_pd(t[i + j]), hi = _mm512_castps_pd(t[i + j + 2]);
+      r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi));
+      r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi));
+    }
+  for (int i = 0; i < 8; ++i) {  // then 128-bit lanes, in two steps
+    const int g = (i / 4) * 8, q = i % 4;
+    t[2 * i] = _mm512_shuffle_f32x4(r[g + q], r[g + 4 + q], 0x88);
+    t[2 * i + 1] = _mm512_shuffle_f32x4(r[g + q], r[g + 4 + q], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i)  // r[i] holds column ((i & 8) | (i & 1) << 2 | (i >> 1) & 3)
+    _mm512_storeu_ps(dst + ((i & 8) | (i & 1) << 2 | (i >> 1 & 3)) * ld, r[i]);
+}
+
+// Writes 16 rows of `units` 32-bit values into a packed panel: dst[c * NR + r] = rows[r][c].
+void pack_group(const uint32_t* const* rows, int64_t units, uint32_t* dst) {
+  int64_t c = 0;
+  for (; c + 16 <= units; c += 16) transpose16(rows, c, dst + c * NR, NR);
+  for (; c < units; ++c)
+    for (int r = 0; r < 16; ++r) std::memcpy(dst + c * NR + r, rows[r] + c, 4);
+}
+
 // Packs weight rows [j0, j0 + nc) x columns [p0, p0 + kc) for kernel_f32:
-// bp: [ceil(nc/64)][kc][64], rows past nc zero.
+// bp: [ceil(nc/64)][kc][64], rows past nc zero. tmp: 17 * kc floats.
 void pack_f32(const weight_view& w, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* bp, float* tmp) {
-  for (int64_t j = 0; j < (nc + NR - 1) / NR * NR; ++j) {
-    float* dst = bp + (j / NR) * kc * NR + j % NR;
-    const float* src = j < nc ? row_f32(w, j0 + j, p0, kc, tmp) : nullptr;
-    for (int64_t p = 0; p < kc; ++p) dst[p * NR] = src ? src[p] : 0.0f;
+  float* zero = tmp + 16 * kc;
+  std::memset(zero, 0, size_t(kc) * 4);
+  const uint32_t* rows[16];
+  for (int64_t g = 0; g < (nc + NR - 1) / NR * NR; g += 16) {
+    for (int r = 0; r < 16; ++r) {
+      const float* src = g + r < nc ? row_f32(w, j0 + g + r, p0, kc, tmp + r * kc) : zero;
+      rows[r] = reinterpret_cast<const uint32_t*>(src);
+    }
+    pack_group(rows, kc, reinterpret_cast<uint32_t*>(bp + (g / NR) * kc * NR + g % NR));
   }
 }
 
-// Packs for kernel_bf16: bp: [ceil(nc/64)][kc/2][64] pairs; zero past row nc and column k.
+// Packs for kernel_bf16: bp: [ceil(nc/64)][kc/2][64] k-pairs; zero past row nc and column k.
+// tmp: 17 * kc floats.
 VNNI_BF16 void pack_bf16(const weight_view& w, int64_t j0, int64_t nc, int64_t p0, int64_t kc,
                          uint16_t* bp, float* tmp) {
   const int64_t valid = std::min(kc, w.cols - p0);  // kc may run past an odd k by one
-  auto* t16 = reinterpret_cast<uint16_t*>(tmp + kc);
-  for (int64_t j = 0; j < (nc + NR - 1) / NR * NR; ++j) {
-    auto* dst = reinterpret_cast<uint32_t*>(bp) + (j / NR) * (kc / 2) * NR + j % NR;
-    std::memset(t16, 0, size_t(kc) * 2);
-    if (j < nc && w.type == dtype::bf16) {
-      std::memcpy(t16, row_ptr(w, j0 + j) + 2 * p0, size_t(valid) * 2);
-    } else if (j < nc) {  // q8_0: dequantize, round to nearest-even bf16
-      const float* f = row_f32(w, j0 + j, p0, valid, tmp);
-      for (int64_t c = 0; c < valid; c += 16)
-        _mm256_mask_storeu_epi16(t16 + c, tail_mask(valid - c),
-                                 (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(tail_mask(valid - c), f + c)));
+  uint16_t* t16 = reinterpret_cast<uint16_t*>(tmp + kc);  // 16 rows of kc bf16, then zeros
+  uint16_t* zero = t16 + 16 * kc;
+  std::memset(zero, 0, size_t(kc) * 2);
+  const uint32_t* rows[16];
+  for (int64_t g = 0; g < (nc + NR - 1) / NR * NR; g += 16) {
+    for (int r = 0; r < 16; ++r) {
+      const int64_t j = g + r;
+      uint16_t* own = t16 + r * kc;
+      const uint16_t* src = own;
+      if (j >= nc) {
+        src = zero;
+      } else if (w.type == dtype::bf16 && valid == kc) {  // in place
+        src = reinterpret_cast<const uint16_t*>(row_ptr(w, j0 + j)) + p0;
+      } else if (w.type == dtype::bf16) {
+        std::memcpy(own, row_ptr(w, j0 + j) + 2 * p0, size_t(valid) * 2);
+        std::memset(own + valid, 0, size_t(kc - valid) * 2);
+      } else {  // q8_0 (valid == kc): dequantize, round to nearest-even bf16
+        const float* f = row_f32(w, j0 + j, p0, kc, tmp);
+        for (int64_t c = 0; c < kc; c += 16) {
+          const __mmask16 mk = tail_mask(kc - c);
+          _mm256_mask_storeu_epi16(own + c, mk, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, f + c)));
+        }
+      }
+      rows[r] = reinterpret_cast<const uint32_t*>(src);
     }
-    for (int64_t p = 0; p < kc / 2; ++p) std::memcpy(dst + p * NR, t16 + 2 * p, 4);
+    pack_group(rows, kc / 2, reinterpret_cast<uint32_t*>(bp) + (g / NR) * (kc / 2) * NR + g % NR);
   }
 }
 
@@ -333,7 +388,7 @@ void gemm_rows(const weight_view& w, const void* a, int64_t lda, int64_t m, floa
   constexpr int64_t KC = BF16 ? KC_BF16 : KC_F32;
   const int64_t k = BF16 ? w.cols + (w.cols & 1) : w.cols;
   void* bp = thread_scratch(scratch_panel, size_t(NC * KC) * (BF16 ? 2 : 4));
-  auto* tmp = static_cast<float*>(thread_scratch(scratch_tmp, size_t(KC) * 6 + 64));
+  auto* tmp = static_cast<float*>(thread_scratch(scratch_tmp, size_t(17 * KC) * 4));
   for (int64_t jc = r0; jc < r1; jc += NC) {
     const int64_t nc = std::min(NC, r1 - jc);
     for (int64_t pc = 0; pc < k; pc += KC) {
@@ -411,7 +466,8 @@ void prefill(const weight_view& w, const float* x, int64_t m, float* y, thread_p
 
 void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
                    bool vnni_bf16) {
-  if (m > max_decode_m) prefill(w, x, m, y, pool, vnni_bf16);
+  if (m > decode_max_m(vnni_bf16 ? isa::avx512_bf16 : isa::avx512, w.type))
+    prefill(w, x, m, y, pool, vnni_bf16);
   else decode(w, x, m, y, pool, vnni_bf16);
 }
 

@@ -6,6 +6,10 @@
 
 #include "kernels/cpu/matmul.h"
 
+// Loops over register arrays (accumulators, unrolled vectors) must be fully unrolled, or GCC
+// keeps the arrays in memory at -O2 and every FMA goes through a store and a reload.
+#define TANDEM_UNROLL _Pragma("GCC unroll 64")
+
 namespace tandem::kernels::cpu::detail {
 
 // Ordered: a level needs everything the ones before it need.
@@ -26,9 +30,9 @@ bool isa_supported(isa level);
 void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m, float* y,
                      thread_pool& pool);
 
-// Batches up to this many rows take the decode (GEMV-like) path; larger ones the GEMM path.
-// Chosen by measurement on the bench-76m shapes (see matmul.cpp).
-constexpr int64_t max_decode_m = 4;
+// Batches of up to this many input rows take the decode (GEMV-like) path on `level`; larger
+// ones the GEMM path. Measured on the bench-76m shapes with weights out of cache (matmul.cpp).
+int64_t decode_max_m(isa level, dtype t);
 
 // ---- per-ISA entry points; call only after checking the CPU supports the level ----
 void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool);

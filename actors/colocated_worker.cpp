@@ -1,0 +1,192 @@
+#include "actors/colocated_worker.h"
+
+namespace tandem {
+namespace {
+
+using self_ptr = prefill_worker_actor::stateful_pointer<colocated_worker_state>;
+
+void report_load(self_ptr self) {
+  auto& st = self->state;
+  prefill_worker_load l;
+  l.worker = st.opts.index;
+  l.alive = true;
+  for (auto id : st.waiting) {
+    const auto& e = st.seqs.at(id);
+    l.queued_tokens += int64_t(e.spec.prompt.size()) - e.prefilled;
+    ++l.queued_requests;
+  }
+  self->send(st.router, load_atom::value, l);
+}
+
+void drop(self_ptr self, request_id id) {
+  auto& st = self->state;
+  auto it = st.seqs.find(id);
+  if (it == st.seqs.end()) return;
+  if (it->second.seq != 0) st.to_free.push_back(it->second.seq);
+  if (it->second.reserved) st.ledger->release(int64_t(id));
+  st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), id), st.waiting.end());
+  st.seqs.erase(it);
+}
+
+void kick(self_ptr self) {
+  auto& st = self->state;
+  if (st.we->busy) return;
+  step_work work;
+  work.frees = std::move(st.to_free);
+  st.to_free.clear();
+  int32_t running = 0;
+  for (auto& [id, e] : st.seqs) {
+    if (!e.decoding || e.paused) continue;
+    e.in_step = true;
+    ++running;
+    work.decodes.push_back({id, e.seq, e.last, e.generated, e.spec.sampling});
+  }
+  // Admission by credits, in arrival order: a prompt waits until its whole request fits.
+  std::vector<pending_prefill> pending;
+  const int32_t n_ctx = st.we->eng->config().n_ctx;
+  for (auto id : st.waiting) {
+    auto& e = st.seqs.at(id);
+    if (!e.reserved) {
+      if (running + int32_t(pending.size()) >= st.opts.max_batch) break;
+      const int32_t total = std::min<int32_t>(int32_t(e.spec.prompt.size()) + e.spec.max_tokens, n_ctx);
+      if (!st.ledger->try_reserve(int64_t(id), total)) break;
+      e.reserved = true;
+    }
+    pending.push_back({int64_t(id), int32_t(e.spec.prompt.size()), e.prefilled});
+  }
+  const auto plan = plan_colocated_step(running, pending, st.opts.token_budget, st.opts.chunk_size);
+  for (const auto& c : plan.prefill) {
+    auto& e = st.seqs.at(request_id(c.request));
+    step_work::chunk_item ci;
+    ci.id = e.spec.id;
+    ci.seq = e.seq;
+    ci.tokens.assign(e.spec.prompt.begin() + c.begin, e.spec.prompt.begin() + c.begin + c.length);
+    ci.last = c.last;
+    ci.export_kv = false;
+    ci.sampling = e.spec.sampling;
+    if (e.prefilled == 0) self->send(e.req, state_atom::value, request_state::prefilling);
+    e.in_step = true;
+    e.planned = c.length;
+    work.chunks.push_back(std::move(ci));
+  }
+  if (work.chunks.empty() && work.decodes.empty() && work.frees.empty()) return;
+  st.we->start(self, std::move(work));
+}
+
+void on_token(self_ptr self, colocated_worker_state::seq_entry& e, token_id tok) {
+  const request_id id = e.spec.id;
+  if (!e.spec.ignore_eos && self->state.we->eng->get_model().tok().is_eog(tok)) {
+    self->send(e.req, done_atom::value, std::string("stop"));
+    drop(self, id);
+    return;
+  }
+  self->send(e.req, token_atom::value, e.generated, tok);
+  ++e.generated;
+  e.last = tok;
+  if (e.generated >= e.spec.max_tokens) {
+    self->send(e.req, done_atom::value, std::string("length"));
+    drop(self, id);
+  }
+}
+
+void apply(self_ptr self, step_result& r) {
+  auto& st = self->state;
+  st.we->busy = false;
+  record_step(st.opts, "colocated", r, int32_t(r.tokens.size()));
+  for (const auto& c : r.created_seqs)
+    if (auto it = st.seqs.find(c.id); it != st.seqs.end()) it->second.seq = c.seq;
+    else st.to_free.push_back(c.seq);
+  std::vector<request_id> in_step;
+  for (auto& [id, e] : st.seqs)
+    if (e.in_step) in_step.push_back(id);
+  for (auto id : in_step) {
+    auto& e = st.seqs.at(id);
+    e.in_step = false;
+    if (e.cancelled) {
+      drop(self, id);
+      continue;
+    }
+    if (!r.error.ok()) {
+      self->send(e.req, fail_atom::value, r.error.code(), r.error.message());
+      drop(self, id);
+      continue;
+    }
+    if (!e.decoding) e.prefilled += e.planned;
+    e.planned = 0;
+  }
+  if (!r.error.ok()) return;
+  for (const auto& t : r.tokens) {
+    auto it = st.seqs.find(t.id);
+    if (it == st.seqs.end()) continue;
+    auto& e = it->second;
+    if (!e.decoding) {  // its prompt just completed: token 0
+      e.decoding = true;
+      st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), t.id), st.waiting.end());
+      self->send(e.req, state_atom::value, request_state::decoding);
+    }
+    on_token(self, e, t.token);
+  }
+}
+
+}  // namespace
+
+prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std::shared_ptr<const model> m,
+                                                              worker_options opts, router_actor router) {
+  auto& st = self->state;
+  st.opts = std::move(opts);
+  st.router = std::move(router);
+  st.we = std::make_unique<worker_engine>(std::move(m), st.opts);
+  st.ledger = std::make_unique<kv_credit_ledger>(st.we->eng->kv_pool().total_blocks(), st.opts.block_size);
+  return {
+      [self](prefill_atom, request_spec& spec, request_actor& req) {
+        auto& st = self->state;
+        const int32_t n_ctx = st.we->eng->config().n_ctx;
+        const int32_t total = std::min<int32_t>(int32_t(spec.prompt.size()) + spec.max_tokens, n_ctx);
+        if (blocks_for_tokens(total, st.opts.block_size) > st.ledger->total_blocks()) {
+          self->send(req, fail_atom::value, errc::out_of_kv_blocks,
+                     std::string("request needs more KV blocks than the worker has"));
+          return;
+        }
+        const request_id id = spec.id;
+        colocated_worker_state::seq_entry e;
+        e.spec = std::move(spec);
+        e.req = std::move(req);
+        st.seqs.emplace(id, std::move(e));
+        st.waiting.push_back(id);
+        kick(self);
+        report_load(self);
+      },
+      [](ship_atom, request_id, kv_link_actor&) {},  // colocated: the KV never leaves
+      [](release_atom, request_id) {},
+      [self](cancel_atom, request_id id) {
+        auto it = self->state.seqs.find(id);
+        if (it == self->state.seqs.end()) return;
+        if (it->second.in_step) it->second.cancelled = true;
+        else drop(self, id);
+        kick(self);
+        report_load(self);
+      },
+      [self](pause_atom, request_id id, bool pause) {
+        if (auto it = self->state.seqs.find(id); it != self->state.seqs.end()) it->second.paused = pause;
+        kick(self);
+      },
+      [self](step_atom, step_result_ptr& r) {
+        apply(self, *r);
+        kick(self);
+        report_load(self);
+      },
+      [self](stats_atom) {
+        auto& st = self->state;
+        worker_stats s;
+        s.name = "colocated-" + std::to_string(st.opts.index);
+        s.kv_total_blocks = st.we->eng->kv_pool().total_blocks();
+        s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->kv_pool().free_blocks();
+        s.reserved_blocks = st.ledger->reserved_blocks();
+        s.active = int32_t(st.seqs.size());
+        s.steps = st.we->steps;
+        return s;
+      },
+  };
+}
+
+}  // namespace tandem

@@ -1,0 +1,192 @@
+#include "actors/decode_worker.h"
+
+namespace tandem {
+namespace {
+
+using self_ptr = decode_worker_actor::stateful_pointer<decode_worker_state>;
+
+void report_load(self_ptr self) {
+  auto& st = self->state;
+  decode_worker_load l;
+  l.worker = st.opts.index;
+  l.alive = true;
+  l.free_blocks = st.ledger->free_blocks();
+  l.total_blocks = st.ledger->total_blocks();
+  l.batch_size = int32_t(st.active.size() + st.arrivals.size() + st.importing.size());
+  l.max_batch = st.opts.max_batch;
+  self->send(st.router, load_atom::value, l);
+}
+
+void retire(self_ptr self, request_id id, const std::string& reason) {
+  auto& st = self->state;
+  auto it = st.active.find(id);
+  if (it == st.active.end()) return;
+  if (!reason.empty()) self->send(it->second.req, done_atom::value, reason);
+  st.to_free.push_back(it->second.seq);
+  st.ledger->release(int64_t(id));
+  st.active.erase(it);
+}
+
+void kick(self_ptr self) {
+  auto& st = self->state;
+  if (st.we->busy) return;
+  step_work work;
+  work.frees = std::move(st.to_free);
+  st.to_free.clear();
+  for (auto& a : st.arrivals) {
+    step_work::import_item im;
+    im.id = a.spec.id;
+    im.kv = a.kv;
+    im.last = a.generated.back();
+    im.index = int32_t(a.generated.size());
+    im.sampling = a.spec.sampling;
+    work.imports.push_back(std::move(im));
+  }
+  st.importing = std::move(st.arrivals);
+  st.arrivals.clear();
+  for (auto& [id, a] : st.active) {
+    if (a.paused) continue;
+    a.in_step = true;
+    work.decodes.push_back({id, a.seq, a.last, a.generated, a.spec.sampling});
+  }
+  if (work.imports.empty() && work.decodes.empty() && work.frees.empty()) return;
+  st.we->start(self, std::move(work));
+}
+
+// Handles one sampled token of a running sequence: stream it, or end the request.
+void on_token(self_ptr self, decode_worker_state::active_seq& a, token_id tok) {
+  const request_id id = a.spec.id;
+  if (!a.spec.ignore_eos && self->state.we->eng->get_model().tok().is_eog(tok)) {
+    retire(self, id, "stop");
+    return;
+  }
+  self->send(a.req, token_atom::value, a.generated, tok);
+  ++a.generated;
+  a.last = tok;
+  if (a.generated >= a.spec.max_tokens) retire(self, id, "length");
+}
+
+void apply(self_ptr self, step_result& r) {
+  auto& st = self->state;
+  st.we->busy = false;
+  record_step(st.opts, "decode", r, int32_t(r.tokens.size()));
+  // Imports first: a refused block set ends its request and returns its credits.
+  for (auto& a : st.importing) {
+    auto im = std::find_if(r.imports.begin(), r.imports.end(), [&](auto& x) { return x.id == a.spec.id; });
+    const request_id id = a.spec.id;
+    if (im == r.imports.end() || !im->st.ok()) {
+      st.cancelled_importing.erase(id);
+      st.ledger->release(int64_t(id));
+      a.promise.deliver(false);
+      if (im != r.imports.end())
+        self->send(a.req, fail_atom::value, im->st.code(), "KV import refused: " + im->st.message());
+      continue;
+    }
+    a.promise.deliver(true);  // the prefill side may drop its lease
+    decode_worker_state::active_seq s;
+    s.spec = std::move(a.spec);
+    s.req = a.req;
+    s.seq = im->seq;
+    s.generated = int32_t(a.generated.size());
+    s.last = a.generated.back();
+    s.in_step = true;
+    s.cancelled = st.cancelled_importing.erase(id) > 0;
+    self->send(s.req, state_atom::value, request_state::decoding);
+    st.active.emplace(id, std::move(s));
+  }
+  st.importing.clear();
+  if (!r.error.ok()) {
+    // Credits make this unreachable in normal operation; end the step's requests clearly.
+    std::vector<request_id> ids;
+    for (auto& [id, a] : st.active)
+      if (a.in_step) ids.push_back(id);
+    for (auto id : ids) {
+      self->send(st.active.at(id).req, fail_atom::value, r.error.code(), r.error.message());
+      retire(self, id, "");
+    }
+    return;
+  }
+  for (const auto& t : r.tokens) {
+    auto it = st.active.find(t.id);
+    if (it == st.active.end() || !it->second.in_step) continue;
+    it->second.in_step = false;
+    if (it->second.cancelled) {
+      retire(self, t.id, "");
+      continue;
+    }
+    on_token(self, it->second, t.token);
+  }
+}
+
+}  // namespace
+
+decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::shared_ptr<const model> m,
+                                                          worker_options opts, router_actor router) {
+  auto& st = self->state;
+  st.opts = std::move(opts);
+  st.router = std::move(router);
+  st.we = std::make_unique<worker_engine>(std::move(m), st.opts);
+  st.ledger = std::make_unique<kv_credit_ledger>(st.we->eng->kv_pool().total_blocks(), st.opts.block_size);
+  report_load(self);
+  return {
+      [self](reserve_atom, request_id id, int32_t max_total_tokens) {
+        auto& st = self->state;
+        const int32_t held = int32_t(st.active.size() + st.arrivals.size() + st.importing.size());
+        if (held >= st.opts.max_batch) return false;
+        const int32_t cap = std::min(max_total_tokens, st.we->eng->config().n_ctx);
+        const bool ok = st.ledger->try_reserve(int64_t(id), cap);
+        report_load(self);
+        return ok;
+      },
+      [self](arrive_atom, request_spec& spec, request_actor& req, kv_blocks_ptr& kv,
+             std::vector<token_id>& generated) -> caf::result<bool> {
+        auto& st = self->state;
+        if (!st.ledger->holds(int64_t(spec.id)) || generated.empty() || !kv) return false;
+        auto rp = self->make_response_promise<bool>();
+        st.arrivals.push_back({std::move(spec), std::move(req), std::move(kv), std::move(generated), rp});
+        kick(self);
+        return rp;
+      },
+      [self](cancel_atom, request_id id) {
+        auto& st = self->state;
+        if (auto it = st.active.find(id); it != st.active.end()) {
+          if (it->second.in_step) it->second.cancelled = true;
+          else retire(self, id, "");
+        }
+        for (auto it = st.arrivals.begin(); it != st.arrivals.end(); ++it) {
+          if (it->spec.id != id) continue;
+          it->promise.deliver(false);
+          st.arrivals.erase(it);
+          break;
+        }
+        bool importing = false;
+        for (auto& a : st.importing) importing = importing || a.spec.id == id;
+        if (importing) st.cancelled_importing.insert(id);
+        if (!importing && !st.active.count(id)) st.ledger->release(int64_t(id));
+        kick(self);
+        report_load(self);
+      },
+      [self](pause_atom, request_id id, bool pause) {
+        if (auto it = self->state.active.find(id); it != self->state.active.end()) it->second.paused = pause;
+        kick(self);
+      },
+      [self](step_atom, step_result_ptr& r) {
+        apply(self, *r);
+        kick(self);
+        report_load(self);
+      },
+      [self](stats_atom) {
+        auto& st = self->state;
+        worker_stats s;
+        s.name = "decode-" + std::to_string(st.opts.index);
+        s.kv_total_blocks = st.we->eng->kv_pool().total_blocks();
+        s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->kv_pool().free_blocks();
+        s.reserved_blocks = st.ledger->reserved_blocks();
+        s.active = int32_t(st.active.size());
+        s.steps = st.we->steps;
+        return s;
+      },
+  };
+}
+
+}  // namespace tandem

@@ -1,0 +1,47 @@
+#pragma once
+// The decode worker: owns a device, an engine and its KV block pool. Continuous batching: each
+// step advances every active sequence by one token; between steps it admits sequences whose KV
+// has fully arrived, and retires finished ones. KV blocks are its credits: a request is only
+// sent here after reserve() promised the blocks for its whole length, so it never overcommits.
+#include <map>
+#include <set>
+
+#include "actors/worker_common.h"
+
+namespace tandem {
+
+struct decode_worker_state {
+  struct active_seq {
+    request_spec spec;
+    request_actor req;
+    seq_id seq = 0;
+    int32_t generated = 0;  // tokens sent so far
+    token_id last = 0;
+    bool paused = false;    // its subscriber is behind: skip it in steps
+    bool in_step = false;
+    bool cancelled = false;
+  };
+  struct arrival {
+    request_spec spec;
+    request_actor req;
+    kv_blocks_ptr kv;
+    std::vector<token_id> generated;
+    caf::typed_response_promise<bool> promise;
+  };
+  worker_options opts;
+  router_actor router;
+  std::unique_ptr<worker_engine> we;
+  std::unique_ptr<kv_credit_ledger> ledger;
+  std::map<request_id, active_seq> active;
+  std::vector<arrival> arrivals;        // waiting for the next step
+  std::vector<arrival> importing;       // in the step in flight
+  std::vector<seq_id> to_free;
+  std::set<request_id> cancelled_importing;  // cancelled while their import was in flight
+  static inline const char* name = "decode_worker";
+};
+
+decode_worker_actor::behavior_type decode_worker_behavior(
+    decode_worker_actor::stateful_pointer<decode_worker_state> self, std::shared_ptr<const model> m,
+    worker_options opts, router_actor router);
+
+}  // namespace tandem

@@ -1,0 +1,81 @@
+#include "actors/kv_link.h"
+
+#include "transport/local/local_transport.h"
+
+namespace tandem {
+namespace {
+
+// Copies the blocks through the transport into landing buffers: the path every transport
+// (shared memory, TCP) takes, with the same registration, batch and completion steps.
+kv_blocks_ptr move_through(transport::kv_transport& t, const std::vector<kv_block_export>& src, status& err) {
+  auto dst = std::make_shared<std::vector<kv_block_export>>();
+  dst->reserve(src.size());
+  std::vector<transport::copy_op> ops;
+  std::vector<transport::region_id> regions;
+  for (const auto& b : src) {
+    kv_block_export landed = b;  // header fields; payload replaced by the landing buffer
+    landed.payload.assign(b.payload.size(), 0.0f);
+    dst->push_back(std::move(landed));
+  }
+  for (size_t i = 0; i < src.size(); ++i) {
+    const size_t bytes = src[i].payload.size() * sizeof(float);
+    const auto from = t.register_memory(const_cast<float*>(src[i].payload.data()), bytes);
+    const auto to = t.register_memory((*dst)[i].payload.data(), bytes);
+    regions.push_back(from);
+    regions.push_back(to);
+    ops.push_back({from, 0, to, 0, bytes});
+  }
+  const auto id = t.submit(std::move(ops));
+  transport::transfer_status ts;
+  do {
+    ts = t.poll(id);
+  } while (ts.state == transport::transfer_state::pending);
+  for (auto r : regions) (void)t.unregister_memory(r);
+  if (ts.state == transport::transfer_state::failed) {
+    err = ts.error;
+    return nullptr;
+  }
+  return dst;
+}
+
+}  // namespace
+
+kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv_link_state> self,
+                                              decode_worker_actor decode, kv_link_options opts) {
+  self->state.opts = std::move(opts);
+  self->state.decode = std::move(decode);
+  self->state.transport = std::make_unique<transport::local_transport>();
+  return {
+      [self](transfer_atom, request_spec& spec, request_actor& req, kv_blocks_ptr& kv,
+             std::vector<token_id>& generated) -> caf::result<bool> {
+        auto& st = self->state;
+        if (!kv) return false;
+        const auto t0 = steady::now();
+        uint64_t bytes = 0;
+        for (const auto& b : *kv) bytes += b.payload.size() * sizeof(float);
+        kv_blocks_ptr landed = kv;
+        if (!st.opts.zero_copy) {
+          status err;
+          landed = move_through(*st.transport, *kv, err);
+          if (!landed) return false;
+        }
+        const double ms = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
+        ++st.transfers;
+        st.bytes += bytes;
+        self->send(req, kv_atom::value, bytes, ms);
+        if (st.opts.metrics) {
+          const metrics::labels l{{"link", st.opts.name}};
+          st.opts.metrics->get_counter("tandem_kv_link_bytes_total", "Bytes of KV moved by a link", l).inc(double(bytes));
+          st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", l).inc();
+        }
+        auto rp = self->make_response_promise<bool>();
+        self->request(st.decode, std::chrono::seconds(60), arrive_atom::value, std::move(spec), std::move(req),
+                      std::move(landed), std::move(generated))
+            .then([rp](bool ok) mutable { rp.deliver(ok); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+  };
+}
+
+}  // namespace tandem

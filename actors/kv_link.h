@@ -1,0 +1,30 @@
+#pragma once
+// A KV link: moves requests' KV blocks from one prefill worker to one decode worker through a
+// transport (transport/). Decode never starts on partial KV: the decode worker imports the
+// complete, checksummed set and only then acknowledges; the reply ends the prefill side's lease.
+// Credits: the router reserved the blocks on the decode side before the link was asked.
+#include <memory>
+
+#include "actors/protocol.h"
+#include "transport/transport.h"
+
+namespace tandem {
+
+struct kv_link_options {
+  std::string name;           // "p0->d1"
+  bool zero_copy = false;     // in one process: hand the blocks over instead of copying them
+  std::shared_ptr<metrics::registry> metrics;
+};
+
+struct kv_link_state {
+  kv_link_options opts;
+  decode_worker_actor decode;
+  std::unique_ptr<transport::kv_transport> transport;
+  uint64_t transfers = 0, bytes = 0;
+  static inline const char* name = "kv_link";
+};
+
+kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv_link_state> self,
+                                              decode_worker_actor decode, kv_link_options opts);
+
+}  // namespace tandem

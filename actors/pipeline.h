@@ -1,0 +1,116 @@
+#pragma once
+// The public C++ API: build a serving pipeline from a config, submit requests, read their
+// events. No CAF knowledge needed. (Those who know CAF can spawn and wire the actors of this
+// folder themselves: their typed interfaces are in actors/protocol.h.)
+//
+//   tandem::pipeline p({.model_path = "model.gguf", .mode = tandem::serving_mode::disaggregated});
+//   auto h = p.submit({.prompt = "Once upon a time", .max_tokens = 32});
+//   for (tandem::request_event ev; h.next(ev);) { if (ev.kind == tandem::event_kind::token) std::cout << ev.text; }
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/model.h"
+#include "runtime/policy.h"
+#include "runtime/request_types.h"
+
+namespace tandem {
+
+enum class serving_mode : uint8_t { disaggregated, colocated };
+std::string_view to_string(serving_mode m);
+
+struct pipeline_config {
+  std::string model_path;                   // empty: the built-in default model
+  std::shared_ptr<const model> loaded_model;  // or an already loaded one (shared by every worker)
+  serving_mode mode = serving_mode::disaggregated;
+  int prefill_workers = 1;
+  int decode_workers = 1;
+  int colocated_workers = 1;
+  int threads_per_worker = 1;
+  int32_t kv_blocks_per_worker = 0;         // 0: from kv_memory_bytes_per_worker
+  int64_t kv_memory_bytes_per_worker = 256ll << 20;
+  int32_t block_size = 16;
+  int32_t chunk_size = 256;                 // longest piece of one prompt per step
+  int32_t prefill_token_budget = 512;       // tokens per prefill step
+  int32_t colocated_token_budget = 256;     // tokens per colocated step (decodes + prefill chunks)
+  int32_t max_batch = 64;                   // sequences decoding at once per worker
+  admission_config admission;               // queue bounds and TTFT/TPOT budgets
+  bool zero_copy_links = false;             // hand KV over in-process instead of copying it
+  int scheduler_threads = 2;                // CAF threads for the actors (compute has its own)
+  std::shared_ptr<const admission_policy> admission_policy_impl;  // replaceable policies
+  std::shared_ptr<const prefill_placement> prefill_policy;
+  std::shared_ptr<const decode_placement> decode_policy;
+};
+
+struct generation_request {
+  std::string prompt;                       // tokenized with BOS (when add_bos)...
+  std::vector<token_id> prompt_tokens;      // ...unless tokens are given
+  bool add_bos = true;
+  int32_t max_tokens = 64;
+  sampling_params sampling{.temperature = 0.0f};
+  bool ignore_eos = false;
+};
+
+// Everything a finished request produced.
+struct generation_result {
+  request_id id = 0;
+  std::vector<token_id> tokens;
+  std::string text;
+  std::string finish_reason;                // "stop", "length", "cancelled"; empty on error
+  errc error = errc::ok;
+  std::string message;
+  double retry_after_ms = 0;
+  metrics::request_timings timings;
+};
+
+struct handle_state;
+
+class request_handle {
+ public:
+  request_id id() const;
+  // The next event; false once the final event (done or error) has been returned, or on timeout.
+  bool next(request_event& ev, std::chrono::milliseconds timeout = std::chrono::minutes(10));
+  // Reads every remaining event.
+  generation_result wait(std::chrono::milliseconds timeout = std::chrono::minutes(10));
+  void cancel();
+
+ private:
+  friend class pipeline;
+  std::shared_ptr<handle_state> st_;
+};
+
+struct pipeline_stats {
+  struct worker {
+    std::string name;
+    int32_t kv_total_blocks = 0, kv_free_blocks = 0, reserved_blocks = 0, active = 0;
+    uint64_t steps = 0;
+  };
+  std::vector<worker> workers;
+  int64_t live_requests = 0;   // request actors alive
+};
+
+class pipeline {
+ public:
+  explicit pipeline(pipeline_config cfg);
+  ~pipeline();  // stops accepting, ends every request, waits for every actor
+  pipeline(const pipeline&) = delete;
+  pipeline& operator=(const pipeline&) = delete;
+
+  request_handle submit(generation_request req);
+  // Events go to `on_event` (on an actor thread; keep it short) instead of a handle.
+  request_id submit(generation_request req, std::function<void(const request_event&)> on_event);
+  void cancel(request_id id);
+
+  const model& get_model() const;
+  metrics::registry& metrics();
+  pipeline_stats stats();
+  const pipeline_config& config() const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,214 @@
+#include "actors/prefill_worker.h"
+
+namespace tandem {
+namespace {
+
+using self_ptr = prefill_worker_actor::stateful_pointer<prefill_worker_state>;
+
+void report_load(self_ptr self) {
+  auto& st = self->state;
+  prefill_worker_load l;
+  l.worker = st.opts.index;
+  l.alive = true;
+  for (const auto& j : st.queue) {
+    l.queued_tokens += int64_t(j.spec.prompt.size()) - j.done;
+    ++l.queued_requests;
+  }
+  self->send(st.router, load_atom::value, l);
+}
+
+void fail_job(self_ptr self, prefill_worker_state::job& j, errc code, const std::string& msg) {
+  self->send(j.req, fail_atom::value, code, msg);
+  if (j.seq != 0) self->state.to_free.push_back(j.seq);
+}
+
+// Plans the next step from the queue and posts it, if there is anything to do.
+void kick(self_ptr self) {
+  auto& st = self->state;
+  if (st.we->busy) return;
+  std::vector<pending_prefill> pending;
+  for (const auto& j : st.queue) pending.push_back({int64_t(j.spec.id), int32_t(j.spec.prompt.size()), j.done});
+  auto plan = plan_prefill_step(pending, st.opts.token_budget, st.opts.chunk_size);
+
+  // Blocks are the limit the planner does not see: keep the chunks that fit the pool now;
+  // what does not fit waits for leases to end.
+  engine& eng = *st.we->eng;
+  int32_t free = eng.kv_pool().free_blocks();
+  step_work work;
+  work.frees = std::move(st.to_free);
+  st.to_free.clear();
+  for (seq_id s : work.frees) {  // freed before the forward pass: their blocks count
+    const int32_t len = eng.sequence_length(s);
+    free += len > 0 ? eng.blocks_needed(0, len) : 0;
+  }
+  for (const auto& c : plan) {
+    auto it = std::find_if(st.queue.begin(), st.queue.end(), [&](auto& j) { return int64_t(j.spec.id) == c.request; });
+    if (it == st.queue.end()) continue;
+    const int32_t need = it->seq == 0 ? eng.blocks_needed(0, c.length) : eng.blocks_needed(it->seq, c.length);
+    if (need > free) {
+      if (st.leases.empty() && work.chunks.empty() && it->seq == 0 && eng.kv_pool().total_blocks() < need) {
+        fail_job(self, *it, errc::out_of_kv_blocks, "prompt needs more KV blocks than the prefill worker has");
+        st.queue.erase(it);
+      }
+      break;
+    }
+    free -= need;
+    step_work::chunk_item ci;
+    ci.id = it->spec.id;
+    ci.seq = it->seq;
+    ci.tokens.assign(it->spec.prompt.begin() + c.begin, it->spec.prompt.begin() + c.begin + c.length);
+    ci.last = c.last;
+    ci.export_kv = c.last;
+    ci.sampling = it->spec.sampling;
+    it->in_step = true;
+    it->planned = c.length;
+    if (it->done == 0) self->send(it->req, state_atom::value, request_state::prefilling);
+    work.chunks.push_back(std::move(ci));
+  }
+  if (work.chunks.empty() && work.frees.empty()) return;
+  st.we->start(self, std::move(work));
+}
+
+void apply(self_ptr self, step_result& r) {
+  auto& st = self->state;
+  st.we->busy = false;
+  record_step(st.opts, "prefill", r, int32_t(r.created_seqs.size()));
+  for (const auto& c : r.created_seqs)
+    for (auto& j : st.queue)
+      if (j.spec.id == c.id) j.seq = c.seq;
+  if (!r.error.ok()) {
+    // All-or-nothing failed: every job in the step fails rather than retrying forever.
+    for (auto it = st.queue.begin(); it != st.queue.end();) {
+      if (it->in_step) {
+        if (it->cancelled) { if (it->seq != 0) st.to_free.push_back(it->seq); }
+        else fail_job(self, *it, r.error.code(), r.error.message());
+        it = st.queue.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return;
+  }
+  for (auto it = st.queue.begin(); it != st.queue.end();) {
+    if (!it->in_step) {
+      ++it;
+      continue;
+    }
+    it->in_step = false;
+    it->done += it->planned;
+    if (it->cancelled) {
+      st.to_free.push_back(it->seq);
+      it = st.queue.erase(it);
+      continue;
+    }
+    // A completed prompt produced token 0 and its KV blocks.
+    auto tok = std::find_if(r.tokens.begin(), r.tokens.end(), [&](auto& t) { return t.id == it->spec.id; });
+    if (tok == r.tokens.end()) {
+      ++it;
+      continue;
+    }
+    const request_id id = it->spec.id;
+    const bool eog = !it->spec.ignore_eos && st.we->eng->get_model().tok().is_eog(tok->token);
+    if (eog) {
+      self->send(it->req, done_atom::value, std::string("stop"));
+    } else {
+      self->send(it->req, token_atom::value, int32_t(0), tok->token);
+      if (it->spec.max_tokens <= 1) self->send(it->req, done_atom::value, std::string("length"));
+    }
+    const bool finished = eog || it->spec.max_tokens <= 1;
+    if (finished) {
+      st.to_free.push_back(it->seq);
+    } else {
+      auto ex = std::find_if(r.exports.begin(), r.exports.end(), [&](auto& e) { return e.id == id; });
+      st.leases[id] = {it->spec, it->req, it->seq, ex != r.exports.end() ? ex->kv : nullptr, {tok->token}};
+    }
+    self->send(st.router, prefilled_atom::value, id, st.opts.index, finished);
+    it = st.queue.erase(it);
+  }
+}
+
+}  // namespace
+
+prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::shared_ptr<const model> m,
+                                                            worker_options opts, router_actor router) {
+  self->state.opts = std::move(opts);
+  self->state.router = std::move(router);
+  self->state.we = std::make_unique<worker_engine>(std::move(m), self->state.opts);
+  return {
+      [self](prefill_atom, request_spec& spec, request_actor& req) {
+        self->state.queue.push_back({std::move(spec), std::move(req)});
+        kick(self);
+        report_load(self);
+      },
+      [self](ship_atom, request_id id, kv_link_actor& link) {
+        auto it = self->state.leases.find(id);
+        if (it == self->state.leases.end()) return;  // cancelled meanwhile
+        auto& l = it->second;
+        self->request(link, std::chrono::seconds(60), transfer_atom::value, l.spec, l.req, l.kv, l.generated)
+            .then(
+                [self, id](bool ok) {
+                  // Decode holds the blocks (or refused them): the lease ends either way.
+                  auto it = self->state.leases.find(id);
+                  if (it == self->state.leases.end()) return;
+                  if (!ok)
+                    self->send(it->second.req, fail_atom::value, errc::checksum_mismatch,
+                               std::string("the decode worker refused the request's KV blocks"));
+                  self->state.to_free.push_back(it->second.seq);
+                  self->state.leases.erase(it);
+                  kick(self);
+                },
+                [self, id](caf::error& e) {
+                  auto it = self->state.leases.find(id);
+                  if (it == self->state.leases.end()) return;
+                  self->send(it->second.req, fail_atom::value, errc::io_error, "KV transfer failed: " + caf::to_string(e));
+                  self->state.to_free.push_back(it->second.seq);
+                  self->state.leases.erase(it);
+                  kick(self);
+                });
+      },
+      [self](release_atom, request_id id) {
+        auto it = self->state.leases.find(id);
+        if (it == self->state.leases.end()) return;
+        self->state.to_free.push_back(it->second.seq);
+        self->state.leases.erase(it);
+        kick(self);
+      },
+      [self](cancel_atom, request_id id) {
+        auto& st = self->state;
+        for (auto it = st.queue.begin(); it != st.queue.end(); ++it) {
+          if (it->spec.id != id) continue;
+          if (it->in_step) {  // the step in flight holds it: drop it when the step returns
+            it->cancelled = true;
+            return;
+          }
+          if (it->seq != 0) st.to_free.push_back(it->seq);
+          st.queue.erase(it);
+          break;
+        }
+        if (auto l = st.leases.find(id); l != st.leases.end()) {
+          st.to_free.push_back(l->second.seq);
+          st.leases.erase(l);
+        }
+        kick(self);
+        report_load(self);
+      },
+      [](pause_atom, request_id, bool) {},  // prefill emits one token: nothing to pause
+      [self](step_atom, step_result_ptr& r) {
+        apply(self, *r);
+        kick(self);
+        report_load(self);
+      },
+      [self](stats_atom) {
+        auto& st = self->state;
+        worker_stats s;
+        s.name = "prefill-" + std::to_string(st.opts.index);
+        s.kv_total_blocks = st.we->eng->kv_pool().total_blocks();
+        s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->kv_pool().free_blocks();
+        s.active = int32_t(st.queue.size() + st.leases.size());
+        s.steps = st.we->steps;
+        return s;
+      },
+  };
+}
+
+}  // namespace tandem

@@ -1,0 +1,42 @@
+#pragma once
+// The prefill worker: owns a device (its threads) and an engine. Batches queued prompts up to
+// a token budget, splits long prompts into chunks, produces each request's first token and
+// KV blocks, and keeps the blocks under a lease until a decode worker holds them.
+#include <deque>
+#include <map>
+
+#include "actors/worker_common.h"
+
+namespace tandem {
+
+struct prefill_worker_state {
+  struct job {
+    request_spec spec;
+    request_actor req;
+    int32_t done = 0;  // prompt tokens already prefilled
+    seq_id seq = 0;
+    bool in_step = false;
+    int32_t planned = 0;     // prompt tokens in the step in flight
+    bool cancelled = false;  // cancelled while in a step: dropped when it returns
+  };
+  struct lease {
+    request_spec spec;
+    request_actor req;
+    seq_id seq = 0;
+    kv_blocks_ptr kv;
+    std::vector<token_id> generated;
+  };
+  worker_options opts;
+  router_actor router;
+  std::unique_ptr<worker_engine> we;
+  std::deque<job> queue;
+  std::map<request_id, lease> leases;
+  std::vector<seq_id> to_free;
+  static inline const char* name = "prefill_worker";
+};
+
+prefill_worker_actor::behavior_type prefill_worker_behavior(
+    prefill_worker_actor::stateful_pointer<prefill_worker_state> self, std::shared_ptr<const model> m,
+    worker_options opts, router_actor router);
+
+}  // namespace tandem

@@ -1,0 +1,133 @@
+#pragma once
+// The messages tandem's actors exchange and their typed interfaces, in one header because
+// the interfaces refer to each other (a worker sends to request actors, the router holds
+// workers). Each actor's own header includes this and declares its state and behavior.
+//
+// Handles only point "down" the pipeline in message signatures (router → workers → request
+// actors → subscribers); handles pointing back up (a worker's router) are spawn arguments.
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/errors.h"
+#include "runtime/request_types.h"
+#include "runtime/kv_cache.h"
+#include "runtime/metrics.h"
+#include "runtime/policy.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
+
+namespace tandem {
+
+using steady = std::chrono::steady_clock;
+
+// A prefilled sequence's KV, handed between actors without copying in one process.
+using kv_blocks_ptr = std::shared_ptr<const std::vector<kv_block_export>>;
+
+// ---- atoms (CAF 0.17: at most 10 characters) ----
+using submit_atom = caf::atom_constant<caf::atom("submit")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using credit_atom = caf::atom_constant<caf::atom("credit")>;
+using token_atom = caf::atom_constant<caf::atom("token")>;
+using state_atom = caf::atom_constant<caf::atom("state")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+using fail_atom = caf::atom_constant<caf::atom("fail")>;
+using prefill_atom = caf::atom_constant<caf::atom("prefill")>;
+using prefilled_atom = caf::atom_constant<caf::atom("prefilled")>;
+using ship_atom = caf::atom_constant<caf::atom("ship")>;
+using transfer_atom = caf::atom_constant<caf::atom("transfer")>;
+using arrive_atom = caf::atom_constant<caf::atom("arrive")>;
+using release_atom = caf::atom_constant<caf::atom("release")>;
+using reserve_atom = caf::atom_constant<caf::atom("reserve")>;
+using load_atom = caf::atom_constant<caf::atom("load")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using kv_atom = caf::atom_constant<caf::atom("kv")>;
+using pause_atom = caf::atom_constant<caf::atom("pause")>;
+using forget_atom = caf::atom_constant<caf::atom("forget")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using down_atom = caf::atom_constant<caf::atom("wdown")>;
+
+// Result of a worker's compute step, produced on its compute thread.
+struct step_result;
+using step_result_ptr = std::shared_ptr<step_result>;
+
+// A worker's view for `stats`: KV pool occupancy and step counters.
+struct worker_stats {
+  std::string name;
+  int32_t kv_total_blocks = 0;
+  int32_t kv_free_blocks = 0;    // in the engine's pool
+  int32_t reserved_blocks = 0;   // credits promised to admitted requests
+  int32_t active = 0;            // sequences held
+  uint64_t steps = 0;
+};
+
+}  // namespace tandem
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::request_spec)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::request_event)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::kv_blocks_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::step_result_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::prefill_worker_load)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::decode_worker_load)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::worker_stats)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<tandem::worker_stats>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::request_state)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::errc)
+
+namespace tandem {
+
+// Receives a request's events; sends back credits (credit_atom, id, n) as it consumes them.
+using subscriber_actor = caf::typed_actor<caf::reacts_to<request_event>>;
+
+// One per request: the source of truth for its tokens and state.
+using request_actor = caf::typed_actor<
+    caf::reacts_to<state_atom, request_state>,                 // lifecycle step (from the router/workers)
+    caf::reacts_to<token_atom, int32_t, token_id>,              // token #index (from the worker producing it)
+    caf::reacts_to<kv_atom, uint64_t, double>,                  // KV moved: bytes, ms (from the KV link)
+    caf::reacts_to<done_atom, std::string>,                     // finished with this reason
+    caf::reacts_to<fail_atom, errc, std::string>,               // ended by an error
+    caf::reacts_to<credit_atom, int32_t>,                       // the subscriber consumed n events
+    caf::reacts_to<cancel_atom>>;                               // the client gives up
+
+// Decode side: reserve credits, receive KV, continue requests; also a colocated target.
+using decode_worker_actor = caf::typed_actor<
+    caf::replies_to<reserve_atom, request_id, int32_t>::with<bool>,   // credits for max total tokens
+    caf::replies_to<arrive_atom, request_spec, request_actor, kv_blocks_ptr, std::vector<token_id>>::with<bool>,
+    caf::reacts_to<cancel_atom, request_id>,
+    caf::reacts_to<pause_atom, request_id, bool>,
+    caf::reacts_to<step_atom, step_result_ptr>,
+    caf::replies_to<stats_atom>::with<worker_stats>>;
+
+// Moves one request's KV from a prefill worker to one decode worker through a transport.
+using kv_link_actor = caf::typed_actor<
+    caf::replies_to<transfer_atom, request_spec, request_actor, kv_blocks_ptr, std::vector<token_id>>::with<bool>>;
+
+// Prefill side (and the colocated worker, which accepts the same jobs).
+using prefill_worker_actor = caf::typed_actor<
+    caf::reacts_to<prefill_atom, request_spec, request_actor>,         // a job
+    caf::reacts_to<ship_atom, request_id, kv_link_actor>,             // send its KV over this link
+    caf::reacts_to<release_atom, request_id>,                         // the lease can end: decode has it
+    caf::reacts_to<cancel_atom, request_id>,
+    caf::reacts_to<pause_atom, request_id, bool>,
+    caf::reacts_to<step_atom, step_result_ptr>,
+    caf::replies_to<stats_atom>::with<worker_stats>>;
+
+// Admission control and placement.
+using router_actor = caf::typed_actor<
+    caf::reacts_to<submit_atom, request_spec, subscriber_actor>,
+    caf::reacts_to<prefilled_atom, request_id, int32_t, bool>,        // id, prefill worker, finished already
+    caf::reacts_to<load_atom, prefill_worker_load>,
+    caf::reacts_to<load_atom, decode_worker_load>,
+    caf::reacts_to<forget_atom, request_id, request_state, double>,   // the request ended (state, its TPOT)
+    caf::reacts_to<cancel_atom, request_id>,                          // from the client API
+    caf::reacts_to<pause_atom, request_id, bool>,                     // backpressure from a request actor
+    caf::reacts_to<join_atom, int32_t, prefill_worker_actor>,         // (re)started prefill/colocated worker
+    caf::reacts_to<join_atom, int32_t, decode_worker_actor>,          // (re)started decode worker
+    caf::reacts_to<down_atom, int32_t, bool>,                         // worker index died (true: prefill side)
+    caf::replies_to<stats_atom>::with<std::vector<worker_stats>>>;
+
+}  // namespace tandem

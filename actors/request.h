@@ -1,0 +1,50 @@
+#pragma once
+// The request actor: one per admitted request. It owns the request's lifecycle, every token
+// generated so far (the source of truth for resuming it elsewhere) and its timings, and
+// streams events to its subscriber under credit-based flow control.
+#include <atomic>
+#include <deque>
+#include <memory>
+
+#include "actors/protocol.h"
+#include "runtime/model.h"
+
+namespace tandem {
+
+struct request_actor_config {
+  int32_t initial_credits = 32;   // events sent before the subscriber must return credits
+  int32_t pause_above = 64;       // buffered events that make the worker pause this request
+  int32_t resume_below = 16;      // ... and let it continue again
+};
+
+// Router-side handles a request actor reports to (spawn arguments, not message types).
+struct request_context {
+  std::shared_ptr<const model> mdl;
+  std::shared_ptr<metrics::registry> metrics;
+  std::shared_ptr<std::atomic<int64_t>> live_requests;  // counts request actors alive
+  request_actor_config config;
+};
+
+struct request_actor_state {
+  request_spec spec;
+  subscriber_actor subscriber;
+  router_actor router;
+  request_context ctx;
+  request_state state = request_state::queued;
+  std::vector<token_id> generated;
+  std::unique_ptr<stream_decoder> decoder;
+  std::deque<request_event> buffered;  // waiting for credits
+  int32_t credits = 0;
+  bool paused = false;
+  steady::time_point t_submit, t_prefill_start, t_first_token, t_decode_start, t_last_token;
+  bool prefill_started = false, decode_started = false;
+  uint64_t kv_bytes = 0;
+  double kv_ms = 0;
+  static inline const char* name = "request";
+};
+
+request_actor::behavior_type request_behavior(request_actor::stateful_pointer<request_actor_state> self,
+                                              request_spec spec, subscriber_actor subscriber, router_actor router,
+                                              request_context ctx, int32_t queue_position);
+
+}  // namespace tandem

@@ -1,0 +1,355 @@
+#include "actors/router.h"
+
+namespace tandem {
+
+std::string_view to_string(serving_mode m) {
+  switch (m) {
+    case serving_mode::disaggregated: return "disaggregated";
+    case serving_mode::colocated: return "colocated";
+  }
+  return "?";
+}
+
+namespace {
+
+using self_ptr = router_actor::stateful_pointer<router_state>;
+
+metrics::registry& reg(self_ptr self) { return *self->state.opts.request_ctx.metrics; }
+
+template <class Handles>
+int32_t worker_of(const Handles& ws, const caf::actor_addr& a) {
+  for (size_t i = 0; i < ws.size(); ++i)
+    if (ws[i] && ws[i].address() == a) return int32_t(i);
+  return -1;
+}
+
+int32_t prompt_len(const router_state::entry& e) { return int32_t(e.spec.prompt.size()); }
+
+void set_state(self_ptr self, router_state::entry& e, request_state s) {
+  e.state = s;
+  self->send(e.req, state_atom::value, s);
+}
+
+void update_queue_gauges(self_ptr self) {
+  auto& st = self->state;
+  const std::string help = "Requests waiting in a router queue";
+  reg(self).get_gauge("tandem_router_queue", help, {{"queue", "prefill"}}).set(double(st.prefill_queue.size()));
+  reg(self).get_gauge("tandem_router_queue", help, {{"queue", "decode"}}).set(double(st.decode_queue.size()));
+}
+
+// Sends queued prompts to workers with room, chosen by the prefill placement policy.
+void dispatch_prefill(self_ptr self) {
+  auto& st = self->state;
+  while (!st.prefill_queue.empty()) {
+    const request_id id = st.prefill_queue.front();
+    auto& e = st.requests.at(id);
+    std::vector<prefill_worker_load> eligible = st.prefill_load;
+    for (size_t i = 0; i < eligible.size(); ++i)
+      if (!st.prefill[i] || eligible[i].queued_tokens >= st.opts.dispatch_tokens) eligible[i].alive = false;
+    const int32_t w = st.opts.prefill_policy->choose(eligible, prompt_len(e));
+    if (w < 0) break;  // every worker is full: the request waits here, where admission sees it
+    st.prefill_queue.pop_front();
+    st.prefill_queue_tokens -= prompt_len(e);
+    st.prefill_load[size_t(w)].queued_tokens += prompt_len(e);
+    ++st.prefill_load[size_t(w)].queued_requests;
+    e.prefill_worker = w;
+    e.dispatched = steady::now();
+    if (st.prefill_busy_since[size_t(w)] == steady::time_point{}) st.prefill_busy_since[size_t(w)] = e.dispatched;
+    self->send(st.prefill[size_t(w)], prefill_atom::value, e.spec, e.req);
+  }
+  update_queue_gauges(self);
+}
+
+void dispatch_decode(self_ptr self);
+
+// Reserves credits on the chosen decode worker, then tells the prefill worker to ship the KV.
+void dispatch_decode(self_ptr self) {
+  auto& st = self->state;
+  if (st.reserving || st.decode_queue.empty()) return;
+  const request_id id = st.decode_queue.front();
+  auto& e = st.requests.at(id);
+  const int32_t total = std::min(prompt_len(e) + e.spec.max_tokens, st.opts.context_length);
+  const int32_t blocks = blocks_for_tokens(total, st.opts.block_size);
+  std::vector<decode_worker_load> eligible = st.decode_load;
+  for (size_t i = 0; i < eligible.size(); ++i)
+    if (!st.decode[i]) eligible[i].alive = false;
+  const int32_t d = st.opts.decode_policy->choose(eligible, blocks);
+  if (d < 0) return;  // no credits anywhere: wait for a load report
+  st.decode_queue.pop_front();
+  st.reserving = true;
+  // Optimistic until the worker's next report: the reservation is about to take these.
+  st.decode_load[size_t(d)].free_blocks -= blocks;
+  ++st.decode_load[size_t(d)].batch_size;
+  auto worker = st.decode[size_t(d)];
+  self->request(worker, std::chrono::seconds(30), reserve_atom::value, id, total)
+      .then(
+          [self, id, d, worker](bool ok) {
+            auto& st = self->state;
+            st.reserving = false;
+            auto it = st.requests.find(id);
+            if (it == st.requests.end()) {  // ended meanwhile: give the credits back
+              if (ok) self->send(worker, cancel_atom::value, id);
+            } else if (!ok) {
+              st.decode_queue.push_front(id);
+              st.decode_load[size_t(d)].free_blocks = 0;  // stale view: wait for its report
+            } else {
+              auto& e = it->second;
+              e.decode_worker = d;
+              const auto now = steady::now();
+              if (st.last_admit != steady::time_point{})
+                st.decode_admits.add(1000.0 / std::max(1.0, std::chrono::duration<double, std::milli>(now - st.last_admit).count()));
+              st.last_admit = now;
+              const int32_t p = e.prefill_worker;
+              if (p >= 0 && size_t(p) < st.prefill.size() && st.prefill[size_t(p)] && st.links[size_t(p)][size_t(d)])
+                self->send(st.prefill[size_t(p)], ship_atom::value, id, st.links[size_t(p)][size_t(d)]);
+              else
+                self->send(e.req, fail_atom::value, errc::worker_failed,
+                           std::string("the prefill worker holding the request's KV is gone"));
+            }
+            dispatch_decode(self);
+            update_queue_gauges(self);
+          },
+          [self, id](caf::error& err) {
+            auto& st = self->state;
+            st.reserving = false;
+            if (auto it = st.requests.find(id); it != st.requests.end())
+              self->send(it->second.req, fail_atom::value, errc::worker_failed,
+                         "decode worker did not answer: " + caf::to_string(err));
+            dispatch_decode(self);
+          });
+}
+
+load_snapshot snapshot(self_ptr self) {
+  auto& st = self->state;
+  load_snapshot s;
+  s.prefill_queue = int32_t(st.prefill_queue.size());
+  s.prefill_queue_tokens = st.prefill_queue_tokens;
+  int32_t live = 0;
+  for (size_t i = 0; i < st.prefill.size(); ++i) {
+    if (!st.prefill[i]) continue;
+    ++live;
+    s.prefill_queue += st.prefill_load[i].queued_requests;
+    s.prefill_queue_tokens += st.prefill_load[i].queued_tokens;
+  }
+  s.prefill_workers = live;
+  s.decode_queue = int32_t(st.decode_queue.size());
+  s.prefill_tokens_per_s = st.prefill_rate.has_value() ? st.prefill_rate.value() : 0;
+  s.decode_step_ms = st.tpot.has_value() ? st.tpot.value() : 0;
+  s.context_length = st.opts.context_length;
+  s.decode_admits_per_s = st.decode_admits.has_value() ? st.decode_admits.value() : 0;
+  return s;
+}
+
+// A worker died: its requests end with an error (recovery by migration is the fault
+// tolerance work); the supervisor restarts the worker and it joins again.
+void worker_down(self_ptr self, int32_t index, bool prefill_side) {
+  auto& st = self->state;
+  if (prefill_side) {
+    if (size_t(index) >= st.prefill.size()) return;
+    st.prefill[size_t(index)] = nullptr;
+    st.prefill_load[size_t(index)] = {index, false, 0, 0};
+  } else {
+    if (size_t(index) >= st.decode.size()) return;
+    st.decode[size_t(index)] = nullptr;
+    st.decode_load[size_t(index)].alive = false;
+  }
+  reg(self).get_counter("tandem_restarts_total", "Worker restarts by kind",
+                        {{"kind", prefill_side ? (st.opts.mode == serving_mode::colocated ? "colocated" : "prefill") : "decode"}})
+      .inc();
+  for (auto& [id, e] : st.requests) {
+    const bool hit = prefill_side ? (e.prefill_worker == index && (e.state == request_state::prefilling ||
+                                                                   e.state == request_state::transferring ||
+                                                                   st.opts.mode == serving_mode::colocated))
+                                  : e.decode_worker == index;
+    if (hit) self->send(e.req, fail_atom::value, errc::worker_failed, std::string("its worker failed"));
+  }
+}
+
+}  // namespace
+
+router_actor::behavior_type router_behavior(self_ptr self, router_options opts) {
+  self->state.opts = std::move(opts);
+  if (!self->state.opts.admission_policy_impl) self->state.opts.admission_policy_impl = std::make_shared<admission_policy>();
+  if (!self->state.opts.prefill_policy) self->state.opts.prefill_policy = std::make_shared<prefill_placement>();
+  if (!self->state.opts.decode_policy) self->state.opts.decode_policy = std::make_shared<decode_placement>();
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    if (int32_t p = worker_of(st.prefill, dm.source); p >= 0) worker_down(self, p, true);
+    if (int32_t d = worker_of(st.decode, dm.source); d >= 0) worker_down(self, d, false);
+  });
+  return {
+      [self](submit_atom, request_spec& spec, subscriber_actor& sub) {
+        auto& st = self->state;
+        const auto decision =
+            st.opts.admission_policy_impl->decide(st.opts.admission, snapshot(self), int32_t(spec.prompt.size()));
+        if (!decision.admitted) {
+          reg(self).get_counter("tandem_rejections_total", "Requests refused by admission control",
+                                {{"reason", std::string(to_string(decision.reason))}})
+              .inc();
+          request_event err = make_event(event_kind::error);
+          err.id = spec.id;
+          err.code = decision.reason == reject_reason::prompt_too_long ? errc::context_overflow : errc::overloaded;
+          err.message = decision.message;
+          err.retry_after_ms = decision.retry_after_ms;
+          self->send(sub, std::move(err));
+          return;
+        }
+        if (spec.id == 0) spec.id = st.next_id++;
+        const request_id id = spec.id;
+        const int32_t position = int32_t(st.prefill_queue.size());
+        auto req = self->spawn(request_behavior, spec, sub, caf::actor_cast<router_actor>(self), st.opts.request_ctx,
+                               position);
+        router_state::entry e;
+        e.req = req;
+        e.spec = std::move(spec);
+        st.prefill_queue_tokens += prompt_len(e);
+        st.requests.emplace(id, std::move(e));
+        st.prefill_queue.push_back(id);
+        dispatch_prefill(self);
+      },
+      [self](prefilled_atom, request_id id, int32_t worker, bool finished) {
+        auto& st = self->state;
+        if (size_t(worker) < st.prefill_busy_since.size()) {
+          // Service rate of the worker: prompt tokens over the time it has been busy with them.
+          auto it = st.requests.find(id);
+          auto& since = st.prefill_busy_since[size_t(worker)];
+          const auto now = steady::now();
+          if (it != st.requests.end() && since != steady::time_point{}) {
+            const double s = std::chrono::duration<double>(now - std::max(since, it->second.dispatched)).count();
+            if (s > 0) st.prefill_rate.add(double(prompt_len(it->second)) / s);
+          }
+          since = st.prefill_load[size_t(worker)].queued_requests > 1 ? now : steady::time_point{};
+        }
+        auto it = st.requests.find(id);
+        if (it == st.requests.end()) {
+          if (!finished && size_t(worker) < st.prefill.size() && st.prefill[size_t(worker)])
+            self->send(st.prefill[size_t(worker)], release_atom::value, id);  // nobody wants its KV
+          return;
+        }
+        if (finished || st.opts.mode == serving_mode::colocated) return;
+        set_state(self, it->second, request_state::transferring);
+        st.decode_queue.push_back(id);
+        dispatch_decode(self);
+        update_queue_gauges(self);
+      },
+      [self](load_atom, prefill_worker_load& l) {
+        auto& st = self->state;
+        if (size_t(l.worker) >= st.prefill_load.size() || !st.prefill[size_t(l.worker)]) return;
+        st.prefill_load[size_t(l.worker)] = l;
+        if (l.queued_requests == 0) st.prefill_busy_since[size_t(l.worker)] = steady::time_point{};
+        dispatch_prefill(self);
+      },
+      [self](load_atom, decode_worker_load& l) {
+        auto& st = self->state;
+        if (size_t(l.worker) >= st.decode_load.size() || !st.decode[size_t(l.worker)]) return;
+        st.decode_load[size_t(l.worker)] = l;
+        dispatch_decode(self);
+      },
+      [self](forget_atom, request_id id, request_state end, double tpot_ms) {
+        auto& st = self->state;
+        auto it = st.requests.find(id);
+        if (it == st.requests.end()) return;
+        auto& e = it->second;
+        if (tpot_ms > 0) st.tpot.add(tpot_ms);
+        if (end != request_state::finished) {  // the workers still hold it: free it there
+          if (e.prefill_worker >= 0 && size_t(e.prefill_worker) < st.prefill.size() && st.prefill[size_t(e.prefill_worker)])
+            self->send(st.prefill[size_t(e.prefill_worker)], cancel_atom::value, id);
+          if (e.decode_worker >= 0 && size_t(e.decode_worker) < st.decode.size() && st.decode[size_t(e.decode_worker)])
+            self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, id);
+        }
+        if (auto q = std::find(st.prefill_queue.begin(), st.prefill_queue.end(), id); q != st.prefill_queue.end()) {
+          st.prefill_queue.erase(q);
+          st.prefill_queue_tokens -= prompt_len(e);
+        }
+        if (auto q = std::find(st.decode_queue.begin(), st.decode_queue.end(), id); q != st.decode_queue.end())
+          st.decode_queue.erase(q);
+        st.requests.erase(it);
+        dispatch_prefill(self);
+        dispatch_decode(self);
+      },
+      [self](cancel_atom, request_id id) {
+        if (auto it = self->state.requests.find(id); it != self->state.requests.end())
+          self->send(it->second.req, cancel_atom::value);
+      },
+      [self](pause_atom, request_id id, bool pause) {
+        auto& st = self->state;
+        auto it = st.requests.find(id);
+        if (it == st.requests.end()) return;
+        auto& e = it->second;
+        if (st.opts.mode == serving_mode::colocated) {
+          if (e.prefill_worker >= 0 && st.prefill[size_t(e.prefill_worker)])
+            self->send(st.prefill[size_t(e.prefill_worker)], pause_atom::value, id, pause);
+        } else if (e.decode_worker >= 0 && st.decode[size_t(e.decode_worker)]) {
+          self->send(st.decode[size_t(e.decode_worker)], pause_atom::value, id, pause);
+        }
+      },
+      [self](join_atom, int32_t index, prefill_worker_actor& w) {
+        auto& st = self->state;
+        if (index < 0) return;
+        if (size_t(index) >= st.prefill.size()) {
+          st.prefill.resize(size_t(index) + 1);
+          st.prefill_load.resize(size_t(index) + 1);
+          st.prefill_busy_since.resize(size_t(index) + 1);
+          st.links.resize(size_t(index) + 1, std::vector<kv_link_actor>(st.decode.size()));
+        }
+        st.prefill[size_t(index)] = w;
+        st.prefill_load[size_t(index)] = {index, true, 0, 0};
+        self->monitor(w);
+        if (st.opts.mode == serving_mode::disaggregated)
+          for (size_t d = 0; d < st.decode.size(); ++d)
+            if (st.decode[d])
+              st.links[size_t(index)][d] = self->spawn<caf::linked>(
+                  kv_link_behavior, st.decode[d],
+                  kv_link_options{"p" + std::to_string(index) + "->d" + std::to_string(d), st.opts.zero_copy_links,
+                                  st.opts.request_ctx.metrics});
+        dispatch_prefill(self);
+      },
+      [self](join_atom, int32_t index, decode_worker_actor& w) {
+        auto& st = self->state;
+        if (index < 0) return;
+        if (size_t(index) >= st.decode.size()) {
+          st.decode.resize(size_t(index) + 1);
+          st.decode_load.resize(size_t(index) + 1);
+          for (auto& row : st.links) row.resize(size_t(index) + 1);
+        }
+        st.decode[size_t(index)] = w;
+        st.decode_load[size_t(index)] = {index, true, 0, 0, 0, 0};
+        self->monitor(w);
+        for (size_t p = 0; p < st.prefill.size(); ++p)
+          if (st.prefill[p])
+            st.links[p][size_t(index)] = self->spawn<caf::linked>(
+                kv_link_behavior, w,
+                kv_link_options{"p" + std::to_string(p) + "->d" + std::to_string(index), st.opts.zero_copy_links,
+                                st.opts.request_ctx.metrics});
+        // Its first load report sets the credits; until then it offers none.
+      },
+      [self](down_atom, int32_t index, bool prefill_side) { worker_down(self, index, prefill_side); },
+      [self](stats_atom) -> caf::result<std::vector<worker_stats>> {
+        auto& st = self->state;
+        auto rp = self->make_response_promise<std::vector<worker_stats>>();
+        auto out = std::make_shared<std::vector<worker_stats>>();
+        auto pending = std::make_shared<size_t>(0);
+        std::vector<std::function<void()>> asks;
+        auto ask = [self, rp, out, pending](auto handle) mutable {
+          ++*pending;
+          self->request(handle, std::chrono::seconds(10), stats_atom::value)
+              .then(
+                  [rp, out, pending](worker_stats& s) mutable {
+                    out->push_back(std::move(s));
+                    if (--*pending == 0) rp.deliver(*out);
+                  },
+                  [rp, out, pending](caf::error&) mutable {
+                    if (--*pending == 0) rp.deliver(*out);
+                  });
+        };
+        for (auto& w : st.prefill)
+          if (w) ask(w);
+        for (auto& w : st.decode)
+          if (w) ask(w);
+        if (*pending == 0) rp.deliver(*out);
+        return rp;
+      },
+  };
+}
+
+}  // namespace tandem

@@ -1,0 +1,55 @@
+#pragma once
+// The router: admission control and placement. Two queues (waiting for prefill; prefilled and
+// waiting for a decode slot) and two latency budgets (TTFT, TPOT). The decisions are the
+// policies of runtime/policy.h; the router only keeps the queues and the workers' loads.
+#include <deque>
+#include <map>
+
+#include "actors/kv_link.h"
+#include "actors/pipeline.h"
+#include "actors/request.h"
+
+namespace tandem {
+
+struct router_options {
+  serving_mode mode = serving_mode::disaggregated;
+  admission_config admission;
+  int32_t block_size = 16;
+  int32_t context_length = 0;
+  int32_t dispatch_tokens = 1024;   // prompt tokens a worker may have queued before it gets more
+  bool zero_copy_links = false;
+  std::shared_ptr<const admission_policy> admission_policy_impl;
+  std::shared_ptr<const prefill_placement> prefill_policy;
+  std::shared_ptr<const decode_placement> decode_policy;
+  request_context request_ctx;
+};
+
+struct router_state {
+  struct entry {
+    request_actor req;
+    request_spec spec;             // what workers are sent (prompt, sampling, limits)
+    request_state state = request_state::queued;
+    int32_t prefill_worker = -1;   // where it is (prefill or colocated worker)
+    int32_t decode_worker = -1;
+    steady::time_point dispatched;
+  };
+  router_options opts;
+  std::vector<prefill_worker_actor> prefill;        // prefill or colocated workers
+  std::vector<prefill_worker_load> prefill_load;
+  std::vector<decode_worker_actor> decode;
+  std::vector<decode_worker_load> decode_load;
+  std::vector<std::vector<kv_link_actor>> links;    // [prefill][decode]
+  std::map<request_id, entry> requests;
+  std::deque<request_id> prefill_queue, decode_queue;
+  int64_t prefill_queue_tokens = 0;
+  bool reserving = false;                           // a decode reservation is in flight
+  std::vector<steady::time_point> prefill_busy_since;
+  ewma prefill_rate{0.3}, tpot{0.2}, decode_admits{0.3};
+  steady::time_point last_admit;
+  request_id next_id = 1;
+  static inline const char* name = "router";
+};
+
+router_actor::behavior_type router_behavior(router_actor::stateful_pointer<router_state> self, router_options opts);
+
+}  // namespace tandem

@@ -1,0 +1,42 @@
+#pragma once
+// Supervision: a pool supervisor restarts the workers of one pool one-for-one, as Erlang/OTP
+// does, up to a restart intensity (max restarts per window); past it the pool is marked
+// degraded and its dead workers stay down. Killing the supervisor kills its workers.
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+
+#include <caf/all.hpp>
+
+#include "runtime/metrics.h"
+
+namespace tandem {
+
+using degraded_atom = caf::atom_constant<caf::atom("degraded")>;
+
+struct pool_options {
+  std::string kind;                 // "prefill", "decode", "colocated"
+  int32_t size = 1;
+  int32_t max_restarts = 5;         // within `window`
+  std::chrono::milliseconds window{10000};
+  std::shared_ptr<metrics::registry> metrics;
+};
+
+// Spawns worker `index` as a monitored child of `self` and announces it (to the router).
+using worker_spawner = std::function<caf::actor(caf::event_based_actor* self, int32_t index)>;
+
+struct pool_supervisor_state {
+  pool_options opts;
+  worker_spawner spawn;
+  // Shared with the exit hook, which runs after the state is gone.
+  std::shared_ptr<std::map<int32_t, caf::actor>> children = std::make_shared<std::map<int32_t, caf::actor>>();
+  std::vector<std::chrono::steady_clock::time_point> restarts;
+  bool degraded = false;
+  static inline const char* name = "pool_supervisor";
+};
+
+caf::behavior pool_supervisor(caf::stateful_actor<pool_supervisor_state>* self, pool_options opts,
+                              worker_spawner spawn);
+
+}  // namespace tandem

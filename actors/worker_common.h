@@ -1,0 +1,75 @@
+#pragma once
+// What every worker actor shares: its options, its engine and the runner it computes on.
+#include <memory>
+#include <string>
+
+#include "actors/compute_runner.h"
+#include "actors/protocol.h"
+#include "runtime/engine.h"
+#include "runtime/step.h"
+
+namespace tandem {
+
+struct worker_options {
+  int32_t index = 0;
+  int n_threads = 1;
+  int32_t block_size = 16;
+  int32_t kv_blocks = 0;              // 0: as many as kv_memory_bytes holds
+  int64_t kv_memory_bytes = 256ll << 20;
+  int32_t token_budget = 512;         // tokens per step (prefill, colocated)
+  int32_t chunk_size = 256;           // longest piece of one prompt per step
+  int32_t max_batch = 64;             // sequences decoding at once (decode, colocated)
+  std::shared_ptr<metrics::registry> metrics;
+};
+
+// Engine + runner, destroyed runner first (it joins the step that uses the engine).
+struct worker_engine {
+  std::unique_ptr<engine> eng;
+  std::unique_ptr<compute_runner> runner;
+  bool busy = false;
+  uint64_t steps = 0;
+  worker_engine(std::shared_ptr<const model> m, const worker_options& o) {
+    engine_options eo;
+    eo.n_threads = o.n_threads;
+    eo.block_size = o.block_size;
+    eo.n_kv_blocks = o.kv_blocks;
+    eo.kv_memory_bytes = o.kv_memory_bytes;
+    eng = std::make_unique<engine>(std::move(m), eo);
+    runner = std::make_unique<compute_runner>();
+  }
+  ~worker_engine() { runner.reset(); }
+  worker_engine(worker_engine&&) = default;
+  worker_engine& operator=(worker_engine&&) = default;
+
+  // Posts the step; its result comes back to `self` as (step_atom, step_result_ptr).
+  template <class Handle>
+  void start(Handle self, step_work work) {
+    busy = true;
+    ++steps;
+    engine* e = eng.get();
+    caf::weak_actor_ptr weak = caf::actor_cast<caf::weak_actor_ptr>(self);
+    runner->post([e, weak, w = std::move(work)]() mutable {
+      auto r = std::make_shared<step_result>(run_step(*e, std::move(w)));
+      if (auto strong = caf::actor_cast<caf::strong_actor_ptr>(weak))
+        caf::anon_send(caf::actor_cast<Handle>(strong), step_atom::value, std::move(r));
+    });
+  }
+};
+
+// Per-step metrics every worker records.
+inline void record_step(const worker_options& o, const std::string& kind, const step_result& r, int32_t batch_size) {
+  if (!o.metrics) return;
+  const metrics::labels l{{"worker", kind + "-" + std::to_string(o.index)}};
+  o.metrics->get_histogram("tandem_worker_step_ms", "Compute time of one worker step", metrics::latency_ms_buckets(), l)
+      .observe(r.ms);
+  o.metrics->get_histogram("tandem_worker_batch_size", "Sequences in one worker step",
+                           metrics::exponential_buckets(1, 2, 10), l)
+      .observe(batch_size);
+  o.metrics->get_histogram("tandem_worker_step_tokens", "Tokens in one worker step",
+                           metrics::exponential_buckets(1, 2, 14), l)
+      .observe(r.batch_tokens);
+  o.metrics->get_counter("tandem_worker_busy_ms_total", "Milliseconds spent computing", l).inc(r.ms);
+  o.metrics->get_gauge("tandem_worker_kv_free_blocks", "Free KV blocks in the worker's pool", l).set(r.free_blocks);
+}
+
+}  // namespace tandem

@@ -1,0 +1,65 @@
+#pragma once
+// A request as the runtime and its clients see it: what is asked, the states it passes
+// through, and the events its stream carries. Plain types, no actor framework, so the public
+// pipeline API and the actors share them.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/errors.h"
+#include "runtime/metrics.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
+
+namespace tandem {
+
+using request_id = uint64_t;
+
+// The life of a request. Every switch over it is exhaustive.
+enum class request_state : uint8_t {
+  queued,        // admitted, waiting for a prefill (or colocated) worker
+  prefilling,    // a worker is computing its prompt
+  transferring,  // prefill done; waiting for a decode slot or its KV in flight
+  decoding,      // a decode (or colocated) worker is generating its tokens
+  finished,      // ended normally (stop token or length)
+  failed,        // ended by an error
+  cancelled,     // ended by its client
+};
+std::string_view to_string(request_state s);
+bool is_terminal(request_state s);
+
+// What a client asks for, tokens already made.
+struct request_spec {
+  request_id id = 0;
+  std::vector<token_id> prompt;
+  int32_t max_tokens = 64;
+  sampling_params sampling;
+  bool ignore_eos = false;
+};
+
+enum class event_kind : uint8_t { accepted, token, done, error };
+std::string_view to_string(event_kind k);
+
+// One event of a request's stream, as its subscriber sees it.
+struct request_event {
+  event_kind kind = event_kind::accepted;
+  request_id id = 0;
+  int32_t index = 0;             // token: position in the output
+  token_id token = -1;           // token: its id
+  std::string text;              // token: the UTF-8 text it completes (may be empty)
+  int32_t queue_position = 0;    // accepted
+  std::string finish_reason;     // done: "stop", "length" or "cancelled"
+  metrics::request_timings timings;  // done
+  errc code = errc::ok;          // error
+  std::string message;           // error
+  double retry_after_ms = 0;     // error, when a retry can succeed (admission)
+};
+
+inline request_event make_event(event_kind kind) {
+  request_event ev;
+  ev.kind = kind;
+  return ev;
+}
+
+}  // namespace tandem

@@ -1,0 +1,70 @@
+#include "runtime/step.h"
+
+#include <chrono>
+
+namespace tandem {
+
+step_result run_step(engine& eng, step_work work) {
+  const auto t0 = std::chrono::steady_clock::now();
+  step_result r;
+  for (seq_id s : work.frees) (void)eng.free_sequence(s);
+
+  // Every entry that wants logits, in batch order, with what to do with its row.
+  struct wanted { work_id id; int32_t index; const sampling_params* sampling; };
+  std::vector<wanted> rows;
+  std::vector<batch_entry> batch;
+
+  for (auto& im : work.imports) {
+    const seq_id s = eng.create_sequence();
+    status st = eng.import_kv(s, *im.kv);
+    if (!st.ok()) {
+      (void)eng.free_sequence(s);
+      r.imports.push_back({im.id, 0, st});
+      continue;
+    }
+    r.imports.push_back({im.id, s, {}});
+    batch.push_back({s, im.last, true});
+    rows.push_back({im.id, im.index, &im.sampling});
+  }
+  for (auto& d : work.decodes) {
+    batch.push_back({d.seq, d.last, true});
+    rows.push_back({d.id, d.index, &d.sampling});
+  }
+  std::vector<std::pair<size_t, seq_id>> chunk_seq;  // chunk index -> sequence
+  for (size_t i = 0; i < work.chunks.size(); ++i) {
+    auto& c = work.chunks[i];
+    seq_id s = c.seq;
+    if (s == 0) {
+      s = eng.create_sequence();
+      r.created_seqs.push_back({c.id, s});
+    }
+    chunk_seq.emplace_back(i, s);
+    for (size_t t = 0; t < c.tokens.size(); ++t) {
+      const bool want = c.last && t + 1 == c.tokens.size();
+      batch.push_back({s, c.tokens[t], want});
+      if (want) rows.push_back({c.id, 0, &c.sampling});
+    }
+  }
+  r.batch_tokens = int32_t(batch.size());
+
+  std::vector<float> logits;
+  r.error = eng.forward(batch, logits);
+  if (r.error.ok()) {
+    const size_t V = size_t(eng.config().n_vocab);
+    for (size_t i = 0; i < rows.size(); ++i)
+      r.tokens.push_back({rows[i].id, sample(std::span(logits).subspan(i * V, V), *rows[i].sampling,
+                                             uint64_t(rows[i].index)),
+                          rows[i].index});
+    for (auto [i, s] : chunk_seq) {
+      const auto& c = work.chunks[i];
+      if (!c.last || !c.export_kv) continue;
+      auto blocks = std::make_shared<std::vector<kv_block_export>>();
+      if (eng.export_kv(s, *blocks).ok()) r.exports.push_back({c.id, std::move(blocks)});
+    }
+  }
+  r.free_blocks = eng.kv_pool().free_blocks();
+  r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace tandem

@@ -1,0 +1,66 @@
+#pragma once
+// One worker step on an engine, described as data: what to free, import, prefill and decode.
+// Workers (prefill, decode, colocated) build a step_work on their actor thread, run it on
+// their compute thread with run_step, and apply the step_result back on the actor thread.
+// Keeping it here, free of actors, lets the same step be unit-tested directly.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+
+namespace tandem {
+
+using work_id = uint64_t;  // the caller's id for a sequence (a request id)
+using kv_blocks_ptr = std::shared_ptr<const std::vector<kv_block_export>>;
+
+struct step_work {
+  std::vector<seq_id> frees;  // sequences to drop before anything else
+  struct import_item {        // KV arriving from elsewhere; decoded in this same step
+    work_id id = 0;
+    kv_blocks_ptr kv;
+    token_id last = 0;        // the last token generated so far (its KV is not in the blocks yet)
+    int32_t index = 0;        // the index of the token this step samples
+    sampling_params sampling;
+  };
+  std::vector<import_item> imports;
+  struct chunk_item {         // part of a prompt
+    work_id id = 0;
+    seq_id seq = 0;           // 0: create the sequence first
+    std::vector<token_id> tokens;
+    bool last = false;        // completes the prompt: sample token 0 from its logits
+    bool export_kv = false;   // ... and export the prompt's KV blocks
+    sampling_params sampling;
+  };
+  std::vector<chunk_item> chunks;
+  struct decode_item {        // one token for a running sequence
+    work_id id = 0;
+    seq_id seq = 0;
+    token_id last = 0;
+    int32_t index = 0;
+    sampling_params sampling;
+  };
+  std::vector<decode_item> decodes;
+};
+
+struct step_result {
+  status error;               // the forward pass failed (nothing changed but frees/imports)
+  double ms = 0;
+  int32_t batch_tokens = 0;
+  int32_t free_blocks = 0;    // engine pool after the step
+  struct created { work_id id; seq_id seq; };
+  std::vector<created> created_seqs;
+  struct imported { work_id id; seq_id seq; status st; };
+  std::vector<imported> imports;
+  struct sampled { work_id id; token_id token; int32_t index; };
+  std::vector<sampled> tokens;  // for completed prompts (index 0), imports and decodes
+  struct exported { work_id id; kv_blocks_ptr kv; };
+  std::vector<exported> exports;
+};
+
+// Runs the step. Sequences created for chunks are reported even when the forward fails, so
+// the caller can free them.
+step_result run_step(engine& eng, step_work work);
+
+}  // namespace tandem

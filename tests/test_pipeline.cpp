@@ -1,0 +1,257 @@
+// The actor runtime end to end: disaggregated (1×1, 1×2) and colocated pipelines give exactly
+// the tokens a lone engine gives; admission rejects and recovers; small KV pools make requests
+// wait, never drop; cancellation in any state frees everything; nothing leaks.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "actors/pipeline.h"
+#include "runtime/engine.h"
+#include "runtime/synth.h"
+
+using namespace tandem;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::shared_ptr<const model> tiny() {
+  static std::shared_ptr<const model> m = [] {
+    const auto dir = std::filesystem::temp_directory_path() / "tandem-test-models";
+    std::filesystem::create_directories(dir);
+    const auto p = dir / "pipeline-tiny-f32.gguf";
+    if (!std::filesystem::exists(p)) synthesize_model(find_synth_preset("tiny"), kernels::dtype::f32, p.string(), 5);
+    return model::load(p.string());
+  }();
+  return m;
+}
+
+// What one engine alone produces for a request: the reference every pipeline must equal.
+std::vector<token_id> alone(const model& m, const std::vector<token_id>& prompt, int32_t max_tokens,
+                            const sampling_params& sp, bool ignore_eos) {
+  auto shared = std::shared_ptr<const model>(&m, [](const model*) {});
+  engine eng(shared, engine_options{.n_kv_blocks = 64});
+  const seq_id s = eng.create_sequence();
+  std::vector<float> logits;
+  EXPECT_TRUE(eng.prefill(s, prompt, logits).ok());
+  std::vector<token_id> out;
+  for (int32_t i = 0; i < max_tokens; ++i) {
+    const token_id t = sample(logits, sp, uint64_t(i));
+    if (!ignore_eos && m.tok().is_eog(t)) break;
+    out.push_back(t);
+    if (i + 1 < max_tokens) {
+      EXPECT_TRUE(eng.decode(std::span(&s, 1), std::span(&t, 1), logits).ok());
+    }
+  }
+  return out;
+}
+
+std::vector<token_id> prompt_of(int n, int salt, int vocab) {
+  std::vector<token_id> p;
+  for (int i = 0; i < n; ++i) p.push_back(token_id(3 + (i * 31 + salt * 17) % (vocab - 3)));
+  return p;
+}
+
+// Every pool full again and every request actor gone (both settle shortly after the last event).
+void expect_no_leaks(pipeline& p) {
+  pipeline_stats s;
+  for (int i = 0; i < 200; ++i) {
+    s = p.stats();
+    bool clean = s.live_requests == 0;
+    for (const auto& w : s.workers) clean = clean && w.kv_free_blocks == w.kv_total_blocks && w.reserved_blocks == 0;
+    if (clean) return;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(s.live_requests, 0);
+  for (const auto& w : s.workers) {
+    EXPECT_EQ(w.kv_free_blocks, w.kv_total_blocks) << w.name;
+    EXPECT_EQ(w.reserved_blocks, 0) << w.name;
+  }
+}
+
+struct topology {
+  std::string name;
+  serving_mode mode;
+  int prefill, decode;
+};
+
+class SameOutput : public ::testing::TestWithParam<topology> {};
+
+}  // namespace
+
+TEST_P(SameOutput, ConcurrentRequestsEqualALoneEngine) {
+  const auto topo = GetParam();
+  auto m = tiny();
+  pipeline_config cfg;
+  cfg.loaded_model = m;
+  cfg.mode = topo.mode;
+  cfg.prefill_workers = topo.prefill;
+  cfg.decode_workers = topo.decode;
+  cfg.kv_blocks_per_worker = 128;
+  cfg.chunk_size = 24;            // long prompts are chunked
+  cfg.prefill_token_budget = 64;
+  cfg.colocated_token_budget = 48;
+  pipeline p(cfg);
+  struct job {
+    std::vector<token_id> prompt;
+    sampling_params sp;
+    int32_t max_tokens;
+    request_handle h;
+  };
+  std::vector<job> jobs;
+  for (int i = 0; i < 32; ++i) {
+    job j;
+    j.prompt = prompt_of(3 + (i * 13) % 90, i, m->config().n_vocab);
+    j.sp = i % 2 == 0 ? sampling_params{.temperature = 0.0f}
+                      : sampling_params{.temperature = 0.9f, .top_k = 20, .top_p = 0.9f, .seed = uint64_t(1000 + i)};
+    j.max_tokens = 4 + i % 13;
+    j.h = p.submit({.prompt_tokens = j.prompt, .max_tokens = j.max_tokens, .sampling = j.sp, .ignore_eos = true});
+    jobs.push_back(std::move(j));
+  }
+  for (auto& j : jobs) {
+    const auto r = j.h.wait(60s);
+    ASSERT_EQ(r.error, errc::ok) << r.message;
+    EXPECT_EQ(r.finish_reason, "length");
+    EXPECT_EQ(r.tokens, alone(*m, j.prompt, j.max_tokens, j.sp, true)) << "request " << r.id;
+    EXPECT_EQ(r.timings.output_tokens, j.max_tokens);
+    EXPECT_GT(r.timings.ttft_ms, 0);
+    if (topo.mode == serving_mode::disaggregated) {
+      EXPECT_GT(r.timings.kv_bytes, 0u);
+    }
+  }
+  expect_no_leaks(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Topologies, SameOutput,
+                         ::testing::Values(topology{"disagg_1x1", serving_mode::disaggregated, 1, 1},
+                                           topology{"disagg_1x2", serving_mode::disaggregated, 1, 2},
+                                           topology{"disagg_2x2", serving_mode::disaggregated, 2, 2},
+                                           topology{"colocated", serving_mode::colocated, 1, 1}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(Pipeline, StoriesMatchesTheReferenceInBothModes) {
+  const std::string path = std::string(TANDEM_SHARED_DIR) + "/models/stories260K.gguf";
+  ASSERT_TRUE(std::filesystem::exists(path)) << "missing shared data: " << path;
+  const std::vector<token_id> expected = {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
+                                          410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394,
+                                          261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 312, 432,
+                                          398, 312, 286, 267, 414, 270, 333, 415, 426, 13, 438, 310, 439, 419, 357, 336};
+  for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
+    pipeline p({.model_path = path, .mode = mode, .decode_workers = 2});
+    std::vector<request_handle> hs;
+    for (int i = 0; i < 8; ++i) hs.push_back(p.submit({.prompt = "Once upon a time", .max_tokens = 64}));
+    for (auto& h : hs) {
+      const auto r = h.wait(60s);
+      ASSERT_EQ(r.error, errc::ok) << r.message;
+      EXPECT_EQ(r.tokens, expected) << to_string(mode);
+      EXPECT_EQ(r.text.substr(0, 30), ", there was a little girl name");
+    }
+    expect_no_leaks(p);
+  }
+}
+
+TEST(Pipeline, AdmissionRejectsEarlyAndRecovers) {
+  pipeline_config cfg;
+  cfg.loaded_model = tiny();
+  cfg.admission.max_prefill_queue = 2;
+  cfg.prefill_token_budget = 8;  // slow prefill: requests pile up
+  cfg.chunk_size = 8;
+  pipeline p(cfg);
+  std::vector<request_handle> hs;
+  for (int i = 0; i < 40; ++i)
+    hs.push_back(p.submit({.prompt_tokens = prompt_of(120, i, 300), .max_tokens = 2, .ignore_eos = true}));
+  int rejected = 0, finished = 0;
+  for (auto& h : hs) {
+    const auto r = h.wait(60s);
+    if (r.error == errc::overloaded) {
+      ++rejected;
+      EXPECT_GE(r.retry_after_ms, 50) << r.message;
+      EXPECT_NE(r.message.find("prefill queue"), std::string::npos) << r.message;
+    } else {
+      ASSERT_EQ(r.error, errc::ok) << r.message;
+      ++finished;
+    }
+  }
+  EXPECT_GT(rejected, 0);
+  EXPECT_GT(finished, 0);
+  // Load gone: accepted again.
+  auto r = p.submit({.prompt_tokens = prompt_of(10, 1, 300), .max_tokens = 3, .ignore_eos = true}).wait(30s);
+  EXPECT_EQ(r.error, errc::ok) << r.message;
+  EXPECT_EQ(r.tokens.size(), 3u);
+  expect_no_leaks(p);
+  const std::string prom = p.metrics().to_prometheus();
+  EXPECT_NE(prom.find("tandem_rejections_total{reason=\"prefill_queue_full\"}"), std::string::npos);
+}
+
+TEST(Pipeline, SmallKvPoolsMakeRequestsWaitNotDrop) {
+  for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
+    pipeline_config cfg;
+    cfg.loaded_model = tiny();
+    cfg.mode = mode;
+    cfg.kv_blocks_per_worker = 12;  // room for about two requests at a time
+    pipeline p(cfg);
+    std::vector<request_handle> hs;
+    for (int i = 0; i < 16; ++i)
+      hs.push_back(p.submit({.prompt_tokens = prompt_of(40, i, 300), .max_tokens = 40, .ignore_eos = true}));
+    for (auto& h : hs) {
+      const auto r = h.wait(60s);
+      ASSERT_EQ(r.error, errc::ok) << r.message;
+      EXPECT_EQ(r.tokens.size(), 40u);
+    }
+    expect_no_leaks(p);
+  }
+}
+
+TEST(Pipeline, CancellationInEveryStateFreesEverything) {
+  for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
+    pipeline_config cfg;
+    cfg.loaded_model = tiny();
+    cfg.mode = mode;
+    cfg.kv_blocks_per_worker = 64;
+    cfg.chunk_size = 8;
+    cfg.prefill_token_budget = 16;
+    pipeline p(cfg);
+    // Right away (queued), after acceptance, after the first token, in the middle of decoding.
+    for (int when = 0; when < 4; ++when) {
+      std::vector<request_handle> hs;
+      for (int i = 0; i < 6; ++i)
+        hs.push_back(p.submit({.prompt_tokens = prompt_of(100, i + when, 300), .max_tokens = 200, .ignore_eos = true}));
+      for (auto& h : hs) {
+        request_event ev;
+        int tokens = 0;
+        bool cancelled = false;
+        if (when == 0) {
+          h.cancel();
+          cancelled = true;
+        }
+        while (h.next(ev, 30s)) {
+          if (!cancelled && ((when == 1 && ev.kind == event_kind::accepted) ||
+                             (ev.kind == event_kind::token && ++tokens >= (when == 2 ? 1 : 5)))) {
+            h.cancel();
+            cancelled = true;
+          }
+          if (ev.kind == event_kind::done) {
+            EXPECT_EQ(ev.finish_reason, "cancelled");
+          }
+          ASSERT_NE(ev.kind, event_kind::error) << ev.message;
+        }
+      }
+      expect_no_leaks(p);
+    }
+  }
+}
+
+TEST(Pipeline, BadRequestsGetClearErrors) {
+  pipeline p({.loaded_model = tiny()});
+  auto r = p.submit({.prompt_tokens = {5, 99999}, .max_tokens = 3}).wait(5s);
+  EXPECT_EQ(r.error, errc::invalid_argument);
+  r = p.submit({.prompt = "x", .max_tokens = 0}).wait(5s);
+  EXPECT_EQ(r.error, errc::invalid_argument);
+  r = p.submit({.prompt = "x", .sampling = {.temperature = -2}}).wait(5s);
+  EXPECT_EQ(r.error, errc::invalid_argument);
+  r = p.submit({.prompt_tokens = prompt_of(400, 0, 300), .max_tokens = 3}).wait(5s);  // context is 256
+  EXPECT_EQ(r.error, errc::context_overflow) << r.message;
+  r = p.submit({.prompt = "hello", .max_tokens = 3, .ignore_eos = true}).wait(10s);
+  EXPECT_EQ(r.error, errc::ok) << r.message;
+  expect_no_leaks(p);
+}
