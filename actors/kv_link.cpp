@@ -1,6 +1,7 @@
 #include "actors/kv_link.h"
 
 #include "transport/local/local_transport.h"
+#include "transport/shm/shm_transport.h"
 
 namespace tandem {
 namespace {
@@ -44,7 +45,8 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
                                               decode_worker_actor decode, kv_link_options opts) {
   self->state.opts = std::move(opts);
   self->state.decode = std::move(decode);
-  self->state.transport = std::make_unique<transport::local_transport>();
+  if (self->state.opts.transport == "shm") self->state.transport = std::make_unique<transport::shm_transport>();
+  else self->state.transport = std::make_unique<transport::local_transport>();
   return {
       [self](transfer_atom, request_spec& spec, request_actor& req, kv_blocks_ptr& kv,
              std::vector<token_id>& generated) -> caf::result<bool> {
@@ -54,7 +56,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
         uint64_t bytes = 0;
         for (const auto& b : *kv) bytes += b.payload.size() * sizeof(float);
         kv_blocks_ptr landed = kv;
-        if (!st.opts.zero_copy) {
+        if (st.opts.transport != "handoff") {
           status err;
           landed = move_through(*st.transport, *kv, err);
           if (!landed) return false;

@@ -12,7 +12,9 @@ namespace tandem {
 
 struct kv_link_options {
   std::string name;           // "p0->d1"
-  bool zero_copy = false;     // in one process: hand the blocks over instead of copying them
+  // "handoff": in one process, hand the blocks over without copying; "local": copy through the
+  // in-process transport; "shm": through a shared-memory arena (the cross-process path).
+  std::string transport = "local";
   std::shared_ptr<metrics::registry> metrics;
 };
 

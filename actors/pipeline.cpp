@@ -180,7 +180,9 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   ro.block_size = im.cfg.block_size;
   ro.context_length = im.mdl->config().n_ctx;
   ro.dispatch_tokens = std::max(im.cfg.prefill_token_budget, im.cfg.colocated_token_budget) * 2;
-  ro.zero_copy_links = im.cfg.zero_copy_links;
+  if (im.cfg.kv_transport != "handoff" && im.cfg.kv_transport != "local" && im.cfg.kv_transport != "shm")
+    throw failure(errc::invalid_argument, "kv_transport must be handoff, local or shm (not '" + im.cfg.kv_transport + "')");
+  ro.kv_transport = im.cfg.kv_transport;
   ro.admission_policy_impl = im.cfg.admission_policy_impl;
   ro.prefill_policy = im.cfg.prefill_policy;
   ro.decode_policy = im.cfg.decode_policy;

@@ -37,7 +37,7 @@ struct pipeline_config {
   int32_t colocated_token_budget = 256;     // tokens per colocated step (decodes + prefill chunks)
   int32_t max_batch = 64;                   // sequences decoding at once per worker
   admission_config admission;               // queue bounds and TTFT/TPOT budgets
-  bool zero_copy_links = false;             // hand KV over in-process instead of copying it
+  std::string kv_transport = "local";       // "handoff" (no copy, one process), "local" or "shm"
   int scheduler_threads = 2;                // CAF threads for the actors (compute has its own)
   std::shared_ptr<const admission_policy> admission_policy_impl;  // replaceable policies
   std::shared_ptr<const prefill_placement> prefill_policy;

@@ -300,7 +300,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
             if (st.decode[d])
               st.links[size_t(index)][d] = self->spawn<caf::linked>(
                   kv_link_behavior, st.decode[d],
-                  kv_link_options{"p" + std::to_string(index) + "->d" + std::to_string(d), st.opts.zero_copy_links,
+                  kv_link_options{"p" + std::to_string(index) + "->d" + std::to_string(d), st.opts.kv_transport,
                                   st.opts.request_ctx.metrics});
         dispatch_prefill(self);
       },
@@ -319,7 +319,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
           if (st.prefill[p])
             st.links[p][size_t(index)] = self->spawn<caf::linked>(
                 kv_link_behavior, w,
-                kv_link_options{"p" + std::to_string(p) + "->d" + std::to_string(index), st.opts.zero_copy_links,
+                kv_link_options{"p" + std::to_string(p) + "->d" + std::to_string(index), st.opts.kv_transport,
                                 st.opts.request_ctx.metrics});
         // Its first load report sets the credits; until then it offers none.
       },

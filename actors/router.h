@@ -17,7 +17,7 @@ struct router_options {
   int32_t block_size = 16;
   int32_t context_length = 0;
   int32_t dispatch_tokens = 1024;   // prompt tokens a worker may have queued before it gets more
-  bool zero_copy_links = false;
+  std::string kv_transport = "local";  // see kv_link_options::transport
   std::shared_ptr<const admission_policy> admission_policy_impl;
   std::shared_ptr<const prefill_placement> prefill_policy;
   std::shared_ptr<const decode_placement> decode_policy;

@@ -53,13 +53,27 @@ expect_error "context length" generate --model "$model" --prompt x -n 100000
 printf 'GGUF\3\0\0\0' >"$work/trunc.gguf"
 expect_error "truncated" model inspect "$work/trunc.gguf"
 
-# 5. --help on every subcommand.
+# 5. Through the actor runtime: every concurrent request equals the lone-engine reference.
+for mode in disaggregated colocated; do
+  "$bin" generate --model "$model" --prompt "Once upon a time" -n 64 --temperature 0 --mode $mode \
+    --decode-workers 2 --concurrency 4 --json >"$work/pipe.json" 2>"$work/pipe.err"
+  n=$(grep -o '"text":", there was a little girl named Lily. She loved to play outside in the park.' "$work/pipe.json" | wc -l)
+  [ "$n" -eq 4 ] && pass "$mode: 4 of 4 requests equal the reference" || fail "$mode: $n of 4 equal the reference: $(head -c 600 "$work/pipe.json")"
+  grep -q '"ttft_ms"' "$work/pipe.json" && grep -q '"tandem_request_ttft_ms"' "$work/pipe.json" \
+    && pass "$mode: timings and metrics in json" || fail "$mode: timings/metrics missing"
+done
+printf 'Once upon a time\nThe cat\n' >"$work/prompts.txt"
+"$bin" generate --model "$model" --prompts-file "$work/prompts.txt" -n 8 --mode colocated >"$work/pf.txt" 2>/dev/null \
+  && [ "$(grep -c '^--- request' "$work/pf.txt")" -eq 2 ] && pass "prompts file" || fail "prompts file: $(cat "$work/pf.txt")"
+expect_error "need --mode" generate --model "$model" --prompt x --concurrency 2
+
+# 6. --help on every subcommand.
 for cmd in "" "generate" "model" "model synth" "model inspect" "bench" "bench kernels"; do
   # shellcheck disable=SC2086
   "$bin" $cmd --help >/dev/null 2>&1 && pass "help: tandem $cmd" || fail "tandem $cmd --help"
 done
 
-# 6. synth + inspect round trip, and the default model path.
+# 7. synth + inspect round trip, and the default model path.
 "$bin" model synth --preset tiny --dtype q8_0 --out "$work/tiny.gguf" 2>/dev/null || fail "synth"
 "$bin" model inspect "$work/tiny.gguf" --json >"$work/inspect.json" 2>/dev/null || fail "inspect"
 grep -q '"n_kv_head": 2' "$work/inspect.json" && grep -q '"q8_0"' "$work/inspect.json" && pass "inspect json" \

@@ -8,13 +8,19 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_impl.h"
+
+namespace tandem::kernels {
+inline void PrintTo(dtype t, std::ostream* os) { *os << to_string(t); }  // readable test names
+}  // namespace tandem::kernels
 
 namespace tk = tandem::kernels;
 namespace cpu = tandem::kernels::cpu;
@@ -101,22 +107,26 @@ class matmul_test : public ::testing::TestWithParam<tk::dtype> {};
 TEST_P(matmul_test, matches_reference_on_every_isa_and_thread_count) {
   const tk::dtype t = GetParam();
   uint32_t seed = 1;
-  for (int64_t cols : {32, 96, 768})
-    for (int64_t rows : {1, 67, 300})
-      for (int64_t m : {1, 2, 3, 7, 64, 130}) {
-        const problem p = make_problem(t, m, rows, cols, seed++);
-        for (isa level : supported_levels()) {
-          SCOPED_TRACE(std::string(cpu::detail::isa_label(level)) + " m=" + std::to_string(m) +
-                       " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
-          const std::vector<float> y1 = run(level, p, pool_of(1));
-          EXPECT_LE(worst_error(p, y1), tolerance(t, level, m));
-          for (int threads : {2, 3}) {
-            const std::vector<float> yn = run(level, p, pool_of(threads));
-            for (size_t j = 0; j < yn.size(); ++j)  // same kernels, same order: float rounding only
-              ASSERT_NEAR(yn[j], y1[j], 1e-6 * p.mag[j] + 1e-30) << "threads=" << threads << " j=" << j;
-          }
+  // (rows, cols): odd row counts, partial 64-row panels, k blocking (768 > one k panel), and
+  // 1100 x 768, big enough that the decode path splits rows over 2-3 threads for every dtype.
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 32},   {67, 32},  {300, 32},  {1, 96},
+                                                {67, 96},  {300, 96}, {1, 768},   {67, 768},
+                                                {300, 768}, {1100, 768}};
+  for (auto [rows, cols] : shapes)
+    for (int64_t m : {1, 2, 3, 7, 12, 64, 130}) {  // 12: two decode chunks for q8_0
+      const problem p = make_problem(t, m, rows, cols, seed++);
+      for (isa level : supported_levels()) {
+        SCOPED_TRACE(std::string(cpu::detail::isa_label(level)) + " m=" + std::to_string(m) +
+                     " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
+        const std::vector<float> y1 = run(level, p, pool_of(1));
+        EXPECT_LE(worst_error(p, y1), tolerance(t, level, m));
+        for (int threads : {2, 3}) {
+          const std::vector<float> yn = run(level, p, pool_of(threads));
+          for (size_t j = 0; j < yn.size(); ++j)  // same kernels, same order: rounding only
+            ASSERT_NEAR(yn[j], y1[j], 1e-6 * p.mag[j] + 1e-30) << "threads=" << threads << " j=" << j;
         }
       }
+    }
 }
 
 TEST_P(matmul_test, dispatched_path_agrees_with_scalar) {

@@ -73,8 +73,10 @@ struct topology {
   std::string name;
   serving_mode mode;
   int prefill, decode;
+  std::string kv_transport = "local";
 };
 
+void PrintTo(const topology& t, std::ostream* os) { *os << t.name; }
 class SameOutput : public ::testing::TestWithParam<topology> {};
 
 }  // namespace
@@ -87,6 +89,7 @@ TEST_P(SameOutput, ConcurrentRequestsEqualALoneEngine) {
   cfg.mode = topo.mode;
   cfg.prefill_workers = topo.prefill;
   cfg.decode_workers = topo.decode;
+  cfg.kv_transport = topo.kv_transport;
   cfg.kv_blocks_per_worker = 128;
   cfg.chunk_size = 24;            // long prompts are chunked
   cfg.prefill_token_budget = 64;
@@ -126,6 +129,8 @@ INSTANTIATE_TEST_SUITE_P(Topologies, SameOutput,
                          ::testing::Values(topology{"disagg_1x1", serving_mode::disaggregated, 1, 1},
                                            topology{"disagg_1x2", serving_mode::disaggregated, 1, 2},
                                            topology{"disagg_2x2", serving_mode::disaggregated, 2, 2},
+                                           topology{"disagg_1x2_shm", serving_mode::disaggregated, 1, 2, "shm"},
+                                           topology{"disagg_1x2_handoff", serving_mode::disaggregated, 1, 2, "handoff"},
                                            topology{"colocated", serving_mode::colocated, 1, 1}),
                          [](const auto& info) { return info.param.name; });
 

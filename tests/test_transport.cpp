@@ -7,6 +7,7 @@
 #include "runtime/engine.h"
 #include "runtime/synth.h"
 #include "transport/local/local_transport.h"
+#include "transport/shm/shm_transport.h"
 
 using namespace tandem;
 using namespace tandem::transport;
@@ -21,6 +22,35 @@ std::string tiny_model() {
 }
 token_id argmax(const std::vector<float>& x) { return token_id(std::max_element(x.begin(), x.end()) - x.begin()); }
 }  // namespace
+
+// The same contract for every transport kind.
+template <class T>
+class AnyTransport : public ::testing::Test {};
+using transport_kinds = ::testing::Types<local_transport, shm_transport>;
+TYPED_TEST_SUITE(AnyTransport, transport_kinds);
+
+TYPED_TEST(AnyTransport, CopiesBytesExactlyIncludingLargeOnes) {
+  TypeParam t;
+  // Larger than the shared-memory arena: moved slot by slot.
+  std::vector<uint8_t> a(9u << 20), b(a.size(), 0);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = uint8_t(i * 131 + (i >> 12));
+  const auto ra = t.register_memory(a.data(), a.size()), rb = t.register_memory(b.data(), b.size());
+  const auto st = t.poll(t.submit({{ra, 0, rb, 0, a.size() / 2}, {ra, a.size() / 2, rb, a.size() / 2, a.size() / 2}}));
+  ASSERT_EQ(st.state, transfer_state::done) << st.error.to_string();
+  EXPECT_EQ(st.bytes_moved, a.size());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(t.poll(t.submit({{ra, 0, rb, 0, a.size() + 1}})).error.code(), errc::invalid_argument);
+}
+
+TEST(ShmTransport, ArenaIsNamedSharedMemoryAndGoesAway) {
+  std::string name;
+  {
+    shm_transport t(1 << 16);
+    name = t.arena_name();
+    EXPECT_TRUE(std::filesystem::exists("/dev/shm" + name)) << name;
+  }
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + name));
+}
 
 TEST(LocalTransport, MovesKvBlocksBetweenEngines) {
   auto m = model::load(tiny_model());

@@ -3,10 +3,12 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <random>
 #include <thread>
 
+#include "actors/pipeline.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
 #include "tools/commands.h"
@@ -23,6 +25,14 @@ struct generate_opts {
   int threads = 0;
   int chunk = 256;
   bool json = false, ignore_eos = false, no_bos = false;
+  // Through the actor runtime instead of one engine:
+  std::string mode;            // "", "disaggregated" or "colocated"
+  int prefill_workers = 1, decode_workers = 1, colocated_workers = 1;
+  int concurrency = 1;
+  std::string prompts_file;
+  int32_t kv_blocks = 0;
+  int32_t token_budget = 512;
+  std::string kv_transport = "local";
 };
 
 using clock_type = std::chrono::steady_clock;
@@ -112,13 +122,90 @@ int run_generate(const generate_opts& o) {
   return 0;
 }
 
+nlohmann::json timings_json(const metrics::request_timings& t) {
+  return {{"queue_prefill_ms", t.queue_prefill_ms}, {"queue_decode_ms", t.queue_decode_ms},
+          {"prefill_ms", t.prefill_ms},           {"ttft_ms", t.ttft_ms},
+          {"tpot_ms", t.tpot_ms},                 {"decode_ms", t.decode_ms},
+          {"kv_bytes", t.kv_bytes},               {"kv_transfer_ms", t.kv_transfer_ms},
+          {"e2e_ms", t.e2e_ms},                   {"prompt_tokens", t.prompt_tokens},
+          {"output_tokens", t.output_tokens}};
+}
+
+// Many requests at once through the chosen topology: each result with its timings.
+int run_pipeline(const generate_opts& o) {
+  std::vector<std::string> prompts;
+  if (!o.prompts_file.empty()) {
+    std::ifstream in(o.prompts_file);
+    if (!in) throw failure(errc::io_error, "cannot read prompts file '" + o.prompts_file + "'");
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) prompts.push_back(line);
+    if (prompts.empty()) throw failure(errc::invalid_argument, "prompts file '" + o.prompts_file + "' has no prompts");
+  } else {
+    prompts.assign(size_t(o.concurrency), o.prompt);
+  }
+  sampling_params sp{o.temperature, o.top_k, o.top_p,
+                     o.seed >= 0 ? uint64_t(o.seed) : uint64_t(std::random_device{}())};
+  check(sp.validate());
+  pipeline_config cfg;
+  cfg.model_path = resolve_model_path(o.model);
+  cfg.mode = o.mode == "colocated" ? serving_mode::colocated : serving_mode::disaggregated;
+  cfg.prefill_workers = o.prefill_workers;
+  cfg.decode_workers = o.decode_workers;
+  cfg.colocated_workers = o.colocated_workers;
+  cfg.threads_per_worker = o.threads > 0 ? o.threads : 1;
+  cfg.kv_blocks_per_worker = o.kv_blocks;
+  cfg.chunk_size = o.chunk;
+  cfg.prefill_token_budget = o.token_budget;
+  cfg.colocated_token_budget = o.token_budget;
+  cfg.kv_transport = o.kv_transport;
+  const auto t0 = clock_type::now();
+  pipeline p(cfg);
+  spdlog::info("{} pipeline: {} workers x {} thread(s); {} requests", o.mode,
+               cfg.mode == serving_mode::colocated ? std::to_string(cfg.colocated_workers)
+                                                   : fmt::format("{} prefill + {} decode", cfg.prefill_workers, cfg.decode_workers),
+               cfg.threads_per_worker, prompts.size());
+  std::vector<request_handle> hs;
+  for (const auto& pr : prompts)
+    hs.push_back(p.submit({.prompt = pr, .add_bos = !o.no_bos, .max_tokens = o.n_predict, .sampling = sp,
+                           .ignore_eos = o.ignore_eos}));
+  nlohmann::json results = nlohmann::json::array();
+  int failed = 0;
+  for (size_t i = 0; i < hs.size(); ++i) {
+    const auto r = hs[i].wait();
+    failed += r.error != errc::ok;
+    if (o.json) {
+      nlohmann::json j = {{"prompt", prompts[i]}, {"token_ids", r.tokens}, {"text", r.text},
+                          {"finish_reason", r.finish_reason}, {"timings", timings_json(r.timings)}};
+      if (r.error != errc::ok) j["error"] = {{"code", std::string(to_string(r.error))}, {"message", r.message}};
+      results.push_back(std::move(j));
+      continue;
+    }
+    const auto& t = r.timings;
+    std::cout << "--- request " << i << (r.error != errc::ok ? " failed: " + r.message : "") << "\n"
+              << r.text << "\n"
+              << fmt::format("[queue {:.1f}+{:.1f} ms, prefill {:.1f} ms, ttft {:.1f} ms, tpot {:.2f} ms, kv {} B in {:.2f} ms, "
+                             "{} tokens, {}]",
+                             t.queue_prefill_ms, t.queue_decode_ms, t.prefill_ms, t.ttft_ms, t.tpot_ms, t.kv_bytes,
+                             t.kv_transfer_ms, t.output_tokens, r.finish_reason.empty() ? "error" : r.finish_reason)
+              << std::endl;
+  }
+  const double wall = ms_since(t0);
+  if (o.json)
+    std::cout << nlohmann::json{{"mode", o.mode}, {"results", results}, {"wall_ms", wall},
+                                {"metrics", nlohmann::json::parse(p.metrics().to_json())}}
+                     .dump()
+              << "\n";
+  spdlog::info("{} requests in {:.0f} ms ({} failed)", hs.size(), wall, failed);
+  return failed == 0 ? 0 : 3;
+}
+
 }  // namespace
 
 void add_generate(CLI::App& app) {
   auto o = std::make_shared<generate_opts>();
   auto* cmd = app.add_subcommand("generate", "Generate a continuation of a prompt; text streams to stdout");
   cmd->add_option("-m,--model", o->model, "GGUF model file (default: the built-in synthetic model)");
-  cmd->add_option("-p,--prompt", o->prompt, "Prompt text")->required();
+  auto* prompt_opt = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
   cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--temperature,--temp", o->temperature, "Sampling temperature; 0 is greedy")
       ->check(CLI::Range(0.0f, 100.0f));
@@ -131,8 +218,26 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--json", o->json, "Print one JSON object (ids, text, timings) instead of streaming text");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");
   cmd->add_flag("--no-bos", o->no_bos, "Do not prepend the BOS token");
-  cmd->callback([o] {
-    const int rc = run_generate(*o);
+  cmd->add_option("--mode", o->mode, "Run through the actor runtime: disaggregated or colocated")
+      ->check(CLI::IsMember({"disaggregated", "colocated"}));
+  cmd->add_option("--prefill-workers", o->prefill_workers, "Prefill workers (disaggregated)")->check(CLI::Range(1, 256));
+  cmd->add_option("--decode-workers", o->decode_workers, "Decode workers (disaggregated)")->check(CLI::Range(1, 256));
+  cmd->add_option("--colocated-workers", o->colocated_workers, "Workers (colocated)")->check(CLI::Range(1, 256));
+  cmd->add_option("--concurrency", o->concurrency, "Copies of the prompt run at once (with --mode)")
+      ->check(CLI::Range(1, 100000));
+  auto* file_opt = cmd->add_option("--prompts-file", o->prompts_file, "One prompt per line, all run at once (with --mode)");
+  cmd->add_option("--kv-blocks", o->kv_blocks, "KV blocks per worker (with --mode; default: 256 MiB worth)")
+      ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--token-budget", o->token_budget, "Tokens per worker step (with --mode)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--kv-transport", o->kv_transport, "KV link path (with --mode disaggregated)")
+      ->check(CLI::IsMember({"handoff", "local", "shm"}));
+  prompt_opt->excludes(file_opt);
+  cmd->callback([o, prompt_opt, file_opt] {
+    if (prompt_opt->count() == 0 && file_opt->count() == 0)
+      throw CLI::RequiredError("--prompt (or --prompts-file with --mode)");
+    if (o->mode.empty() && (o->concurrency > 1 || !o->prompts_file.empty()))
+      throw failure(errc::invalid_argument, "--concurrency and --prompts-file need --mode disaggregated|colocated");
+    const int rc = o->mode.empty() ? run_generate(*o) : run_pipeline(*o);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }

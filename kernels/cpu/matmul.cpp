@@ -1,15 +1,13 @@
 // CPU matmul: runtime ISA dispatch, the portable scalar path and the pieces every ISA shares
 // (per-thread scratch, the OpenBLAS prefill path).
 //
-// Two regimes (see matmul.h): decode (m <= max_decode_m) streams each weight row once and dots
+// Two regimes (see matmul.h): decode (m <= decode_max_m) streams each weight row once and dots
 // it with every input row, which is bound by memory bandwidth; prefill (larger m) is a GEMM,
 // bound by FMA throughput. The ISA translation units implement both for their instruction set.
 #include <cblas.h>
 
 #include <algorithm>
 #include <cassert>
-#include <chrono>
-#include <cstring>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -158,14 +156,13 @@ void init_blas_threads() {
 }
 
 int64_t decode_max_m(isa level, dtype t) {
-  if (const char* e = std::getenv("TANDEM_DECODE_MAX_M")) return std::atoi(e);  // TUNING ONLY
   // Crossovers measured with 12 layers of bench-76m weights (out of cache), one thread. The
   // decode kernels read each weight once but run out of FMA issue (f32, f16) or memory
   // parallelism as m grows; q8_0 decode reads 4x fewer bytes per weight and stays ahead longest;
   // the vdpbf16ps GEMM overtakes bf16 decode early.
   switch (level) {
     case isa::avx512_bf16:
-      return t == dtype::q8_0 ? 16 : t == dtype::f16 ? 8 : 4;
+      return t == dtype::q8_0 ? 16 : t == dtype::f16 ? 12 : t == dtype::f32 ? 4 : 3;
     case isa::avx512:
       return t == dtype::q8_0 ? 16 : t == dtype::f32 ? 4 : 8;
     case isa::avx2:  // prefill is OpenBLAS with dequantized panels
@@ -176,10 +173,13 @@ int64_t decode_max_m(isa level, dtype t) {
   return 1;
 }
 
-int64_t decode_grain(const weight_view& w) {
-  // ~32 KiB of weights per grain: a smaller matrix runs inline on the calling thread.
-  const int64_t rb = std::max<int64_t>(1, row_bytes(w.type, w.cols));
-  return std::max<int64_t>(4, (int64_t(32) << 10) / rb);
+int64_t decode_grain(const weight_view& w, int threads) {
+  // One equal slice per thread, but each at least 256 KiB of weights: waking a pool thread costs
+  // ~10 us here (condition variable), about what streaming 256 KiB takes, so smaller matrices
+  // run on fewer threads (the smallest inline on the caller).
+  const int64_t bytes = w.rows * row_bytes(w.type, w.cols);
+  const int64_t parts = std::clamp<int64_t>(bytes / (int64_t(256) << 10), 1, threads);
+  return (w.rows + parts - 1) / parts;
 }
 
 void prefill_blas(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
@@ -210,7 +210,7 @@ void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, th
     for (int64_t i = 0; i < m; ++i) quantize_row_q8_0(x + i * w.cols, q + i * nb, w.cols);
     xq = q;
   }
-  pool.parallel_for(w.rows, decode_grain(w), [&](int64_t r0, int64_t r1, int) {
+  pool.parallel_for(w.rows, decode_grain(w, pool.size()), [&](int64_t r0, int64_t r1, int) {
     decode_rows_scalar(w, x, xq, m, y, r0, r1);
   });
 }
@@ -231,40 +231,6 @@ void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m,
     case isa::avx512: return matmul_avx512(w, x, m, y, pool, false);
     case isa::avx512_bf16: return matmul_avx512(w, x, m, y, pool, true);
   }
-}
-
-double fma_gflops_scalar(double seconds) {
-  // Twelve independent multiply-add chains; volatile seeds keep the compiler from folding them.
-  volatile float seed_b = 0.999999f, seed_c = 1e-7f;
-  const float b = seed_b, c = seed_c;
-  float a[12];
-  for (int j = 0; j < 12; ++j) a[j] = float(j);
-  const auto t0 = std::chrono::steady_clock::now();
-  double elapsed = 0;
-  int64_t iters = 0;
-  do {
-    for (int it = 0; it < 1 << 16; ++it)
-      for (float& v : a) v = v * b + c;
-    iters += 1 << 16;
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (elapsed < seconds);
-  volatile float sink = a[0] + a[11];
-  (void)sink;
-  return double(iters) * 12 * 2 / elapsed * 1e-9;
-}
-
-float read_sum_scalar(const float* p, size_t n) {
-  // Integer adds of 8-byte words: associative, so four independent chains keep up with memory.
-  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  for (size_t i = 0; i + 8 <= n; i += 8) {
-    uint64_t u[4];
-    std::memcpy(u, p + i, sizeof u);
-    s0 += u[0];
-    s1 += u[1];
-    s2 += u[2];
-    s3 += u[3];
-  }
-  return float((s0 ^ s1 ^ s2 ^ s3) & 0xffff);
 }
 
 }  // namespace detail

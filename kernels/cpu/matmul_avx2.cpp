@@ -10,7 +10,6 @@
 #pragma GCC diagnostic pop
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "kernels/cpu/matmul_impl.h"
@@ -114,25 +113,10 @@ void decode_q8(const weight_view& w, const int8_t* xq, const float* xd, float* y
   }
 }
 
-// Calls kern<M>(x offset, y offset, M) over the m inputs in chunks of at most 4.
-template <class F>
-void for_input_chunks(int64_t m, F&& kern) {
-  for (int64_t i0 = 0; i0 < m;) {
-    const int64_t c = std::min<int64_t>(4, m - i0);
-    switch (c) {
-      case 1: kern(std::integral_constant<int, 1>{}, i0); break;
-      case 2: kern(std::integral_constant<int, 2>{}, i0); break;
-      case 3: kern(std::integral_constant<int, 3>{}, i0); break;
-      default: kern(std::integral_constant<int, 4>{}, i0); break;
-    }
-    i0 += c;
-  }
-}
-
 template <dtype T>
 void decode_float_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_t r0,
                        int64_t r1) {
-  for_input_chunks(m, [&](auto mc, int64_t i0) {
+  for_input_chunks<4>(m, [&](auto mc, int64_t i0) {
     decode_float<T, decltype(mc)::value>(w, x + i0 * w.cols, y + i0 * w.rows, r0, r1);
   });
 }
@@ -195,7 +179,7 @@ void quantize_x_q8_avx2(const float* x, int64_t n, int8_t* q, float* d) {
 void decode_q8_0_avx2(const weight_view& w, const int8_t* xq, const float* xd, int64_t m,
                       float* y, int64_t r0, int64_t r1) {
   const int64_t k = w.cols, nb = k / q8_0_block;
-  for_input_chunks(m, [&](auto mc, int64_t i0) {
+  for_input_chunks<4>(m, [&](auto mc, int64_t i0) {
     decode_q8<decltype(mc)::value>(w, xq + i0 * k, xd + i0 * nb, y + i0 * w.rows, r0, r1);
   });
 }
@@ -205,7 +189,7 @@ void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thre
     prefill_blas(w, x, m, y, pool, &dequant_avx2);
     return;
   }
-  const int64_t k = w.cols, grain = decode_grain(w);
+  const int64_t k = w.cols, grain = decode_grain(w, pool.size());
   switch (w.type) {
     case dtype::f32:
       return pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
@@ -231,40 +215,6 @@ void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thre
       });
     }
   }
-}
-
-double fma_gflops_avx2(double seconds) {
-  // Twelve independent chains (distinct seeds: the compiler cannot merge them) held in named
-  // registers cover FMA latency x throughput (4 x 2).
-  volatile float seed = 0.999999f;
-  const __m256 b = _mm256_set1_ps(seed), c = _mm256_set1_ps(1e-7f);
-  __m256 a0 = _mm256_set1_ps(0), a1 = _mm256_set1_ps(1), a2 = _mm256_set1_ps(2), a3 = _mm256_set1_ps(3);
-  __m256 a4 = _mm256_set1_ps(4), a5 = _mm256_set1_ps(5), a6 = _mm256_set1_ps(6), a7 = _mm256_set1_ps(7);
-  __m256 a8 = _mm256_set1_ps(8), a9 = _mm256_set1_ps(9), a10 = _mm256_set1_ps(10), a11 = _mm256_set1_ps(11);
-  const auto t0 = std::chrono::steady_clock::now();
-  double elapsed = 0;
-  int64_t iters = 0;
-  do {
-    for (int it = 0; it < 1 << 16; ++it) {
-      a0 = _mm256_fmadd_ps(a0, b, c), a1 = _mm256_fmadd_ps(a1, b, c), a2 = _mm256_fmadd_ps(a2, b, c);
-      a3 = _mm256_fmadd_ps(a3, b, c), a4 = _mm256_fmadd_ps(a4, b, c), a5 = _mm256_fmadd_ps(a5, b, c);
-      a6 = _mm256_fmadd_ps(a6, b, c), a7 = _mm256_fmadd_ps(a7, b, c), a8 = _mm256_fmadd_ps(a8, b, c);
-      a9 = _mm256_fmadd_ps(a9, b, c), a10 = _mm256_fmadd_ps(a10, b, c), a11 = _mm256_fmadd_ps(a11, b, c);
-    }
-    iters += 1 << 16;
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (elapsed < seconds);
-  for (__m256 v : {a1, a2, a3, a4, a5, a6, a7, a8, a9, a10}) a0 = _mm256_fmadd_ps(a0, b, v);  // all chains live
-  volatile float sink = hsum(_mm256_add_ps(a0, a11));
-  (void)sink;
-  return double(iters) * 12 * 16 / elapsed * 1e-9;
-}
-
-float read_sum_avx2(const float* p, size_t n) {
-  __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (size_t i = 0; i + 32 <= n; i += 32)
-    for (int j = 0; j < 4; ++j) s[j] = _mm256_add_ps(s[j], _mm256_load_ps(p + i + 8 * j));
-  return hsum(_mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3])));
 }
 
 }  // namespace tandem::kernels::cpu::detail

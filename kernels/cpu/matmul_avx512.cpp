@@ -1,7 +1,7 @@
 // AVX-512 kernels. The file is compiled with AVX-512 F/BW/VL/DQ (+FMA/F16C); the functions
 // marked VNNI_BF16 also use AVX512-VNNI/BF16 and run only when matmul_avx512 gets vnni_bf16.
 //
-// Decode (m <= max_decode_m): each weight row is streamed once and dotted with all m inputs.
+// Decode (m <= decode_max_m): each weight row is streamed once and dotted with all m inputs.
 // Prefill: a blocked GEMM. Weight rows are packed (dequantized) into panels Bp: [kc][64] that
 // stay in cache, and a 6x64 register-blocked microkernel broadcasts x and FMAs 4 zmm per x
 // row. bf16 (and q8_0) weights use the same structure with vdpbf16ps, which does twice the
@@ -15,7 +15,6 @@
 #pragma GCC diagnostic pop
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "kernels/cpu/matmul_impl.h"
@@ -153,43 +152,24 @@ VNNI_BF16 void decode_q8_vnni(const weight_view& w, const q8_pairs* xs, float* y
   }
 }
 
-// Calls kern(integral_constant<M>, i0) over the m inputs in chunks of at most 8.
-template <class F>
-void for_input_chunks(int64_t m, F&& kern) {
-  for (int64_t i0 = 0; i0 < m;) {
-    const int64_t c = std::min<int64_t>(8, m - i0);
-    switch (c) {
-      case 1: kern(std::integral_constant<int, 1>{}, i0); break;
-      case 2: kern(std::integral_constant<int, 2>{}, i0); break;
-      case 3: kern(std::integral_constant<int, 3>{}, i0); break;
-      case 4: kern(std::integral_constant<int, 4>{}, i0); break;
-      case 5: kern(std::integral_constant<int, 5>{}, i0); break;
-      case 6: kern(std::integral_constant<int, 6>{}, i0); break;
-      case 7: kern(std::integral_constant<int, 7>{}, i0); break;
-      default: kern(std::integral_constant<int, 8>{}, i0); break;
-    }
-    i0 += c;
-  }
-}
-
 template <dtype T>
 void decode_float_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_t r0,
                        int64_t r1) {
-  for_input_chunks(m, [&](auto mc, int64_t i0) {
+  for_input_chunks<8>(m, [&](auto mc, int64_t i0) {
     decode_float<T, decltype(mc)::value>(w, x + i0 * w.cols, y + i0 * w.rows, r0, r1);
   });
 }
 
 VNNI_BF16 void decode_q8_rows(const weight_view& w, const q8_pairs* xs, int64_t m, float* y,
                               int64_t r0, int64_t r1) {
-  for_input_chunks(m, [&](auto mc, int64_t i0) {
+  for_input_chunks<8>(m, [&](auto mc, int64_t i0) {
     decode_q8_vnni<decltype(mc)::value>(w, xs + i0, y + i0 * w.rows, r0, r1);
   });
 }
 
 void decode(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
             bool vnni_bf16) {
-  const int64_t k = w.cols, grain = decode_grain(w);
+  const int64_t k = w.cols, grain = decode_grain(w, pool.size());
   auto rows = [&](auto&& fn) { pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); }); };
   switch (w.type) {
     case dtype::f32: return rows([&](int64_t r0, int64_t r1) { decode_float_rows<dtype::f32>(w, x, m, y, r0, r1); });
@@ -299,27 +279,27 @@ const float* row_f32(const weight_view& w, int64_t r, int64_t p0, int64_t kc, fl
 // in-register transpose, a quarter of the stores of an element-wise scatter.
 inline void transpose16(const uint32_t* const* src, int64_t c, uint32_t* dst, int64_t ld) {
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src[i] + c);
-  for (int i = 0; i < 16; i += 2) {  // interleave 32-bit elements of row pairs
+  TANDEM_UNROLL for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src[i] + c);
+  TANDEM_UNROLL for (int i = 0; i < 16; i += 2) {  // interleave 32-bit elements of row pairs
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
   }
-  for (int i = 0; i < 16; i += 4)  // interleave 64-bit elements of pair pairs
-    for (int j = 0; j < 2; ++j) {
+  TANDEM_UNROLL for (int i = 0; i < 16; i += 4)  // interleave 64-bit elements of pair pairs
+    TANDEM_UNROLL for (int j = 0; j < 2; ++j) {
       const __m512d lo = _mm512_castps_pd(t[i + j]), hi = _mm512_castps_pd(t[i + j + 2]);
       r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi));
       r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi));
     }
-  for (int i = 0; i < 8; ++i) {  // then 128-bit lanes, in two steps
+  TANDEM_UNROLL for (int i = 0; i < 8; ++i) {  // then 128-bit lanes, in two steps
     const int g = (i / 4) * 8, q = i % 4;
     t[2 * i] = _mm512_shuffle_f32x4(r[g + q], r[g + 4 + q], 0x88);
     t[2 * i + 1] = _mm512_shuffle_f32x4(r[g + q], r[g + 4 + q], 0xdd);
   }
-  for (int i = 0; i < 8; ++i) {
+  TANDEM_UNROLL for (int i = 0; i < 8; ++i) {
     r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
     r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
   }
-  for (int i = 0; i < 16; ++i)  // r[i] holds column ((i & 8) | (i & 1) << 2 | (i >> 1) & 3)
+  TANDEM_UNROLL for (int i = 0; i < 16; ++i)  // r[i] holds column ((i & 8) | (i & 1) << 2 | (i >> 1) & 3)
     _mm512_storeu_ps(dst + ((i & 8) | (i & 1) << 2 | (i >> 1 & 3)) * ld, r[i]);
 }
 
@@ -409,14 +389,7 @@ void gemm_rows(const weight_view& w, const void* a, int64_t lda, int64_t m, floa
               kernel_f32<R>(static_cast<const float*>(a) + i * lda + pc, lda,
                             static_cast<const float*>(bp) + jr * kc, kc, yp, ldy, mask, pc > 0);
           };
-          switch (std::min<int64_t>(MR, m - i)) {
-            case 1: run(std::integral_constant<int, 1>{}); break;
-            case 2: run(std::integral_constant<int, 2>{}); break;
-            case 3: run(std::integral_constant<int, 3>{}); break;
-            case 4: run(std::integral_constant<int, 4>{}); break;
-            case 5: run(std::integral_constant<int, 5>{}); break;
-            default: run(std::integral_constant<int, 6>{}); break;
-          }
+          with_const<MR>(int(std::min<int64_t>(MR, m - i)), run);
         }
       }
     }
@@ -469,40 +442,6 @@ void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, th
   if (m > decode_max_m(vnni_bf16 ? isa::avx512_bf16 : isa::avx512, w.type))
     prefill(w, x, m, y, pool, vnni_bf16);
   else decode(w, x, m, y, pool, vnni_bf16);
-}
-
-double fma_gflops_avx512(double seconds) {
-  // Twelve independent chains (distinct seeds: the compiler cannot merge them) held in named
-  // registers cover FMA latency x throughput (4 x 2).
-  volatile float seed = 0.999999f;
-  const __m512 b = _mm512_set1_ps(seed), c = _mm512_set1_ps(1e-7f);
-  __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2), a3 = _mm512_set1_ps(3);
-  __m512 a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5), a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7);
-  __m512 a8 = _mm512_set1_ps(8), a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
-  const auto t0 = std::chrono::steady_clock::now();
-  double elapsed = 0;
-  int64_t iters = 0;
-  do {
-    for (int it = 0; it < 1 << 16; ++it) {
-      a0 = _mm512_fmadd_ps(a0, b, c), a1 = _mm512_fmadd_ps(a1, b, c), a2 = _mm512_fmadd_ps(a2, b, c);
-      a3 = _mm512_fmadd_ps(a3, b, c), a4 = _mm512_fmadd_ps(a4, b, c), a5 = _mm512_fmadd_ps(a5, b, c);
-      a6 = _mm512_fmadd_ps(a6, b, c), a7 = _mm512_fmadd_ps(a7, b, c), a8 = _mm512_fmadd_ps(a8, b, c);
-      a9 = _mm512_fmadd_ps(a9, b, c), a10 = _mm512_fmadd_ps(a10, b, c), a11 = _mm512_fmadd_ps(a11, b, c);
-    }
-    iters += 1 << 16;
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (elapsed < seconds);
-  for (__m512 v : {a1, a2, a3, a4, a5, a6, a7, a8, a9, a10}) a0 = _mm512_fmadd_ps(a0, b, v);  // all chains live
-  volatile float sink = _mm512_reduce_add_ps(_mm512_add_ps(a0, a11));
-  (void)sink;
-  return double(iters) * 12 * 32 / elapsed * 1e-9;
-}
-
-float read_sum_avx512(const float* p, size_t n) {
-  __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (size_t i = 0; i + 64 <= n; i += 64)
-    for (int j = 0; j < 4; ++j) s[j] = _mm512_add_ps(s[j], _mm512_load_ps(p + i + 16 * j));
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])));
 }
 
 }  // namespace tandem::kernels::cpu::detail

@@ -3,6 +3,7 @@
 // Only matmul.cpp, matmul_avx2.cpp, matmul_avx512.cpp, peak.cpp and tests include this.
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/matmul.h"
 
@@ -66,19 +67,30 @@ using dequant_fn = void (*)(dtype t, const void* src, float* dst, int64_t n);
 // `dequant` and multiplies them with single-threaded cblas_sgemm (f32 weights are used in place).
 void prefill_blas(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
                   dequant_fn dequant);
-// Rows per parallel_for grain for the decode path: enough weight bytes per slice that waking a
-// thread pays off.
-int64_t decode_grain(const weight_view& w);
+// Rows per parallel_for grain for the decode path on `threads` threads: equal slices, each big
+// enough that waking a thread pays off.
+int64_t decode_grain(const weight_view& w, int threads);
 // Makes OpenBLAS single-threaded (once): our pool owns the cores.
 void init_blas_threads();
 
-// ---- peak measurement helpers, one thread each (used by peak.cpp) ----
-double fma_gflops_scalar(double seconds);
-double fma_gflops_avx2(double seconds);
-double fma_gflops_avx512(double seconds);
-// Sums n floats (n a multiple of 64, p 64-byte aligned) as fast as the ISA reads.
-float read_sum_scalar(const float* p, size_t n);
-float read_sum_avx2(const float* p, size_t n);
-float read_sum_avx512(const float* p, size_t n);
+// Calls f(std::integral_constant<int, c>{}) for a runtime 1 <= c <= N: kernels are templates on
+// their row counts so that their accumulator arrays stay in registers.
+template <int N, class F>
+void with_const(int c, F&& f) {
+  if constexpr (N > 1)
+    if (c < N) return with_const<N - 1>(c, f);
+  f(std::integral_constant<int, N>{});
+}
+
+// Calls kern(integral_constant<int, M>, i0) on consecutive chunks [i0, i0 + M) of m inputs,
+// M <= MaxM.
+template <int MaxM, class F>
+void for_input_chunks(int64_t m, F&& kern) {
+  for (int64_t i0 = 0; i0 < m;) {
+    const int c = int(m - i0 < MaxM ? m - i0 : MaxM);
+    with_const<MaxM>(c, [&](auto mc) { kern(mc, i0); });
+    i0 += c;
+  }
+}
 
 }  // namespace tandem::kernels::cpu::detail
