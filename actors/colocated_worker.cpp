@@ -83,7 +83,8 @@ void on_token(self_ptr self, colocated_worker_state::seq_entry& e, token_id tok)
   self->send(e.req, token_atom::value, e.generated, tok);
   ++e.generated;
   e.last = tok;
-  if (e.generated >= e.spec.max_tokens) {
+  const bool context_full = int32_t(e.spec.prompt.size()) + e.generated >= self->state.we->eng->config().n_ctx;
+  if (e.generated >= e.spec.max_tokens || context_full) {
     self->send(e.req, done_atom::value, std::string("length"));
     drop(self, id);
   }
@@ -123,6 +124,7 @@ void apply(self_ptr self, step_result& r) {
       e.decoding = true;
       st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), t.id), st.waiting.end());
       self->send(e.req, state_atom::value, request_state::decoding);
+      self->send(st.router, state_atom::value, t.id, request_state::decoding);
     }
     on_token(self, e, t.token);
   }

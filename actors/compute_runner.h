@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -13,46 +14,55 @@ namespace tandem {
 
 class compute_runner {
  public:
-  compute_runner() : thread_([this] { loop(); }) {}
+  compute_runner() : shared_(std::make_shared<shared>()) {
+    thread_ = std::thread([s = shared_] { loop(*s); });
+  }
+  // A killed worker can be destroyed on this very thread: the step's reply held the last
+  // reference to the actor. Then the thread is detached (it owns the queue it still reads)
+  // instead of joining itself; otherwise the destructor waits for the step in progress.
   ~compute_runner() {
     {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
+      std::lock_guard<std::mutex> lk(shared_->mu);
+      shared_->stop = true;
     }
-    cv_.notify_one();
-    thread_.join();  // waits for the step in progress: the engine outlives it
+    shared_->cv.notify_one();
+    if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
+    else thread_.join();
   }
   compute_runner(const compute_runner&) = delete;
   compute_runner& operator=(const compute_runner&) = delete;
 
   void post(std::function<void()> job) {
     {
-      std::lock_guard<std::mutex> lk(mu_);
-      jobs_.push_back(std::move(job));
+      std::lock_guard<std::mutex> lk(shared_->mu);
+      shared_->jobs.push_back(std::move(job));
     }
-    cv_.notify_one();
+    shared_->cv.notify_one();
   }
 
  private:
-  void loop() {
+  struct shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> jobs;
+    bool stop = false;
+  };
+  static void loop(shared& s) {
     for (;;) {
       std::function<void()> job;
       {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stop requested and nothing left
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
+        std::unique_lock<std::mutex> lk(s.mu);
+        s.cv.wait(lk, [&] { return s.stop || !s.jobs.empty(); });
+        if (s.jobs.empty() || s.stop) return;  // stopping: queued steps are dropped
+        job = std::move(s.jobs.front());
+        s.jobs.pop_front();
       }
       job();
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts after the members it uses exist
+  std::shared_ptr<shared> shared_;
+  std::thread thread_;
 };
 
 }  // namespace tandem

@@ -63,7 +63,9 @@ void on_token(self_ptr self, decode_worker_state::active_seq& a, token_id tok) {
   self->send(a.req, token_atom::value, a.generated, tok);
   ++a.generated;
   a.last = tok;
-  if (a.generated >= a.spec.max_tokens) retire(self, id, "length");
+  // The context is full when the next step would place a token past it.
+  const bool context_full = int32_t(a.spec.prompt.size()) + a.generated >= self->state.we->eng->config().n_ctx;
+  if (a.generated >= a.spec.max_tokens || context_full) retire(self, id, "length");
 }
 
 void apply(self_ptr self, step_result& r) {
@@ -92,6 +94,7 @@ void apply(self_ptr self, step_result& r) {
     s.in_step = true;
     s.cancelled = st.cancelled_importing.erase(id) > 0;
     self->send(s.req, state_atom::value, request_state::decoding);
+    self->send(st.router, state_atom::value, id, request_state::decoding);
     st.active.emplace(id, std::move(s));
   }
   st.importing.clear();
@@ -141,7 +144,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
       [self](arrive_atom, request_spec& spec, request_actor& req, kv_blocks_ptr& kv,
              std::vector<token_id>& generated) -> caf::result<bool> {
         auto& st = self->state;
-        if (!st.ledger->holds(int64_t(spec.id)) || generated.empty() || !kv) return false;
+        if (!st.ledger->holds(int64_t(spec.id)) || generated.empty() || !kv || st.active.count(spec.id)) return false;
         auto rp = self->make_response_promise<bool>();
         st.arrivals.push_back({std::move(spec), std::move(req), std::move(kv), std::move(generated), rp});
         kick(self);
@@ -175,6 +178,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         kick(self);
         report_load(self);
       },
+      [self](load_atom) { report_load(self); },
       [self](stats_atom) {
         auto& st = self->state;
         worker_stats s;
@@ -182,7 +186,8 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         s.kv_total_blocks = st.we->eng->kv_pool().total_blocks();
         s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->kv_pool().free_blocks();
         s.reserved_blocks = st.ledger->reserved_blocks();
-        s.active = int32_t(st.active.size());
+        s.active = int32_t(st.active.size() + st.arrivals.size() + st.importing.size());
+        s.max_batch = st.opts.max_batch;
         s.steps = st.we->steps;
         return s;
       },

@@ -280,6 +280,17 @@ request_id pipeline::submit(generation_request req, std::function<void(const req
 
 void pipeline::cancel(request_id id) { caf::anon_send(impl_->router, cancel_atom::value, id); }
 
+bool pipeline::kill_worker(const std::string& pool, int index) {
+  auto& im = *impl_;
+  if (pool != "prefill" && pool != "decode" && pool != "colocated")
+    throw failure(errc::invalid_argument, "unknown pool '" + pool + "' (prefill, decode, colocated)");
+  bool killed = false;
+  caf::scoped_actor self{*im.sys};
+  self->request(im.router, std::chrono::seconds(10), kill_atom::value, pool != "decode", int32_t(index))
+      .receive([&](bool ok) { killed = ok; }, [&](caf::error&) {});
+  return killed;
+}
+
 const model& pipeline::get_model() const { return *impl_->mdl; }
 metrics::registry& pipeline::metrics() { return *impl_->metrics; }
 const pipeline_config& pipeline::config() const { return impl_->cfg; }

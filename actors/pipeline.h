@@ -102,6 +102,9 @@ class pipeline {
   // Events go to `on_event` (on an actor thread; keep it short) instead of a handle.
   request_id submit(generation_request req, std::function<void(const request_event&)> on_event);
   void cancel(request_id id);
+  // Fault injection: kills worker `index` of a pool ("prefill", "decode" or "colocated"); its
+  // supervisor restarts it. False if there is no such worker alive.
+  bool kill_worker(const std::string& pool, int index);
 
   const model& get_model() const;
   metrics::registry& metrics();

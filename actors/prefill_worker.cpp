@@ -144,6 +144,8 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
         auto it = self->state.leases.find(id);
         if (it == self->state.leases.end()) return;  // cancelled meanwhile
         auto& l = it->second;
+        // Told before the transfer starts: if this worker dies later, the link still delivers.
+        self->send(self->state.router, ship_atom::value, id);
         self->request(link, std::chrono::seconds(60), transfer_atom::value, l.spec, l.req, l.kv, l.generated)
             .then(
                 [self, id](bool ok) {
@@ -160,7 +162,8 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
                 [self, id](caf::error& e) {
                   auto it = self->state.leases.find(id);
                   if (it == self->state.leases.end()) return;
-                  self->send(it->second.req, fail_atom::value, errc::io_error, "KV transfer failed: " + caf::to_string(e));
+                  self->send(it->second.req, fail_atom::value, errc::worker_failed,
+                             "KV transfer to the decode worker failed: " + caf::to_string(e));
                   self->state.to_free.push_back(it->second.seq);
                   self->state.leases.erase(it);
                   kick(self);

@@ -50,6 +50,7 @@ using forget_atom = caf::atom_constant<caf::atom("forget")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using down_atom = caf::atom_constant<caf::atom("wdown")>;
+using kill_atom = caf::atom_constant<caf::atom("kill")>;
 
 // Result of a worker's compute step, produced on its compute thread.
 struct step_result;
@@ -62,6 +63,7 @@ struct worker_stats {
   int32_t kv_free_blocks = 0;    // in the engine's pool
   int32_t reserved_blocks = 0;   // credits promised to admitted requests
   int32_t active = 0;            // sequences held
+  int32_t max_batch = 0;
   uint64_t steps = 0;
 };
 
@@ -100,7 +102,8 @@ using decode_worker_actor = caf::typed_actor<
     caf::reacts_to<cancel_atom, request_id>,
     caf::reacts_to<pause_atom, request_id, bool>,
     caf::reacts_to<step_atom, step_result_ptr>,
-    caf::replies_to<stats_atom>::with<worker_stats>>;
+    caf::replies_to<stats_atom>::with<worker_stats>,
+    caf::reacts_to<load_atom>>;                                        // report your load to the router
 
 // Moves one request's KV from a prefill worker to one decode worker through a transport.
 using kv_link_actor = caf::typed_actor<
@@ -123,11 +126,14 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<load_atom, prefill_worker_load>,
     caf::reacts_to<load_atom, decode_worker_load>,
     caf::reacts_to<forget_atom, request_id, request_state, double>,   // the request ended (state, its TPOT)
+    caf::reacts_to<state_atom, request_id, request_state>,           // a worker started decoding it
+    caf::reacts_to<ship_atom, request_id>,                            // its KV was handed to a link
     caf::reacts_to<cancel_atom, request_id>,                          // from the client API
     caf::reacts_to<pause_atom, request_id, bool>,                     // backpressure from a request actor
     caf::reacts_to<join_atom, int32_t, prefill_worker_actor>,         // (re)started prefill/colocated worker
     caf::reacts_to<join_atom, int32_t, decode_worker_actor>,          // (re)started decode worker
     caf::reacts_to<down_atom, int32_t, bool>,                         // worker index died (true: prefill side)
+    caf::replies_to<kill_atom, bool, int32_t>::with<bool>,            // fault injection: kill a worker
     caf::replies_to<stats_atom>::with<std::vector<worker_stats>>>;
 
 }  // namespace tandem

@@ -16,13 +16,6 @@ using self_ptr = router_actor::stateful_pointer<router_state>;
 
 metrics::registry& reg(self_ptr self) { return *self->state.opts.request_ctx.metrics; }
 
-template <class Handles>
-int32_t worker_of(const Handles& ws, const caf::actor_addr& a) {
-  for (size_t i = 0; i < ws.size(); ++i)
-    if (ws[i] && ws[i].address() == a) return int32_t(i);
-  return -1;
-}
-
 int32_t prompt_len(const router_state::entry& e) { return int32_t(e.spec.prompt.size()); }
 
 void set_state(self_ptr self, router_state::entry& e, request_state s) {
@@ -53,6 +46,7 @@ void dispatch_prefill(self_ptr self) {
     st.prefill_load[size_t(w)].queued_tokens += prompt_len(e);
     ++st.prefill_load[size_t(w)].queued_requests;
     e.prefill_worker = w;
+    e.prefill_gen = st.prefill_gen[size_t(w)];
     e.dispatched = steady::now();
     if (st.prefill_busy_since[size_t(w)] == steady::time_point{}) st.prefill_busy_since[size_t(w)] = e.dispatched;
     self->send(st.prefill[size_t(w)], prefill_atom::value, e.spec, e.req);
@@ -92,6 +86,8 @@ void dispatch_decode(self_ptr self) {
             } else if (!ok) {
               st.decode_queue.push_front(id);
               st.decode_load[size_t(d)].free_blocks = 0;  // stale view: wait for its report
+            } else if (it->second.state != request_state::transferring) {
+              self->send(worker, cancel_atom::value, id);  // requeued meanwhile: credits back
             } else {
               auto& e = it->second;
               e.decode_worker = d;
@@ -100,8 +96,10 @@ void dispatch_decode(self_ptr self) {
                 st.decode_admits.add(1000.0 / std::max(1.0, std::chrono::duration<double, std::milli>(now - st.last_admit).count()));
               st.last_admit = now;
               const int32_t p = e.prefill_worker;
-              if (p >= 0 && size_t(p) < st.prefill.size() && st.prefill[size_t(p)] && st.links[size_t(p)][size_t(d)])
+              e.decode_gen = st.decode_gen[size_t(d)];
+              if (p >= 0 && size_t(p) < st.prefill.size() && st.prefill[size_t(p)] && st.links[size_t(p)][size_t(d)]) {
                 self->send(st.prefill[size_t(p)], ship_atom::value, id, st.links[size_t(p)][size_t(d)]);
+              }
               else
                 self->send(e.req, fail_atom::value, errc::worker_failed,
                            std::string("the prefill worker holding the request's KV is gone"));
@@ -142,27 +140,57 @@ load_snapshot snapshot(self_ptr self) {
 
 // A worker died: its requests end with an error (recovery by migration is the fault
 // tolerance work); the supervisor restarts the worker and it joins again.
-void worker_down(self_ptr self, int32_t index, bool prefill_side) {
+// `gen` is the incarnation that died: its replacement may have joined already.
+void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) {
   auto& st = self->state;
   if (prefill_side) {
     if (size_t(index) >= st.prefill.size()) return;
-    st.prefill[size_t(index)] = nullptr;
-    st.prefill_load[size_t(index)] = {index, false, 0, 0};
+    if (st.prefill_gen[size_t(index)] == gen) {
+      st.prefill[size_t(index)] = nullptr;
+      st.prefill_load[size_t(index)] = {index, false, 0, 0};
+    }
   } else {
     if (size_t(index) >= st.decode.size()) return;
-    st.decode[size_t(index)] = nullptr;
-    st.decode_load[size_t(index)].alive = false;
+    if (st.decode_gen[size_t(index)] == gen) {
+      st.decode[size_t(index)] = nullptr;
+      st.decode_load[size_t(index)].alive = false;
+    }
   }
   reg(self).get_counter("tandem_restarts_total", "Worker restarts by kind",
                         {{"kind", prefill_side ? (st.opts.mode == serving_mode::colocated ? "colocated" : "prefill") : "decode"}})
       .inc();
+  // Requests the dead worker held. Not decoding yet (queued there, mid-prefill, or KV under its
+  // lease): nothing was lost that a new prefill cannot redo, so they go back to the front of the
+  // prefill queue (a repeated token 0 is dropped by the request actor). Decoding: their
+  // sequences are gone; they end with worker_failed (migration is the fault-tolerance work).
+  std::vector<request_id> requeue;
   for (auto& [id, e] : st.requests) {
-    const bool hit = prefill_side ? (e.prefill_worker == index && (e.state == request_state::prefilling ||
-                                                                   e.state == request_state::transferring ||
-                                                                   st.opts.mode == serving_mode::colocated))
-                                  : e.decode_worker == index;
-    if (hit) self->send(e.req, fail_atom::value, errc::worker_failed, std::string("its worker failed"));
+    const bool held = prefill_side ? e.prefill_worker == index && e.prefill_gen == gen
+                                   : e.decode_worker == index && e.decode_gen == gen;
+    if (!held) continue;
+    if (prefill_side && e.transfer_started) continue;  // the link delivers the KV it already holds
+    if (prefill_side && e.state != request_state::decoding) {
+      requeue.push_back(id);
+      continue;
+    }
+    self->send(e.req, fail_atom::value, errc::worker_failed, std::string("its worker failed"));
   }
+  for (auto it = requeue.rbegin(); it != requeue.rend(); ++it) {
+    auto& e = st.requests.at(*it);
+    if (e.decode_worker >= 0 && size_t(e.decode_worker) < st.decode.size() && st.decode[size_t(e.decode_worker)])
+      self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, *it);  // give back its credits
+    e.decode_worker = -1;
+    e.prefill_worker = -1;
+    e.transfer_started = false;
+    if (auto q = std::find(st.decode_queue.begin(), st.decode_queue.end(), *it); q != st.decode_queue.end())
+      st.decode_queue.erase(q);
+    set_state(self, e, request_state::queued);
+    st.prefill_queue.push_front(*it);
+    st.prefill_queue_tokens += prompt_len(e);
+  }
+  // The replacement may have joined already and sits idle: hand it the requeued work now.
+  dispatch_prefill(self);
+  dispatch_decode(self);
 }
 
 }  // namespace
@@ -172,10 +200,15 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
   if (!self->state.opts.admission_policy_impl) self->state.opts.admission_policy_impl = std::make_shared<admission_policy>();
   if (!self->state.opts.prefill_policy) self->state.opts.prefill_policy = std::make_shared<prefill_placement>();
   if (!self->state.opts.decode_policy) self->state.opts.decode_policy = std::make_shared<decode_placement>();
+  // Messages a worker sent before dying arrive before its down message (same sender), so what
+  // worker_down sees of its requests is final.
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
-    if (int32_t p = worker_of(st.prefill, dm.source); p >= 0) worker_down(self, p, true);
-    if (int32_t d = worker_of(st.decode, dm.source); d >= 0) worker_down(self, d, false);
+    auto it = st.watched.find(dm.source);
+    if (it == st.watched.end()) return;
+    const auto w = it->second;
+    st.watched.erase(it);
+    worker_down(self, w.index, w.prefill_side, w.gen);
   });
   return {
       [self](submit_atom, request_spec& spec, subscriber_actor& sub) {
@@ -227,6 +260,10 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
           return;
         }
         if (finished || st.opts.mode == serving_mode::colocated) return;
+        if (it->second.state == request_state::decoding) {  // a re-prefill raced a delivered transfer
+          self->send(st.prefill[size_t(worker)], release_atom::value, id);
+          return;
+        }
         set_state(self, it->second, request_state::transferring);
         st.decode_queue.push_back(id);
         dispatch_decode(self);
@@ -267,6 +304,9 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         dispatch_prefill(self);
         dispatch_decode(self);
       },
+      [self](state_atom, request_id id, request_state s) {
+        if (auto it = self->state.requests.find(id); it != self->state.requests.end()) it->second.state = s;
+      },
       [self](cancel_atom, request_id id) {
         if (auto it = self->state.requests.find(id); it != self->state.requests.end())
           self->send(it->second.req, cancel_atom::value);
@@ -290,15 +330,17 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
           st.prefill.resize(size_t(index) + 1);
           st.prefill_load.resize(size_t(index) + 1);
           st.prefill_busy_since.resize(size_t(index) + 1);
+          st.prefill_gen.resize(size_t(index) + 1);
           st.links.resize(size_t(index) + 1, std::vector<kv_link_actor>(st.decode.size()));
         }
         st.prefill[size_t(index)] = w;
+        st.watched[w.address()] = {index, true, ++st.prefill_gen[size_t(index)]};
         st.prefill_load[size_t(index)] = {index, true, 0, 0};
         self->monitor(w);
         if (st.opts.mode == serving_mode::disaggregated)
           for (size_t d = 0; d < st.decode.size(); ++d)
             if (st.decode[d])
-              st.links[size_t(index)][d] = self->spawn<caf::linked>(
+              st.links[size_t(index)][d] = self->spawn(
                   kv_link_behavior, st.decode[d],
                   kv_link_options{"p" + std::to_string(index) + "->d" + std::to_string(d), st.opts.kv_transport,
                                   st.opts.request_ctx.metrics});
@@ -310,20 +352,39 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         if (size_t(index) >= st.decode.size()) {
           st.decode.resize(size_t(index) + 1);
           st.decode_load.resize(size_t(index) + 1);
+          st.decode_gen.resize(size_t(index) + 1);
           for (auto& row : st.links) row.resize(size_t(index) + 1);
         }
+        // A restart may announce itself before the old worker's down message arrives here.
         st.decode[size_t(index)] = w;
+        st.watched[w.address()] = {index, false, ++st.decode_gen[size_t(index)]};
         st.decode_load[size_t(index)] = {index, true, 0, 0, 0, 0};
         self->monitor(w);
         for (size_t p = 0; p < st.prefill.size(); ++p)
           if (st.prefill[p])
-            st.links[p][size_t(index)] = self->spawn<caf::linked>(
+            st.links[p][size_t(index)] = self->spawn(
                 kv_link_behavior, w,
                 kv_link_options{"p" + std::to_string(p) + "->d" + std::to_string(index), st.opts.kv_transport,
                                 st.opts.request_ctx.metrics});
-        // Its first load report sets the credits; until then it offers none.
+        // Its credits: asked for now, since its own first report may have come before this join.
+        self->send(w, load_atom::value);
       },
-      [self](down_atom, int32_t index, bool prefill_side) { worker_down(self, index, prefill_side); },
+      [self](down_atom, int32_t index, bool prefill_side) {
+        auto& gens = prefill_side ? self->state.prefill_gen : self->state.decode_gen;
+        if (size_t(index) < gens.size()) worker_down(self, index, prefill_side, gens[size_t(index)]);
+      },
+      [self](ship_atom, request_id id) {
+        if (auto it = self->state.requests.find(id); it != self->state.requests.end()) it->second.transfer_started = true;
+      },
+      [self](kill_atom, bool prefill_side, int32_t index) {
+        auto& st = self->state;
+        caf::actor target;
+        if (prefill_side && size_t(index) < st.prefill.size()) target = caf::actor_cast<caf::actor>(st.prefill[size_t(index)]);
+        if (!prefill_side && size_t(index) < st.decode.size()) target = caf::actor_cast<caf::actor>(st.decode[size_t(index)]);
+        if (!target) return false;
+        caf::anon_send_exit(target, caf::exit_reason::kill);
+        return true;
+      },
       [self](stats_atom) -> caf::result<std::vector<worker_stats>> {
         auto& st = self->state;
         auto rp = self->make_response_promise<std::vector<worker_stats>>();

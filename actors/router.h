@@ -31,6 +31,9 @@ struct router_state {
     request_state state = request_state::queued;
     int32_t prefill_worker = -1;   // where it is (prefill or colocated worker)
     int32_t decode_worker = -1;
+    uint32_t prefill_gen = 0;      // which incarnation of that worker (restarts bump it)
+    uint32_t decode_gen = 0;
+    bool transfer_started = false; // the prefill worker handed its KV to a link
     steady::time_point dispatched;
   };
   router_options opts;
@@ -38,7 +41,12 @@ struct router_state {
   std::vector<prefill_worker_load> prefill_load;
   std::vector<decode_worker_actor> decode;
   std::vector<decode_worker_load> decode_load;
-  std::vector<std::vector<kv_link_actor>> links;    // [prefill][decode]
+  // [prefill][decode]. Not linked to the router: a link replaced after a restart simply goes
+  // away (unreachable), which must not take the router with it.
+  std::vector<std::vector<kv_link_actor>> links;
+  std::vector<uint32_t> prefill_gen, decode_gen;    // incarnation of each worker slot
+  struct watched_worker { int32_t index; bool prefill_side; uint32_t gen; };
+  std::map<caf::actor_addr, watched_worker> watched;  // monitored workers, by address
   std::map<request_id, entry> requests;
   std::deque<request_id> prefill_queue, decode_queue;
   int64_t prefill_queue_tokens = 0;

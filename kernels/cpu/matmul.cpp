@@ -7,7 +7,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -82,6 +81,12 @@ void decode_rows_scalar(const weight_view& w, const float* x, const block_q8_0* 
   }
 }
 
+// Makes OpenBLAS single-threaded (once): our pool owns the cores.
+void init_blas_threads() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
 // Rows [r0, r1) of W against all m rows of x through cblas_sgemm. y: [m, w.rows].
 void blas_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_t r0, int64_t r1,
                dequant_fn dequant) {
@@ -142,17 +147,13 @@ void* thread_scratch(scratch_slot slot, size_t bytes) {
     std::free(s.ptr[slot]);
     s.ptr[slot] = nullptr;
     s.cap[slot] = 0;
-    const size_t cap = (std::max(bytes, size_t(4096)) + 63) & ~size_t(63);  // aligned_alloc: size % 64 == 0
+    // aligned_alloc wants a size that is a multiple of the alignment.
+    const size_t cap = (std::max(bytes, size_t(4096)) + 63) & ~size_t(63);
     s.ptr[slot] = std::aligned_alloc(64, cap);
     if (!s.ptr[slot]) throw std::bad_alloc();
     s.cap[slot] = cap;
   }
   return s.ptr[slot];
-}
-
-void init_blas_threads() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
 int64_t decode_max_m(isa level, dtype t) {
@@ -163,8 +164,8 @@ int64_t decode_max_m(isa level, dtype t) {
   switch (level) {
     case isa::avx512_bf16:
       return t == dtype::q8_0 ? 16 : t == dtype::f16 ? 12 : t == dtype::f32 ? 4 : 3;
-    case isa::avx512:
-      return t == dtype::q8_0 ? 16 : t == dtype::f32 ? 4 : 8;
+    case isa::avx512:  // q8_0 decode runs the AVX2 kernel: keep the AVX2 crossover
+      return t == dtype::q8_0 ? decode_max_m(isa::avx2, t) : t == dtype::f32 ? 4 : 8;
     case isa::avx2:  // prefill is OpenBLAS with dequantized panels
       return t == dtype::q8_0 ? 16 : 8;
     case isa::scalar:
@@ -174,11 +175,12 @@ int64_t decode_max_m(isa level, dtype t) {
 }
 
 int64_t decode_grain(const weight_view& w, int threads) {
-  // One equal slice per thread, but each at least 256 KiB of weights: waking a pool thread costs
-  // ~10 us here (condition variable), about what streaming 256 KiB takes, so smaller matrices
-  // run on fewer threads (the smallest inline on the caller).
+  // One equal slice per thread, but each at least 1 MiB of weights (~30 us of streaming): waking
+  // a sleeping pool thread costs 10-50 us on the test VM (condition variable, idle vCPU), so
+  // smaller matrices run on fewer threads, the smallest inline on the caller. Measured on
+  // bench-76m decode: 256 KiB slices were 20% slower than 1 MiB ones.
   const int64_t bytes = w.rows * row_bytes(w.type, w.cols);
-  const int64_t parts = std::clamp<int64_t>(bytes / (int64_t(256) << 10), 1, threads);
+  const int64_t parts = std::clamp<int64_t>(bytes / (int64_t(1) << 20), 1, threads);
   return (w.rows + parts - 1) / parts;
 }
 
@@ -219,7 +221,8 @@ void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m,
                      thread_pool& pool) {
   if (!isa_supported(level))
     throw std::invalid_argument(std::string("matmul: this CPU lacks ") + isa_label(level));
-  assert(w.type != dtype::q8_0 || w.cols % q8_0_block == 0);
+  if (w.type == dtype::q8_0 && w.cols % q8_0_block != 0)  // a q8_0 row is whole blocks
+    throw std::invalid_argument("matmul: q8_0 weights need cols % 32 == 0");
   if (m <= 0 || w.rows <= 0) return;
   if (w.cols <= 0) {  // empty dot products
     std::fill(y, y + m * w.rows, 0.0f);

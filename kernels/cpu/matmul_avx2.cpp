@@ -1,6 +1,7 @@
 // AVX2 + FMA + F16C kernels (compiled with -mavx2 -mfma -mf16c; called only after the CPU check).
 // Decode: hand-written GEMV over 8-float vectors. Prefill: dequantized panels through OpenBLAS,
 // whose Haswell sgemm kernel is already near the 256-bit FMA peak.
+//
 // GCC 12 reports its own _mm512_undefined_* idiom inside these headers as (maybe-)uninitialized
 // (GCC bug 105593); the pragma covers the header lines only.
 #pragma GCC diagnostic push
@@ -97,7 +98,8 @@ void decode_q8(const weight_view& w, const int8_t* xq, const float* xd, float* y
         const __m256i xv =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * k + b * q8_0_block));
         // maddubs wants u8 x s8: |x| times w carrying x's sign. Pair sums <= 2*127*128 fit s16.
-        const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wq, xv));
+        const __m256i p16 =
+            _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wq, xv));
         const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
         const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(xd[i * nb + b]));
         acc[i][chain] = _mm256_fmadd_ps(p, s, acc[i][chain]);
@@ -109,7 +111,8 @@ void decode_q8(const weight_view& w, const int8_t* xq, const float* xd, float* y
       block(b + 1, 1);
     }
     if (b < nb) block(b, 0);
-    TANDEM_UNROLL for (int i = 0; i < M; ++i) y[i * n + r] = hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
+    TANDEM_UNROLL for (int i = 0; i < M; ++i)
+      y[i * n + r] = hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
   }
 }
 
@@ -118,6 +121,15 @@ void decode_float_rows(const weight_view& w, const float* x, int64_t m, float* y
                        int64_t r1) {
   for_input_chunks<4>(m, [&](auto mc, int64_t i0) {
     decode_float<T, decltype(mc)::value>(w, x + i0 * w.cols, y + i0 * w.rows, r0, r1);
+  });
+}
+
+// q8_0 rows [r0, r1) against m inputs quantized by quantize_x_q8_avx2: xq: [m, k], xd: [m, k/32].
+void decode_q8_rows(const weight_view& w, const int8_t* xq, const float* xd, int64_t m,
+                    float* y, int64_t r0, int64_t r1) {
+  const int64_t k = w.cols, nb = k / q8_0_block;
+  for_input_chunks<4>(m, [&](auto mc, int64_t i0) {
+    decode_q8<decltype(mc)::value>(w, xq + i0 * k, xd + i0 * nb, y + i0 * w.rows, r0, r1);
   });
 }
 
@@ -169,19 +181,13 @@ void quantize_x_q8_avx2(const float* x, int64_t n, int8_t* q, float* d) {
     __m256i i[4];
     for (int j = 0; j < 4; ++j) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // nearest
     // Packing interleaves 128-bit lanes; the permute restores element order.
-    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
-    const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i p =
+        _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i ordered = _mm256_permutevar8x32_epi32(p, order);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * q8_0_block), ordered);
     d[b] = scale;
   }
-}
-
-void decode_q8_0_avx2(const weight_view& w, const int8_t* xq, const float* xd, int64_t m,
-                      float* y, int64_t r0, int64_t r1) {
-  const int64_t k = w.cols, nb = k / q8_0_block;
-  for_input_chunks<4>(m, [&](auto mc, int64_t i0) {
-    decode_q8<decltype(mc)::value>(w, xq + i0 * k, xd + i0 * nb, y + i0 * w.rows, r0, r1);
-  });
 }
 
 void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
@@ -211,7 +217,7 @@ void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thre
       auto* xq = reinterpret_cast<int8_t*>(buf + m * nb * 4);  // [m, k]
       for (int64_t i = 0; i < m; ++i) quantize_x_q8_avx2(x + i * k, k, xq + i * k, xd + i * nb);
       return pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
-        decode_q8_0_avx2(w, xq, xd, m, y, r0, r1);
+        decode_q8_rows(w, xq, xd, m, y, r0, r1);
       });
     }
   }

@@ -6,6 +6,7 @@
 // stay in cache, and a 6x64 register-blocked microkernel broadcasts x and FMAs 4 zmm per x
 // row. bf16 (and q8_0) weights use the same structure with vdpbf16ps, which does twice the
 // multiply-adds per instruction; x is then rounded to bf16 (relative error <= 2^-9 per term).
+//
 // GCC 12 reports its own _mm512_undefined_* idiom inside these headers as (maybe-)uninitialized
 // (GCC bug 105593); the pragma covers the header lines only.
 #pragma GCC diagnostic push
@@ -24,7 +25,7 @@
 namespace tandem::kernels::cpu::detail {
 namespace {
 
-inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
+inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? 0xffff : __mmask16((1u << n) - 1); }
 
 // Weights c..c+15 of a row as f32 (lanes outside `mask` read as 0 and touch no memory).
 template <dtype T>
@@ -46,13 +47,25 @@ inline __m512 load16(const uint8_t* row, int64_t c, __mmask16 mask = 0xffff) {
 template <dtype T, int M>
 void decode_float(const weight_view& w, const float* x, float* y, int64_t r0, int64_t r1) {
   constexpr int U = std::max(1, 8 / M);  // M*U independent FMA chains hide the FMA latency
+  constexpr int64_t esize = T == dtype::f32 ? 4 : 2;
   const int64_t k = w.cols, n = w.rows;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = row_ptr(w, r);
     __m512 acc[M][U];
     TANDEM_UNROLL for (auto& a : acc)
       TANDEM_UNROLL for (auto& v : a) v = _mm512_setzero_ps();
-    int64_t c = 0;
+    // A masked head (< 16 elements) first, so that the main loop's weight loads (16 elements)
+    // are aligned to their size: loads straddling two cache lines cost ~30% of the DRAM
+    // bandwidth here, and model files align tensors to 32 bytes only.
+    const int64_t head =
+        std::min<int64_t>(k, (-reinterpret_cast<uintptr_t>(row) & (16 * esize - 1)) / esize);
+    if (head > 0) {
+      const __mmask16 mk = tail_mask(head);
+      const __m512 wv = load16<T>(row, 0, mk);
+      TANDEM_UNROLL for (int i = 0; i < M; ++i)
+        acc[i][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mk, x + i * k), acc[i][0]);
+    }
+    int64_t c = head;
     for (; c + 16 * U <= k; c += 16 * U)
       TANDEM_UNROLL for (int u = 0; u < U; ++u) {
         const __m512 wv = load16<T>(row, c + 16 * u);
@@ -74,41 +87,30 @@ void decode_float(const weight_view& w, const float* x, float* y, int64_t r0, in
 
 // x quantized for the VNNI q8_0 kernel, per input row, in pairs of blocks (one zmm each):
 //   q: [np][64] int8, zero past the last block; bias: [np][16] int32, lane 0 (8) = -128 * sum of
-//   block 2p (2p+1); d: [np][16] f32, lanes 0-7 (8-15) = scale of block 2p (2p+1).
+//   block 2p (2p+1), other lanes 0; d: [np][16] f32, lanes 0-7 (8-15) = scale of block 2p (2p+1).
 struct q8_pairs {
   int64_t np;
   int8_t* q;
   int32_t* bias;
   float* d;
   static size_t bytes(int64_t m, int64_t k) { return size_t(m * ((k / 32 + 1) / 2) * 192); }
-  q8_pairs(void* buf, int64_t i, int64_t k) : np((k / q8_0_block + 1) / 2) {
+  // Quantizes row i of x (k values) into buf (as ggml's quantize_row_q8_0, scales kept in f32).
+  q8_pairs(void* buf, int64_t i, const float* x, int64_t k) : np((k / q8_0_block + 1) / 2) {
     auto* base = static_cast<uint8_t*>(buf) + i * np * 192;
     q = reinterpret_cast<int8_t*>(base);
     bias = reinterpret_cast<int32_t*>(base + np * 64);
     d = reinterpret_cast<float*>(base + np * 128);
+    std::memset(base, 0, size_t(np) * 192);
+    quantize_x_q8_avx2(x, k, q, d);  // scales land in d[0, nb): spread them out, last first
+    for (int64_t b = k / q8_0_block - 1; b >= 0; --b) {
+      const float scale = d[b];
+      std::fill(d + b / 2 * 16 + b % 2 * 8, d + b / 2 * 16 + b % 2 * 8 + 8, scale);
+      int32_t sum = 0;
+      for (int j = 0; j < q8_0_block; ++j) sum += q[b * q8_0_block + j];
+      bias[b / 2 * 16 + b % 2 * 8] = -128 * sum;
+    }
   }
 };
-
-// Quantizes one row of x (as ggml's quantize_row_q8_0, but the scale stays f32).
-void quantize_x_pairs(const float* x, int64_t k, q8_pairs out) {
-  const int64_t nb = k / q8_0_block;
-  std::memset(out.q, 0, size_t(out.np) * 64);
-  std::memset(out.bias, 0, size_t(out.np) * 64);
-  std::memset(out.d, 0, size_t(out.np) * 64);
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    const float scale = amax / 127.0f;
-    const __m512 inv = _mm512_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));  // round to nearest even
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
-    const int64_t p = b / 2, half = b % 2;
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + p * 64 + half * 32), _mm512_cvtsepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + p * 64 + half * 32 + 16), _mm512_cvtsepi32_epi8(q1));
-    out.bias[p * 16 + half * 8] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-    for (int j = 0; j < 8; ++j) out.d[p * 16 + half * 8 + j] = scale;
-  }
-}
 
 // One pair of q8_0 blocks (p) of a weight row against M inputs, added to acc[M].
 // vpdpbusd multiplies u8 x s8: the weights are offset to u8 by xor 0x80 (w + 128) and the bias
@@ -119,9 +121,11 @@ VNNI_BF16 inline __attribute__((always_inline)) void q8_pair(const block_q8_0* w
                                                              __m512* acc) {
   const int64_t b = 2 * p;
   const bool both = b + 1 < nb;
-  __m512i wq = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[b].qs)));
-  if (both)
-    wq = _mm512_inserti64x4(wq, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[b + 1].qs)), 1);
+  auto qs = [&](int64_t i) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[i].qs));
+  };
+  __m512i wq = _mm512_zextsi256_si512(qs(b));
+  if (both) wq = _mm512_inserti64x4(wq, qs(b + 1), 1);
   wq = _mm512_xor_si512(wq, _mm512_set1_epi8(char(0x80)));  // a missing 2nd block: 128 * 0
   const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(wb[b].d)),
                                        _mm256_set1_ps(both ? _cvtsh_ss(wb[b + 1].d) : 0.0f), 1);
@@ -148,7 +152,8 @@ VNNI_BF16 void decode_q8_vnni(const weight_view& w, const q8_pairs* xs, float* y
       q8_pair<M>(wb, nb, xs, p + 1, acc1);
     }
     if (p < np) q8_pair<M>(wb, nb, xs, p, acc0);
-    TANDEM_UNROLL for (int i = 0; i < M; ++i) y[i * n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
+    TANDEM_UNROLL for (int i = 0; i < M; ++i)
+      y[i * n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
   }
 }
 
@@ -167,31 +172,22 @@ VNNI_BF16 void decode_q8_rows(const weight_view& w, const q8_pairs* xs, int64_t 
   });
 }
 
-void decode(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
-            bool vnni_bf16) {
+// The decode path; q8_0 weights need VNNI here.
+void decode(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
   const int64_t k = w.cols, grain = decode_grain(w, pool.size());
-  auto rows = [&](auto&& fn) { pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); }); };
-  switch (w.type) {
-    case dtype::f32: return rows([&](int64_t r0, int64_t r1) { decode_float_rows<dtype::f32>(w, x, m, y, r0, r1); });
-    case dtype::f16: return rows([&](int64_t r0, int64_t r1) { decode_float_rows<dtype::f16>(w, x, m, y, r0, r1); });
-    case dtype::bf16: return rows([&](int64_t r0, int64_t r1) { decode_float_rows<dtype::bf16>(w, x, m, y, r0, r1); });
-    case dtype::q8_0: break;
+  auto rows = [&](auto&& fn) {
+    pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); });
+  };
+  if (w.type != dtype::q8_0) {
+    const auto kern = w.type == dtype::f32   ? &decode_float_rows<dtype::f32>
+                      : w.type == dtype::f16 ? &decode_float_rows<dtype::f16>
+                                             : &decode_float_rows<dtype::bf16>;
+    return rows([&](int64_t r0, int64_t r1) { kern(w, x, m, y, r0, r1); });
   }
   // q8_0: x is quantized once per call into the calling thread's scratch; workers only read it.
-  const int64_t nb = k / q8_0_block;
-  if (!vnni_bf16) {  // AVX-512 without VNNI: the AVX2 integer kernel
-    auto* buf = static_cast<uint8_t*>(thread_scratch(scratch_x, size_t(m * (k + 4 * nb))));
-    auto* xd = reinterpret_cast<float*>(buf);                 // [m, nb]
-    auto* xq = reinterpret_cast<int8_t*>(buf + m * nb * 4);  // [m, k]
-    for (int64_t i = 0; i < m; ++i) quantize_x_q8_avx2(x + i * k, k, xq + i * k, xd + i * nb);
-    return rows([&](int64_t r0, int64_t r1) { decode_q8_0_avx2(w, xq, xd, m, y, r0, r1); });
-  }
   void* buf = thread_scratch(scratch_x, q8_pairs::bytes(m, k) + size_t(m) * sizeof(q8_pairs));
   auto* xs = reinterpret_cast<q8_pairs*>(static_cast<uint8_t*>(buf) + q8_pairs::bytes(m, k));
-  for (int64_t i = 0; i < m; ++i) {
-    xs[i] = q8_pairs(buf, i, k);
-    quantize_x_pairs(x + i * k, k, xs[i]);
-  }
+  for (int64_t i = 0; i < m; ++i) xs[i] = q8_pairs(buf, i, x + i * k, k);
   rows([&](int64_t r0, int64_t r1) { decode_q8_rows(w, xs, m, y, r0, r1); });
 }
 
@@ -212,7 +208,8 @@ void kernel_f32(const float* a, int64_t lda, const float* b, int64_t kc, float* 
   __m512 c[R][4];
   TANDEM_UNROLL for (int i = 0; i < R; ++i)
     TANDEM_UNROLL for (int v = 0; v < 4; ++v)
-      c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
+      c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v)
+                           : _mm512_setzero_ps();
   for (int64_t p = 0; p < kc; ++p) {
     __m512 bv[4];
     TANDEM_UNROLL for (int v = 0; v < 4; ++v) bv[v] = _mm512_load_ps(b + p * 64 + 16 * v);
@@ -222,7 +219,8 @@ void kernel_f32(const float* a, int64_t lda, const float* b, int64_t kc, float* 
     }
   }
   TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
+    TANDEM_UNROLL for (int v = 0; v < 4; ++v)
+      _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
 }
 
 // As kernel_f32 with bf16 a and b: b: [kc/2][64][2], each 32-bit lane a pair of k.
@@ -232,10 +230,12 @@ VNNI_BF16 void kernel_bf16(const uint16_t* a, int64_t lda, const uint16_t* b, in
   __m512 c[R][4];
   TANDEM_UNROLL for (int i = 0; i < R; ++i)
     TANDEM_UNROLL for (int v = 0; v < 4; ++v)
-      c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
+      c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v)
+                           : _mm512_setzero_ps();
   for (int64_t p = 0; p < kc; p += 2) {
     __m512bh bv[4];
-    TANDEM_UNROLL for (int v = 0; v < 4; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + p * 64 + 32 * v);
+    TANDEM_UNROLL for (int v = 0; v < 4; ++v)
+      bv[v] = (__m512bh)_mm512_load_si512(b + p * 64 + 32 * v);
     TANDEM_UNROLL for (int i = 0; i < R; ++i) {
       uint32_t pair;
       std::memcpy(&pair, a + i * lda + p, 4);
@@ -244,7 +244,8 @@ VNNI_BF16 void kernel_bf16(const uint16_t* a, int64_t lda, const uint16_t* b, in
     }
   }
   TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
+    TANDEM_UNROLL for (int v = 0; v < 4; ++v)
+      _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
 }
 
 // Columns [p0, p0 + kc) of weight row r as f32 in tmp (or in place for f32). Needs p0 + kc <= k.
@@ -266,7 +267,8 @@ const float* row_f32(const weight_view& w, int64_t r, int64_t p0, int64_t kc, fl
         const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
         for (int j = 0; j < 2; ++j) {
           const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs + 16 * j));
-          _mm512_storeu_ps(tmp + 32 * i + 16 * j, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+          const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+          _mm512_storeu_ps(tmp + 32 * i + 16 * j, _mm512_mul_ps(d, v));
         }
       }
       return tmp;
@@ -299,7 +301,8 @@ inline void transpose16(const uint32_t* const* src, int64_t c, uint32_t* dst, in
     r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
     r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
   }
-  TANDEM_UNROLL for (int i = 0; i < 16; ++i)  // r[i] holds column ((i & 8) | (i & 1) << 2 | (i >> 1) & 3)
+  // r[i] now holds column (i & 8) | (i & 1) << 2 | (i >> 1 & 3).
+  TANDEM_UNROLL for (int i = 0; i < 16; ++i)
     _mm512_storeu_ps(dst + ((i & 8) | (i & 1) << 2 | (i >> 1 & 3)) * ld, r[i]);
 }
 
@@ -313,7 +316,8 @@ void pack_group(const uint32_t* const* rows, int64_t units, uint32_t* dst) {
 
 // Packs weight rows [j0, j0 + nc) x columns [p0, p0 + kc) for kernel_f32:
 // bp: [ceil(nc/64)][kc][64], rows past nc zero. tmp: 17 * kc floats.
-void pack_f32(const weight_view& w, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* bp, float* tmp) {
+void pack_f32(const weight_view& w, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* bp,
+              float* tmp) {
   float* zero = tmp + 16 * kc;
   std::memset(zero, 0, size_t(kc) * 4);
   const uint32_t* rows[16];
@@ -351,7 +355,8 @@ VNNI_BF16 void pack_bf16(const weight_view& w, int64_t j0, int64_t nc, int64_t p
         const float* f = row_f32(w, j0 + j, p0, kc, tmp);
         for (int64_t c = 0; c < kc; c += 16) {
           const __mmask16 mk = tail_mask(kc - c);
-          _mm256_mask_storeu_epi16(own + c, mk, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, f + c)));
+          const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, f + c));
+          _mm256_mask_storeu_epi16(own + c, mk, (__m256i)h);
         }
       }
       rows[r] = reinterpret_cast<const uint32_t*>(src);
@@ -400,7 +405,8 @@ void gemm_rows(const weight_view& w, const void* a, int64_t lda, int64_t m, floa
 VNNI_BF16 void x_to_bf16(const float* x, int64_t k, int64_t lda, uint16_t* xb) {
   for (int64_t c = 0; c < k; c += 16) {
     const __mmask16 mk = tail_mask(k - c);
-    _mm256_mask_storeu_epi16(xb + c, mk, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, x + c)));
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, x + c));
+    _mm256_mask_storeu_epi16(xb + c, mk, (__m256i)h);
   }
   for (int64_t c = k; c < lda; ++c) xb[c] = 0;
 }
@@ -441,7 +447,10 @@ void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, th
                    bool vnni_bf16) {
   if (m > decode_max_m(vnni_bf16 ? isa::avx512_bf16 : isa::avx512, w.type))
     prefill(w, x, m, y, pool, vnni_bf16);
-  else decode(w, x, m, y, pool, vnni_bf16);
+  else if (w.type == dtype::q8_0 && !vnni_bf16)  // no VNNI: the AVX2 integer kernel
+    matmul_avx2(w, x, m, y, pool);
+  else
+    decode(w, x, m, y, pool);
 }
 
 }  // namespace tandem::kernels::cpu::detail

@@ -41,11 +41,9 @@ void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thre
 void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
                    bool vnni_bf16);
 
-// q8_0 decode rows [r0, r1) with AVX2 integer dot products; AVX-512 without VNNI uses it too.
-// xq: [m, cols] int8 and xd: [m, cols/32] scales of x quantized with quantize_x_q8_avx2;
-// y: [m, w.rows].
-void decode_q8_0_avx2(const weight_view& w, const int8_t* xq, const float* xd, int64_t m,
-                      float* y, int64_t r0, int64_t r1);
+// Quantizes n floats of x (n % 32 == 0) to int8 q[n] and one f32 scale per 32 in d[n / 32],
+// as ggml's quantize_row_q8_0 (but the scale is not rounded to f16). AVX2: the VNNI kernel
+// uses it too.
 void quantize_x_q8_avx2(const float* x, int64_t n, int8_t* q, float* d);
 
 // ---- shared helpers (matmul.cpp) ----
@@ -70,8 +68,6 @@ void prefill_blas(const weight_view& w, const float* x, int64_t m, float* y, thr
 // Rows per parallel_for grain for the decode path on `threads` threads: equal slices, each big
 // enough that waking a thread pays off.
 int64_t decode_grain(const weight_view& w, int threads);
-// Makes OpenBLAS single-threaded (once): our pool owns the cores.
-void init_blas_threads();
 
 // Calls f(std::integral_constant<int, c>{}) for a runtime 1 <= c <= N: kernels are templates on
 // their row counts so that their accumulator arrays stay in registers.
