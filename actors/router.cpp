@@ -340,7 +340,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         if (st.opts.mode == serving_mode::disaggregated)
           for (size_t d = 0; d < st.decode.size(); ++d)
             if (st.decode[d])
-              st.links[size_t(index)][d] = self->spawn(
+              st.links[size_t(index)][d] = self->spawn<caf::linked>(
                   kv_link_behavior, st.decode[d],
                   kv_link_options{"p" + std::to_string(index) + "->d" + std::to_string(d), st.opts.kv_transport,
                                   st.opts.request_ctx.metrics});
@@ -362,7 +362,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         self->monitor(w);
         for (size_t p = 0; p < st.prefill.size(); ++p)
           if (st.prefill[p])
-            st.links[p][size_t(index)] = self->spawn(
+            st.links[p][size_t(index)] = self->spawn<caf::linked>(
                 kv_link_behavior, w,
                 kv_link_options{"p" + std::to_string(p) + "->d" + std::to_string(index), st.opts.kv_transport,
                                 st.opts.request_ctx.metrics});

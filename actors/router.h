@@ -41,9 +41,7 @@ struct router_state {
   std::vector<prefill_worker_load> prefill_load;
   std::vector<decode_worker_actor> decode;
   std::vector<decode_worker_load> decode_load;
-  // [prefill][decode]. Not linked to the router: a link replaced after a restart simply goes
-  // away (unreachable), which must not take the router with it.
-  std::vector<std::vector<kv_link_actor>> links;
+  std::vector<std::vector<kv_link_actor>> links;    // [prefill][decode]
   std::vector<uint32_t> prefill_gen, decode_gen;    // incarnation of each worker slot
   struct watched_worker { int32_t index; bool prefill_side; uint32_t gen; };
   std::map<caf::actor_addr, watched_worker> watched;  // monitored workers, by address
