@@ -65,7 +65,7 @@ uint16_t f32_to_f16(float f) {
   if (abs < 0x38800000u) {                                 // subnormal or zero in half
     if (abs < 0x33000000u) return sign;                    // below half of smallest subnormal
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    const int shift = 126 - int(abs >> 23) + 13 + 1;       // bits to drop
+    const int shift = 126 - int(abs >> 23);                // bits to drop: half ulp is 2^-24
     uint32_t h = mant >> shift;
     const uint32_t rem = mant & ((1u << shift) - 1);
     const uint32_t half = 1u << (shift - 1);

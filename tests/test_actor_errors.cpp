@@ -11,9 +11,10 @@ using namespace tandem;
 namespace {
 using alloc_atom = caf::atom_constant<caf::atom("alloc")>;
 
-caf::behavior failing_pool(caf::event_based_actor*) {
-  return {[](alloc_atom, int32_t n) -> caf::result<int32_t> {
-    if (n > 4) return to_caf_error(status{errc::out_of_kv_blocks, "need " + std::to_string(n) + ", 4 free"});
+// (An argument, because CAF 0.17 dereferences a null tuple for argument-less spawns: UBSan.)
+caf::behavior failing_pool(caf::event_based_actor*, int32_t free_blocks) {
+  return {[free_blocks](alloc_atom, int32_t n) -> caf::result<int32_t> {
+    if (n > free_blocks) return to_caf_error(status{errc::out_of_kv_blocks, "need " + std::to_string(n) + ", 4 free"});
     return n;
   }};
 }
@@ -25,7 +26,7 @@ TEST(ActorErrors, RoundTripThroughARequest) {
   cfg.set("scheduler.max-threads", 2);
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  auto pool = sys.spawn(failing_pool);
+  auto pool = sys.spawn(failing_pool, int32_t(4));
   bool got_error = false;
   self->request(pool, std::chrono::seconds(5), alloc_atom::value, int32_t(9))
       .receive([](int32_t) { FAIL() << "expected an error"; },
