@@ -229,35 +229,51 @@ pipeline::~pipeline() {
   im.sys.reset();
 }
 
-request_handle pipeline::submit(generation_request req) {
-  auto& im = *impl_;
-  auto hs = std::make_shared<handle_state>();
-  hs->id = im.next_id++;
-  hs->router = im.router;
+namespace {
+
+// Both submit overloads: build the spec, refuse a bad request with an error event (to the
+// queue or the callback), else hand it to the router with a bridge carrying its events.
+void start_request(caf::actor_system& sys, const router_actor& router, const model& mdl,
+                   const std::shared_ptr<handle_state>& hs, const generation_request& req) {
   request_spec spec;
   spec.id = hs->id;
-  spec.prompt = req.prompt_tokens.empty() ? im.mdl->tok().encode(req.prompt, req.add_bos) : req.prompt_tokens;
+  spec.prompt = req.prompt_tokens.empty() ? mdl.tok().encode(req.prompt, req.add_bos) : req.prompt_tokens;
   spec.max_tokens = req.max_tokens;
   spec.sampling = req.sampling;
   spec.ignore_eos = req.ignore_eos;
-  request_handle h;
-  h.st_ = hs;
   status bad = spec.sampling.validate();
   if (bad.ok() && spec.prompt.empty()) bad = {errc::invalid_argument, "the prompt is empty"};
   if (bad.ok() && spec.max_tokens < 1) bad = {errc::invalid_argument, "max_tokens must be at least 1"};
   for (token_id t : spec.prompt)
-    if (bad.ok() && (t < 0 || t >= im.mdl->config().n_vocab))
+    if (bad.ok() && (t < 0 || t >= mdl.config().n_vocab))
       bad = {errc::invalid_argument, "token id " + std::to_string(t) + " is outside the vocabulary"};
   if (!bad.ok()) {
     request_event ev = make_event(event_kind::error);
     ev.id = hs->id;
     ev.code = bad.code();
     ev.message = bad.message();
-    hs->events.push_back(std::move(ev));
-    return h;
+    if (hs->callback) {
+      hs->callback(ev);
+    } else {
+      std::lock_guard<std::mutex> lk(hs->mu);
+      hs->events.push_back(std::move(ev));
+    }
+    return;
   }
-  auto sub = im.sys->spawn(bridge, hs);
-  caf::anon_send(im.router, submit_atom::value, std::move(spec), sub);
+  auto sub = sys.spawn(bridge, hs);
+  caf::anon_send(router, submit_atom::value, std::move(spec), sub);
+}
+
+}  // namespace
+
+request_handle pipeline::submit(generation_request req) {
+  auto& im = *impl_;
+  auto hs = std::make_shared<handle_state>();
+  hs->id = im.next_id++;
+  hs->router = im.router;
+  start_request(*im.sys, im.router, *im.mdl, hs, req);
+  request_handle h;
+  h.st_ = hs;
   return h;
 }
 
@@ -267,14 +283,7 @@ request_id pipeline::submit(generation_request req, std::function<void(const req
   hs->id = im.next_id++;
   hs->router = im.router;
   hs->callback = std::move(on_event);
-  request_spec spec;
-  spec.id = hs->id;
-  spec.prompt = req.prompt_tokens.empty() ? im.mdl->tok().encode(req.prompt, req.add_bos) : req.prompt_tokens;
-  spec.max_tokens = req.max_tokens;
-  spec.sampling = req.sampling;
-  spec.ignore_eos = req.ignore_eos;
-  auto sub = im.sys->spawn(bridge, hs);
-  caf::anon_send(im.router, submit_atom::value, std::move(spec), sub);
+  start_request(*im.sys, im.router, *im.mdl, hs, req);
   return hs->id;
 }
 
