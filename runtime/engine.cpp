@@ -15,8 +15,8 @@ namespace cpu = kernels::cpu;
 // Activations for one forward pass, grown on demand and reused across calls.
 struct engine::scratch {
   std::vector<float> x, xn, q, k, v, attn, proj, gate, up;  // [T, width] each
-  std::vector<std::vector<float>> scores;                  // per thread: [n_rep, n_ctx]
   std::vector<std::vector<const float*>> kptr, vptr;        // per thread: block pointers
+  std::vector<engine::attn_task> attn_tasks;                // this forward's attention work
 };
 
 namespace {
@@ -41,7 +41,6 @@ engine::engine(std::shared_ptr<const model> m, engine_options opts)
                                  .bytes_per_block()))),
       scratch_(std::make_unique<scratch>()) {
   if (opts.block_size <= 0) throw failure(errc::invalid_argument, "KV block size must be positive");
-  scratch_->scores.resize(size_t(pool_threads_.size()));
   scratch_->kptr.resize(size_t(pool_threads_.size()));
   scratch_->vptr.resize(size_t(pool_threads_.size()));
 }
@@ -150,6 +149,21 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     kernels::dequantize_row(emb.type, static_cast<const uint8_t*>(emb.data) + batch[size_t(t)].token * emb_row,
                             s.x.data() + t * c.dim, c.dim);
 
+  // Attention work, the same for every layer: runs of consecutive entries of one sequence
+  // (consecutive positions), cut into tiles, times KV heads; the longest contexts first.
+  s.attn_tasks.clear();
+  const int32_t tile = cpu::attention_tile_tokens(n_rep);
+  for (int32_t t0 = 0; t0 < int32_t(T);) {
+    int32_t t1 = t0 + 1;
+    while (t1 < int32_t(T) && t1 - t0 < tile && seqs[size_t(t1)] == seqs[size_t(t0)] &&
+           pos[size_t(t1)] == pos[size_t(t1) - 1] + 1)
+      ++t1;
+    for (int32_t g = 0; g < c.n_kv_head; ++g) s.attn_tasks.push_back({t0, t1 - t0, g, pos[size_t(t1) - 1]});
+    t0 = t1;
+  }
+  std::stable_sort(s.attn_tasks.begin(), s.attn_tasks.end(),
+                   [](const attn_task& a, const attn_task& b) { return a.last_pos > b.last_pos; });
+
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const layer_weights& w = model_->layers()[size_t(l)];
@@ -173,28 +187,25 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
       }
     }
 
-    // One task per (entry, KV head): the GQA group's query heads read its K/V once.
-    pool_threads_.parallel_for(T * c.n_kv_head, 1, [&](int64_t begin, int64_t end, int thread) {
-      auto& scores = s.scores[size_t(thread)];
+    // Tasks: (tile of a run of one sequence's consecutive entries, KV head), costliest
+    // (longest context) first, handed out dynamically. The GQA group's query heads of a tile
+    // read each K/V row once.
+    pool_threads_.for_each_dynamic(int64_t(s.attn_tasks.size()), [&](int64_t i, int thread) {
+      const attn_task& task = s.attn_tasks[size_t(i)];
       auto& kp = s.kptr[size_t(thread)];
       auto& vp = s.vptr[size_t(thread)];
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t t = task / c.n_kv_head;
-        const int32_t g = int32_t(task % c.n_kv_head);
-        const int32_t n_ctx = pos[size_t(t)] + 1;  // causal: up to and including itself
-        const sequence& sq = *seqs[size_t(t)];
-        const int32_t nb = div_up(n_ctx, bs);
-        kp.resize(size_t(nb));
-        vp.resize(size_t(nb));
-        for (int32_t i = 0; i < nb; ++i) {
-          kp[size_t(i)] = pool_.k(sq.blocks[size_t(i)], l, g);
-          vp[size_t(i)] = pool_.v(sq.blocks[size_t(i)], l, g);
-        }
-        if (int64_t(scores.size()) < int64_t(n_rep) * n_ctx) scores.resize(size_t(n_rep) * size_t(n_ctx));
-        const int64_t q_off = t * q_dim + int64_t(g) * n_rep * c.head_dim;
-        cpu::attention_paged(s.q.data() + q_off, n_rep, kp.data(), vp.data(), bs, n_ctx, c.head_dim,
-                             scale, scores.data(), s.attn.data() + q_off);
+      const sequence& sq = *seqs[size_t(task.first)];
+      const int32_t pos0 = pos[size_t(task.first)];
+      const int32_t nb = div_up(pos0 + task.n_tok, bs);
+      kp.resize(size_t(nb));
+      vp.resize(size_t(nb));
+      for (int32_t b = 0; b < nb; ++b) {
+        kp[size_t(b)] = pool_.k(sq.blocks[size_t(b)], l, task.kv_head);
+        vp[size_t(b)] = pool_.v(sq.blocks[size_t(b)], l, task.kv_head);
       }
+      const int64_t q_off = int64_t(task.first) * q_dim + int64_t(task.kv_head) * n_rep * c.head_dim;
+      cpu::attention_causal(s.q.data() + q_off, q_dim, task.n_tok, n_rep, pos0, kp.data(), vp.data(), bs,
+                            c.head_dim, scale, s.attn.data() + q_off, q_dim);
     });
 
     cpu::matmul(w.wo, s.attn.data(), T, s.proj.data(), pool_threads_);

@@ -77,6 +77,11 @@ class engine {
     std::vector<block_id> blocks;
     int32_t n_tokens = 0;
   };
+  // Attention for entries [first, first + n_tok) of a batch (one sequence, consecutive
+  // positions) and one KV head; last_pos orders tasks by cost.
+  struct attn_task {
+    int32_t first, n_tok, kv_head, last_pos;
+  };
   struct scratch;
   void run_layers(std::span<const batch_entry> batch, std::span<const int32_t> pos,
                   std::span<sequence* const> seqs);

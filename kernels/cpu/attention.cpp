@@ -2,7 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <new>
+#include <vector>
+
+// See matmul_avx512.cpp: GCC 12 warns about its own idioms inside these headers.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -18,6 +29,39 @@ inline void axpy(float a, const float* x, float* y, int32_t n) {
 #pragma omp simd
   for (int32_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
+
+// A per-thread, 64-byte aligned buffer of at least `bytes` (contents not kept across growth).
+float* thread_buffer(size_t bytes) {
+  struct holder {
+    void* p = nullptr;
+    size_t cap = 0;
+    ~holder() { std::free(p); }
+  };
+  thread_local holder h;
+  if (h.cap < bytes) {
+    std::free(h.p);
+    h.cap = (std::max(bytes, size_t(4096)) + 63) & ~size_t(63);
+    h.p = std::aligned_alloc(64, h.cap);
+    if (!h.p) {
+      h.cap = 0;
+      throw std::bad_alloc();
+    }
+  }
+  return static_cast<float*>(h.p);
+}
+
+bool have_avx512() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("fma");
+  }();
+  return ok;
+}
+
+constexpr int32_t kMaxTileRows = 48;  // query rows (tokens x heads) per tile
+constexpr int32_t kMaxFastHeadDim = 256;
 
 }  // namespace
 
@@ -53,6 +97,265 @@ void attention_paged(const float* q, int32_t n_q, const float* const* k_blocks,
         axpy(scores[int64_t(h) * n_tokens + t0 + j], v, out + int64_t(h) * head_dim, head_dim);
     }
   }
+}
+
+void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
+                                int32_t pos0, const float* const* k_blocks,
+                                const float* const* v_blocks, int32_t block_size,
+                                int32_t head_dim, float scale, float* out, int64_t out_stride) {
+  if (n_tok <= 0) return;
+  float* scores = thread_buffer(sizeof(float) * size_t(n_rep) * size_t(pos0 + n_tok));
+  for (int32_t i = 0; i < n_tok; ++i)
+    attention_paged(q + i * q_stride, n_rep, k_blocks, v_blocks, block_size, pos0 + i + 1,
+                    head_dim, scale, scores, out + i * out_stride);
+}
+
+int32_t attention_tile_tokens(int32_t n_rep) { return std::max<int32_t>(1, kMaxTileRows / std::max(1, n_rep)); }
+
+// ------------------------------------------------------------------ AVX-512 tiled kernel
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+namespace {
+
+constexpr int32_t KC = 64;  // keys per chunk: 4 zmm of scores per query row
+
+inline __mmask16 lanes_below(int32_t n) {
+  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// 2^t for t <= 0 (clamped at -126): 2^round(t) * p(t - round(t)), p a degree-7 Taylor
+// polynomial of 2^f on [-1/2, 1/2] (relative error < 2e-7).
+inline __m512 exp2_ps(__m512 t) {
+  t = _mm512_max_ps(t, _mm512_set1_ps(-126.0f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5252733804059840e-5f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381609e-4f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// dst[c * ld + r] = src[r][c] for 16 rows of 16 floats (an in-register transpose).
+inline void transpose16x16(const float* const* src, float* dst, int64_t ld) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src[i]);
+  // t[2k], t[2k+1]: rows 2k, 2k+1 interleaved (columns 4L, 4L+1 and 4L+2, 4L+3 of each lane L)
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  // r[4k + c], lane L: column 4L + c of rows 4k .. 4k+3
+  for (int k = 0; k < 4; ++k) {
+    const __m512d lo0 = _mm512_castps_pd(t[4 * k]), lo1 = _mm512_castps_pd(t[4 * k + 2]);
+    const __m512d hi0 = _mm512_castps_pd(t[4 * k + 1]), hi1 = _mm512_castps_pd(t[4 * k + 3]);
+    r[4 * k + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
+    r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
+    r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
+    r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
+  }
+  // Column 4L + c = lanes L of r[c], r[4 + c], r[8 + c], r[12 + c].
+  for (int c = 0; c < 4; ++c) {
+    const __m512 a0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+    const __m512 a1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+    const __m512 b0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+    const __m512 b1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+    _mm512_storeu_ps(dst + (0 + c) * ld, _mm512_shuffle_f32x4(a0, b0, 0x88));
+    _mm512_storeu_ps(dst + (8 + c) * ld, _mm512_shuffle_f32x4(a0, b0, 0xdd));
+    _mm512_storeu_ps(dst + (4 + c) * ld, _mm512_shuffle_f32x4(a1, b1, 0x88));
+    _mm512_storeu_ps(dst + (12 + c) * ld, _mm512_shuffle_f32x4(a1, b1, 0xdd));
+  }
+}
+
+// s[RR][KC] = qs[RR][D] · kt[D][KC]
+template <int RR>
+inline void qk_block(const float* qs, int32_t D, const float* kt, float* s) {
+  __m512 acc[RR][4];
+  for (int i = 0; i < RR; ++i)
+    for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (int32_t d = 0; d < D; ++d) {
+    const float* k = kt + int64_t(d) * KC;
+    const __m512 k0 = _mm512_load_ps(k), k1 = _mm512_load_ps(k + 16), k2 = _mm512_load_ps(k + 32),
+                 k3 = _mm512_load_ps(k + 48);
+    for (int i = 0; i < RR; ++i) {
+      const __m512 b = _mm512_set1_ps(qs[int64_t(i) * D + d]);
+      acc[i][0] = _mm512_fmadd_ps(b, k0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(b, k1, acc[i][1]);
+      acc[i][2] = _mm512_fmadd_ps(b, k2, acc[i][2]);
+      acc[i][3] = _mm512_fmadd_ps(b, k3, acc[i][3]);
+    }
+  }
+  for (int i = 0; i < RR; ++i)
+    for (int v = 0; v < 4; ++v) _mm512_store_ps(s + i * KC + 16 * v, acc[i][v]);
+}
+
+// o[RR][col0 .. col0 + 16 CV) = alpha[i] * o + p[RR][0..n) · V rows vp[0..n)
+template <int RR, int CV>
+inline void pv_block(const float* p, int32_t n, const float* const* vp, int32_t col0,
+                     const float* alpha, float* o, int32_t D) {
+  __m512 acc[RR][CV];
+  for (int i = 0; i < RR; ++i) {
+    const __m512 a = _mm512_set1_ps(alpha[i]);
+    for (int v = 0; v < CV; ++v)
+      acc[i][v] = _mm512_mul_ps(a, _mm512_load_ps(o + int64_t(i) * D + col0 + 16 * v));
+  }
+  for (int32_t j = 0; j < n; ++j) {
+    __m512 vv[CV];
+    for (int v = 0; v < CV; ++v) vv[v] = _mm512_loadu_ps(vp[j] + col0 + 16 * v);
+    for (int i = 0; i < RR; ++i) {
+      const __m512 b = _mm512_set1_ps(p[i * KC + j]);
+      for (int v = 0; v < CV; ++v) acc[i][v] = _mm512_fmadd_ps(b, vv[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < RR; ++i)
+    for (int v = 0; v < CV; ++v) _mm512_store_ps(o + int64_t(i) * D + col0 + 16 * v, acc[i][v]);
+}
+
+template <int RR>
+inline void pv_rows(const float* p, int32_t n, const float* const* vp, const float* alpha,
+                    float* o, int32_t D) {
+  for (int32_t col = 0; col < D; col += 64) {
+    switch (std::min<int32_t>(4, (D - col) / 16)) {
+      case 1: pv_block<RR, 1>(p, n, vp, col, alpha, o, D); break;
+      case 2: pv_block<RR, 2>(p, n, vp, col, alpha, o, D); break;
+      case 3: pv_block<RR, 3>(p, n, vp, col, alpha, o, D); break;
+      default: pv_block<RR, 4>(p, n, vp, col, alpha, o, D); break;
+    }
+  }
+}
+
+template <class F>
+inline void with_rows(int32_t rr, F&& f) {
+  switch (rr) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    default: f(std::integral_constant<int, 6>{}); break;
+  }
+}
+
+constexpr int32_t MR = 6;  // query rows per microkernel call
+
+// One tile: R = n_tok * n_rep query rows (row r: token r / n_rep, head r % n_rep).
+void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
+                        int32_t pos0, const float* const* k_blocks, const float* const* v_blocks,
+                        int32_t bs, int32_t D, float scale, float* out, int64_t out_stride) {
+  const int32_t R = n_tok * n_rep;
+  // Scratch: qs [R][D], o [R][D], p [R][KC], kt [D][KC], then per-row m, l, alpha.
+  const size_t floats = size_t(R) * D * 2 + size_t(R) * KC + size_t(D) * KC + size_t(R) * 3;
+  float* qs = thread_buffer(floats * sizeof(float));
+  float* o = qs + int64_t(R) * D;
+  float* p = o + int64_t(R) * D;
+  float* kt = p + int64_t(R) * KC;
+  float* m = kt + int64_t(D) * KC;
+  float* l = m + R;
+  float* alpha = l + R;
+  alignas(64) static const float zero_row[kMaxFastHeadDim] = {};
+
+  // Scores come out in log2 units: exp(x * scale) = 2^(x * scale * log2 e).
+  const __m512 qscale = _mm512_set1_ps(scale * 1.4426950408889634f);
+  for (int32_t r = 0; r < R; ++r) {
+    const float* src = q + (r / n_rep) * q_stride + int64_t(r % n_rep) * D;
+    for (int32_t c = 0; c < D; c += 16) {
+      _mm512_store_ps(qs + int64_t(r) * D + c, _mm512_mul_ps(qscale, _mm512_loadu_ps(src + c)));
+      _mm512_store_ps(o + int64_t(r) * D + c, _mm512_setzero_ps());
+    }
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.0f;
+  }
+
+  const int32_t n_keys = pos0 + n_tok;  // the last token sees positions [0, n_keys)
+  const float* kp[KC];
+  const float* vp[KC];
+  for (int32_t c0 = 0; c0 < n_keys; c0 += KC) {
+    const int32_t n = std::min(KC, n_keys - c0);
+    for (int32_t j = 0; j < KC; ++j) {
+      const int32_t pos = c0 + j;
+      if (j < n) {
+        const int64_t off = int64_t(pos % bs) * D;
+        kp[j] = k_blocks[pos / bs] + off;
+        vp[j] = v_blocks[pos / bs] + off;
+      } else {
+        kp[j] = zero_row;
+      }
+    }
+    // kt[d][j] = K[c0 + j][d]
+    for (int32_t jg = 0; jg < KC; jg += 16)
+      for (int32_t dg = 0; dg < D; dg += 16) {
+        const float* rows[16];
+        for (int i = 0; i < 16; ++i) rows[i] = kp[jg + i] + dg;  // zero_row holds kMaxFastHeadDim zeros
+        transpose16x16(rows, kt + int64_t(dg) * KC + jg, KC);
+      }
+    for (int32_t r0 = 0; r0 < R; r0 += MR)
+      with_rows(std::min(MR, R - r0), [&](auto rr) {
+        qk_block<decltype(rr)::value>(qs + int64_t(r0) * D, D, kt, p + int64_t(r0) * KC);
+      });
+    // Online softmax: rescale each row's running sum and output by 2^(m_old - m_new).
+    for (int32_t r = 0; r < R; ++r) {
+      float* pr = p + int64_t(r) * KC;
+      const int32_t valid = std::min(n, pos0 + r / n_rep - c0 + 1);  // keys this row sees
+      if (valid <= 0) {  // the whole chunk is in this row's future
+        alpha[r] = 1.0f;
+        for (int v = 0; v < 4; ++v) _mm512_store_ps(pr + 16 * v, _mm512_setzero_ps());
+        continue;
+      }
+      __m512 s[4];
+      __mmask16 mk[4];
+      __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      for (int v = 0; v < 4; ++v) {
+        mk[v] = lanes_below(valid - 16 * v);
+        s[v] = _mm512_load_ps(pr + 16 * v);
+        mx = _mm512_mask_max_ps(mx, mk[v], mx, s[v]);
+      }
+      const float m_new = std::max(m[r], _mm512_reduce_max_ps(mx));
+      alpha[r] = std::exp2(m[r] - m_new);  // 0 on the first chunk (m = -inf)
+      const __m512 mv = _mm512_set1_ps(m_new);
+      __m512 sum = _mm512_setzero_ps();
+      for (int v = 0; v < 4; ++v) {
+        const __m512 e = _mm512_maskz_mov_ps(mk[v], exp2_ps(_mm512_sub_ps(s[v], mv)));
+        _mm512_store_ps(pr + 16 * v, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
+      m[r] = m_new;
+    }
+    for (int32_t r0 = 0; r0 < R; r0 += MR)
+      with_rows(std::min(MR, R - r0), [&](auto rr) {
+        pv_rows<decltype(rr)::value>(p + int64_t(r0) * KC, n, vp, alpha + r0, o + int64_t(r0) * D, D);
+      });
+  }
+  for (int32_t r = 0; r < R; ++r) {
+    const __m512 inv = _mm512_set1_ps(1.0f / l[r]);
+    float* dst = out + (r / n_rep) * out_stride + int64_t(r % n_rep) * D;
+    for (int32_t c = 0; c < D; c += 16)
+      _mm512_storeu_ps(dst + c, _mm512_mul_ps(inv, _mm512_load_ps(o + int64_t(r) * D + c)));
+  }
+}
+
+}  // namespace
+#pragma GCC pop_options
+
+void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
+                      const float* const* k_blocks, const float* const* v_blocks,
+                      int32_t block_size, int32_t head_dim, float scale, float* out,
+                      int64_t out_stride) {
+  if (n_tok <= 0 || n_rep <= 0) return;
+  if (!have_avx512() || head_dim % 16 != 0 || head_dim <= 0 || head_dim > kMaxFastHeadDim) {
+    attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, k_blocks, v_blocks, block_size,
+                               head_dim, scale, out, out_stride);
+    return;
+  }
+  const int32_t tile = attention_tile_tokens(n_rep);
+  for (int32_t i = 0; i < n_tok; i += tile)
+    causal_tile_avx512(q + i * q_stride, q_stride, std::min(tile, n_tok - i), n_rep, pos0 + i,
+                       k_blocks, v_blocks, block_size, head_dim, scale, out + i * out_stride,
+                       out_stride);
 }
 
 }  // namespace tandem::kernels::cpu

@@ -1,11 +1,11 @@
 #pragma once
-// Attention of query heads over a paged KV context (CPU reference kernel).
+// Attention of query heads over a paged KV context.
 #include <cstdint>
 
 namespace tandem::kernels::cpu {
 
-// The n_q query heads that share one KV head (a GQA group) attend together, so each key and
-// value row is read once per group.
+// The reference kernel (plain C++). The n_q query heads that share one KV head (a GQA group)
+// attend together, so each key and value row is read once per group.
 //   q:        [n_q][head_dim]
 //   k_blocks: n_blocks pointers, each [block_size][head_dim]; same for v_blocks
 //   scores:   scratch [n_q][n_tokens]
@@ -14,5 +14,31 @@ namespace tandem::kernels::cpu {
 void attention_paged(const float* q, int32_t n_q, const float* const* k_blocks,
                      const float* const* v_blocks, int32_t block_size, int32_t n_tokens,
                      int32_t head_dim, float scale, float* scores, float* out);
+
+// Causal attention of a run of n_tok consecutive query tokens of one sequence, for the n_rep
+// query heads of one KV head (GQA group). Token i of the run sits at position pos0 + i and
+// attends to context positions [0, pos0 + i], whose K/V rows must already be in the blocks.
+//   q:   the group's heads of token i at q + i * q_stride, as [n_rep][head_dim]
+//   out: the same layout at out + i * out_stride
+//   k_blocks, v_blocks: the sequence's blocks in order, each [block_size][head_dim]
+// With AVX-512 and head_dim a multiple of 16 (up to 256) this is a tiled kernel: a tile of
+// query rows (tokens x heads) meets 64 keys at a time, with an online softmax (FlashAttention
+// style), so K and V are read once per tile. Otherwise it runs attention_paged per token.
+// Results agree with the reference within float rounding (different summation order, and a
+// polynomial exp with ~2e-7 relative error).
+void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
+                      const float* const* k_blocks, const float* const* v_blocks,
+                      int32_t block_size, int32_t head_dim, float scale, float* out,
+                      int64_t out_stride);
+
+// attention_causal through attention_paged only (for tests and CPUs without AVX-512).
+void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
+                                int32_t pos0, const float* const* k_blocks,
+                                const float* const* v_blocks, int32_t block_size,
+                                int32_t head_dim, float scale, float* out, int64_t out_stride);
+
+// Query tokens per tile of attention_causal for a GQA group of n_rep heads: callers that split
+// a long run into tasks (one thread each) should cut it at multiples of this.
+int32_t attention_tile_tokens(int32_t n_rep);
 
 }  // namespace tandem::kernels::cpu
