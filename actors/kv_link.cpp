@@ -71,11 +71,26 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
           st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", l).inc();
         }
         auto rp = self->make_response_promise<bool>();
+        ++st.in_flight;
+        auto settle = [self] {
+          if (--self->state.in_flight == 0 && self->state.retiring) self->quit();
+        };
         self->request(st.decode, std::chrono::seconds(60), arrive_atom::value, std::move(spec), std::move(req),
                       std::move(landed), std::move(generated))
-            .then([rp](bool ok) mutable { rp.deliver(ok); },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+            .then(
+                [rp, settle](bool ok) mutable {
+                  rp.deliver(ok);
+                  settle();
+                },
+                [rp, settle](caf::error& e) mutable {
+                  rp.deliver(std::move(e));
+                  settle();
+                });
         return rp;
+      },
+      [self](release_atom) {
+        self->state.retiring = true;
+        if (self->state.in_flight == 0) self->quit();
       },
   };
 }

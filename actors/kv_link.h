@@ -23,6 +23,8 @@ struct kv_link_state {
   decode_worker_actor decode;
   std::unique_ptr<transport::kv_transport> transport;
   uint64_t transfers = 0, bytes = 0;
+  int32_t in_flight = 0;   // transfers the decode worker has not answered yet
+  bool retiring = false;   // a restart replaced this link: end once in_flight is 0
   static inline const char* name = "kv_link";
 };
 

@@ -107,7 +107,8 @@ using decode_worker_actor = caf::typed_actor<
 
 // Moves one request's KV from a prefill worker to one decode worker through a transport.
 using kv_link_actor = caf::typed_actor<
-    caf::replies_to<transfer_atom, request_spec, request_actor, kv_blocks_ptr, std::vector<token_id>>::with<bool>>;
+    caf::replies_to<transfer_atom, request_spec, request_actor, kv_blocks_ptr, std::vector<token_id>>::with<bool>,
+    caf::reacts_to<release_atom>>;  // retire: finish the transfers in flight, then end
 
 // Prefill side (and the colocated worker, which accepts the same jobs).
 using prefill_worker_actor = caf::typed_actor<

@@ -138,6 +138,27 @@ load_snapshot snapshot(self_ptr self) {
   return s;
 }
 
+// Links are linked to the router so that they end with it. One that a restart replaces must
+// not end as unreachable (that would take the router down with it). Towards a dead decode
+// worker it has nothing left to do: unlinked and stopped. From a dead prefill worker it may
+// still be delivering KV it already holds: it retires (ends once idle) and the router holds it
+// until then.
+void open_link(self_ptr self, size_t p, size_t d, bool decode_side_replaced) {
+  auto& st = self->state;
+  auto& link = st.links[p][d];
+  if (link && decode_side_replaced) {
+    self->unlink_from(link);
+    caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
+  } else if (link) {
+    self->monitor(link);
+    self->send(link, release_atom::value);
+    st.retiring_links.emplace(link.address(), link);
+  }
+  link = self->spawn<caf::linked>(kv_link_behavior, st.decode[d],
+                                  kv_link_options{"p" + std::to_string(p) + "->d" + std::to_string(d),
+                                                  st.opts.kv_transport, st.opts.request_ctx.metrics});
+}
+
 // A worker died: its requests end with an error (recovery by migration is the fault
 // tolerance work); the supervisor restarts the worker and it joins again.
 // `gen` is the incarnation that died: its replacement may have joined already.
@@ -204,6 +225,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
   // worker_down sees of its requests is final.
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
+    if (st.retiring_links.erase(dm.source) > 0) return;
     auto it = st.watched.find(dm.source);
     if (it == st.watched.end()) return;
     const auto w = it->second;
@@ -340,10 +362,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         if (st.opts.mode == serving_mode::disaggregated)
           for (size_t d = 0; d < st.decode.size(); ++d)
             if (st.decode[d])
-              st.links[size_t(index)][d] = self->spawn<caf::linked>(
-                  kv_link_behavior, st.decode[d],
-                  kv_link_options{"p" + std::to_string(index) + "->d" + std::to_string(d), st.opts.kv_transport,
-                                  st.opts.request_ctx.metrics});
+              open_link(self, size_t(index), d, /*decode_side_replaced=*/false);
         dispatch_prefill(self);
       },
       [self](join_atom, int32_t index, decode_worker_actor& w) {
@@ -362,10 +381,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         self->monitor(w);
         for (size_t p = 0; p < st.prefill.size(); ++p)
           if (st.prefill[p])
-            st.links[p][size_t(index)] = self->spawn<caf::linked>(
-                kv_link_behavior, w,
-                kv_link_options{"p" + std::to_string(p) + "->d" + std::to_string(index), st.opts.kv_transport,
-                                st.opts.request_ctx.metrics});
+            open_link(self, p, size_t(index), /*decode_side_replaced=*/true);
         // Its credits: asked for now, since its own first report may have come before this join.
         self->send(w, load_atom::value);
       },

@@ -45,6 +45,7 @@ struct router_state {
   std::vector<uint32_t> prefill_gen, decode_gen;    // incarnation of each worker slot
   struct watched_worker { int32_t index; bool prefill_side; uint32_t gen; };
   std::map<caf::actor_addr, watched_worker> watched;  // monitored workers, by address
+  std::map<caf::actor_addr, kv_link_actor> retiring_links;  // replaced, finishing their transfers
   std::map<request_id, entry> requests;
   std::deque<request_id> prefill_queue, decode_queue;
   int64_t prefill_queue_tokens = 0;

@@ -260,3 +260,41 @@ TEST(Pipeline, BadRequestsGetClearErrors) {
   EXPECT_EQ(r.error, errc::ok) << r.message;
   expect_no_leaks(p);
 }
+TEST(Pipeline, KilledWorkersAreRestartedAndTheirRequestsEndClearly) {
+  for (const std::string pool : {"decode", "prefill", "colocated"}) {
+    pipeline_config cfg;
+    cfg.loaded_model = tiny();
+    cfg.mode = pool == "colocated" ? serving_mode::colocated : serving_mode::disaggregated;
+    pipeline p(cfg);
+    std::vector<request_handle> hs;
+    for (int i = 0; i < 6; ++i)
+      hs.push_back(p.submit({.prompt_tokens = prompt_of(60, i, 300), .max_tokens = 200, .ignore_eos = true}));
+    request_event ev;
+    while (hs[0].next(ev, 10s) && ev.kind != event_kind::token) {
+    }
+    ASSERT_TRUE(p.kill_worker(pool, 0)) << pool;
+    int failed = 0, finished = 0;
+    for (auto& h : hs) {
+      const auto r = h.wait(30s);
+      if (r.error == errc::worker_failed) ++failed;
+      else if (r.error == errc::ok) ++finished;
+      else ADD_FAILURE() << pool << ": unexpected " << to_string(r.error) << " " << r.message;
+    }
+    if (pool == "prefill") {  // nothing is lost before decoding starts: re-prefilled elsewhere
+      EXPECT_EQ(failed, 0);
+      EXPECT_EQ(finished, 6);
+    } else {
+      EXPECT_GT(failed, 0) << pool;
+    }
+    // The supervisor restarted it: new work succeeds.
+    bool ok = false;
+    for (int attempt = 0; attempt < 50 && !ok; ++attempt) {
+      ok = p.submit({.prompt_tokens = prompt_of(20, 1, 300), .max_tokens = 5, .ignore_eos = true}).wait(10s).error ==
+           errc::ok;
+      if (!ok) std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_TRUE(ok) << pool;
+    expect_no_leaks(p);
+    EXPECT_NE(p.metrics().to_prometheus().find("tandem_restarts_total"), std::string::npos);
+  }
+}
