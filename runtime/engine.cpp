@@ -15,6 +15,7 @@ namespace cpu = kernels::cpu;
 // Activations for one forward pass, grown on demand and reused across calls.
 struct engine::scratch {
   std::vector<float> x, xn, q, k, v, attn, proj, gate, up;  // [T, width] each
+  std::vector<float> rope_cs;                               // [T, head_dim / 2, 2]
   std::vector<std::vector<const float*>> kptr, vptr;        // per thread: block pointers
   std::vector<engine::attn_task> attn_tasks;                // this forward's attention work
 };
@@ -141,6 +142,20 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   grow(s.proj, T * c.dim);
   grow(s.gate, T * c.ffn_dim);
   grow(s.up, T * c.ffn_dim);
+  grow(s.rope_cs, T * c.head_dim);
+  cpu::rope_table(pos.data(), T, c.head_dim, c.rope_freq_base, s.rope_cs.data());
+
+  // Row-wise elementwise work: split over the pool when the batch is big enough to pay for a
+  // dispatch (prefill), inline otherwise (decode).
+  auto rows_parallel = [&](int64_t width, auto&& fn) {
+    if (T * width < (int64_t(1) << 15) || pool_threads_.size() == 1) return fn(int64_t(0), T);
+    pool_threads_.parallel_for(T, 1, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); });
+  };
+  auto rms_norm = [&](const std::vector<float>& norm_w) {
+    rows_parallel(c.dim, [&](int64_t r0, int64_t r1) {
+      cpu::rms_norm(s.x.data() + r0 * c.dim, norm_w.data(), s.xn.data() + r0 * c.dim, r1 - r0, c.dim, c.rms_eps);
+    });
+  };
 
   // x: [T, dim] ← token embeddings
   const auto& emb = model_->tok_embd();
@@ -167,12 +182,12 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const layer_weights& w = model_->layers()[size_t(l)];
-    cpu::rms_norm(s.x.data(), w.attn_norm.data(), s.xn.data(), T, c.dim, c.rms_eps);
+    rms_norm(w.attn_norm);
     cpu::matmul(w.wq, s.xn.data(), T, s.q.data(), pool_threads_);  // q: [T, n_head, head_dim]
     cpu::matmul(w.wk, s.xn.data(), T, s.k.data(), pool_threads_);  // k: [T, n_kv_head, head_dim]
     cpu::matmul(w.wv, s.xn.data(), T, s.v.data(), pool_threads_);  // v: [T, n_kv_head, head_dim]
-    cpu::rope(s.q.data(), pos.data(), T, c.n_head, c.head_dim, c.rope_freq_base);
-    cpu::rope(s.k.data(), pos.data(), T, c.n_kv_head, c.head_dim, c.rope_freq_base);
+    cpu::rope_apply(s.q.data(), s.rope_cs.data(), T, c.n_head, c.head_dim);
+    cpu::rope_apply(s.k.data(), s.rope_cs.data(), T, c.n_kv_head, c.head_dim);
 
     // Every entry's K/V goes into the cache first: later entries of the batch attend to it.
     for (int64_t t = 0; t < T; ++t) {
@@ -211,10 +226,13 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     cpu::matmul(w.wo, s.attn.data(), T, s.proj.data(), pool_threads_);
     cpu::add_inplace(s.x.data(), s.proj.data(), T * c.dim);
 
-    cpu::rms_norm(s.x.data(), w.ffn_norm.data(), s.xn.data(), T, c.dim, c.rms_eps);
+    rms_norm(w.ffn_norm);
     cpu::matmul(w.w_gate, s.xn.data(), T, s.gate.data(), pool_threads_);  // [T, ffn_dim]
     cpu::matmul(w.w_up, s.xn.data(), T, s.up.data(), pool_threads_);      // [T, ffn_dim]
-    cpu::silu_mul(s.gate.data(), s.up.data(), s.gate.data(), T * c.ffn_dim);
+    rows_parallel(c.ffn_dim, [&](int64_t r0, int64_t r1) {
+      const int64_t o = r0 * c.ffn_dim;
+      cpu::silu_mul_fast(s.gate.data() + o, s.up.data() + o, s.gate.data() + o, (r1 - r0) * c.ffn_dim);
+    });
     cpu::matmul(w.w_down, s.gate.data(), T, s.proj.data(), pool_threads_);
     cpu::add_inplace(s.x.data(), s.proj.data(), T * c.dim);
   }

@@ -19,6 +19,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_impl.h"
+#include "kernels/cpu/ops.h"
 
 namespace tandem::kernels {
 inline void PrintTo(dtype t, std::ostream* os) { *os << to_string(t); }  // readable test names
@@ -295,6 +296,55 @@ TEST(attention, causal_kernel_matches_double_reference) {
           EXPECT_LE(worst_fast, 2e-5);
           EXPECT_LE(worst_slow, 2e-5);
         }
+}
+
+// ---- elementwise ops: the engine's fast variants against the reference ones ----
+
+TEST(ops, silu_mul_fast_matches_silu_mul) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> ud(-30.0f, 30.0f);
+  for (int64_t n : {1, 15, 16, 17, 1000}) {
+    const auto sz = static_cast<size_t>(n);
+    std::vector<float> g(sz), u(sz), ref(sz), fast(sz, -1.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      g[size_t(i)] = i % 5 == 0 ? ud(rng) / 10.0f : ud(rng);
+      u[size_t(i)] = ud(rng);
+    }
+    if (n == 1000) g[0] = -200.0f, g[1] = 200.0f, g[2] = 0.0f, g[3] = -88.5f;  // saturation, 0
+    cpu::silu_mul(g.data(), u.data(), ref.data(), n);
+    cpu::silu_mul_fast(g.data(), u.data(), fast.data(), n);
+    for (size_t i = 0; i < ref.size(); ++i)
+      ASSERT_NEAR(fast[i], ref[i], 1e-6f * std::fabs(ref[i]) + 1e-30f) << "i=" << i << " g=" << g[i];
+  }
+}
+
+TEST(ops, rope_table_and_apply_equal_rope) {
+  const int64_t T = 9, H = 3, D = 16;
+  std::vector<int32_t> pos = {0, 1, 2, 7, 100, 1000, 2047, 5, 5};
+  std::vector<float> x(size_t(T * H * D));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(double(i)));
+  std::vector<float> a = x, b = x, cs(size_t(T * D));
+  cpu::rope(a.data(), pos.data(), T, H, D, 10000.0f);
+  cpu::rope_table(pos.data(), T, D, 10000.0f, cs.data());
+  cpu::rope_apply(b.data(), cs.data(), T, H, D);
+  EXPECT_EQ(a, b);  // the same arithmetic, bit for bit
+}
+
+TEST(ops, rms_norm_matches_double) {
+  for (int64_t dim : {1, 31, 32, 768, 1001}) {
+    const auto sz = static_cast<size_t>(dim);
+    std::vector<float> x(2 * sz), w(sz), y(2 * sz);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(std::cos(double(i) * 0.37)) * 3.0f;
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f + float(i % 7) / 7.0f;
+    cpu::rms_norm(x.data(), w.data(), y.data(), 2, dim, 1e-5f);
+    for (int64_t r = 0; r < 2; ++r) {
+      double ss = 0;
+      for (int64_t i = 0; i < dim; ++i) ss += double(x[size_t(r * dim + i)]) * x[size_t(r * dim + i)];
+      const double k = 1.0 / std::sqrt(ss / double(dim) + 1e-5);
+      for (int64_t i = 0; i < dim; ++i)
+        ASSERT_NEAR(y[size_t(r * dim + i)], x[size_t(r * dim + i)] * k * w[size_t(i)], 1e-5) << dim;
+    }
+  }
 }
 
 }  // namespace

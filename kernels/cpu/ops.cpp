@@ -4,16 +4,102 @@
 #include <cmath>
 #include <vector>
 
+// See matmul_avx512.cpp: GCC 12 warns about its own idioms inside these headers.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
 namespace tandem::kernels::cpu {
+namespace {
+
+bool have_avx512() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("fma");
+  }();
+  return ok;
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,fma")
+
+// Sum of squares of x[0, n) in double (as rms_norm's scalar loop, in another order).
+double sum_squares_avx512(const float* x, int64_t n) {
+  __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int u = 0; u < 4; ++u) {
+      const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8 * u));
+      acc[u] = _mm512_fmadd_pd(v, v, acc[u]);
+    }
+  double ss = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3])));
+  for (; i < n; ++i) ss += double(x[i]) * x[i];
+  return ss;
+}
+
+// y = (x * scale) * w, rounded as the scalar expression.
+void scale_mul_avx512(const float* x, float scale, const float* w, float* y, int64_t n) {
+  const __m512 s = _mm512_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), s), _mm512_loadu_ps(w + i)));
+  for (; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+// e^x: x = n ln2 + r (ln2 in two parts, |r| <= ln2 / 2), e^r by a degree-7 Taylor polynomial
+// (truncation < 6e-9), times 2^n. Saturates to 0 below -104 and to inf above 89.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 high part: exact product
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+void silu_mul_avx512(const float* gate, const float* up, float* out, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mk = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+    const __m512 g = _mm512_maskz_loadu_ps(mk, gate + i);
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(out + i, mk, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(mk, up + i)));
+  }
+}
+
+#pragma GCC pop_options
+
+}  // namespace
 
 void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
+  const bool fast = have_avx512();
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     float* yr = y + r * dim;
     double ss = 0.0;  // double: dim-long sums of squares lose digits in float
-    for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+    if (fast) {
+      ss = sum_squares_avx512(xr, dim);
+    } else {
+      for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+    }
     const float scale = float(1.0 / std::sqrt(ss / double(dim) + eps));
-    for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * scale * w[i];
+    if (fast) {
+      scale_mul_avx512(xr, scale, w, yr, dim);
+    } else {
+      for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * scale * w[i];
+    }
   }
 }
 
@@ -24,28 +110,48 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+void silu_mul_fast(const float* gate, const float* up, float* out, int64_t n) {
+  if (have_avx512()) return silu_mul_avx512(gate, up, out, n);
+  silu_mul(gate, up, out, n);
+}
+
 void add_inplace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
-void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-          float freq_base) {
-  // Angles depend only on (pos, i): compute the inverse frequencies once per call.
+void rope_table(const int32_t* pos, int64_t n_tokens, int64_t head_dim, float freq_base, float* cs) {
+  // Angles depend only on (pos, i): the inverse frequencies once per call.
   std::vector<double> inv_freq(size_t(head_dim / 2));
   for (int64_t i = 0; i < head_dim / 2; ++i)
     inv_freq[size_t(i)] = std::pow(double(freq_base), -2.0 * double(i) / double(head_dim));
-  for (int64_t t = 0; t < n_tokens; ++t) {
+  for (int64_t t = 0; t < n_tokens; ++t)
     for (int64_t i = 0; i < head_dim / 2; ++i) {
       const double theta = double(pos[t]) * inv_freq[size_t(i)];
-      const float c = float(std::cos(theta)), s = float(std::sin(theta));
-      for (int64_t h = 0; h < n_heads; ++h) {
-        float* p = x + (t * n_heads + h) * head_dim + 2 * i;
-        const float a = p[0], b = p[1];
-        p[0] = a * c - b * s;
-        p[1] = a * s + b * c;
+      cs[(t * (head_dim / 2) + i) * 2] = float(std::cos(theta));
+      cs[(t * (head_dim / 2) + i) * 2 + 1] = float(std::sin(theta));
+    }
+}
+
+void rope_apply(float* x, const float* cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim) {
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* ct = cs + t * head_dim;  // head_dim / 2 pairs
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* p = x + (t * n_heads + h) * head_dim;
+      for (int64_t i = 0; i < head_dim / 2; ++i) {
+        const float c = ct[2 * i], s = ct[2 * i + 1];
+        const float a = p[2 * i], b = p[2 * i + 1];
+        p[2 * i] = a * c - b * s;
+        p[2 * i + 1] = a * s + b * c;
       }
     }
   }
+}
+
+void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+          float freq_base) {
+  std::vector<float> cs(size_t(n_tokens * (head_dim / 2) * 2));
+  rope_table(pos, n_tokens, head_dim, freq_base, cs.data());
+  rope_apply(x, cs.data(), n_tokens, n_heads, head_dim);
 }
 
 void softmax(float* x, int64_t n) {

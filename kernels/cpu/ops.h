@@ -9,12 +9,20 @@ namespace tandem::kernels::cpu {
 void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps);
 // out = silu(gate) * up, elementwise over n.
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+// silu_mul with a vectorised exp (AVX-512 where the CPU has it, else silu_mul): within a few
+// ulp of silu_mul. The engine's path; silu_mul stays the reference other backends match.
+void silu_mul_fast(const float* gate, const float* up, float* out, int64_t n);
 // x += y over n.
 void add_inplace(float* x, const float* y, int64_t n);
 // Rotary embedding, llama "normal" layout (adjacent pairs (2i, 2i+1) rotate together):
 // x: [n_tokens, n_heads, head_dim], pos: [n_tokens]; pair i turns by pos·base^(−2i/head_dim).
 void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
           float freq_base);
+// rope in two steps, for callers that rotate many tensors at the same positions (every layer's
+// q and k): the angles once, cs: [n_tokens][head_dim / 2][2] (cos, sin) ...
+void rope_table(const int32_t* pos, int64_t n_tokens, int64_t head_dim, float freq_base, float* cs);
+// ... then the rotation, with exactly rope's arithmetic.
+void rope_apply(float* x, const float* cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim);
 // In-place softmax over n values; returns nothing, leaves probabilities summing to 1.
 void softmax(float* x, int64_t n);
 
