@@ -74,7 +74,7 @@ int32_t engine::blocks_needed(seq_id s, int32_t n_tokens) const {
   return std::max(0, div_up(len + n_tokens, opts_.block_size) - have);
 }
 
-status engine::forward(std::span<const batch_entry> batch, std::vector<float>& logits) {
+status engine::forward(std::span<const batch_entry> batch, std::vector<float>& logits, const layer_hook& after_layer) {
   const llama_config& c = config();
   const int32_t T = int32_t(batch.size());
   if (T == 0) return {};
@@ -107,8 +107,9 @@ status engine::forward(std::span<const batch_entry> batch, std::vector<float>& l
     for (int32_t i = blocks_needed(s, n); i > 0; --i) sq.blocks.push_back(pool_.allocate());
   }
 
-  run_layers(batch, pos, seqs);
+  // The hook may export these positions before forward returns: count them in first.
   for (auto& [s, n] : added) seqs_.at(s).n_tokens += n;
+  run_layers(batch, pos, seqs, after_layer);
 
   // Logits only for the rows asked for: the output head is the largest matmul per token.
   std::vector<int32_t> rows;
@@ -127,7 +128,7 @@ status engine::forward(std::span<const batch_entry> batch, std::vector<float>& l
 }
 
 void engine::run_layers(std::span<const batch_entry> batch, std::span<const int32_t> pos,
-                        std::span<sequence* const> seqs) {
+                        std::span<sequence* const> seqs, const layer_hook& after_layer) {
   const llama_config& c = config();
   const int64_t T = int64_t(batch.size());
   const int64_t q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
@@ -202,6 +203,8 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
       }
     }
 
+    if (after_layer) after_layer(l);
+
     // Tasks: (tile of a run of one sequence's consecutive entries, KV head), costliest
     // (longest context) first, handed out dynamically. The GQA group's query heads of a tile
     // read each K/V row once.
@@ -260,24 +263,34 @@ status engine::decode(std::span<const seq_id> seqs, std::span<const token_id> to
 }
 
 status engine::export_kv(seq_id s, std::vector<kv_block_export>& out) const {
+  out.clear();
+  return export_kv(s, 0, config().n_layer, 0, out);
+}
+
+status engine::export_kv(seq_id s, int32_t layer_begin, int32_t layer_end, int32_t from_pos,
+                         std::vector<kv_block_export>& out) const {
   auto it = seqs_.find(s);
   if (it == seqs_.end()) return {errc::unknown_sequence, "sequence " + std::to_string(s) + " does not exist"};
   const kv_layout& lay = pool_.layout();
-  out.clear();
+  if (layer_begin < 0 || layer_end > lay.n_layer || layer_begin >= layer_end || from_pos < 0)
+    return {errc::invalid_argument, "export_kv: bad layer or position range"};
   const sequence& sq = it->second;
-  for (size_t i = 0; i < sq.blocks.size(); ++i) {
+  const int64_t per_layer = lay.floats_per_layer();
+  for (size_t i = size_t(from_pos / lay.block_size); i < sq.blocks.size(); ++i) {
     kv_block_export e;
     e.model_id = model_->identity();
-    e.layer_begin = 0;
-    e.layer_end = lay.n_layer;
+    e.layer_begin = layer_begin;
+    e.layer_end = layer_end;
     e.pos_begin = int32_t(i) * lay.block_size;
     e.pos_end = std::min(sq.n_tokens, e.pos_begin + lay.block_size);
+    if (e.pos_end <= e.pos_begin) break;
     e.dtype = kernels::dtype::f32;
     e.block_size = lay.block_size;
     e.n_kv_head = lay.n_kv_head;
     e.head_dim = lay.head_dim;
-    const float* src = pool_.block_data(sq.blocks[i]);
-    e.payload.assign(src, src + lay.floats_per_block());
+    // block memory: [n_layer][2][n_kv_head][block_size][head_dim]; a layer range is contiguous
+    const float* src = pool_.block_data(sq.blocks[i]) + int64_t(layer_begin) * per_layer;
+    e.payload.assign(src, src + int64_t(layer_end - layer_begin) * per_layer);
     e.checksum = e.compute_checksum();
     out.push_back(std::move(e));
   }
@@ -290,7 +303,9 @@ status engine::import_kv(seq_id s, std::span<const kv_block_export> blocks) {
   sequence& sq = it->second;
   if (sq.n_tokens != 0) return {errc::invalid_argument, "import needs an empty sequence"};
   const kv_layout& lay = pool_.layout();
-  int32_t n_tokens = 0;
+  const int64_t per_layer = lay.floats_per_layer();
+  // cover[block][layer]: the piece that provides it (the one with the most positions).
+  std::vector<std::vector<const kv_block_export*>> cover;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const kv_block_export& e = blocks[i];
     const std::string which = "KV block " + std::to_string(i);
@@ -299,23 +314,42 @@ status engine::import_kv(seq_id s, std::span<const kv_block_export> blocks) {
     if (e.model_id != model_->identity())
       return {errc::incompatible_kv, which + " was made by a different model"};
     if (e.dtype != kernels::dtype::f32 || e.block_size != lay.block_size || e.n_kv_head != lay.n_kv_head ||
-        e.head_dim != lay.head_dim || e.layer_begin != 0 || e.layer_end != lay.n_layer ||
-        int64_t(e.payload.size()) != lay.floats_per_block())
+        e.head_dim != lay.head_dim || e.layer_begin < 0 || e.layer_end > lay.n_layer ||
+        e.layer_begin >= e.layer_end || int64_t(e.payload.size()) != int64_t(e.layer_end - e.layer_begin) * per_layer)
       return {errc::incompatible_kv, which + " has a different layout than this engine's cache"};
-    const bool last = i + 1 == blocks.size();
-    if (e.pos_begin != n_tokens || e.pos_end <= e.pos_begin || e.pos_end - e.pos_begin > lay.block_size ||
-        (!last && e.pos_end - e.pos_begin != lay.block_size))
-      return {errc::incompatible_kv, which + " does not continue the positions before it"};
-    n_tokens = e.pos_end;
+    if (e.pos_begin < 0 || e.pos_begin % lay.block_size != 0 || e.pos_end <= e.pos_begin ||
+        e.pos_end - e.pos_begin > lay.block_size || e.pos_end > config().n_ctx)
+      return {errc::incompatible_kv, which + " has positions that are not one block's"};
+    const size_t b = size_t(e.pos_begin / lay.block_size);
+    if (b >= cover.size()) cover.resize(b + 1, std::vector<const kv_block_export*>(size_t(lay.n_layer), nullptr));
+    for (int32_t l = e.layer_begin; l < e.layer_end; ++l) {
+      auto& c = cover[b][size_t(l)];
+      if (!c || c->pos_end < e.pos_end) c = &e;
+    }
   }
-  if (n_tokens > config().n_ctx)
-    return {errc::context_overflow, "imported KV exceeds the context length"};
-  if (int32_t(blocks.size()) > pool_.free_blocks())
-    return {errc::out_of_kv_blocks, "import needs " + std::to_string(blocks.size()) + " KV blocks, " +
+  int32_t n_tokens = 0;
+  for (size_t b = 0; b < cover.size(); ++b) {
+    const std::string which = "KV block at position " + std::to_string(b * size_t(lay.block_size));
+    for (const auto* c : cover[b])
+      if (!c) return {errc::incompatible_kv, which + " is missing layers: the KV set is incomplete"};
+    const int32_t end = cover[b][0]->pos_end;
+    for (const auto* c : cover[b])
+      if (c->pos_end != end) return {errc::incompatible_kv, which + " has layers of different lengths"};
+    if (b + 1 < cover.size() && end - cover[b][0]->pos_begin != lay.block_size)
+      return {errc::incompatible_kv, which + " is partial but not the last: positions do not continue"};
+    n_tokens = end;
+  }
+  if (int32_t(cover.size()) > pool_.free_blocks())
+    return {errc::out_of_kv_blocks, "import needs " + std::to_string(cover.size()) + " KV blocks, " +
                                         std::to_string(pool_.free_blocks()) + " free"};
-  for (const auto& e : blocks) {
+  for (const auto& layers : cover) {
     const block_id b = pool_.allocate();
-    std::memcpy(pool_.block_data(b), e.payload.data(), e.payload.size() * sizeof(float));
+    float* dst = pool_.block_data(b);
+    for (int32_t l = 0; l < lay.n_layer; ++l) {
+      const kv_block_export& e = *layers[size_t(l)];
+      std::memcpy(dst + int64_t(l) * per_layer, e.payload.data() + int64_t(l - e.layer_begin) * per_layer,
+                  size_t(per_layer) * sizeof(float));
+    }
     sq.blocks.push_back(b);
   }
   sq.n_tokens = n_tokens;

@@ -7,6 +7,7 @@
 // token for each of several sequences of different lengths (continuous batching); a mix of
 // both is the colocated step.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -58,7 +59,11 @@ class engine {
   // entry takes the next position of its sequence. `logits` receives one row of n_vocab per
   // entry with want_logits, in batch order. All-or-nothing: on out_of_kv_blocks,
   // context_overflow or unknown_sequence nothing changes.
-  status forward(std::span<const batch_entry> batch, std::vector<float>& logits);
+  // `after_layer(l)`, if set, runs on the calling thread as soon as layer l's K/V of the whole
+  // batch is in the cache: a prefill worker streams finished layers while later ones compute.
+  using layer_hook = std::function<void(int32_t layer)>;
+  status forward(std::span<const batch_entry> batch, std::vector<float>& logits,
+                 const layer_hook& after_layer = {});
 
   // Appends `tokens` to s; `last_logits` gets the logits after the last token.
   status prefill(seq_id s, std::span<const token_id> tokens, std::vector<float>& last_logits);
@@ -68,8 +73,15 @@ class engine {
 
   // A sequence's KV as blocks (what a KV link moves) and the way back into another engine.
   status export_kv(seq_id s, std::vector<kv_block_export>& out) const;
-  // Imports into an empty sequence; refuses a block whose checksum, model, shape or
-  // positions do not match (checksum_mismatch / incompatible_kv), leaving s empty.
+  // Part of it: layers [layer_begin, layer_end) of the blocks holding positions from
+  // `from_pos` on (appended to out). Streaming a prefill sends such pieces as they finish.
+  status export_kv(seq_id s, int32_t layer_begin, int32_t layer_end, int32_t from_pos,
+                   std::vector<kv_block_export>& out) const;
+  // Imports into an empty sequence. Pieces may split a block by layers, and a block may come
+  // more than once as it fills (the piece with the most positions wins), but together they
+  // must cover every layer of consecutive blocks from position 0 with one length per block.
+  // Refuses a piece whose checksum, model or shape do not match, or an incomplete set
+  // (checksum_mismatch / incompatible_kv), leaving s empty.
   status import_kv(seq_id s, std::span<const kv_block_export> blocks);
 
  private:
@@ -84,7 +96,7 @@ class engine {
   };
   struct scratch;
   void run_layers(std::span<const batch_entry> batch, std::span<const int32_t> pos,
-                  std::span<sequence* const> seqs);
+                  std::span<sequence* const> seqs, const layer_hook& after_layer);
 
   std::shared_ptr<const model> model_;
   engine_options opts_;

@@ -17,9 +17,8 @@ struct kv_layout {
   int32_t n_kv_head = 0;
   int32_t head_dim = 0;
   int32_t block_size = 16;
-  int64_t floats_per_block() const {
-    return int64_t(n_layer) * 2 * n_kv_head * block_size * head_dim;
-  }
+  int64_t floats_per_layer() const { return int64_t(2) * n_kv_head * block_size * head_dim; }
+  int64_t floats_per_block() const { return int64_t(n_layer) * floats_per_layer(); }
   int64_t bytes_per_block() const { return floats_per_block() * int64_t(sizeof(float)); }
   bool operator==(const kv_layout&) const = default;
 };

@@ -250,6 +250,56 @@ TEST(Engine, KvExportImportContinuesIdentically) {
   }
 }
 
+// What a streaming prefill worker does: chunked prefill, and after each layer of each chunk
+// the pieces (that layer, blocks from the chunk's first position) go out. Imported together,
+// the pieces give the same sequence as a whole export; an incomplete set is refused.
+TEST(Engine, KvStreamedByLayerAndChunkImportsIdentically) {
+  auto m = model::load(synth_file("tiny", kernels::dtype::f32));
+  const int V = m->config().n_vocab;
+  const int32_t n_layer = m->config().n_layer;
+  ASSERT_GE(n_layer, 2);
+  engine src(m, engine_options{.n_threads = 2, .n_kv_blocks = 32});
+  engine whole(m, engine_options{.n_kv_blocks = 32});
+  engine dst(m, engine_options{.n_kv_blocks = 32});
+  const auto prompt = some_tokens(37, V);
+  const seq_id a = src.create_sequence();
+  std::vector<kv_block_export> pieces;
+  std::vector<float> logits;
+  for (int32_t begin = 0; begin < 37; begin += 7) {
+    const int32_t n = std::min(7, 37 - begin);
+    std::vector<batch_entry> batch;
+    for (int32_t i = 0; i < n; ++i) batch.push_back({a, prompt[size_t(begin + i)], begin + i == 36});
+    ASSERT_TRUE(src.forward(batch, logits, [&](int32_t l) {
+                     ASSERT_TRUE(src.export_kv(a, l, l + 1, begin, pieces).ok());
+                   }).ok());
+  }
+  EXPECT_GT(pieces.size(), size_t(3 * n_layer));  // blocks re-sent as they filled
+  const token_id first = argmax(logits.data(), V);
+
+  auto missing = pieces;  // the last layer of the last chunk never arrived
+  missing.pop_back();
+  const seq_id m1 = dst.create_sequence();
+  EXPECT_EQ(dst.import_kv(m1, missing).code(), errc::incompatible_kv);
+  EXPECT_EQ(dst.kv_pool().free_blocks(), 32);
+
+  const seq_id b = dst.create_sequence();
+  ASSERT_TRUE(dst.import_kv(b, pieces).ok());
+  EXPECT_EQ(dst.sequence_length(b), 37);
+  const seq_id w = whole.create_sequence();
+  std::vector<float> wl;
+  ASSERT_TRUE(whole.prefill(w, prompt, wl).ok());
+  ASSERT_EQ(argmax(wl.data(), V), first);
+  token_id tw = first, tb = first;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<float> lw, lb;
+    ASSERT_TRUE(whole.decode(std::span(&w, 1), std::span(&tw, 1), lw).ok());
+    ASSERT_TRUE(dst.decode(std::span(&b, 1), std::span(&tb, 1), lb).ok());
+    tw = argmax(lw.data(), V);
+    tb = argmax(lb.data(), V);
+    ASSERT_EQ(tw, tb) << "step " << i;
+  }
+}
+
 TEST(Engine, CorruptedOrForeignKvBlockIsRefused) {
   auto m = model::load(synth_file("tiny", kernels::dtype::f32));
   auto other = model::load(synth_file("tiny", kernels::dtype::f16));
