@@ -175,12 +175,13 @@ int64_t decode_max_m(isa level, dtype t) {
 }
 
 int64_t decode_grain(const weight_view& w, int threads) {
-  // One equal slice per thread, but each at least 1 MiB of weights (~30 us of streaming): waking
-  // a sleeping pool thread costs 10-50 us on the test VM (condition variable, idle vCPU), so
-  // smaller matrices run on fewer threads, the smallest inline on the caller. Measured on
-  // bench-76m decode: 256 KiB slices were 20% slower than 1 MiB ones.
+  // One equal slice per thread, but each at least 128 KiB of weights (~5 us of streaming): a
+  // dispatch to spinning pool threads costs ~1.5 us on the test VM (thread_pool.h), so only
+  // the smallest matrices run inline on the caller. (With the earlier condition-variable pool,
+  // 10-50 us per wake-up, the floor was 1 MiB, which left most bf16/q8_0 decode matrices of
+  // bench-76m on one thread.)
   const int64_t bytes = w.rows * row_bytes(w.type, w.cols);
-  const int64_t parts = std::clamp<int64_t>(bytes / (int64_t(1) << 20), 1, threads);
+  const int64_t parts = std::clamp<int64_t>(bytes / (int64_t(1) << 17), 1, threads);
   return (w.rows + parts - 1) / parts;
 }
 
