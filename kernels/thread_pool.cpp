@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <exception>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -12,6 +11,21 @@
 #endif
 
 namespace tandem::kernels {
+
+// One parallel call. Lives on the caller's stack; workers reach it through current_ and
+// touch it only while counted in active_, so it outlives every access.
+struct thread_pool::job {
+  // Runs chunk i as participant p (pinned jobs: chunk p on participant p only).
+  std::function<void(int64_t, int)> run;
+  int64_t n = 0;
+  bool pinned = false;  // run_on_all: every thread runs exactly its own chunk
+  uint64_t generation = 0;
+  alignas(64) std::atomic<int64_t> next{0};  // next chunk to claim
+  alignas(64) std::atomic<int64_t> done{0};  // chunks finished
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;  // written once, by whoever sets `failed` first
+};
+
 namespace {
 
 using spin_clock = std::chrono::steady_clock;
@@ -46,30 +60,78 @@ thread_pool::~thread_pool() {
   for (auto& t : threads_) t.join();
 }
 
+void thread_pool::run_chunks(job& j, int participant) {
+  auto one = [&](int64_t i) {
+    try {
+      j.run(i, participant);
+    } catch (...) {
+      if (!j.failed.exchange(true, std::memory_order_acq_rel)) j.error = std::current_exception();
+    }
+    if (j.done.fetch_add(1, std::memory_order_acq_rel) + 1 == j.n && participant != 0) {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (caller_sleeping_) done_cv_.notify_one();
+    }
+  };
+  if (j.pinned) {
+    one(participant);
+    return;
+  }
+  for (int64_t i; (i = j.next.fetch_add(1, std::memory_order_relaxed)) < j.n;) one(i);
+}
+
 void thread_pool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    // Spin first: the next job usually follows within microseconds.
     auto fresh = [&] {
       return generation_.load(std::memory_order_acquire) != seen ||
              stop_.load(std::memory_order_acquire);
     };
-    if (!spin_until(fresh, spin_us_)) {
+    if (!spin_until(fresh, spin_us_)) {  // spin first: the next job usually follows closely
       std::unique_lock<std::mutex> lk(mu_);
       ++sleepers_;
       start_cv_.wait(lk, fresh);
       --sleepers_;
     }
-    if (stop_.load(std::memory_order_acquire)) return;  // only set while no job is running
-    // The caller bumps the generation only after every worker finished the previous job, so
-    // exactly one new job is waiting here.
+    if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
-    (*job_)(index);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (caller_sleeping_) done_cv_.notify_one();
+    // Announce before looking: the caller retires a job only after it cleared current_ and
+    // then saw active_ == 0 (both seq_cst), so a job read here stays alive until we leave.
+    active_.fetch_add(1, std::memory_order_seq_cst);
+    if (job* j = current_.load(std::memory_order_seq_cst)) {
+      // The job may be newer than the generation we saw; remember the one we served, so a
+      // pinned job is never run twice by this thread.
+      seen = std::max(seen, j->generation);
+      run_chunks(*j, index);
     }
+    active_.fetch_sub(1, std::memory_order_seq_cst);
   }
+}
+
+void thread_pool::dispatch(job& j) {
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    j.generation = generation_.load(std::memory_order_relaxed) + 1;
+    current_.store(&j, std::memory_order_seq_cst);
+    generation_.store(j.generation, std::memory_order_release);
+    wake = sleepers_ > 0;
+  }
+  if (wake) start_cv_.notify_all();
+  run_chunks(j, 0);
+  auto finished = [&] { return j.done.load(std::memory_order_acquire) == j.n; };
+  if (!spin_until(finished, spin_us_)) {
+    std::unique_lock<std::mutex> lk(mu_);
+    caller_sleeping_ = true;
+    done_cv_.wait(lk, finished);
+    caller_sleeping_ = false;
+  }
+  current_.store(nullptr, std::memory_order_seq_cst);
+  // Workers that picked up j may still be leaving it (their last access is brief).
+  for (unsigned i = 1; active_.load(std::memory_order_seq_cst) != 0; ++i) {
+    TANDEM_CPU_RELAX();
+    if (i % 1024 == 0) std::this_thread::yield();
+  }
+  if (j.failed.load(std::memory_order_acquire)) std::rethrow_exception(j.error);
 }
 
 void thread_pool::run_on_all(const std::function<void(int)>& fn) {
@@ -77,30 +139,11 @@ void thread_pool::run_on_all(const std::function<void(int)>& fn) {
     fn(0);
     return;
   }
-  job_ = &fn;
-  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-  bool wake;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    generation_.fetch_add(1, std::memory_order_release);  // publishes job_ and pending_
-    wake = sleepers_ > 0;
-  }
-  if (wake) start_cv_.notify_all();
-  std::exception_ptr error;
-  try {
-    fn(0);
-  } catch (...) {
-    error = std::current_exception();  // the workers still use fn: wait for them first
-  }
-  auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
-  if (!spin_until(done, spin_us_)) {
-    std::unique_lock<std::mutex> lk(mu_);
-    caller_sleeping_ = true;
-    done_cv_.wait(lk, done);
-    caller_sleeping_ = false;
-  }
-  job_ = nullptr;
-  if (error) std::rethrow_exception(error);
+  job j;
+  j.run = [&](int64_t i, int) { fn(int(i)); };
+  j.n = n_threads_;
+  j.pinned = true;
+  dispatch(j);
 }
 
 void thread_pool::parallel_for(int64_t n, int64_t grain,
@@ -108,21 +151,26 @@ void thread_pool::parallel_for(int64_t n, int64_t grain,
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t chunks = (n + grain - 1) / grain;
-  const int workers = int(std::min<int64_t>(n_threads_, chunks));
-  if (workers <= 1) {
+  const int slices = int(std::min<int64_t>(n_threads_, chunks));
+  if (slices <= 1) {
     fn(0, n, 0);
     return;
   }
-  // Spread whole grains evenly: the first `extra` threads get one more grain.
-  const int64_t per = chunks / workers, extra = chunks % workers;
-  run_on_all([&](int t) {
-    if (t >= workers) return;
-    const int64_t first = t * per + std::min<int64_t>(t, extra);
-    const int64_t count = per + (t < extra ? 1 : 0);
-    const int64_t begin = first * grain;
-    const int64_t end = std::min(n, (first + count) * grain);
-    if (begin < end) fn(begin, end, t);
-  });
+  // Spread whole grains evenly: the first `extra` slices get one more grain.
+  struct plan {
+    int64_t n, grain, per, extra;
+    const std::function<void(int64_t, int64_t, int)>* fn;
+  } const p{n, grain, chunks / slices, chunks % slices, &fn};
+  job j;
+  j.run = [&p](int64_t s, int) {  // one reference: fits std::function's inline buffer
+    const int64_t first = s * p.per + std::min<int64_t>(s, p.extra);
+    const int64_t count = p.per + (s < p.extra ? 1 : 0);
+    const int64_t begin = first * p.grain;
+    const int64_t end = std::min(p.n, (first + count) * p.grain);
+    if (begin < end) (*p.fn)(begin, end, int(s));
+  };
+  j.n = slices;
+  dispatch(j);
 }
 
 void thread_pool::for_each_dynamic(int64_t n, const std::function<void(int64_t, int)>& fn) {
@@ -131,10 +179,10 @@ void thread_pool::for_each_dynamic(int64_t n, const std::function<void(int64_t, 
     for (int64_t i = 0; i < n; ++i) fn(i, 0);
     return;
   }
-  std::atomic<int64_t> next{0};
-  run_on_all([&](int t) {
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(i, t);
-  });
+  job j;
+  j.run = [&](int64_t i, int p) { fn(i, p); };
+  j.n = n;
+  dispatch(j);
 }
 
 }  // namespace tandem::kernels

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <stdexcept>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -94,6 +96,57 @@ TEST(thread_pool, destruction_joins_workers) {
     EXPECT_EQ(exited.load(), threads - 1);
   }
   { tk::thread_pool idle(4); }  // never used: must still shut down
+}
+
+TEST(thread_pool, for_each_dynamic_runs_every_index_once) {
+  for (int threads : {1, 2, 3}) {
+    tk::thread_pool pool(threads);
+    for (int64_t n : {0, 1, 2, 7, 1000}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      std::atomic<int> bad{0};
+      pool.for_each_dynamic(n, [&](int64_t i, int p) {
+        if (p < 0 || p >= threads) ++bad;
+        ++hits[size_t(i)];
+      });
+      EXPECT_EQ(bad.load(), 0);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1);
+    }
+  }
+}
+
+// spin_us = 0: every job goes through the sleeping paths (workers and caller on condition
+// variables); spin_us = 50 with pauses between jobs: a mix of spinning and sleeping.
+TEST(thread_pool, back_to_back_jobs_with_and_without_spinning) {
+  for (int spin : {0, 50}) {
+    tk::thread_pool pool(3, spin);
+    std::atomic<int64_t> sum{0};
+    for (int rep = 0; rep < 300; ++rep) {
+      pool.parallel_for(300, 7, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) sum += i;
+      });
+      if (rep % 50 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    EXPECT_EQ(sum.load(), 300 * (299 * 300 / 2));
+  }
+}
+
+TEST(thread_pool, exceptions_reach_the_caller_after_all_slices) {
+  tk::thread_pool pool(3);
+  for (int thrower : {0, 1, 2}) {
+    std::atomic<int> ran{0};
+    EXPECT_THROW(pool.parallel_for(3, 1,
+                                   [&](int64_t b, int64_t, int) {
+                                     ++ran;
+                                     if (b == thrower) throw std::runtime_error("slice failed");
+                                   }),
+                 std::runtime_error);
+    EXPECT_EQ(ran.load(), 3);
+  }
+  int ok = 0;  // still usable afterwards
+  pool.run_on_all([&](int t) {
+    if (t == 0) ok = 1;
+  });
+  EXPECT_EQ(ok, 1);
 }
 
 }  // namespace
