@@ -12,7 +12,7 @@ void report_load(self_ptr self) {
   l.alive = true;
   l.free_blocks = st.ledger->free_blocks();
   l.total_blocks = st.ledger->total_blocks();
-  l.batch_size = int32_t(st.active.size() + st.arrivals.size() + st.importing.size());
+  l.batch_size = st.ledger->holders();  // reserved slots, streaming or decoding
   l.max_batch = st.opts.max_batch;
   self->send(st.router, load_atom::value, l);
 }
@@ -134,8 +134,8 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
   return {
       [self](reserve_atom, request_id id, int32_t max_total_tokens) {
         auto& st = self->state;
-        const int32_t held = int32_t(st.active.size() + st.arrivals.size() + st.importing.size());
-        if (held >= st.opts.max_batch) return false;
+        // Every reservation is a future batch slot (streamed ones arrive while prefill runs).
+        if (st.ledger->holders() >= st.opts.max_batch && !st.ledger->holds(int64_t(id))) return false;
         const int32_t cap = std::min(max_total_tokens, st.we->eng->config().n_ctx);
         const bool ok = st.ledger->try_reserve(int64_t(id), cap);
         report_load(self);
@@ -144,14 +144,41 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
       [self](arrive_atom, request_spec& spec, request_actor& req, kv_blocks_ptr& kv,
              std::vector<token_id>& generated) -> caf::result<bool> {
         auto& st = self->state;
+        std::vector<kv_blocks_ptr> pieces;
+        if (auto it = st.staged.find(spec.id); it != st.staged.end()) {
+          if (it->second.epoch == spec.epoch) pieces = std::move(it->second.pieces);
+          st.staged.erase(it);
+        }
         if (!st.ledger->holds(int64_t(spec.id)) || generated.empty() || !kv || st.active.count(spec.id)) return false;
+        pieces.push_back(std::move(kv));
+        // Every block must be this request's, from this prefill attempt (the tags are under
+        // the checksum the engine verifies on import).
+        for (const auto& p : pieces)
+          for (const auto& b : *p)
+            if (b.request != spec.id || b.epoch != spec.epoch) {
+              self->send(req, fail_atom::value, errc::incompatible_kv,
+                         std::string("KV block of another request or prefill attempt"));
+              return false;
+            }
         auto rp = self->make_response_promise<bool>();
-        st.arrivals.push_back({std::move(spec), std::move(req), std::move(kv), std::move(generated), rp});
+        st.arrivals.push_back({std::move(spec), std::move(req), std::move(pieces), std::move(generated), rp});
         kick(self);
         return rp;
       },
+      [self](kv_piece_atom, request_id id, uint32_t epoch, kv_blocks_ptr& kv) {
+        auto& st = self->state;
+        if (!kv || !st.ledger->holds(int64_t(id)) || st.active.count(id)) return;  // stale: no reservation
+        auto& sk = st.staged[id];
+        if (epoch < sk.epoch) return;  // from an attempt that was replaced
+        if (epoch > sk.epoch) {
+          sk.epoch = epoch;
+          sk.pieces.clear();
+        }
+        sk.pieces.push_back(std::move(kv));
+      },
       [self](cancel_atom, request_id id) {
         auto& st = self->state;
+        st.staged.erase(id);
         if (auto it = st.active.find(id); it != st.active.end()) {
           if (it->second.in_step) it->second.cancelled = true;
           else retire(self, id, "");

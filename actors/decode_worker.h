@@ -24,7 +24,7 @@ struct decode_worker_state {
   struct arrival {
     request_spec spec;
     request_actor req;
-    kv_blocks_ptr kv;
+    std::vector<kv_blocks_ptr> kv;  // streamed pieces, then the closing transfer's blocks
     std::vector<token_id> generated;
     caf::typed_response_promise<bool> promise;
   };
@@ -37,6 +37,11 @@ struct decode_worker_state {
   std::vector<arrival> importing;       // in the step in flight
   std::vector<seq_id> to_free;
   std::set<request_id> cancelled_importing;  // cancelled while their import was in flight
+  struct staged_kv {
+    uint32_t epoch = 0;
+    std::vector<kv_blocks_ptr> pieces;
+  };
+  std::map<request_id, staged_kv> staged;   // streamed pieces of reserved requests, by id
   static inline const char* name = "decode_worker";
 };
 

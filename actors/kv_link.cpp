@@ -39,6 +39,29 @@ kv_blocks_ptr move_through(transport::kv_transport& t, const std::vector<kv_bloc
   return dst;
 }
 
+// Moves blocks through the link's transport (or hands them over) and accounts for them.
+kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const request_actor& req,
+                   const kv_blocks_ptr& kv) {
+  auto& st = self->state;
+  if (kv->empty()) return kv;  // the closing transfer of a streamed prefill
+  const auto t0 = steady::now();
+  uint64_t bytes = 0;
+  for (const auto& b : *kv) bytes += b.payload.size() * sizeof(float);
+  kv_blocks_ptr landed = kv;
+  if (st.opts.transport != "handoff") {
+    status err;
+    landed = move_through(*st.transport, *kv, err);
+    if (!landed) return nullptr;
+  }
+  const double ms = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
+  st.bytes += bytes;
+  self->send(req, kv_atom::value, bytes, ms);
+  if (st.opts.metrics)
+    st.opts.metrics->get_counter("tandem_kv_link_bytes_total", "Bytes of KV moved by a link", {{"link", st.opts.name}})
+        .inc(double(bytes));
+  return landed;
+}
+
 }  // namespace
 
 kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv_link_state> self,
@@ -52,24 +75,12 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
              std::vector<token_id>& generated) -> caf::result<bool> {
         auto& st = self->state;
         if (!kv) return false;
-        const auto t0 = steady::now();
-        uint64_t bytes = 0;
-        for (const auto& b : *kv) bytes += b.payload.size() * sizeof(float);
-        kv_blocks_ptr landed = kv;
-        if (st.opts.transport != "handoff") {
-          status err;
-          landed = move_through(*st.transport, *kv, err);
-          if (!landed) return false;
-        }
-        const double ms = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
+        kv_blocks_ptr landed = move(self, req, kv);
+        if (!landed) return false;
         ++st.transfers;
-        st.bytes += bytes;
-        self->send(req, kv_atom::value, bytes, ms);
-        if (st.opts.metrics) {
-          const metrics::labels l{{"link", st.opts.name}};
-          st.opts.metrics->get_counter("tandem_kv_link_bytes_total", "Bytes of KV moved by a link", l).inc(double(bytes));
-          st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", l).inc();
-        }
+        if (st.opts.metrics)
+          st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", {{"link", st.opts.name}})
+              .inc();
         auto rp = self->make_response_promise<bool>();
         ++st.in_flight;
         auto settle = [self] {
@@ -87,6 +98,18 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
                   settle();
                 });
         return rp;
+      },
+      [self](kv_piece_atom, request_id id, uint32_t epoch, request_actor& req, kv_blocks_ptr& kv) {
+        if (!kv) return;
+        // A piece that fails to move is simply not staged: the decode side then finds the set
+        // incomplete at arrival and refuses it, so nothing decodes on partial KV.
+        if (kv_blocks_ptr landed = move(self, req, kv)) {
+          self->send(self->state.decode, kv_piece_atom::value, id, epoch, std::move(landed));
+          if (auto& m = self->state.opts.metrics)
+            m->get_counter("tandem_kv_link_pieces_total", "KV pieces streamed by a link while prefill ran",
+                           {{"link", self->state.opts.name}})
+                .inc();
+        }
       },
       [self](release_atom) {
         self->state.retiring = true;

@@ -156,6 +156,8 @@ struct pipeline::impl {
     o.kv_memory_bytes = cfg.kv_memory_bytes_per_worker;
     o.token_budget = budget;
     o.chunk_size = cfg.chunk_size;
+    o.stream_kv = cfg.stream_kv;
+    o.stream_layer_group = cfg.stream_layer_group;
     o.max_batch = cfg.max_batch;
     o.metrics = metrics;
     return o;

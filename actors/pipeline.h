@@ -38,6 +38,10 @@ struct pipeline_config {
   int32_t max_batch = 64;                   // sequences decoding at once per worker
   admission_config admission;               // queue bounds and TTFT/TPOT budgets
   std::string kv_transport = "local";       // "handoff" (no copy, one process), "local" or "shm"
+  // Stream a prompt's KV to its (already reserved) decode worker layer group by layer group
+  // while prefill runs, instead of all at once after it.
+  bool stream_kv = true;
+  int32_t stream_layer_group = 4;           // layers per streamed piece
   int scheduler_threads = 2;                // CAF threads for the actors (compute has its own)
   std::shared_ptr<const admission_policy> admission_policy_impl;  // replaceable policies
   std::shared_ptr<const prefill_placement> prefill_policy;

@@ -35,6 +35,8 @@ void kick(self_ptr self) {
   engine& eng = *st.we->eng;
   int32_t free = eng.kv_pool().free_blocks();
   step_work work;
+  // Streamed pieces leave from the compute thread, straight to their link.
+  auto streams = std::make_shared<std::map<request_id, std::pair<kv_link_actor, request_actor>>>();
   work.frees = std::move(st.to_free);
   st.to_free.clear();
   for (seq_id s : work.frees) {  // freed before the forward pass: their blocks count
@@ -58,15 +60,64 @@ void kick(self_ptr self) {
     ci.seq = it->seq;
     ci.tokens.assign(it->spec.prompt.begin() + c.begin, it->spec.prompt.begin() + c.begin + c.length);
     ci.last = c.last;
-    ci.export_kv = c.last;
+    const bool stream = it->link && st.opts.stream_kv;
+    ci.export_kv = c.last && !stream;
     ci.sampling = it->spec.sampling;
+    ci.epoch = it->spec.epoch;
+    if (stream) {
+      ci.stream_from = it->stream_next;
+      it->stream_next = c.begin + c.length;
+      streams->emplace(it->spec.id, std::make_pair(it->link, it->req));
+    }
     it->in_step = true;
     it->planned = c.length;
     if (it->done == 0) self->send(it->req, state_atom::value, request_state::prefilling);
     work.chunks.push_back(std::move(ci));
   }
   if (work.chunks.empty() && work.frees.empty()) return;
+  if (!streams->empty()) {
+    work.stream_layer_group = st.opts.stream_layer_group;
+    work.on_kv_piece = [streams](work_id id, kv_blocks_ptr piece) {
+      auto it = streams->find(id);
+      if (it == streams->end() || piece->empty()) return;
+      caf::anon_send(it->second.first, kv_piece_atom::value, request_id(id), piece->front().epoch,
+                     it->second.second, std::move(piece));
+    };
+  }
   st.we->start(self, std::move(work));
+}
+
+// Hands a finished prompt's KV (all of it, or only the closing message when it was streamed)
+// to the link; the lease ends when the decode worker holds it.
+void start_transfer(self_ptr self, request_id id, kv_link_actor link) {
+  auto it = self->state.leases.find(id);
+  if (it == self->state.leases.end()) return;
+  auto& l = it->second;
+  // Told before the transfer starts: if this worker dies later, the link still delivers.
+  self->send(self->state.router, ship_atom::value, id);
+  kv_blocks_ptr kv = l.kv ? l.kv : std::make_shared<const std::vector<kv_block_export>>();
+  self->request(link, std::chrono::seconds(60), transfer_atom::value, l.spec, l.req, kv, l.generated)
+      .then(
+          [self, id](bool ok) {
+            // Decode holds the blocks (or refused them): the lease ends either way.
+            auto it = self->state.leases.find(id);
+            if (it == self->state.leases.end()) return;
+            if (!ok)
+              self->send(it->second.req, fail_atom::value, errc::checksum_mismatch,
+                         std::string("the decode worker refused the request's KV blocks"));
+            self->state.to_free.push_back(it->second.seq);
+            self->state.leases.erase(it);
+            kick(self);
+          },
+          [self, id](caf::error& e) {
+            auto it = self->state.leases.find(id);
+            if (it == self->state.leases.end()) return;
+            self->send(it->second.req, fail_atom::value, errc::worker_failed,
+                       "KV transfer to the decode worker failed: " + caf::to_string(e));
+            self->state.to_free.push_back(it->second.seq);
+            self->state.leases.erase(it);
+            kick(self);
+          });
 }
 
 void apply(self_ptr self, step_result& r) {
@@ -123,6 +174,7 @@ void apply(self_ptr self, step_result& r) {
       st.leases[id] = {it->spec, it->req, it->seq, ex != r.exports.end() ? ex->kv : nullptr, {tok->token}};
     }
     self->send(st.router, prefilled_atom::value, id, st.opts.index, finished);
+    if (!finished && it->link) start_transfer(self, id, it->link);
     it = st.queue.erase(it);
   }
 }
@@ -141,33 +193,15 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
         report_load(self);
       },
       [self](ship_atom, request_id id, kv_link_actor& link) {
-        auto it = self->state.leases.find(id);
-        if (it == self->state.leases.end()) return;  // cancelled meanwhile
-        auto& l = it->second;
-        // Told before the transfer starts: if this worker dies later, the link still delivers.
-        self->send(self->state.router, ship_atom::value, id);
-        self->request(link, std::chrono::seconds(60), transfer_atom::value, l.spec, l.req, l.kv, l.generated)
-            .then(
-                [self, id](bool ok) {
-                  // Decode holds the blocks (or refused them): the lease ends either way.
-                  auto it = self->state.leases.find(id);
-                  if (it == self->state.leases.end()) return;
-                  if (!ok)
-                    self->send(it->second.req, fail_atom::value, errc::checksum_mismatch,
-                               std::string("the decode worker refused the request's KV blocks"));
-                  self->state.to_free.push_back(it->second.seq);
-                  self->state.leases.erase(it);
-                  kick(self);
-                },
-                [self, id](caf::error& e) {
-                  auto it = self->state.leases.find(id);
-                  if (it == self->state.leases.end()) return;
-                  self->send(it->second.req, fail_atom::value, errc::worker_failed,
-                             "KV transfer to the decode worker failed: " + caf::to_string(e));
-                  self->state.to_free.push_back(it->second.seq);
-                  self->state.leases.erase(it);
-                  kick(self);
-                });
+        auto& st = self->state;
+        if (st.leases.count(id)) {
+          start_transfer(self, id, link);
+          return;
+        }
+        // Still prefilling: its decode worker is already reserved. The KV streams from now on
+        // (with stream_kv), or goes as a whole as soon as the prompt is done.
+        for (auto& j : st.queue)
+          if (j.spec.id == id) j.link = link;
       },
       [self](release_atom, request_id id) {
         auto it = self->state.leases.find(id);

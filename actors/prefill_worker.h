@@ -18,6 +18,10 @@ struct prefill_worker_state {
     bool in_step = false;
     int32_t planned = 0;     // prompt tokens in the step in flight
     bool cancelled = false;  // cancelled while in a step: dropped when it returns
+    // Its decode worker was reserved before the prompt finished: the KV streams over this
+    // link as it is made (layer group by layer group), from stream_next on.
+    kv_link_actor link;
+    int32_t stream_next = 0;
   };
   struct lease {
     request_spec spec;

@@ -51,6 +51,7 @@ using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using down_atom = caf::atom_constant<caf::atom("wdown")>;
 using kill_atom = caf::atom_constant<caf::atom("kill")>;
+using kv_piece_atom = caf::atom_constant<caf::atom("kvpiece")>;
 
 // Result of a worker's compute step, produced on its compute thread.
 struct step_result;
@@ -99,6 +100,9 @@ using request_actor = caf::typed_actor<
 using decode_worker_actor = caf::typed_actor<
     caf::replies_to<reserve_atom, request_id, int32_t>::with<bool>,   // credits for max total tokens
     caf::replies_to<arrive_atom, request_spec, request_actor, kv_blocks_ptr, std::vector<token_id>>::with<bool>,
+    // Part of a request's KV streamed ahead of its arrival (id, epoch): staged, never decoded
+    // alone; arrive() completes the set.
+    caf::reacts_to<kv_piece_atom, request_id, uint32_t, kv_blocks_ptr>,
     caf::reacts_to<cancel_atom, request_id>,
     caf::reacts_to<pause_atom, request_id, bool>,
     caf::reacts_to<step_atom, step_result_ptr>,
@@ -108,6 +112,9 @@ using decode_worker_actor = caf::typed_actor<
 // Moves one request's KV from a prefill worker to one decode worker through a transport.
 using kv_link_actor = caf::typed_actor<
     caf::replies_to<transfer_atom, request_spec, request_actor, kv_blocks_ptr, std::vector<token_id>>::with<bool>,
+    // A piece streamed while prefill runs (id, epoch, the request for its transfer metrics);
+    // the transfer above, sent after the last piece, completes the set.
+    caf::reacts_to<kv_piece_atom, request_id, uint32_t, request_actor, kv_blocks_ptr>,
     caf::reacts_to<release_atom>>;  // retire: finish the transfers in flight, then end
 
 // Prefill side (and the colocated worker, which accepts the same jobs).

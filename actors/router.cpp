@@ -30,7 +30,11 @@ void update_queue_gauges(self_ptr self) {
   reg(self).get_gauge("tandem_router_queue", help, {{"queue", "decode"}}).set(double(st.decode_queue.size()));
 }
 
-// Sends queued prompts to workers with room, chosen by the prefill placement policy.
+void dispatch_decode(self_ptr self);
+
+// Sends queued prompts to workers with room, chosen by the prefill placement policy. In
+// disaggregated mode a dispatched prompt also queues for decode credits right away: reserved
+// before its prefill ends, its KV streams to the decode worker while it is being computed.
 void dispatch_prefill(self_ptr self) {
   auto& st = self->state;
   while (!st.prefill_queue.empty()) {
@@ -47,16 +51,21 @@ void dispatch_prefill(self_ptr self) {
     ++st.prefill_load[size_t(w)].queued_requests;
     e.prefill_worker = w;
     e.prefill_gen = st.prefill_gen[size_t(w)];
+    ++e.spec.epoch;  // a new prefill attempt: its KV blocks carry this tag
+    if (st.opts.mode == serving_mode::disaggregated && !e.decode_claimed) {
+      e.decode_claimed = true;
+      st.decode_queue.push_back(id);
+    }
     e.dispatched = steady::now();
     if (st.prefill_busy_since[size_t(w)] == steady::time_point{}) st.prefill_busy_since[size_t(w)] = e.dispatched;
     self->send(st.prefill[size_t(w)], prefill_atom::value, e.spec, e.req);
   }
   update_queue_gauges(self);
+  if (st.opts.mode == serving_mode::disaggregated) dispatch_decode(self);
 }
 
-void dispatch_decode(self_ptr self);
-
-// Reserves credits on the chosen decode worker, then tells the prefill worker to ship the KV.
+// Reserves credits on the chosen decode worker, then tells the prefill worker to ship the KV
+// (at once if the prompt is done, else streamed as the prefill goes).
 void dispatch_decode(self_ptr self) {
   auto& st = self->state;
   if (st.reserving || st.decode_queue.empty()) return;
@@ -75,19 +84,21 @@ void dispatch_decode(self_ptr self) {
   st.decode_load[size_t(d)].free_blocks -= blocks;
   ++st.decode_load[size_t(d)].batch_size;
   auto worker = st.decode[size_t(d)];
+  const uint32_t epoch = e.spec.epoch;
   self->request(worker, std::chrono::seconds(30), reserve_atom::value, id, total)
       .then(
-          [self, id, d, worker](bool ok) {
+          [self, id, d, worker, epoch](bool ok) {
             auto& st = self->state;
             st.reserving = false;
             auto it = st.requests.find(id);
-            if (it == st.requests.end()) {  // ended meanwhile: give the credits back
-              if (ok) self->send(worker, cancel_atom::value, id);
-            } else if (!ok) {
-              st.decode_queue.push_front(id);
+            // Still wanted: not ended, not requeued or finished in prefill meanwhile.
+            const bool wanted = it != st.requests.end() && it->second.decode_claimed &&
+                                it->second.spec.epoch == epoch && it->second.state != request_state::decoding;
+            if (!ok) {
+              if (wanted) st.decode_queue.push_front(id);
               st.decode_load[size_t(d)].free_blocks = 0;  // stale view: wait for its report
-            } else if (it->second.state != request_state::transferring) {
-              self->send(worker, cancel_atom::value, id);  // requeued meanwhile: credits back
+            } else if (!wanted) {
+              self->send(worker, cancel_atom::value, id);  // give the credits back
             } else {
               auto& e = it->second;
               e.decode_worker = d;
@@ -97,12 +108,12 @@ void dispatch_decode(self_ptr self) {
               st.last_admit = now;
               const int32_t p = e.prefill_worker;
               e.decode_gen = st.decode_gen[size_t(d)];
-              if (p >= 0 && size_t(p) < st.prefill.size() && st.prefill[size_t(p)] && st.links[size_t(p)][size_t(d)]) {
+              if (p >= 0 && size_t(p) < st.prefill.size() && st.prefill[size_t(p)] && st.links[size_t(p)][size_t(d)])
                 self->send(st.prefill[size_t(p)], ship_atom::value, id, st.links[size_t(p)][size_t(d)]);
-              }
-              else
+              else if (e.state == request_state::transferring)
                 self->send(e.req, fail_atom::value, errc::worker_failed,
                            std::string("the prefill worker holding the request's KV is gone"));
+              // else: its prefill worker died and worker_down requeues it (and the credits)
             }
             dispatch_decode(self);
             update_queue_gauges(self);
@@ -205,6 +216,7 @@ void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) 
     e.transfer_started = false;
     if (auto q = std::find(st.decode_queue.begin(), st.decode_queue.end(), *it); q != st.decode_queue.end())
       st.decode_queue.erase(q);
+    e.decode_claimed = false;
     set_state(self, e, request_state::queued);
     st.prefill_queue.push_front(*it);
     st.prefill_queue_tokens += prompt_len(e);
@@ -281,13 +293,26 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
             self->send(st.prefill[size_t(worker)], release_atom::value, id);  // nobody wants its KV
           return;
         }
-        if (finished || st.opts.mode == serving_mode::colocated) return;
-        if (it->second.state == request_state::decoding) {  // a re-prefill raced a delivered transfer
+        auto& e = it->second;
+        if (st.opts.mode == serving_mode::colocated) return;
+        if (finished) {  // done in prefill (stop token or one token): decode credits back
+          if (auto q = std::find(st.decode_queue.begin(), st.decode_queue.end(), id); q != st.decode_queue.end())
+            st.decode_queue.erase(q);
+          if (e.decode_worker >= 0 && size_t(e.decode_worker) < st.decode.size() && st.decode[size_t(e.decode_worker)])
+            self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, id);
+          e.decode_worker = -1;
+          e.decode_claimed = false;
+          return;
+        }
+        if (e.state == request_state::decoding) {  // a re-prefill raced a delivered transfer
           self->send(st.prefill[size_t(worker)], release_atom::value, id);
           return;
         }
-        set_state(self, it->second, request_state::transferring);
-        st.decode_queue.push_back(id);
+        set_state(self, e, request_state::transferring);
+        if (!e.decode_claimed) {
+          e.decode_claimed = true;
+          st.decode_queue.push_back(id);
+        }
         dispatch_decode(self);
         update_queue_gauges(self);
       },

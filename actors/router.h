@@ -34,6 +34,7 @@ struct router_state {
     uint32_t prefill_gen = 0;      // which incarnation of that worker (restarts bump it)
     uint32_t decode_gen = 0;
     bool transfer_started = false; // the prefill worker handed its KV to a link
+    bool decode_claimed = false;   // in the decode queue, or reserving/holding decode credits
     steady::time_point dispatched;
   };
   router_options opts;

@@ -19,6 +19,8 @@ struct worker_options {
   int32_t token_budget = 512;         // tokens per step (prefill, colocated)
   int32_t chunk_size = 256;           // longest piece of one prompt per step
   int32_t max_batch = 64;             // sequences decoding at once (decode, colocated)
+  bool stream_kv = true;              // prefill: send KV layer group by layer group while computing
+  int32_t stream_layer_group = 4;     // layers per streamed piece
   std::shared_ptr<metrics::registry> metrics;
 };
 

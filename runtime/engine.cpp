@@ -268,7 +268,7 @@ status engine::export_kv(seq_id s, std::vector<kv_block_export>& out) const {
 }
 
 status engine::export_kv(seq_id s, int32_t layer_begin, int32_t layer_end, int32_t from_pos,
-                         std::vector<kv_block_export>& out) const {
+                         std::vector<kv_block_export>& out, uint64_t request, uint32_t epoch) const {
   auto it = seqs_.find(s);
   if (it == seqs_.end()) return {errc::unknown_sequence, "sequence " + std::to_string(s) + " does not exist"};
   const kv_layout& lay = pool_.layout();
@@ -288,6 +288,8 @@ status engine::export_kv(seq_id s, int32_t layer_begin, int32_t layer_end, int32
     e.block_size = lay.block_size;
     e.n_kv_head = lay.n_kv_head;
     e.head_dim = lay.head_dim;
+    e.request = request;
+    e.epoch = epoch;
     // block memory: [n_layer][2][n_kv_head][block_size][head_dim]; a layer range is contiguous
     const float* src = pool_.block_data(sq.blocks[i]) + int64_t(layer_begin) * per_layer;
     e.payload.assign(src, src + int64_t(layer_end - layer_begin) * per_layer);
@@ -298,6 +300,13 @@ status engine::export_kv(seq_id s, int32_t layer_begin, int32_t layer_end, int32
 }
 
 status engine::import_kv(seq_id s, std::span<const kv_block_export> blocks) {
+  std::vector<const kv_block_export*> parts;
+  parts.reserve(blocks.size());
+  for (const auto& b : blocks) parts.push_back(&b);
+  return import_kv(s, std::span<const kv_block_export* const>(parts));
+}
+
+status engine::import_kv(seq_id s, std::span<const kv_block_export* const> blocks) {
   auto it = seqs_.find(s);
   if (it == seqs_.end()) return {errc::unknown_sequence, "sequence " + std::to_string(s) + " does not exist"};
   sequence& sq = it->second;
@@ -307,7 +316,7 @@ status engine::import_kv(seq_id s, std::span<const kv_block_export> blocks) {
   // cover[block][layer]: the piece that provides it (the one with the most positions).
   std::vector<std::vector<const kv_block_export*>> cover;
   for (size_t i = 0; i < blocks.size(); ++i) {
-    const kv_block_export& e = blocks[i];
+    const kv_block_export& e = *blocks[i];
     const std::string which = "KV block " + std::to_string(i);
     if (e.checksum != e.compute_checksum())
       return {errc::checksum_mismatch, which + " fails its checksum: corrupted in transit"};

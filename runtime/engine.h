@@ -75,14 +75,16 @@ class engine {
   status export_kv(seq_id s, std::vector<kv_block_export>& out) const;
   // Part of it: layers [layer_begin, layer_end) of the blocks holding positions from
   // `from_pos` on (appended to out). Streaming a prefill sends such pieces as they finish.
+  // Each piece is tagged with (request, epoch) under its checksum.
   status export_kv(seq_id s, int32_t layer_begin, int32_t layer_end, int32_t from_pos,
-                   std::vector<kv_block_export>& out) const;
+                   std::vector<kv_block_export>& out, uint64_t request = 0, uint32_t epoch = 0) const;
   // Imports into an empty sequence. Pieces may split a block by layers, and a block may come
   // more than once as it fills (the piece with the most positions wins), but together they
   // must cover every layer of consecutive blocks from position 0 with one length per block.
   // Refuses a piece whose checksum, model or shape do not match, or an incomplete set
   // (checksum_mismatch / incompatible_kv), leaving s empty.
   status import_kv(seq_id s, std::span<const kv_block_export> blocks);
+  status import_kv(seq_id s, std::span<const kv_block_export* const> blocks);
 
  private:
   struct sequence {

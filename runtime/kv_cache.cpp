@@ -38,7 +38,7 @@ uint64_t kv_block_export::compute_checksum() const {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
   const int64_t header[] = {int64_t(model_id), layer_begin, layer_end, pos_begin, pos_end,
-                            int64_t(dtype), block_size, n_kv_head, head_dim};
+                            int64_t(dtype), block_size, n_kv_head, head_dim, int64_t(request), int64_t(epoch)};
   XXH3_64bits_update(st, header, sizeof(header));
   XXH3_64bits_update(st, payload.data(), payload.size() * sizeof(float));
   const uint64_t h = XXH3_64bits_digest(st);

@@ -72,6 +72,8 @@ struct kv_block_export {
   int32_t block_size = 0;
   int32_t n_kv_head = 0;
   int32_t head_dim = 0;
+  uint64_t request = 0;            // whose KV (0: untagged, e.g. a local export)
+  uint32_t epoch = 0;              // which prefill attempt of that request made it
   uint64_t checksum = 0;           // XXH3-64 over every field above and the payload
   std::vector<float> payload;      // [layer_end-layer_begin][2][n_kv_head][block_size][head_dim]
 

@@ -181,6 +181,7 @@ class kv_credit_ledger {
   int32_t total_blocks() const { return total_; }
   int32_t block_size() const { return block_size_; }
   bool holds(int64_t request) const { return held_.count(request) != 0; }
+  int32_t holders() const { return int32_t(held_.size()); }  // requests holding a reservation
   int32_t held_blocks(int64_t request) const;  // 0 when not held
 
  private:

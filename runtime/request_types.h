@@ -36,6 +36,7 @@ struct request_spec {
   int32_t max_tokens = 64;
   sampling_params sampling;
   bool ignore_eos = false;
+  uint32_t epoch = 0;            // prefill attempt (set by the router): tags the KV it produces
 };
 
 enum class event_kind : uint8_t { accepted, token, done, error };

@@ -16,7 +16,11 @@ step_result run_step(engine& eng, step_work work) {
 
   for (auto& im : work.imports) {
     const seq_id s = eng.create_sequence();
-    status st = eng.import_kv(s, *im.kv);
+    std::vector<const kv_block_export*> parts;
+    for (const auto& piece : im.kv)
+      if (piece)
+        for (const auto& b : *piece) parts.push_back(&b);
+    status st = eng.import_kv(s, parts);
     if (!st.ok()) {
       (void)eng.free_sequence(s);
       r.imports.push_back({im.id, 0, st});
@@ -47,8 +51,31 @@ step_result run_step(engine& eng, step_work work) {
   }
   r.batch_tokens = int32_t(batch.size());
 
+  // Streamed chunks: after every layer group, that group's blocks from stream_from on.
+  struct streamed { work_id id; seq_id seq; int32_t from; uint32_t epoch; };
+  std::vector<streamed> streams;
+  if (work.on_kv_piece)
+    for (auto [i, s] : chunk_seq) {
+      const auto& c = work.chunks[i];
+      if (c.stream_from >= 0) streams.push_back({c.id, s, c.stream_from, c.epoch});
+    }
+  const int32_t n_layer = eng.config().n_layer;
+  const int32_t group = std::max(1, work.stream_layer_group);
+  int32_t group_begin = 0;
+  engine::layer_hook hook;
+  if (!streams.empty())
+    hook = [&](int32_t l) {
+      if ((l + 1) % group != 0 && l + 1 != n_layer) return;
+      for (const auto& st : streams) {
+        auto piece = std::make_shared<std::vector<kv_block_export>>();
+        if (eng.export_kv(st.seq, group_begin, l + 1, st.from, *piece, st.id, st.epoch).ok())
+          work.on_kv_piece(st.id, std::move(piece));
+      }
+      group_begin = l + 1;
+    };
+
   std::vector<float> logits;
-  r.error = eng.forward(batch, logits);
+  r.error = eng.forward(batch, logits, hook);
   if (r.error.ok()) {
     const size_t V = size_t(eng.config().n_vocab);
     for (size_t i = 0; i < rows.size(); ++i)
@@ -59,7 +86,8 @@ step_result run_step(engine& eng, step_work work) {
       const auto& c = work.chunks[i];
       if (!c.last || !c.export_kv) continue;
       auto blocks = std::make_shared<std::vector<kv_block_export>>();
-      if (eng.export_kv(s, *blocks).ok()) r.exports.push_back({c.id, std::move(blocks)});
+      if (eng.export_kv(s, 0, eng.config().n_layer, 0, *blocks, c.id, c.epoch).ok())
+        r.exports.push_back({c.id, std::move(blocks)});
     }
   }
   r.free_blocks = eng.kv_pool().free_blocks();

@@ -4,6 +4,7 @@
 // their compute thread with run_step, and apply the step_result back on the actor thread.
 // Keeping it here, free of actors, lets the same step be unit-tested directly.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -19,7 +20,7 @@ struct step_work {
   std::vector<seq_id> frees;  // sequences to drop before anything else
   struct import_item {        // KV arriving from elsewhere; decoded in this same step
     work_id id = 0;
-    kv_blocks_ptr kv;
+    std::vector<kv_blocks_ptr> kv;  // its pieces; together one complete set
     token_id last = 0;        // the last token generated so far (its KV is not in the blocks yet)
     int32_t index = 0;        // the index of the token this step samples
     sampling_params sampling;
@@ -32,6 +33,10 @@ struct step_work {
     bool last = false;        // completes the prompt: sample token 0 from its logits
     bool export_kv = false;   // ... and export the prompt's KV blocks
     sampling_params sampling;
+    // Streaming: >= 0 sends the KV as it is made, every layer group, from this position on
+    // (0 for the first streamed chunk of a prompt, the chunk's start after that).
+    int32_t stream_from = -1;
+    uint32_t epoch = 0;       // tags the streamed pieces
   };
   std::vector<chunk_item> chunks;
   struct decode_item {        // one token for a running sequence
@@ -42,6 +47,9 @@ struct step_work {
     sampling_params sampling;
   };
   std::vector<decode_item> decodes;
+  // Where streamed pieces go, called on the compute thread during the forward pass.
+  std::function<void(work_id, kv_blocks_ptr)> on_kv_piece;
+  int32_t stream_layer_group = 4;  // layers per streamed piece
 };
 
 struct step_result {

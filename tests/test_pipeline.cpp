@@ -74,6 +74,7 @@ struct topology {
   serving_mode mode;
   int prefill, decode;
   std::string kv_transport = "local";
+  bool stream_kv = true;
 };
 
 void PrintTo(const topology& t, std::ostream* os) { *os << t.name; }
@@ -90,6 +91,8 @@ TEST_P(SameOutput, ConcurrentRequestsEqualALoneEngine) {
   cfg.prefill_workers = topo.prefill;
   cfg.decode_workers = topo.decode;
   cfg.kv_transport = topo.kv_transport;
+  cfg.stream_kv = topo.stream_kv;
+  cfg.stream_layer_group = 1;
   cfg.kv_blocks_per_worker = 128;
   cfg.chunk_size = 24;            // long prompts are chunked
   cfg.prefill_token_budget = 64;
@@ -123,6 +126,10 @@ TEST_P(SameOutput, ConcurrentRequestsEqualALoneEngine) {
     }
   }
   expect_no_leaks(p);
+  // Prompts of several chunks had their decode worker reserved before prefill ended: their KV
+  // went over the link in pieces while prefill ran (and the tokens above are still exact).
+  const bool streamed = p.metrics().to_prometheus().find("tandem_kv_link_pieces_total") != std::string::npos;
+  EXPECT_EQ(streamed, topo.mode == serving_mode::disaggregated && topo.stream_kv);
 }
 
 INSTANTIATE_TEST_SUITE_P(Topologies, SameOutput,
@@ -131,6 +138,7 @@ INSTANTIATE_TEST_SUITE_P(Topologies, SameOutput,
                                            topology{"disagg_2x2", serving_mode::disaggregated, 2, 2},
                                            topology{"disagg_1x2_shm", serving_mode::disaggregated, 1, 2, "shm"},
                                            topology{"disagg_1x2_handoff", serving_mode::disaggregated, 1, 2, "handoff"},
+                                           topology{"disagg_1x2_not_streamed", serving_mode::disaggregated, 1, 2, "local", false},
                                            topology{"colocated", serving_mode::colocated, 1, 1}),
                          [](const auto& info) { return info.param.name; });
 

@@ -33,6 +33,7 @@ struct generate_opts {
   int32_t kv_blocks = 0;
   int32_t token_budget = 512;
   std::string kv_transport = "local";
+  bool no_stream_kv = false;
 };
 
 using clock_type = std::chrono::steady_clock;
@@ -158,6 +159,7 @@ int run_pipeline(const generate_opts& o) {
   cfg.prefill_token_budget = o.token_budget;
   cfg.colocated_token_budget = o.token_budget;
   cfg.kv_transport = o.kv_transport;
+  cfg.stream_kv = !o.no_stream_kv;
   const auto t0 = clock_type::now();
   pipeline p(cfg);
   spdlog::info("{} pipeline: {} workers x {} thread(s); {} requests", o.mode,
@@ -229,6 +231,8 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--kv-blocks", o->kv_blocks, "KV blocks per worker (with --mode; default: 256 MiB worth)")
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--token-budget", o->token_budget, "Tokens per worker step (with --mode)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_flag("--no-stream-kv", o->no_stream_kv,
+                "Send each prompt's KV after its prefill instead of layer group by layer group during it");
   cmd->add_option("--kv-transport", o->kv_transport, "KV link path (with --mode disaggregated)")
       ->check(CLI::IsMember({"handoff", "local", "shm"}));
   prompt_opt->excludes(file_opt);
