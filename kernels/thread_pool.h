@@ -30,7 +30,7 @@ class thread_pool {
  public:
   // spin_us: how long an idle thread polls for the next job (or the caller for the end of a
   // job) before it sleeps.
-  explicit thread_pool(int n_threads, int spin_us = 200);
+  explicit thread_pool(int n_threads, int spin_us = 100);
   ~thread_pool();
   thread_pool(const thread_pool&) = delete;
   thread_pool& operator=(const thread_pool&) = delete;
