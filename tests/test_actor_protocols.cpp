@@ -1,0 +1,230 @@
+// Actor protocols under CAF's deterministic test coordinator: every message is delivered by
+// the test (sched.run()), so the interleavings below are exact, not timing-dependent. Fake
+// peers stand in for the real workers and record what they are sent.
+#include <gtest/gtest.h>
+
+#include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <filesystem>
+
+#include "actors/kv_link.h"
+#include "actors/router.h"
+#include "runtime/synth.h"
+
+using namespace tandem;
+
+namespace {
+
+struct log_t {
+  std::vector<std::string> lines;
+  std::vector<caf::response_promise> held;  // arrive() requests not answered yet
+  std::vector<uint32_t> prefill_epochs;
+  int count(const std::string& prefix) const {
+    int n = 0;
+    for (const auto& l : lines) n += l.rfind(prefix, 0) == 0;
+    return n;
+  }
+};
+using log_ptr = std::shared_ptr<log_t>;
+
+struct fixture : ::testing::Test {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf::scheduler::test_coordinator* sched = nullptr;
+
+  void SetUp() override {
+    cfg.set("scheduler.policy", caf::atom("testing"));
+    cfg.set("logger.verbosity", caf::atom("quiet"));
+    sys = std::make_unique<caf::actor_system>(cfg);
+    sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
+  }
+  void TearDown() override {
+    sched->run();
+  }
+  void run() { sched->run(); }
+};
+
+// Records what it gets; anything else is dropped. (Arguments on every spawn: CAF 0.17
+// dereferences a null tuple for argument-less ones.)
+caf::behavior recorder(caf::event_based_actor* self, log_ptr log, std::string name) {
+  self->set_default_handler([log, name](caf::scheduled_actor*, caf::message_view&) -> caf::result<caf::message> {
+    log->lines.push_back(name + ":other");
+    return caf::message{};
+  });
+  return {
+      [log, name](kv_atom, uint64_t bytes, double) { log->lines.push_back(name + ":kv " + std::to_string(bytes)); },
+      [log, name](const request_event& ev) { log->lines.push_back(name + ":event " + std::string(to_string(ev.kind))); },
+      [log, name](state_atom, request_state s) { log->lines.push_back(name + ":state " + std::string(to_string(s))); },
+  };
+}
+
+// Stands in for a decode worker: reserves whatever is asked, holds arrive() open until the
+// test answers it, records pieces and cancels.
+caf::behavior fake_decode(caf::event_based_actor* self, log_ptr log) {
+  self->set_default_handler(caf::drop);
+  return {
+      [log](reserve_atom, request_id id, int32_t) {
+        log->lines.push_back("decode:reserve " + std::to_string(id));
+        return true;
+      },
+      [self, log](arrive_atom, request_spec& spec, request_actor&, kv_blocks_ptr&, std::vector<token_id>&) {
+        log->lines.push_back("decode:arrive " + std::to_string(spec.id));
+        auto rp = self->make_response_promise();
+        log->held.push_back(rp);
+        return rp;
+      },
+      [log](kv_piece_atom, request_id id, uint32_t epoch, kv_blocks_ptr&) {
+        log->lines.push_back("decode:piece " + std::to_string(id) + "@" + std::to_string(epoch));
+      },
+      [log](cancel_atom, request_id id) { log->lines.push_back("decode:cancel " + std::to_string(id)); },
+      [log](load_atom) { log->lines.push_back("decode:load"); },
+      [log](release_atom) {  // the test's cue: answer the held arrivals (from inside the actor)
+        for (auto& rp : log->held) rp.deliver(true);
+        log->held.clear();
+      },
+  };
+}
+
+// Stands in for a prefill worker: records the jobs and ship orders it gets.
+caf::behavior fake_prefill(caf::event_based_actor* self, log_ptr log, std::string name) {
+  self->set_default_handler(caf::drop);
+  return {
+      [log, name](prefill_atom, request_spec& spec, request_actor&) {
+        log->lines.push_back(name + ":prefill " + std::to_string(spec.id));
+        log->prefill_epochs.push_back(spec.epoch);
+      },
+      [log, name](ship_atom, request_id id, kv_link_actor&) {
+        log->lines.push_back(name + ":ship " + std::to_string(id));
+      },
+      [log, name](cancel_atom, request_id id) { log->lines.push_back(name + ":cancel " + std::to_string(id)); },
+  };
+}
+
+// Watches actors and records their ends.
+caf::behavior watcher(caf::event_based_actor* self, log_ptr log, std::vector<caf::actor> targets) {
+  for (auto& t : targets) self->monitor(t);
+  self->set_down_handler([log](caf::down_msg&) { log->lines.push_back("down"); });
+  return {[](int32_t) {}};
+}
+
+// Sends one transfer to the link the way a prefill worker does and records the answer.
+caf::behavior transfer_client(caf::event_based_actor* self, log_ptr log, kv_link_actor link, request_spec spec,
+                              request_actor req) {
+  auto kv = std::make_shared<const std::vector<kv_block_export>>();
+  self->request(link, caf::infinite, transfer_atom::value, spec, req, kv, std::vector<token_id>{7})
+      .then([log](bool ok) { log->lines.push_back(std::string("client:reply ") + (ok ? "true" : "false")); },
+            [log](caf::error&) { log->lines.push_back("client:error"); });
+  return {[](int32_t) {}};
+}
+
+kv_blocks_ptr one_piece(request_id id, uint32_t epoch) {
+  kv_block_export b;
+  b.layer_begin = 0;
+  b.layer_end = 1;
+  b.pos_end = 3;
+  b.payload.assign(64, 1.0f);
+  b.request = id;
+  b.epoch = epoch;
+  b.checksum = b.compute_checksum();
+  return std::make_shared<const std::vector<kv_block_export>>(1, b);
+}
+
+std::shared_ptr<const model> tiny() {
+  static std::shared_ptr<const model> m = [] {
+    const auto dir = std::filesystem::temp_directory_path() / "tandem-test-models";
+    std::filesystem::create_directories(dir);
+    const auto p = dir / "protocols-tiny-f32.gguf";
+    if (!std::filesystem::exists(p)) synthesize_model(find_synth_preset("tiny"), kernels::dtype::f32, p.string(), 5);
+    return model::load(p.string());
+  }();
+  return m;
+}
+
+}  // namespace
+
+// A link replaced by a restart retires: it finishes the transfer it has in flight (the
+// prefill side gets its answer) and only then ends.
+TEST_F(fixture, RetiredLinkFinishesItsTransferThenEnds) {
+  auto log = std::make_shared<log_t>();
+  auto decode = sys->spawn(fake_decode, log);
+  auto req = caf::actor_cast<request_actor>(sys->spawn(recorder, log, std::string("req")));
+  auto link = sys->spawn(kv_link_behavior, caf::actor_cast<decode_worker_actor>(decode),
+                         kv_link_options{"p0->d0", "local", nullptr});
+  // (Handles kept: an actor nobody references ends as unreachable.)
+  auto watch = sys->spawn(watcher, log, std::vector<caf::actor>{caf::actor_cast<caf::actor>(link)});
+  run();
+
+  // A piece streamed during prefill: moved, accounted to the request, staged at decode.
+  caf::anon_send(link, kv_piece_atom::value, request_id(5), uint32_t(2), req, one_piece(5, 2));
+  run();
+  EXPECT_EQ(log->count("decode:piece 5@2"), 1);
+  EXPECT_EQ(log->count("req:kv 256"), 1);
+
+  // The closing transfer: decode holds it open.
+  request_spec spec;
+  spec.id = 5;
+  spec.epoch = 2;
+  auto client = sys->spawn(transfer_client, log, link, spec, req);
+  run();
+  ASSERT_EQ(log->held.size(), 1u);
+  EXPECT_EQ(log->count("client:"), 0);
+
+  caf::anon_send(link, release_atom::value);  // retire while the transfer is in flight
+  run();
+  EXPECT_EQ(log->count("down"), 0) << "a retiring link ends only when idle";
+
+  caf::anon_send(decode, release_atom::value);
+  run();
+  EXPECT_EQ(log->count("client:reply true"), 1);
+  EXPECT_EQ(log->count("down"), 1);
+  for (auto& a : {decode, caf::actor_cast<caf::actor>(req), watch, client})
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+// Decode credits are reserved as soon as a prompt is dispatched (so its KV can stream); when
+// its prefill worker dies, the credits go back, the prompt is re-prefilled elsewhere under a
+// new epoch, and new credits are reserved for it.
+TEST_F(fixture, PrefillDeathRequeuesUnderANewEpochAndReturnsCredits) {
+  auto log = std::make_shared<log_t>();
+  router_options ro;
+  ro.mode = serving_mode::disaggregated;
+  ro.context_length = 128;
+  ro.request_ctx.mdl = tiny();
+  ro.request_ctx.metrics = std::make_shared<metrics::registry>();
+  ro.request_ctx.live_requests = std::make_shared<std::atomic<int64_t>>(0);
+  auto router = sys->spawn(router_behavior, ro);
+  auto p0 = sys->spawn(fake_prefill, log, std::string("p0"));
+  auto p1 = sys->spawn(fake_prefill, log, std::string("p1"));
+  auto d0 = sys->spawn(fake_decode, log);
+  caf::anon_send(router, join_atom::value, int32_t(0), caf::actor_cast<prefill_worker_actor>(p0));
+  caf::anon_send(router, join_atom::value, int32_t(1), caf::actor_cast<prefill_worker_actor>(p1));
+  caf::anon_send(router, join_atom::value, int32_t(0), caf::actor_cast<decode_worker_actor>(d0));
+  caf::anon_send(router, load_atom::value, decode_worker_load{0, true, 64, 64, 0, 8});
+  run();
+
+  request_spec spec;
+  spec.prompt = {1, 5, 9, 13};
+  spec.max_tokens = 8;
+  auto sub = caf::actor_cast<subscriber_actor>(sys->spawn(recorder, log, std::string("sub")));
+  caf::anon_send(router, submit_atom::value, spec, sub);
+  run();
+  EXPECT_EQ(log->count("sub:event accepted"), 1);
+  ASSERT_EQ(log->count("p0:prefill 1"), 1);  // both idle: the first
+  EXPECT_EQ(log->count("decode:reserve 1"), 1) << "credits reserved at dispatch";
+  EXPECT_EQ(log->count("p0:ship 1"), 1) << "the prefill worker is told where to stream";
+
+  caf::anon_send_exit(p0, caf::exit_reason::kill);
+  run();
+  EXPECT_EQ(log->count("decode:cancel 1"), 1) << "the dead attempt's credits go back";
+  ASSERT_EQ(log->count("p1:prefill 1"), 1) << "re-prefilled on the surviving worker";
+  ASSERT_EQ(log->prefill_epochs.size(), 2u);
+  EXPECT_GT(log->prefill_epochs[1], log->prefill_epochs[0]);
+  EXPECT_EQ(log->count("decode:reserve 1"), 2);
+  EXPECT_EQ(log->count("p1:ship 1"), 1);
+  EXPECT_EQ(log->count("sub:event error"), 0);
+  EXPECT_EQ(ro.request_ctx.metrics->to_prometheus().find("tandem_rejections_total"), std::string::npos);
+
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+  for (auto& a : {p1, d0}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  run();
+}
