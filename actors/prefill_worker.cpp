@@ -65,6 +65,7 @@ void kick(self_ptr self) {
     ci.sampling = it->spec.sampling;
     ci.epoch = it->spec.epoch;
     if (stream) {
+      it->stream_broken = false;  // this step streams from stream_next (0 after a new link)
       ci.stream_from = it->stream_next;
       it->stream_next = c.begin + c.length;
       streams->emplace(it->spec.id, std::make_pair(it->link, it->req));
@@ -171,7 +172,16 @@ void apply(self_ptr self, step_result& r) {
       st.to_free.push_back(it->seq);
     } else {
       auto ex = std::find_if(r.exports.begin(), r.exports.end(), [&](auto& e) { return e.id == id; });
-      st.leases[id] = {it->spec, it->req, it->seq, ex != r.exports.end() ? ex->kv : nullptr, {tok->token}};
+      kv_blocks_ptr kv = ex != r.exports.end() ? ex->kv : nullptr;
+      if (!kv && it->stream_broken) {
+        // Its last pieces went to a link that was replaced meanwhile: send the whole set
+        // instead (the engine is idle between steps).
+        auto all = std::make_shared<std::vector<kv_block_export>>();
+        const engine& eng = *st.we->eng;
+        (void)eng.export_kv(it->seq, 0, eng.config().n_layer, 0, *all, id, it->spec.epoch);
+        kv = std::move(all);
+      }
+      st.leases[id] = {it->spec, it->req, it->seq, std::move(kv), {tok->token}};
     }
     self->send(st.router, prefilled_atom::value, id, st.opts.index, finished);
     if (!finished && it->link) start_transfer(self, id, it->link);
@@ -200,8 +210,14 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
         }
         // Still prefilling: its decode worker is already reserved. The KV streams from now on
         // (with stream_kv), or goes as a whole as soon as the prompt is done.
-        for (auto& j : st.queue)
-          if (j.spec.id == id) j.link = link;
+        for (auto& j : st.queue) {
+          if (j.spec.id != id) continue;
+          if (j.link && j.link != link) {  // its decode worker changed: start over on the new one
+            j.stream_next = 0;
+            j.stream_broken = j.in_step;
+          }
+          j.link = link;
+        }
       },
       [self](release_atom, request_id id) {
         auto it = self->state.leases.find(id);

@@ -22,6 +22,7 @@ struct prefill_worker_state {
     // link as it is made (layer group by layer group), from stream_next on.
     kv_link_actor link;
     int32_t stream_next = 0;
+    bool stream_broken = false;  // the link changed while a streamed step was in flight
   };
   struct lease {
     request_spec spec;

@@ -118,12 +118,15 @@ void dispatch_decode(self_ptr self) {
             dispatch_decode(self);
             update_queue_gauges(self);
           },
-          [self, id](caf::error& err) {
+          [self, id, d, epoch](caf::error&) {
+            // The worker is gone or stuck: leave it out until it reports again (a restart
+            // joins with a fresh report) and try the request elsewhere.
             auto& st = self->state;
             st.reserving = false;
-            if (auto it = st.requests.find(id); it != st.requests.end())
-              self->send(it->second.req, fail_atom::value, errc::worker_failed,
-                         "decode worker did not answer: " + caf::to_string(err));
+            st.decode_load[size_t(d)].free_blocks = 0;
+            auto it = st.requests.find(id);
+            if (it != st.requests.end() && it->second.decode_claimed && it->second.spec.epoch == epoch)
+              st.decode_queue.push_front(id);
             dispatch_decode(self);
           });
 }
@@ -200,6 +203,13 @@ void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) 
     const bool held = prefill_side ? e.prefill_worker == index && e.prefill_gen == gen
                                    : e.decode_worker == index && e.decode_gen == gen;
     if (!held) continue;
+    if (!prefill_side && e.state == request_state::queued && !e.transfer_started) {
+      // Still prefilling, its KV streaming to the dead worker: reserve elsewhere; the new link
+      // makes the prefill worker send everything again.
+      e.decode_worker = -1;
+      st.decode_queue.push_front(id);
+      continue;
+    }
     if (prefill_side && e.transfer_started) continue;  // the link delivers the KV it already holds
     if (prefill_side && e.state != request_state::decoding) {
       requeue.push_back(id);

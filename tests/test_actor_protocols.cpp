@@ -228,3 +228,47 @@ TEST_F(fixture, PrefillDeathRequeuesUnderANewEpochAndReturnsCredits) {
   for (auto& a : {p1, d0}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   run();
 }
+
+// A decode worker dies while a request's KV streams to it (its prefill is not done): nothing
+// is lost, so the request is reserved on another decode worker and its prefill worker gets
+// the new link (and sends everything again).
+TEST_F(fixture, DecodeDeathDuringStreamingReservesElsewhere) {
+  auto log = std::make_shared<log_t>();
+  router_options ro;
+  ro.mode = serving_mode::disaggregated;
+  ro.context_length = 128;
+  ro.request_ctx.mdl = tiny();
+  ro.request_ctx.metrics = std::make_shared<metrics::registry>();
+  ro.request_ctx.live_requests = std::make_shared<std::atomic<int64_t>>(0);
+  auto router = sys->spawn(router_behavior, ro);
+  auto p0 = sys->spawn(fake_prefill, log, std::string("p0"));
+  auto d0 = sys->spawn(fake_decode, log);
+  auto log1 = std::make_shared<log_t>();
+  auto d1 = sys->spawn(fake_decode, log1);
+  caf::anon_send(router, join_atom::value, int32_t(0), caf::actor_cast<prefill_worker_actor>(p0));
+  caf::anon_send(router, join_atom::value, int32_t(0), caf::actor_cast<decode_worker_actor>(d0));
+  caf::anon_send(router, load_atom::value, decode_worker_load{0, true, 64, 64, 0, 8});
+  run();
+  auto sub = caf::actor_cast<subscriber_actor>(sys->spawn(recorder, log, std::string("sub")));
+  request_spec spec;
+  spec.prompt = {1, 5, 9, 13};
+  caf::anon_send(router, submit_atom::value, spec, sub);
+  run();
+  ASSERT_EQ(log->count("decode:reserve 1"), 1);
+  ASSERT_EQ(log->count("p0:ship 1"), 1);
+
+  // The second decode worker joins (with room), then the first dies.
+  caf::anon_send(router, join_atom::value, int32_t(1), caf::actor_cast<decode_worker_actor>(d1));
+  caf::anon_send(router, load_atom::value, decode_worker_load{1, true, 64, 64, 0, 8});
+  run();
+  caf::anon_send_exit(d0, caf::exit_reason::kill);
+  run();
+  EXPECT_EQ(log1->count("decode:reserve 1"), 1) << "reserved on the surviving decode worker";
+  EXPECT_EQ(log->count("p0:ship 1"), 2) << "the prefill worker got the new link";
+  EXPECT_EQ(log->count("p0:prefill 1"), 1) << "no prefill is redone";
+  EXPECT_EQ(log->count("sub:event error"), 0);
+
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+  for (auto& a : {p0, d1}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  run();
+}

@@ -277,22 +277,26 @@ TEST(Pipeline, KilledWorkersAreRestartedAndTheirRequestsEndClearly) {
     std::vector<request_handle> hs;
     for (int i = 0; i < 6; ++i)
       hs.push_back(p.submit({.prompt_tokens = prompt_of(60, i, 300), .max_tokens = 200, .ignore_eos = true}));
+    // Killed once the first request is decoding (token 2 comes from a decode step).
     request_event ev;
-    while (hs[0].next(ev, 10s) && ev.kind != event_kind::token) {
+    while (hs[0].next(ev, 10s) && !(ev.kind == event_kind::token && ev.index >= 2)) {
     }
     ASSERT_TRUE(p.kill_worker(pool, 0)) << pool;
     int failed = 0, finished = 0;
-    for (auto& h : hs) {
-      const auto r = h.wait(30s);
+    for (size_t i = 0; i < hs.size(); ++i) {
+      const auto r = hs[i].wait(30s);
       if (r.error == errc::worker_failed) ++failed;
       else if (r.error == errc::ok) ++finished;
       else ADD_FAILURE() << pool << ": unexpected " << to_string(r.error) << " " << r.message;
+      // Its sequence was on the killed worker: it ends clearly (migration is future work).
+      if (i == 0 && pool != "prefill") {
+        EXPECT_EQ(r.error, errc::worker_failed) << pool;
+      }
     }
+    EXPECT_EQ(failed + finished, 6) << pool;
     if (pool == "prefill") {  // nothing is lost before decoding starts: re-prefilled elsewhere
       EXPECT_EQ(failed, 0);
       EXPECT_EQ(finished, 6);
-    } else {
-      EXPECT_GT(failed, 0) << pool;
     }
     // The supervisor restarted it: new work succeeds.
     bool ok = false;
