@@ -53,7 +53,8 @@ metrics::request_timings timings_of(const request_actor_state& st, steady::time_
   }
   if (st.generated.size() > 1) t.tpot_ms = ms_between(st.t_first_token, st.t_last_token) / double(st.generated.size() - 1);
   if (st.decode_started) {
-    t.queue_decode_ms = std::max(0.0, ms_between(st.t_first_token, st.t_decode_start) - st.kv_ms);
+    t.handoff_ms = ms_between(st.t_first_token, st.t_decode_start);
+    t.queue_decode_ms = std::max(0.0, t.handoff_ms - st.kv_ms);
     t.decode_ms = ms_between(st.t_decode_start, now);
   }
   t.kv_bytes = st.kv_bytes;

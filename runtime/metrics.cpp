@@ -346,6 +346,8 @@ void record_request(registry& r, const request_timings& t, const std::string& ou
   observe("tandem_request_ttft_ms", "Time to first token, ms.", t.ttft_ms);
   if (t.output_tokens >= 2) observe("tandem_request_tpot_ms", "Time per output token after the first, ms.", t.tpot_ms);
   if (t.kv_bytes > 0) observe("tandem_request_kv_transfer_ms", "KV cache transfer time, ms.", t.kv_transfer_ms);
+  if (t.handoff_ms > 0)
+    observe("tandem_request_handoff_ms", "First token to decode start (KV handoff), ms.", t.handoff_ms);
   observe("tandem_request_decode_ms", "Decode time, ms.", t.decode_ms);
   observe("tandem_request_e2e_ms", "End-to-end request latency, ms.", t.e2e_ms);
 }

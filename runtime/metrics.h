@@ -104,13 +104,15 @@ const std::vector<double>& latency_ms_buckets();
 struct request_timings {
   double queue_prefill_ms = 0, queue_decode_ms = 0, prefill_ms = 0, ttft_ms = 0, tpot_ms = 0, kv_transfer_ms = 0,
          decode_ms = 0, e2e_ms = 0;
+  // First token to decode start (disaggregated): what KV streaming during prefill shortens.
+  double handoff_ms = 0;
   uint64_t kv_bytes = 0;
   int32_t prompt_tokens = 0, output_tokens = 0;
 };
 
 // Counts the request in tandem_requests_total{outcome} and its work in tandem_kv_bytes_total,
 // tandem_prompt_tokens_total and tandem_output_tokens_total. Latencies go to the histograms
-// tandem_request_{queue_prefill,queue_decode,prefill,ttft,tpot,kv_transfer,decode,e2e}_ms only for
+// tandem_request_{queue_prefill,queue_decode,prefill,ttft,tpot,kv_transfer,handoff,decode,e2e}_ms only for
 // "finished" requests, so rejections (~0 ms) and failures do not drag the quantiles; tpot only with
 // >= 2 output tokens and kv_transfer only when KV bytes moved, for the same reason. outcome must be
 // "finished", "failed", "cancelled" or "rejected" (invalid_argument otherwise: a typo would

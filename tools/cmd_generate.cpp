@@ -128,6 +128,7 @@ nlohmann::json timings_json(const metrics::request_timings& t) {
           {"prefill_ms", t.prefill_ms},           {"ttft_ms", t.ttft_ms},
           {"tpot_ms", t.tpot_ms},                 {"decode_ms", t.decode_ms},
           {"kv_bytes", t.kv_bytes},               {"kv_transfer_ms", t.kv_transfer_ms},
+          {"handoff_ms", t.handoff_ms},
           {"e2e_ms", t.e2e_ms},                   {"prompt_tokens", t.prompt_tokens},
           {"output_tokens", t.output_tokens}};
 }
