@@ -18,6 +18,15 @@ struct engine::scratch {
   std::vector<float> rope_cs;                               // [T, head_dim / 2, 2]
   std::vector<std::vector<const float*>> kptr, vptr;        // per thread: block pointers
   std::vector<engine::attn_task> attn_tasks;                // this forward's attention work
+  // Decode: several matmuls on one x as one job of row slices, each run by one participant
+  // with its own single-thread pool (no nested dispatch).
+  struct slice_task {
+    const kernels::weight_view* w;
+    float* y;
+    int64_t r0, r1, bytes;
+  };
+  std::vector<slice_task> slices;
+  std::vector<std::unique_ptr<kernels::thread_pool>> solo;  // one size-1 pool per participant
 };
 
 namespace {
@@ -43,6 +52,8 @@ engine::engine(std::shared_ptr<const model> m, engine_options opts)
       scratch_(std::make_unique<scratch>()) {
   if (opts.block_size <= 0) throw failure(errc::invalid_argument, "KV block size must be positive");
   scratch_->kptr.resize(size_t(pool_threads_.size()));
+  for (int i = 0; i < pool_threads_.size(); ++i)
+    scratch_->solo.push_back(std::make_unique<kernels::thread_pool>(1));
   scratch_->vptr.resize(size_t(pool_threads_.size()));
 }
 
@@ -158,6 +169,35 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     });
   };
 
+  // y_i = x · W_iᵀ for weights that share x. One token (decode): one job whose tasks are row
+  // slices of every weight (a slice of rows is itself a weight_view), instead of one dispatch
+  // per weight; larger batches: one matmul after the other, each split by cpu::matmul.
+  auto matmuls = [&](const float* x, std::initializer_list<std::pair<const kernels::weight_view*, float*>> mats) {
+    const int threads = pool_threads_.size();
+    if (T != 1 || threads == 1) {
+      for (auto [w, y] : mats) cpu::matmul(*w, x, T, y, pool_threads_);
+      return;
+    }
+    s.slices.clear();
+    for (auto [w, y] : mats) {
+      const int64_t row_bytes = kernels::row_bytes(w->type, w->cols), bytes = w->rows * row_bytes;
+      // Slices of at least 128 KiB of weights (as cpu::matmul's decode split), one per thread.
+      const int64_t parts = std::clamp<int64_t>(bytes / (int64_t(1) << 17), 1, threads);
+      const int64_t per = (w->rows + parts - 1) / parts;
+      for (int64_t r0 = 0; r0 < w->rows; r0 += per)
+        s.slices.push_back({w, y, r0, std::min(w->rows, r0 + per), std::min(per, w->rows - r0) * row_bytes});
+    }
+    std::stable_sort(s.slices.begin(), s.slices.end(),
+                     [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+    pool_threads_.for_each_dynamic(int64_t(s.slices.size()), [&](int64_t i, int p) {
+      const auto& t = s.slices[size_t(i)];
+      kernels::weight_view part = *t.w;
+      part.data = static_cast<const uint8_t*>(t.w->data) + t.r0 * kernels::row_bytes(t.w->type, t.w->cols);
+      part.rows = t.r1 - t.r0;
+      cpu::matmul(part, x, 1, t.y + t.r0, *s.solo[size_t(p)]);
+    });
+  };
+
   // x: [T, dim] ← token embeddings
   const auto& emb = model_->tok_embd();
   const int64_t emb_row = kernels::row_bytes(emb.type, c.dim);
@@ -184,9 +224,8 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const layer_weights& w = model_->layers()[size_t(l)];
     rms_norm(w.attn_norm);
-    cpu::matmul(w.wq, s.xn.data(), T, s.q.data(), pool_threads_);  // q: [T, n_head, head_dim]
-    cpu::matmul(w.wk, s.xn.data(), T, s.k.data(), pool_threads_);  // k: [T, n_kv_head, head_dim]
-    cpu::matmul(w.wv, s.xn.data(), T, s.v.data(), pool_threads_);  // v: [T, n_kv_head, head_dim]
+    // q: [T, n_head, head_dim], k and v: [T, n_kv_head, head_dim]
+    matmuls(s.xn.data(), {{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}});
     cpu::rope_apply(s.q.data(), s.rope_cs.data(), T, c.n_head, c.head_dim);
     cpu::rope_apply(s.k.data(), s.rope_cs.data(), T, c.n_kv_head, c.head_dim);
 
@@ -230,8 +269,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     cpu::add_inplace(s.x.data(), s.proj.data(), T * c.dim);
 
     rms_norm(w.ffn_norm);
-    cpu::matmul(w.w_gate, s.xn.data(), T, s.gate.data(), pool_threads_);  // [T, ffn_dim]
-    cpu::matmul(w.w_up, s.xn.data(), T, s.up.data(), pool_threads_);      // [T, ffn_dim]
+    matmuls(s.xn.data(), {{&w.w_gate, s.gate.data()}, {&w.w_up, s.up.data()}});  // [T, ffn_dim] each
     rows_parallel(c.ffn_dim, [&](int64_t r0, int64_t r1) {
       const int64_t o = r0 * c.ffn_dim;
       cpu::silu_mul_fast(s.gate.data() + o, s.up.data() + o, s.gate.data() + o, (r1 - r0) * c.ffn_dim);
