@@ -54,6 +54,16 @@ token_cost cost_of(const model& m) {
 // Attention FLOPs (QKᵀ and PV) for one query at context length n.
 double attn_flops(const llama_config& c, double n) { return 4.0 * c.n_layer * c.n_head * c.head_dim * n; }
 
+// Microseconds per empty run_on_all (every thread must take part): the pool's dispatch cost,
+// which bounds how small a parallel decode matmul can usefully be.
+double dispatch_us(kernels::thread_pool& pool) {
+  const int n = 2000;
+  pool.run_on_all([](int) {});
+  const auto t0 = clock_type::now();
+  for (int i = 0; i < n; ++i) pool.run_on_all([](int) {});
+  return seconds_since(t0) / n * 1e6;
+}
+
 void check(const status& st) {
   if (!st.ok()) throw failure(st.code(), st.message());
 }
@@ -62,14 +72,16 @@ int run_bench(const bench_opts& o) {
   nlohmann::json results = nlohmann::json::array();
   nlohmann::json peaks = nlohmann::json::object();
   std::map<int, std::pair<double, double>> peak;  // threads -> (GFLOP/s, GB/s)
+  std::map<int, double> dispatch;                 // threads -> us per pool dispatch
   for (int t : o.threads) {
     kernels::thread_pool pool(t);
     const double gf = kernels::cpu::measure_fma_gflops(pool);
     const double bw = kernels::cpu::measure_read_bandwidth_gbs(pool);
     peak[t] = {gf, bw};
-    peaks[std::to_string(t)] = {{"fma_gflops", gf}, {"read_gbs", bw}};
-    spdlog::info("peak with {} thread(s): {:.1f} GFLOP/s FMA ({}), {:.1f} GB/s read", t, gf,
-                 kernels::cpu::isa_name(), bw);
+    dispatch[t] = dispatch_us(pool);
+    peaks[std::to_string(t)] = {{"fma_gflops", gf}, {"read_gbs", bw}, {"dispatch_us", dispatch[t]}};
+    spdlog::info("peak with {} thread(s): {:.1f} GFLOP/s FMA ({}), {:.1f} GB/s read; pool dispatch {:.2f} us", t,
+                 gf, kernels::cpu::isa_name(), bw, dispatch[t]);
   }
 
   for (const auto& dt_name : o.dtypes) {
@@ -138,8 +150,8 @@ int run_bench(const bench_opts& o) {
                 double(r["prefill_gflops"]), double(r["prefill_pct_of_fma_peak"]), double(r["decode_tokens_per_s"]),
                 double(r["decode_gflops"]), double(r["decode_gbs"]), double(r["decode_pct_of_read_bw"]));
   for (auto& [t, p] : peak)
-    std::printf("peak, %d thread(s): %.1f GFLOP/s FMA (%s), %.1f GB/s read\n", t, p.first, kernels::cpu::isa_name(),
-                p.second);
+    std::printf("peak, %d thread(s): %.1f GFLOP/s FMA (%s), %.1f GB/s read; pool dispatch %.2f us\n", t, p.first,
+                kernels::cpu::isa_name(), p.second, dispatch[t]);
   return 0;
 }
 
