@@ -24,6 +24,7 @@ struct handle_state {
   request_actor request;     // learned from the accepted event; gets the credits back
   bool closed = false;       // the final event has been returned to the reader
   std::function<void(const request_event&)> callback;
+  std::function<void()> notify;  // events queued: the reader may take them (try_next)
 };
 
 namespace {
@@ -52,9 +53,12 @@ subscriber_actor::behavior_type bridge(subscriber_actor::stateful_pointer<bridge
     if (hs.callback) {
       hs.callback(ev);
     } else {
-      std::lock_guard<std::mutex> lk(hs.mu);
-      hs.events.push_back(std::move(ev));
-      hs.cv.notify_all();
+      {
+        std::lock_guard<std::mutex> lk(hs.mu);
+        hs.events.push_back(std::move(ev));
+        hs.cv.notify_all();
+      }
+      if (hs.notify) hs.notify();
     }
     self->quit();
   });
@@ -73,9 +77,12 @@ subscriber_actor::behavior_type bridge(subscriber_actor::stateful_pointer<bridge
           hs.callback(ev);
           if (!final && hs.request) self->send(hs.request, credit_atom::value, int32_t(1));
         } else {
-          std::lock_guard<std::mutex> lk(hs.mu);
-          hs.events.push_back(std::move(ev));
-          hs.cv.notify_all();
+          {
+            std::lock_guard<std::mutex> lk(hs.mu);
+            hs.events.push_back(std::move(ev));
+            hs.cv.notify_all();
+          }
+          if (hs.notify) hs.notify();
         }
         if (final) self->quit();
       },
@@ -100,6 +107,27 @@ bool request_handle::next(request_event& ev, std::chrono::milliseconds timeout) 
   }
   if (credit_to) caf::anon_send(credit_to, credit_atom::value, int32_t(1));
   return true;
+}
+
+bool request_handle::try_next(request_event& ev) {
+  if (!st_) return false;
+  request_actor credit_to;
+  {
+    std::lock_guard<std::mutex> lk(st_->mu);
+    if (st_->closed || st_->events.empty()) return false;
+    ev = std::move(st_->events.front());
+    st_->events.pop_front();
+    if (is_final(ev)) st_->closed = true;
+    else credit_to = st_->request;
+  }
+  if (credit_to) caf::anon_send(credit_to, credit_atom::value, int32_t(1));
+  return true;
+}
+
+bool request_handle::finished() const {
+  if (!st_) return true;
+  std::lock_guard<std::mutex> lk(st_->mu);
+  return st_->closed;
 }
 
 generation_result request_handle::wait(std::chrono::milliseconds timeout) {
@@ -257,8 +285,11 @@ void start_request(caf::actor_system& sys, const router_actor& router, const mod
     if (hs->callback) {
       hs->callback(ev);
     } else {
-      std::lock_guard<std::mutex> lk(hs->mu);
-      hs->events.push_back(std::move(ev));
+      {
+        std::lock_guard<std::mutex> lk(hs->mu);
+        hs->events.push_back(std::move(ev));
+      }
+      if (hs->notify) hs->notify();
     }
     return;
   }
@@ -287,6 +318,18 @@ request_id pipeline::submit(generation_request req, std::function<void(const req
   hs->callback = std::move(on_event);
   start_request(*im.sys, im.router, *im.mdl, hs, req);
   return hs->id;
+}
+
+request_handle pipeline::submit_notify(generation_request req, std::function<void()> on_ready) {
+  auto& im = *impl_;
+  auto hs = std::make_shared<handle_state>();
+  hs->id = im.next_id++;
+  hs->router = im.router;
+  hs->notify = std::move(on_ready);
+  request_handle h;
+  h.st_ = hs;
+  start_request(*im.sys, im.router, *im.mdl, hs, req);
+  return h;
 }
 
 void pipeline::cancel(request_id id) { caf::anon_send(impl_->router, cancel_atom::value, id); }

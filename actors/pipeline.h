@@ -76,6 +76,10 @@ class request_handle {
   request_id id() const;
   // The next event; false once the final event (done or error) has been returned, or on timeout.
   bool next(request_event& ev, std::chrono::milliseconds timeout = std::chrono::minutes(10));
+  // The next event if one is queued, without waiting. Each event taken returns a credit to the
+  // request, so a consumer that stops taking (a slow network client) pauses its request.
+  bool try_next(request_event& ev);
+  bool finished() const;  // the final event has been taken
   // Reads every remaining event.
   generation_result wait(std::chrono::milliseconds timeout = std::chrono::minutes(10));
   void cancel();
@@ -105,6 +109,10 @@ class pipeline {
   request_handle submit(generation_request req);
   // Events go to `on_event` (on an actor thread; keep it short) instead of a handle.
   request_id submit(generation_request req, std::function<void(const request_event&)> on_event);
+  // Events queue in the handle as with submit(req); `on_ready` runs (on an actor thread; keep
+  // it short, e.g. post to your event loop) whenever one was queued. For event loops that take
+  // events with try_next() at their own pace.
+  request_handle submit_notify(generation_request req, std::function<void()> on_ready);
   void cancel(request_id id);
   // Fault injection: kills worker `index` of a pool ("prefill", "decode" or "colocated"); its
   // supervisor restarts it. False if there is no such worker alive.

@@ -8,6 +8,7 @@ namespace tandem::cli {
 void add_generate(CLI::App& app);
 void add_model(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_serve(CLI::App& app);
 
 // Resolves --model: the given path, or the built-in default synthetic model (made on first use).
 std::string resolve_model_path(const std::string& flag);

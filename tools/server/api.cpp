@@ -1,0 +1,219 @@
+#include "tools/server/api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+namespace tandem::server {
+namespace {
+
+api_error bad(std::string message, std::string param = {}) {
+  api_error e;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = "invalid_argument";
+  return e;
+}
+
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    i += n;
+  }
+  return true;
+}
+
+// Fields every generation shares: model, limits, sampling, stop, streaming.
+std::optional<api_error> parse_common(const json& b, const served_model& m, api_request& out, bool openai) {
+  if (!b.is_object()) return bad("the body must be a JSON object");
+  if (openai) {
+    if (!b.contains("model") || !b["model"].is_string()) return bad("'model' is required and must be a string", "model");
+    const std::string name = b["model"].get<std::string>();
+    if (name != m.id) return bad("unknown model '" + name + "'; this server serves '" + m.id + "'", "model");
+  }
+  auto number = [&](const char* key, double lo, double hi, double& v) -> std::optional<api_error> {
+    if (!b.contains(key) || b[key].is_null()) return std::nullopt;
+    if (!b[key].is_number()) return bad(std::string("'") + key + "' must be a number", key);
+    v = b[key].get<double>();
+    if (!std::isfinite(v) || v < lo || v > hi)
+      return bad(std::string("'") + key + "' must be between " + json(lo).dump() + " and " + json(hi).dump(), key);
+    return std::nullopt;
+  };
+  double max_tokens = 16;
+  if (!openai) max_tokens = 64;
+  const char* max_key = b.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  if (auto e = number(max_key, 1, m.context_length, max_tokens)) return e;
+  if (b.contains(max_key) && b[max_key].is_number() && !b[max_key].is_number_integer())
+    return bad(std::string("'") + max_key + "' must be an integer", max_key);
+  out.gen.max_tokens = int32_t(max_tokens);
+
+  double temperature = 1.0, top_p = 1.0, top_k = 0, seed = -1;
+  if (auto e = number("temperature", 0, 2, temperature)) return e;
+  if (auto e = number("top_p", 0, 1, top_p)) return e;
+  if (auto e = number("top_k", 0, 1 << 20, top_k)) return e;
+  if (auto e = number("seed", 0, 9007199254740991.0, seed)) return e;
+  if (top_p <= 0) return bad("'top_p' must be greater than 0", "top_p");
+  out.gen.sampling.temperature = float(temperature);
+  out.gen.sampling.top_p = float(top_p);
+  out.gen.sampling.top_k = int32_t(top_k);
+  out.gen.sampling.seed = seed >= 0 ? uint64_t(seed) : std::random_device{}();
+  if (b.contains("n") && !(b["n"].is_number_integer() && b["n"].get<int64_t>() == 1))
+    return bad("only 'n': 1 is supported", "n");
+
+  if (b.contains("stop") && !b["stop"].is_null()) {
+    const auto& s = b["stop"];
+    if (s.is_string()) {
+      out.stop.push_back(s.get<std::string>());
+    } else if (s.is_array() && s.size() <= 4) {
+      for (const auto& x : s) {
+        if (!x.is_string()) return bad("'stop' must be a string or an array of up to 4 strings", "stop");
+        out.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return bad("'stop' must be a string or an array of up to 4 strings", "stop");
+    }
+  }
+  if (b.contains("stream") && !b["stream"].is_null()) {
+    if (!b["stream"].is_boolean()) return bad("'stream' must be a boolean", "stream");
+    out.stream = b["stream"].get<bool>();
+  }
+  if (b.contains("stream_options") && b["stream_options"].is_object()) {
+    const auto& so = b["stream_options"];
+    if (so.contains("include_usage")) {
+      if (!so["include_usage"].is_boolean()) return bad("'stream_options.include_usage' must be a boolean", "stream_options");
+      out.include_usage = so["include_usage"].get<bool>();
+    }
+  }
+  if (b.contains("ignore_eos") && b["ignore_eos"].is_boolean()) out.gen.ignore_eos = b["ignore_eos"].get<bool>();
+  return std::nullopt;
+}
+
+std::optional<api_error> parse_messages(const json& b, const served_model& m, api_request& out) {
+  if (!b.contains("messages") || !b["messages"].is_array() || b["messages"].empty())
+    return bad("'messages' is required and must be a non-empty array", "messages");
+  std::vector<chat_message> msgs;
+  for (const auto& x : b["messages"]) {
+    if (!x.is_object() || !x.contains("role") || !x["role"].is_string())
+      return bad("each message needs a string 'role'", "messages");
+    chat_message cm;
+    cm.role = x["role"].get<std::string>();
+    if (cm.role == "developer") cm.role = "system";
+    const auto& c = x.contains("content") ? x["content"] : json();
+    if (c.is_string()) {
+      cm.content = c.get<std::string>();
+    } else if (c.is_array()) {  // content parts: only text is supported
+      for (const auto& part : c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          return bad("only text content parts are supported", "messages");
+        cm.content += part["text"].get<std::string>();
+      }
+    } else {
+      return bad("each message needs 'content' (a string or text parts)", "messages");
+    }
+    if (!valid_utf8(cm.content)) return bad("message content is not valid UTF-8", "messages");
+    msgs.push_back(std::move(cm));
+  }
+  std::string prompt;
+  if (status st = render_chat(m.chat, msgs, prompt); !st.ok()) return bad(st.message(), "messages");
+  out.gen.prompt = std::move(prompt);
+  out.chat = true;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<api_error> parse_completion(const json& b, const served_model& m, api_request& out) {
+  if (auto e = parse_common(b, m, out, true)) return e;
+  if (!b.contains("prompt")) return bad("'prompt' is required", "prompt");
+  const auto& p = b["prompt"];
+  if (p.is_string()) {
+    out.gen.prompt = p.get<std::string>();
+  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+    out.gen.prompt = p[0].get<std::string>();
+  } else if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
+    for (const auto& x : p) out.gen.prompt_tokens.push_back(token_id(x.get<int64_t>()));
+  } else {
+    return bad("'prompt' must be a string or an array of token ids (one prompt per request)", "prompt");
+  }
+  if (!valid_utf8(out.gen.prompt)) return bad("'prompt' is not valid UTF-8", "prompt");
+  return std::nullopt;
+}
+
+std::optional<api_error> parse_chat_completion(const json& b, const served_model& m, api_request& out) {
+  if (auto e = parse_common(b, m, out, true)) return e;
+  return parse_messages(b, m, out);
+}
+
+std::optional<api_error> parse_ws_generate(const json& f, const served_model& m, api_request& out) {
+  if (!f.is_object()) return bad("a frame must be a JSON object");
+  if (!f.contains("id") || !(f["id"].is_string() || f["id"].is_number_integer()))
+    return bad("'id' is required (a string or an integer chosen by the client)", "id");
+  out.client_id = f["id"].is_string() ? f["id"].get<std::string>() : std::to_string(f["id"].get<int64_t>());
+  if (auto e = parse_common(f, m, out, false)) return e;
+  if (!f.contains("temperature")) out.gen.sampling.temperature = 0.0f;  // greedy unless asked
+  if (f.contains("messages")) return parse_messages(f, m, out);
+  if (!f.contains("prompt") || !f["prompt"].is_string()) return bad("'prompt' (a string) or 'messages' is required", "prompt");
+  out.gen.prompt = f["prompt"].get<std::string>();
+  if (!valid_utf8(out.gen.prompt)) return bad("'prompt' is not valid UTF-8", "prompt");
+  return std::nullopt;
+}
+
+api_error error_from(errc code, const std::string& message, double retry_after_ms) {
+  api_error e;
+  e.message = message;
+  e.code = std::string(to_string(code));
+  e.retry_after_ms = retry_after_ms;
+  switch (code) {
+    case errc::overloaded:
+      e.http_status = 429;
+      e.type = "rate_limit_error";
+      break;
+    case errc::invalid_argument:
+    case errc::context_overflow:
+      e.http_status = 400;
+      e.type = "invalid_request_error";
+      break;
+    case errc::worker_failed:
+    case errc::shutting_down:
+      e.http_status = 503;
+      e.type = "server_error";
+      break;
+    default:
+      e.http_status = 500;
+      e.type = "server_error";
+      break;
+  }
+  return e;
+}
+
+json error_body(const api_error& e) {
+  json err = {{"message", e.message}, {"type", e.type}, {"param", e.param.empty() ? json() : json(e.param)},
+              {"code", e.code.empty() ? json() : json(e.code)}};
+  if (e.retry_after_ms > 0) err["retry_after_ms"] = e.retry_after_ms;
+  return {{"error", err}};
+}
+
+json usage_json(const metrics::request_timings& t) {
+  return {{"prompt_tokens", t.prompt_tokens},
+          {"completion_tokens", t.output_tokens},
+          {"total_tokens", t.prompt_tokens + t.output_tokens}};
+}
+
+json timings_json(const metrics::request_timings& t) {
+  return {{"queue_ms", t.queue_prefill_ms + t.queue_decode_ms},
+          {"ttft_ms", t.ttft_ms},
+          {"tpot_ms", t.tpot_ms},
+          {"prefill_ms", t.prefill_ms},
+          {"decode_ms", t.decode_ms},
+          {"kv_bytes", t.kv_bytes},
+          {"kv_transfer_ms", t.kv_transfer_ms},
+          {"handoff_ms", t.handoff_ms},
+          {"e2e_ms", t.e2e_ms}};
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,55 @@
+#pragma once
+// The server's request and response shapes, free of networking so they can be unit-tested:
+// OpenAI-compatible bodies (/v1/completions, /v1/chat/completions) and the WebSocket protocol
+// (docs/protocol.md) parsed into a generation_request, and errors in OpenAI's error JSON.
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/pipeline.h"
+#include "runtime/chat_template.h"
+
+namespace tandem::server {
+
+using json = nlohmann::json;
+
+// What the server knows of the model it serves.
+struct served_model {
+  std::string id;              // the name clients put in "model"
+  int32_t context_length = 0;
+  chat_format chat = chat_format::chatml;
+};
+
+struct api_error {
+  int http_status = 400;
+  std::string type = "invalid_request_error";
+  std::string message;
+  std::string param;           // the offending field, when there is one
+  std::string code;            // tandem's error code name
+  double retry_after_ms = 0;
+};
+
+struct api_request {
+  generation_request gen;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool chat = false;
+  std::string client_id;       // WebSocket: the client's id for the request
+};
+
+// Each returns nullopt and fills `out`, or the error to send.
+std::optional<api_error> parse_completion(const json& body, const served_model& m, api_request& out);
+std::optional<api_error> parse_chat_completion(const json& body, const served_model& m, api_request& out);
+std::optional<api_error> parse_ws_generate(const json& frame, const served_model& m, api_request& out);
+
+// A pipeline error (an error event) as the HTTP status and body clients expect.
+api_error error_from(errc code, const std::string& message, double retry_after_ms);
+json error_body(const api_error& e);
+
+// Usage and tandem's timings for a finished request.
+json usage_json(const metrics::request_timings& t);
+json timings_json(const metrics::request_timings& t);
+
+}  // namespace tandem::server

@@ -1,0 +1,750 @@
+#include "tools/server/http_server.h"
+
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
+#include <atomic>
+#include <deque>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "runtime/stop_strings.h"
+#include "tools/server/pages.h"
+
+namespace tandem::server {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+namespace {
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
+
+std::string chunk(const std::string& data) {
+  char head[24];
+  std::snprintf(head, sizeof(head), "%zx\r\n", data.size());
+  return head + data + "\r\n";
+}
+
+std::string bearer(const http::request<http::string_body>& req) {
+  const auto h = req[http::field::authorization];
+  const std::string_view v(h.data(), h.size());
+  return v.rfind("Bearer ", 0) == 0 ? std::string(v.substr(7)) : std::string();
+}
+
+std::string query_param(std::string_view target, std::string_view key) {
+  const auto q = target.find('?');
+  if (q == std::string_view::npos) return {};
+  std::string_view rest = target.substr(q + 1);
+  while (!rest.empty()) {
+    const auto amp = rest.find('&');
+    const std::string_view kv = rest.substr(0, amp);
+    const auto eq = kv.find('=');
+    if (eq != std::string_view::npos && kv.substr(0, eq) == key) return std::string(kv.substr(eq + 1));
+    if (amp == std::string_view::npos) break;
+    rest = rest.substr(amp + 1);
+  }
+  return {};
+}
+
+}  // namespace
+
+struct http_server::impl : std::enable_shared_from_this<impl> {
+  pipeline& pipe;
+  served_model mdl;
+  server_config cfg;
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  std::atomic<bool> draining{false};
+  std::atomic<int64_t> in_flight{0};   // generation requests not finished
+  std::atomic<int64_t> next_id{1};
+
+  impl(pipeline& p, served_model m, server_config c) : pipe(p), mdl(std::move(m)), cfg(std::move(c)) {}
+  void accept();
+};
+
+namespace {
+
+using impl_ptr = std::shared_ptr<http_server::impl>;
+
+// ---------------------------------------------------------------- one generation request
+
+// A request's progress as the connection sees it: stop strings, text so far, how it ended.
+struct generation {
+  api_request req;
+  request_handle handle;
+  std::unique_ptr<stop_matcher> stops;
+  std::string text;
+  std::vector<token_id> tokens;
+  std::string finish_reason;
+  metrics::request_timings timings;
+  bool ended = false;
+  int64_t serial = 0;
+  int32_t index = 0;  // tokens shown so far
+};
+
+// Applies one event; returns the text to show for a token (after stop strings), and sets
+// ended/finish_reason on the final event (or on a completed stop string, cancelling the rest).
+std::string apply_event(http_server::impl& s, generation& g, const request_event& ev) {
+  switch (ev.kind) {
+    case event_kind::accepted: return {};
+    case event_kind::token: {
+      if (g.ended) return {};
+      g.tokens.push_back(ev.token);
+      std::string shown = g.stops->push(ev.text);
+      if (g.stops->stopped()) {
+        g.ended = true;
+        g.finish_reason = "stop";
+        s.pipe.cancel(g.handle.id());
+      }
+      g.text += shown;
+      return shown;
+    }
+    case event_kind::done: {
+      std::string shown = g.ended ? std::string() : g.stops->flush();
+      g.text += shown;
+      if (!g.ended) g.finish_reason = ev.finish_reason == "cancelled" ? "stop" : ev.finish_reason;
+      g.timings = ev.timings;
+      g.ended = true;
+      return shown;
+    }
+    case event_kind::error: g.ended = true; return {};
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------- HTTP session
+
+class http_session : public std::enable_shared_from_this<http_session> {
+ public:
+  http_session(tcp::socket&& s, impl_ptr srv) : stream_(std::move(s)), srv_(std::move(srv)) {}
+  void start() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); }); }
+
+ private:
+  using request_t = http::request<http::string_body>;
+
+  beast::tcp_stream stream_;
+  impl_ptr srv_;
+  beast::flat_buffer buf_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  request_t req_;
+  // Streaming (SSE) and pending generation state.
+  std::unique_ptr<generation> gen_;
+  bool sse_started_ = false;
+  bool chat_first_ = true;
+  std::deque<std::string> out_;
+  size_t out_bytes_ = 0;
+  bool writing_ = false;
+  bool close_after_ = false;
+  std::shared_ptr<net::steady_timer> feed_timer_;  // set while serving /dashboard/feed
+
+  void read() {
+    parser_.emplace();
+    parser_->body_limit(srv_->cfg.max_body_bytes);
+    parser_->header_limit(16 * 1024);
+    stream_.expires_after(srv_->cfg.header_timeout);
+    http::async_read(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->on_read(ec);
+    });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::connection_reset ||
+        ec == net::error::eof) {
+      return close();
+    }
+    if (ec == http::error::body_limit) {
+      req_ = {};
+      return send_error(api_error{413, "invalid_request_error",
+                                  "the request body exceeds " + std::to_string(srv_->cfg.max_body_bytes) + " bytes", "",
+                                  "invalid_argument"},
+                        true);
+    }
+    if (ec) {
+      req_ = {};
+      return send_error(api_error{400, "invalid_request_error", "malformed HTTP request: " + ec.message(), "",
+                                  "invalid_argument"},
+                        true);
+    }
+    req_ = parser_->release();
+    stream_.expires_never();
+    if (websocket::is_upgrade(req_)) return upgrade();
+    route();
+  }
+
+  // ---- responses
+
+  void send(http::status status, std::string body, std::string content_type, bool close = false,
+            std::vector<std::pair<std::string, std::string>> extra = {}) {
+    auto res = std::make_shared<http::response<http::string_body>>(status, req_.version());
+    res->set(http::field::server, "tandem");
+    res->set(http::field::content_type, content_type);
+    for (auto& [k, v] : extra) res->set(k, v);
+    res->body() = std::move(body);
+    res->keep_alive(!close && req_.keep_alive());
+    res->prepare_payload();
+    close_after_ = !res->keep_alive();
+    http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
+      if (ec || self->close_after_) return self->close();
+      self->read();
+    });
+  }
+
+  void send_json(http::status status, const json& j, std::vector<std::pair<std::string, std::string>> extra = {}) {
+    send(status, j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json", false, std::move(extra));
+  }
+
+  void send_error(const api_error& e, bool close = false) {
+    std::vector<std::pair<std::string, std::string>> extra;
+    if (e.http_status == 429 || e.http_status == 503)
+      extra.emplace_back("Retry-After", std::to_string(std::max<int64_t>(1, int64_t((e.retry_after_ms + 999) / 1000))));
+    send(http::status(e.http_status), error_body(e).dump(-1, ' ', false, json::error_handler_t::replace),
+         "application/json", close, std::move(extra));
+  }
+
+  void close() {
+    if (gen_ && !gen_->ended) {  // the client is gone: its request is cancelled, its KV freed
+      srv_->pipe.cancel(gen_->handle.id());
+      finish_generation();
+    }
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.socket().close(ec);
+  }
+
+  // ---- routing
+
+  void route() {
+    const std::string target(req_.target());
+    const std::string path = target.substr(0, target.find('?'));
+    const auto method = req_.method();
+    auto only = [&](http::verb v) {
+      if (method == v) return true;
+      send_error(api_error{405, "invalid_request_error",
+                           "method " + std::string(req_.method_string()) + " is not allowed on " + path, "", "invalid_argument"});
+      return false;
+    };
+    if (path == "/health") {
+      if (only(http::verb::get)) health();
+      return;
+    }
+    if (path == "/metrics") {
+      if (only(http::verb::get)) send(http::status::ok, srv_->pipe.metrics().to_prometheus(), "text/plain; version=0.0.4");
+      return;
+    }
+    if (path == "/dashboard/feed") {
+      if (only(http::verb::get)) feed();
+      return;
+    }
+    if (path == "/" || path == "/dashboard") {
+      if (only(http::verb::get))
+        send(http::status::ok, std::string(path == "/" ? chat_page() : dashboard_page()), "text/html; charset=utf-8");
+      return;
+    }
+    if (path.rfind("/admin/", 0) == 0) return admin(path);
+    if (path.rfind("/v1/", 0) == 0) {
+      if (!srv_->cfg.api_key.empty() && bearer(req_) != srv_->cfg.api_key)
+        return send_error(api_error{401, "invalid_request_error", "missing or wrong API key (Authorization: Bearer KEY)",
+                                    "", "unauthorized"});
+      if (path == "/v1/models") {
+        if (only(http::verb::get))
+          send_json(http::status::ok,
+                    {{"object", "list"},
+                     {"data", json::array({{{"id", srv_->mdl.id}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"}}})}});
+        return;
+      }
+      if (path == "/v1/completions" || path == "/v1/chat/completions") {
+        if (only(http::verb::post)) generate(path == "/v1/chat/completions");
+        return;
+      }
+    }
+    send_error(api_error{404, "invalid_request_error", "no such endpoint: " + path, "", "not_found"});
+  }
+
+  void health() {
+    const auto st = srv_->pipe.stats();
+    int prefill = 0, decode = 0, colocated = 0;
+    for (const auto& w : st.workers) {
+      prefill += w.name.rfind("prefill", 0) == 0;
+      decode += w.name.rfind("decode", 0) == 0;
+      colocated += w.name.rfind("colocated", 0) == 0;
+    }
+    const bool disagg = srv_->pipe.config().mode == serving_mode::disaggregated;
+    const bool ready = !srv_->draining && (disagg ? prefill > 0 && decode > 0 : colocated > 0);
+    json j = {{"status", ready ? "ok" : "unavailable"},
+              {"mode", std::string(to_string(srv_->pipe.config().mode))},
+              {"workers", {{"prefill", prefill}, {"decode", decode}, {"colocated", colocated}}},
+              {"live_requests", st.live_requests}};
+    send_json(ready ? http::status::ok : http::status::service_unavailable, j);
+  }
+
+  void admin(const std::string& path) {
+    if (srv_->cfg.admin_key.empty())
+      return send_error(api_error{404, "invalid_request_error", "admin endpoints are off (start with --admin-key)", "",
+                                  "not_found"});
+    if (bearer(req_) != srv_->cfg.admin_key && query_param(std::string(req_.target()), "key") != srv_->cfg.admin_key)
+      return send_error(api_error{401, "invalid_request_error", "missing or wrong admin key", "", "unauthorized"});
+    if (path == "/admin/state" && req_.method() == http::verb::get) return send_json(http::status::ok, state_json(*srv_));
+    if (path == "/admin/kill" && req_.method() == http::verb::post) {
+      const json b = json::parse(req_.body(), nullptr, false);
+      if (!b.is_object() || !b.contains("pool") || !b["pool"].is_string() || !b.contains("index") ||
+          !b["index"].is_number_integer())
+        return send_error(api_error{400, "invalid_request_error", "body: {\"pool\": \"prefill|decode|colocated\", \"index\": N}",
+                                    "", "invalid_argument"});
+      const std::string pool = b["pool"].get<std::string>();
+      if (pool != "prefill" && pool != "decode" && pool != "colocated")
+        return send_error(api_error{400, "invalid_request_error", "unknown pool '" + pool + "'", "pool", "invalid_argument"});
+      const bool killed = srv_->pipe.kill_worker(pool, int(b["index"].get<int64_t>()));
+      return send_json(killed ? http::status::ok : http::status::not_found, {{"killed", killed}});
+    }
+    send_error(api_error{404, "invalid_request_error", "no such admin endpoint: " + path, "", "not_found"});
+  }
+
+ public:
+  static json state_json(http_server::impl& s) {
+    const auto st = s.pipe.stats();
+    json workers = json::array();
+    for (const auto& w : st.workers)
+      workers.push_back({{"name", w.name},
+                         {"kv_total_blocks", w.kv_total_blocks},
+                         {"kv_free_blocks", w.kv_free_blocks},
+                         {"reserved_blocks", w.reserved_blocks},
+                         {"active", w.active},
+                         {"steps", w.steps}});
+    return {{"mode", std::string(to_string(s.pipe.config().mode))},
+            {"model", s.mdl.id},
+            {"live_requests", st.live_requests},
+            {"in_flight", s.in_flight.load()},
+            {"workers", workers},
+            {"metrics", json::parse(s.pipe.metrics().to_json(), nullptr, false)}};
+  }
+
+ private:
+  // ---- generation over HTTP (JSON or SSE)
+
+  void generate(bool chat) {
+    if (srv_->draining)
+      return send_error(api_error{503, "server_error", "the server is shutting down", "", "shutting_down"});
+    const json body = json::parse(req_.body(), nullptr, false);
+    if (body.is_discarded())
+      return send_error(api_error{400, "invalid_request_error", "the body is not valid JSON", "", "invalid_argument"});
+    auto g = std::make_unique<generation>();
+    auto err = chat ? parse_chat_completion(body, srv_->mdl, g->req) : parse_completion(body, srv_->mdl, g->req);
+    if (err) return send_error(*err);
+    g->stops = std::make_unique<stop_matcher>(g->req.stop);
+    g->serial = srv_->next_id++;
+    chat_first_ = true;
+    sse_started_ = false;
+    ++srv_->in_flight;
+    gen_ = std::move(g);
+    std::weak_ptr<http_session> weak = weak_from_this();
+    auto exec = stream_.get_executor();
+    gen_->handle = srv_->pipe.submit_notify(gen_->req.gen, [weak, exec] {
+      net::post(exec, [weak] {
+        if (auto self = weak.lock()) self->pump();
+      });
+    });
+    watch_disconnect();
+  }
+
+  // While generating nothing is read: a readable socket with nothing to read is a closed one.
+  void watch_disconnect() {
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+      if (ec || !self->gen_) return;
+      beast::error_code ec2;
+      if (self->stream_.socket().available(ec2) == 0 || ec2) self->close();
+    });
+  }
+
+  void finish_generation() {
+    if (!gen_) return;
+    gen_.reset();
+    --srv_->in_flight;
+  }
+
+  const char* object_kind(bool chunked) const {
+    if (gen_->req.chat) return chunked ? "chat.completion.chunk" : "chat.completion";
+    return "text_completion";
+  }
+
+  json chunk_json(const std::string& delta, const json& finish) {
+    json choice = {{"index", 0}, {"finish_reason", finish}};
+    if (gen_->req.chat) {
+      json d = json::object();
+      if (chat_first_) d["role"] = "assistant";
+      if (!delta.empty() || chat_first_) d["content"] = delta;
+      chat_first_ = false;
+      choice["delta"] = d;
+    } else {
+      choice["text"] = delta;
+      choice["logprobs"] = nullptr;
+    }
+    return {{"id", (gen_->req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen_->serial)},
+            {"object", object_kind(true)},
+            {"created", unix_now()},
+            {"model", srv_->mdl.id},
+            {"choices", json::array({choice})}};
+  }
+
+  void pump() {
+    if (!gen_) return;
+    request_event ev;
+    while (out_bytes_ < srv_->cfg.outgoing_limit_bytes && gen_ && gen_->handle.try_next(ev)) {
+      if (ev.kind == event_kind::error) return fail(ev);
+      std::string shown = apply_event(*srv_, *gen_, ev);
+      if (gen_->req.stream) {
+        if (!sse_started_ && (ev.kind == event_kind::accepted || ev.kind == event_kind::token)) start_sse();
+        if (!shown.empty()) write_raw(chunk(sse(chunk_json(shown, nullptr))));
+        if (ev.kind == event_kind::done) return end_sse();
+      } else if (ev.kind == event_kind::done) {
+        return respond_json();
+      }
+    }
+  }
+
+  void fail(const request_event& ev) {
+    const api_error e = error_from(ev.code, ev.message, ev.retry_after_ms);
+    if (gen_->req.stream && sse_started_) {
+      write_raw(chunk(sse(error_body(e))));
+      write_raw(chunk("data: [DONE]\n\n"));
+      write_raw("0\r\n\r\n");
+      finish_generation();
+      return;
+    }
+    finish_generation();
+    send_error(e);
+  }
+
+  void start_sse() {
+    sse_started_ = true;
+    std::string head = "HTTP/1.1 200 OK\r\nServer: tandem\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                       "Transfer-Encoding: chunked\r\n";
+    head += req_.keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    close_after_ = !req_.keep_alive();
+    write_raw(std::move(head));
+  }
+
+  void end_sse() {
+    write_raw(chunk(sse(chunk_json("", gen_->finish_reason))));
+    if (gen_->req.include_usage) {
+      json u = chunk_json("", nullptr);
+      u["choices"] = json::array();
+      u["usage"] = usage_json(gen_->timings);
+      u["tandem"] = timings_json(gen_->timings);
+      write_raw(chunk(sse(u)));
+    }
+    write_raw(chunk("data: [DONE]\n\n"));
+    write_raw("0\r\n\r\n");
+    finish_generation();
+  }
+
+  void respond_json() {
+    json choice = {{"index", 0}, {"finish_reason", gen_->finish_reason}};
+    if (gen_->req.chat) choice["message"] = {{"role", "assistant"}, {"content", gen_->text}};
+    else {
+      choice["text"] = gen_->text;
+      choice["logprobs"] = nullptr;
+    }
+    json j = {{"id", (gen_->req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen_->serial)},
+              {"object", object_kind(false)},
+              {"created", unix_now()},
+              {"model", srv_->mdl.id},
+              {"choices", json::array({choice})},
+              {"usage", usage_json(gen_->timings)},
+              {"tandem", timings_json(gen_->timings)}};
+    finish_generation();
+    send_json(http::status::ok, j);
+  }
+
+  // Raw bytes in order, one write at a time; when the queue drains, either the next request
+  // is read (keep-alive) or more events are taken.
+  void write_raw(std::string s) {
+    out_bytes_ += s.size();
+    out_.push_back(std::move(s));
+    if (!writing_) write_next();
+  }
+
+  void write_next() {
+    if (out_.empty()) {
+      writing_ = false;
+      if (gen_) return pump();
+      if (close_after_) return close();
+      if (feed_timer_) return;  // the feed writes on its timer
+      return read();
+    }
+    writing_ = true;
+    net::async_write(stream_, net::buffer(out_.front()), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->close();
+      self->out_bytes_ -= self->out_.front().size();
+      self->out_.pop_front();
+      self->write_next();
+    });
+  }
+
+  void upgrade();
+
+  // The dashboard's live view: the pipeline's state as an SSE event every second, until the
+  // client goes away.
+  void feed() {
+    start_sse();
+    feed_timer_ = std::make_shared<net::steady_timer>(stream_.get_executor());
+    feed_tick();
+  }
+  void feed_tick() {
+    if (srv_->draining) {
+      write_raw("0\r\n\r\n");
+      close_after_ = true;
+      return;
+    }
+    if (out_bytes_ < 64 * 1024) write_raw(chunk(sse(state_json(*srv_))));
+    feed_timer_->expires_after(std::chrono::seconds(1));
+    feed_timer_->async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (!ec && self->stream_.socket().is_open()) self->feed_tick();
+    });
+  }
+};
+
+// ---------------------------------------------------------------- WebSocket session
+
+class ws_session : public std::enable_shared_from_this<ws_session> {
+ public:
+  ws_session(tcp::socket&& s, impl_ptr srv) : ws_(std::move(s)), srv_(std::move(srv)) {}
+
+  void start(http::request<http::string_body> req) {
+    ws_.read_message_max(srv_->cfg.max_frame_bytes);
+    ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
+    ws_.async_accept(req, [self = shared_from_this()](beast::error_code ec) {
+      if (!ec) self->read();
+    });
+  }
+
+ private:
+  websocket::stream<beast::tcp_stream> ws_;
+  impl_ptr srv_;
+  beast::flat_buffer buf_;
+  std::map<std::string, std::unique_ptr<generation>> gens_;  // by client id
+  std::deque<std::string> out_;
+  size_t out_bytes_ = 0;
+  bool writing_ = false;
+  bool closed_ = false;
+
+  void read() {
+    ws_.async_read(buf_, [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec) return gone();
+    const std::string text = beast::buffers_to_string(buf_.data());
+    buf_.consume(buf_.size());
+    if (!ws_.got_text()) {
+      send_frame({{"type", "error"}, {"code", "invalid_argument"}, {"message", "frames must be JSON text frames"}});
+      return read();
+    }
+    handle(text);
+    read();
+  }
+
+  void handle(const std::string& text) {
+    const json f = json::parse(text, nullptr, false);
+    if (f.is_discarded() || !f.is_object())
+      return send_frame({{"type", "error"}, {"code", "invalid_argument"}, {"message", "the frame is not a JSON object"}});
+    const std::string type = f.contains("type") && f["type"].is_string() ? f["type"].get<std::string>() : "";
+    const json id = f.contains("id") ? f["id"] : json();
+    if (type == "cancel") {
+      const std::string key = id.is_string() ? id.get<std::string>() : id.is_number_integer() ? std::to_string(id.get<int64_t>()) : "";
+      auto it = gens_.find(key);
+      if (it == gens_.end())
+        return send_frame({{"type", "error"}, {"id", id}, {"code", "invalid_argument"}, {"message", "no request with this id in flight"}});
+      srv_->pipe.cancel(it->second->handle.id());
+      return;
+    }
+    if (type != "generate")
+      return send_frame({{"type", "error"}, {"id", id}, {"code", "invalid_argument"},
+                         {"message", "unknown frame type '" + type + "' (generate, cancel)"}});
+    if (srv_->draining)
+      return send_frame({{"type", "error"}, {"id", id}, {"code", "shutting_down"}, {"message", "the server is shutting down"}});
+    auto g = std::make_unique<generation>();
+    if (auto err = parse_ws_generate(f, srv_->mdl, g->req))
+      return send_frame({{"type", "error"}, {"id", id}, {"code", err->code}, {"message", err->message}});
+    if (gens_.count(g->req.client_id))
+      return send_frame({{"type", "error"}, {"id", id}, {"code", "invalid_argument"}, {"message", "a request with this id is in flight"}});
+    if (gens_.size() >= srv_->cfg.max_requests_per_connection)
+      return send_frame({{"type", "error"}, {"id", id}, {"code", "overloaded"},
+                         {"message", "too many requests in flight on this connection (limit " +
+                                         std::to_string(srv_->cfg.max_requests_per_connection) + ")"}});
+    g->stops = std::make_unique<stop_matcher>(g->req.stop);
+    ++srv_->in_flight;
+    std::weak_ptr<ws_session> weak = weak_from_this();
+    auto exec = ws_.get_executor();
+    generation* raw = g.get();
+    const std::string key = g->req.client_id;
+    gens_.emplace(key, std::move(g));
+    raw->handle = srv_->pipe.submit_notify(raw->req.gen, [weak, exec] {
+      net::post(exec, [weak] {
+        if (auto self = weak.lock()) self->pump();
+      });
+    });
+    pump();
+  }
+
+  json id_of(const generation& g) const { return g.req.client_id; }
+
+  // Takes events while the connection's queue has room: a slow reader pauses its requests.
+  void pump() {
+    if (closed_) return;
+    std::vector<std::string> ended;
+    for (auto& [key, g] : gens_) {
+      request_event ev;
+      while (out_bytes_ < srv_->cfg.outgoing_limit_bytes && g->handle.try_next(ev)) {
+        if (ev.kind == event_kind::error) {
+          json e = {{"type", "error"}, {"id", key}, {"code", std::string(to_string(ev.code))}, {"message", ev.message}};
+          if (ev.retry_after_ms > 0) e["retry_after_ms"] = ev.retry_after_ms;
+          send_frame(e);
+          ended.push_back(key);
+          break;
+        }
+        if (ev.kind == event_kind::accepted) {
+          send_frame({{"type", "accepted"}, {"id", key}, {"queue_position", ev.queue_position}});
+          continue;
+        }
+        const bool was_ended = g->ended;
+        std::string shown = apply_event(*srv_, *g, ev);
+        if (ev.kind == event_kind::token && !was_ended && (!shown.empty() || !g->ended))
+          send_frame({{"type", "token"}, {"id", key}, {"index", g->index++}, {"text", shown}, {"token", ev.token}});
+        if (ev.kind == event_kind::done) {
+          if (!shown.empty())
+            send_frame({{"type", "token"}, {"id", key}, {"index", g->index++}, {"text", shown}, {"token", -1}});
+          send_frame({{"type", "done"},
+                      {"id", key},
+                      {"finish_reason", g->finish_reason},
+                      {"usage", usage_json(g->timings)},
+                      {"timings", timings_json(g->timings)}});
+          ended.push_back(key);
+          break;
+        }
+      }
+    }
+    for (const auto& k : ended) {
+      gens_.erase(k);
+      --srv_->in_flight;
+    }
+  }
+
+  void send_frame(const json& j) {
+    std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
+    out_bytes_ += s.size();
+    out_.push_back(std::move(s));
+    if (!writing_) write_next();
+  }
+
+  void write_next() {
+    if (out_.empty() || closed_) {
+      writing_ = false;
+      return;
+    }
+    writing_ = true;
+    ws_.text(true);
+    ws_.async_write(net::buffer(out_.front()), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->gone();
+      self->out_bytes_ -= self->out_.front().size();
+      self->out_.pop_front();
+      self->write_next();
+      self->pump();  // room again
+    });
+  }
+
+  // Closed or broken: every request of this connection is cancelled (their KV freed).
+  void gone() {
+    if (closed_) return;
+    closed_ = true;
+    for (auto& [k, g] : gens_) {
+      srv_->pipe.cancel(g->handle.id());
+      --srv_->in_flight;
+    }
+    gens_.clear();
+    out_.clear();
+  }
+};
+
+void http_session::upgrade() {
+  if (!srv_->cfg.api_key.empty() && bearer(req_) != srv_->cfg.api_key &&
+      query_param(std::string(req_.target()), "api_key") != srv_->cfg.api_key)
+    return send_error(api_error{401, "invalid_request_error", "missing or wrong API key", "", "unauthorized"}, true);
+  const std::string target(req_.target());
+  if (target.substr(0, target.find('?')) != "/ws")
+    return send_error(api_error{404, "invalid_request_error", "WebSocket endpoint is /ws", "", "not_found"}, true);
+  std::make_shared<ws_session>(stream_.release_socket(), srv_)->start(std::move(req_));
+}
+
+// Shutdown: checks every 50 ms until no request is in flight or the grace period is over.
+void drain(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::steady_clock::time_point deadline) {
+  if (im->in_flight.load() <= 0 || std::chrono::steady_clock::now() >= deadline) {
+    im->ioc.stop();
+    return;
+  }
+  timer->expires_after(std::chrono::milliseconds(50));
+  timer->async_wait([im, timer, deadline](beast::error_code) { drain(im, timer, deadline); });
+}
+
+}  // namespace
+
+void http_server::impl::accept() {
+  acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](beast::error_code ec, tcp::socket s) {
+    if (!self->acceptor.is_open()) return;
+    if (!ec) {
+      s.set_option(tcp::no_delay(true), ec);
+      std::make_shared<http_session>(std::move(s), self)->start();
+    }
+    self->accept();
+  });
+}
+
+http_server::http_server(pipeline& p, served_model m, server_config cfg)
+    : impl_(std::make_shared<impl>(p, std::move(m), std::move(cfg))) {
+  auto& im = *impl_;
+  beast::error_code ec;
+  const auto addr = net::ip::make_address(im.cfg.host, ec);
+  if (ec) throw failure(errc::invalid_argument, "bad --host '" + im.cfg.host + "': " + ec.message());
+  const tcp::endpoint ep(addr, im.cfg.port);
+  im.acceptor.open(ep.protocol(), ec);
+  if (!ec) im.acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) im.acceptor.bind(ep, ec);
+  if (!ec) im.acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec)
+    throw failure(errc::io_error, "cannot listen on " + im.cfg.host + ":" + std::to_string(im.cfg.port) + ": " + ec.message());
+}
+
+http_server::~http_server() {
+  stop();
+}
+
+uint16_t http_server::port() const { return impl_->acceptor.local_endpoint().port(); }
+
+void http_server::run() {
+  auto& im = *impl_;
+  im.accept();
+  std::vector<std::thread> threads;
+  for (int i = 1; i < std::max(1, im.cfg.io_threads); ++i) threads.emplace_back([&] { im.ioc.run(); });
+  im.ioc.run();
+  for (auto& t : threads) t.join();
+}
+
+void http_server::stop() {
+  auto im = impl_;
+  if (im->draining.exchange(true)) return;
+  // Stop accepting; let in-flight requests finish within the grace period, then stop.
+  net::post(im->ioc, [im] {
+    beast::error_code ec;
+    im->acceptor.close(ec);
+    drain(im, std::make_shared<net::steady_timer>(im->ioc), std::chrono::steady_clock::now() + im->cfg.grace);
+  });
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,128 @@
+#include "tools/server/pages.h"
+
+namespace tandem::server {
+
+std::string_view chat_page() {
+  return R"HTML(<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>tandem chat</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+ body{font:15px/1.45 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
+ header{padding:10px 16px;background:#1d2330;color:#fff;display:flex;gap:16px;align-items:center}
+ header a{color:#9cc3ff} #status{margin-left:auto;font-size:13px}
+ #log{max-width:860px;margin:16px auto;padding:0 16px}
+ .msg{background:#fff;border-radius:8px;padding:10px 14px;margin:10px 0;white-space:pre-wrap;box-shadow:0 1px 2px #0002}
+ .user{background:#e6f0ff} .meta{font-size:12px;color:#667;margin-top:6px;white-space:normal}
+ form{max-width:860px;margin:0 auto 24px;padding:0 16px;display:flex;gap:8px}
+ textarea{flex:1;font:inherit;padding:8px;border-radius:6px;border:1px solid #bbb;min-height:48px}
+ button{font:inherit;padding:8px 16px;border-radius:6px;border:0;background:#2f6fde;color:#fff;cursor:pointer}
+ label{font-size:13px;color:#445}
+</style></head>
+<body>
+<header><b>tandem</b><span>chat over the WebSocket protocol</span><a href="/dashboard">dashboard</a><span id="status">connecting…</span></header>
+<div id="log"></div>
+<form id="f"><textarea id="prompt" placeholder="Say something">Once upon a time</textarea>
+<div><label>max tokens <input id="max" type="number" value="64" min="1" style="width:70px"></label><br>
+<label>temperature <input id="temp" type="number" value="0" step="0.1" min="0" max="2" style="width:70px"></label><br>
+<button id="send" type="submit">Send</button></div></form>
+<script>
+const log = document.getElementById('log'), status = document.getElementById('status');
+const key = new URLSearchParams(location.search).get('api_key');
+const ws = new WebSocket((location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/ws' + (key ? '?api_key=' + encodeURIComponent(key) : ''));
+const live = {};
+let next = 1;
+ws.onopen = () => status.textContent = 'connected';
+ws.onclose = () => status.textContent = 'disconnected';
+ws.onmessage = (m) => {
+  const f = JSON.parse(m.data), r = live[f.id];
+  if (!r) return;
+  if (f.type === 'token') {
+    if (r.t0 && !r.first) { r.first = performance.now(); }
+    r.body.textContent += f.text;
+    r.count++;
+    const ttft = r.first ? (r.first - r.t0).toFixed(0) : '…';
+    const tpot = r.count > 1 ? ((performance.now() - r.first) / (r.count - 1)).toFixed(1) : '…';
+    r.meta.textContent = 'TTFT ' + ttft + ' ms · TPOT ' + tpot + ' ms · ' + r.count + ' tokens';
+  } else if (f.type === 'done') {
+    const t = f.timings;
+    r.meta.textContent = 'TTFT ' + t.ttft_ms.toFixed(1) + ' ms · TPOT ' + t.tpot_ms.toFixed(2) + ' ms · ' +
+      f.usage.completion_tokens + ' tokens · KV ' + t.kv_bytes + ' B in ' + t.kv_transfer_ms.toFixed(2) + ' ms · ' + f.finish_reason;
+    r.box.dataset.done = '1';
+    delete live[f.id];
+  } else if (f.type === 'error') {
+    r.meta.textContent = 'error: ' + f.code + ': ' + f.message;
+    r.box.dataset.done = '1';
+    delete live[f.id];
+  }
+};
+document.getElementById('f').onsubmit = (e) => {
+  e.preventDefault();
+  const text = document.getElementById('prompt').value;
+  const u = document.createElement('div'); u.className = 'msg user'; u.textContent = text; log.appendChild(u);
+  const box = document.createElement('div'); box.className = 'msg answer';
+  const body = document.createElement('span'); body.className = 'text';
+  const meta = document.createElement('div'); meta.className = 'meta'; meta.textContent = 'waiting…';
+  box.appendChild(body); box.appendChild(meta); log.appendChild(box);
+  const id = 'c' + (next++);
+  live[id] = {box, body, meta, t0: performance.now(), first: 0, count: 0};
+  ws.send(JSON.stringify({type: 'generate', id, prompt: text,
+    max_tokens: parseInt(document.getElementById('max').value, 10),
+    temperature: parseFloat(document.getElementById('temp').value)}));
+};
+</script></body></html>
+)HTML";
+}
+
+std::string_view dashboard_page() {
+  return R"HTML(<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>tandem dashboard</title>
+<style>
+ body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
+ header{padding:10px 16px;background:#1d2330;color:#fff;display:flex;gap:16px} header a{color:#9cc3ff}
+ main{padding:16px;max-width:1100px;margin:auto}
+ .tree{font-family:ui-monospace,monospace;background:#fff;padding:12px;border-radius:8px;box-shadow:0 1px 2px #0002}
+ table{border-collapse:collapse;width:100%;background:#fff;margin-top:16px;box-shadow:0 1px 2px #0002}
+ th,td{padding:6px 10px;border-bottom:1px solid #e3e6ea;text-align:right} th:first-child,td:first-child{text-align:left}
+ .bar{display:inline-block;height:8px;background:#2f6fde;vertical-align:middle}
+ #updated{margin-left:auto;font-size:12px;color:#ccd}
+</style></head>
+<body><header><b>tandem</b><span>live supervision tree</span><a href="/">chat</a><span id="updated">waiting for the feed…</span></header>
+<main><div class="tree" id="tree"></div>
+<table><thead><tr><th>worker</th><th>active</th><th>KV used / total</th><th>reserved</th><th>steps</th></tr></thead><tbody id="workers"></tbody></table>
+<table><thead><tr><th>metric</th><th>value</th></tr></thead><tbody id="metrics"></tbody></table></main>
+<script>
+const tree = document.getElementById('tree'), rows = document.getElementById('workers'), mrows = document.getElementById('metrics');
+function esc(s) { return String(s).replace(/[&<>]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;'})[c]); }
+function show(s) {
+  const pools = {};
+  for (const w of s.workers) { const kind = w.name.split('-')[0]; (pools[kind] = pools[kind] || []).push(w); }
+  let t = 'pipeline (' + esc(s.mode) + ', model ' + esc(s.model) + ')\n└─ router: ' + s.live_requests + ' request actors, ' + s.in_flight + ' in flight over the network\n';
+  const kinds = Object.keys(pools);
+  kinds.forEach((k, i) => {
+    t += (i + 1 < kinds.length ? '   ├─ ' : '   └─ ') + k + ' pool supervisor\n';
+    pools[k].forEach((w, j) => {
+      t += (i + 1 < kinds.length ? '   │  ' : '      ') + (j + 1 < pools[k].length ? '├─ ' : '└─ ') + esc(w.name) +
+        ': ' + (w.active > 0 ? 'busy' : 'idle') + ', ' + w.active + ' sequences\n';
+    });
+  });
+  tree.textContent = ''; tree.innerHTML = '<pre>' + t + '</pre>';
+  rows.innerHTML = s.workers.map(w => {
+    const used = w.kv_free_blocks < 0 ? '?' : (w.kv_total_blocks - w.kv_free_blocks);
+    const pct = w.kv_free_blocks < 0 ? 0 : 100 * used / Math.max(1, w.kv_total_blocks);
+    return '<tr class="worker"><td>' + esc(w.name) + '</td><td>' + w.active + '</td><td><span class="bar" style="width:' + pct.toFixed(0) +
+      'px"></span> ' + used + ' / ' + w.kv_total_blocks + '</td><td>' + w.reserved_blocks + '</td><td>' + w.steps + '</td></tr>';
+  }).join('');
+  const m = [];
+  const walk = (o, p) => { for (const [k, v] of Object.entries(o || {})) { if (v !== null && typeof v === 'object') walk(v, p + k + '.'); else m.push([p + k, v]); } };
+  walk(s.metrics, '');
+  mrows.innerHTML = m.filter(([k]) => /queue|restart|reject|requests_total|kv_link|degraded/.test(k)).slice(0, 60)
+    .map(([k, v]) => '<tr><td>' + esc(k) + '</td><td>' + esc(v) + '</td></tr>').join('');
+  document.getElementById('updated').textContent = 'updated ' + new Date().toLocaleTimeString();
+}
+const src = new EventSource('/dashboard/feed');
+src.onmessage = (e) => show(JSON.parse(e.data));
+</script></body></html>
+)HTML";
+}
+
+}  // namespace tandem::server
