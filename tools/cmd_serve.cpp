@@ -1,9 +1,7 @@
 // tandem serve: the pipeline behind HTTP/1.1 + WebSocket (tools/server/).
 #include <spdlog/spdlog.h>
 
-#include <csignal>
 #include <filesystem>
-#include <thread>
 
 #include "actors/pipeline.h"
 #include "runtime/model.h"
@@ -23,14 +21,6 @@ struct serve_options {
 };
 
 int run_serve(const serve_options& o) {
-  // Signals are taken by one thread with sigwait: blocked here, before any thread starts, so
-  // every thread inherits the mask.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-
   pipeline_config cfg;
   cfg.model_path = resolve_model_path(o.model);
   cfg.mode = o.mode == "colocated" ? serving_mode::colocated : serving_mode::disaggregated;
@@ -65,25 +55,12 @@ int run_serve(const serve_options& o) {
   sc.max_requests_per_connection = size_t(o.max_requests_per_connection);
   sc.grace = std::chrono::milliseconds(int64_t(o.grace_s * 1000));
   sc.io_threads = o.io_threads;
+  sc.stop_on_signals = true;  // SIGINT/SIGTERM: stop accepting, drain, exit 0
   server::http_server srv(p, sm, sc);
-
-  std::thread signals([&srv, sigs]() mutable {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    if (sig == SIGINT || sig == SIGTERM) {
-      spdlog::info("signal {}: no new requests; in-flight ones get up to the grace period", sig);
-      srv.stop();
-    }
-  });
   spdlog::info("serving model '{}' ({} mode, chat format {}) on http://{}:{} (WebSocket: /ws)", sm.id, o.mode,
                to_string(sm.chat), o.host, srv.port());
   std::fflush(stderr);
   srv.run();
-  // run() returns only after stop(): the signal thread has finished or is about to.
-  if (signals.joinable()) {
-    pthread_kill(signals.native_handle(), SIGTERM);  // harmless if it already returned
-    signals.join();
-  }
   spdlog::info("stopped");
   return 0;
 }

@@ -730,6 +730,17 @@ uint16_t http_server::port() const { return impl_->acceptor.local_endpoint().por
 void http_server::run() {
   auto& im = *impl_;
   im.accept();
+  // Asio's handler sees the signal whichever thread the kernel picks (OpenBLAS and CAF threads
+  // included); the drain then runs on the io_context.
+  std::optional<net::signal_set> signals;
+  if (im.cfg.stop_on_signals) {
+    signals.emplace(im.ioc, SIGINT, SIGTERM);
+    signals->async_wait([this](beast::error_code ec, int sig) {
+      if (ec) return;
+      std::fprintf(stderr, "tandem serve: signal %d: no new requests; in-flight ones get up to the grace period\n", sig);
+      stop();
+    });
+  }
   std::vector<std::thread> threads;
   for (int i = 1; i < std::max(1, im.cfg.io_threads); ++i) threads.emplace_back([&] { im.ioc.run(); });
   im.ioc.run();

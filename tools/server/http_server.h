@@ -23,6 +23,7 @@ struct server_config {
   std::chrono::milliseconds header_timeout{10000};
   std::chrono::milliseconds grace{10000};       // shutdown: how long in-flight requests may finish
   int io_threads = 2;
+  bool stop_on_signals = false;                 // SIGINT/SIGTERM call stop() (for `tandem serve`)
 };
 
 class http_server {
