@@ -110,7 +110,7 @@ std::string apply_event(http_server::impl& s, generation& g, const request_event
     case event_kind::done: {
       std::string shown = g.ended ? std::string() : g.stops->flush();
       g.text += shown;
-      if (!g.ended) g.finish_reason = ev.finish_reason == "cancelled" ? "stop" : ev.finish_reason;
+      if (!g.ended) g.finish_reason = ev.finish_reason;
       g.timings = ev.timings;
       g.ended = true;
       return shown;

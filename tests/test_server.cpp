@@ -1,0 +1,344 @@
+// tandem serve end to end, in process: a pipeline on the tiny synthetic model behind the real
+// HTTP/WebSocket server on a free loopback port, driven by plain Beast clients.
+#include <gtest/gtest.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
+#include <filesystem>
+#include <thread>
+
+#include "runtime/synth.h"
+#include "tools/server/http_server.h"
+
+using namespace tandem;
+using namespace std::chrono_literals;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using json = nlohmann::json;
+
+namespace {
+
+std::shared_ptr<const model> tiny() {
+  static std::shared_ptr<const model> m = [] {
+    const auto dir = std::filesystem::temp_directory_path() / "tandem-test-models";
+    std::filesystem::create_directories(dir);
+    const auto p = dir / "server-tiny-f32.gguf";
+    if (!std::filesystem::exists(p)) synthesize_model(find_synth_preset("tiny"), kernels::dtype::f32, p.string(), 5);
+    return model::load(p.string());
+  }();
+  return m;
+}
+
+struct reply {
+  int status = 0;
+  std::string body;
+  std::string retry_after;
+};
+
+class ServerTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<pipeline> pipe;
+  std::unique_ptr<server::http_server> srv;
+  std::thread runner;
+  uint16_t port = 0;
+
+  void start(server::server_config sc = {}, pipeline_config pc = {}) {
+    pc.loaded_model = tiny();
+    pc.kv_blocks_per_worker = 256;
+    pipe = std::make_unique<pipeline>(pc);
+    server::served_model sm{"tiny", tiny()->config().n_ctx, chat_format::chatml};
+    sc.port = 0;
+    srv = std::make_unique<server::http_server>(*pipe, sm, sc);
+    port = srv->port();
+    runner = std::thread([this] { srv->run(); });
+  }
+  void TearDown() override {
+    if (srv) srv->stop();
+    if (runner.joinable()) runner.join();
+    srv.reset();
+    pipe.reset();
+  }
+
+  reply request(http::verb verb, const std::string& target, const std::string& body = "",
+                const std::string& auth = "") {
+    net::io_context ioc;
+    beast::tcp_stream s(ioc);
+    s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+    http::request<http::string_body> req(verb, target, 11);
+    req.set(http::field::host, "localhost");
+    if (!auth.empty()) req.set(http::field::authorization, "Bearer " + auth);
+    if (!body.empty()) {
+      req.set(http::field::content_type, "application/json");
+      req.body() = body;
+    }
+    req.prepare_payload();
+    http::write(s, req);
+    beast::flat_buffer buf;
+    http::response_parser<http::string_body> p;
+    p.body_limit(64 << 20);
+    http::read(s, buf, p);
+    reply r;
+    r.status = p.get().result_int();
+    r.body = p.get().body();
+    r.retry_after = std::string(p.get()[http::field::retry_after]);
+    beast::error_code ec;
+    s.socket().shutdown(tcp::socket::shutdown_both, ec);
+    return r;
+  }
+
+  // What the pipeline alone answers for the same request (the reference).
+  std::string direct(const std::string& prompt, int32_t max_tokens, sampling_params sp) {
+    return pipe->submit({.prompt = prompt, .max_tokens = max_tokens, .sampling = sp}).wait(30s).text;
+  }
+
+  // Kv pools full again and no request actor alive.
+  void expect_clean() {
+    pipeline_stats st;
+    for (int i = 0; i < 200; ++i) {
+      st = pipe->stats();
+      bool clean = st.live_requests == 0;
+      for (const auto& w : st.workers) clean = clean && w.kv_free_blocks == w.kv_total_blocks && w.reserved_blocks == 0;
+      if (clean) return;
+      std::this_thread::sleep_for(20ms);
+    }
+    ADD_FAILURE() << "requests or KV blocks still held: " << st.live_requests << " live requests";
+  }
+};
+
+std::vector<json> sse_events(const std::string& body, bool& done) {
+  std::vector<json> out;
+  done = false;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    const std::string data = body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") {
+      done = true;
+      break;
+    }
+    out.push_back(json::parse(data));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_F(ServerTest, HealthModelsAndMetrics) {
+  start();
+  auto h = request(http::verb::get, "/health");
+  for (int i = 0; i < 200 && h.status != 200; ++i) {  // ready once the workers have joined
+    std::this_thread::sleep_for(10ms);
+    h = request(http::verb::get, "/health");
+  }
+  EXPECT_EQ(h.status, 200) << h.body;
+  EXPECT_EQ(json::parse(h.body)["status"], "ok");
+  auto m = request(http::verb::get, "/v1/models");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_EQ(json::parse(m.body)["data"][0]["id"], "tiny");
+  auto page = request(http::verb::get, "/");
+  EXPECT_EQ(page.status, 200);
+  EXPECT_NE(page.body.find("WebSocket"), std::string::npos);
+  EXPECT_EQ(request(http::verb::get, "/dashboard").status, 200);
+  (void)request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"hi","max_tokens":3})");
+  auto metrics = request(http::verb::get, "/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find("tandem_requests_total"), std::string::npos);
+}
+
+TEST_F(ServerTest, CompletionsEqualThePipelineGreedyAndSeeded) {
+  start();
+  for (const auto& [temp, seed] : std::vector<std::pair<double, int>>{{0.0, 0}, {0.9, 1234}}) {
+    json body = {{"model", "tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", temp},
+                 {"seed", seed}, {"ignore_eos", true}};
+    auto r = request(http::verb::post, "/v1/completions", body.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json j = json::parse(r.body);
+    sampling_params sp{.temperature = float(temp), .top_k = 0, .top_p = 1.0f, .seed = uint64_t(seed)};
+    const std::string want = pipe->submit({.prompt = "Once upon a time", .max_tokens = 12, .sampling = sp, .ignore_eos = true})
+                                 .wait(30s)
+                                 .text;
+    EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), want);
+    EXPECT_EQ(j["object"], "text_completion");
+    EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+
+    // The same request streamed: the deltas add up to the same text, then usage, then [DONE].
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    auto s = request(http::verb::post, "/v1/completions", body.dump());
+    ASSERT_EQ(s.status, 200);
+    bool done = false;
+    const auto events = sse_events(s.body, done);
+    EXPECT_TRUE(done);
+    std::string text;
+    bool usage = false;
+    for (const auto& e : events) {
+      if (e.contains("usage")) usage = e["usage"]["completion_tokens"] == 12;
+      if (!e["choices"].empty()) text += e["choices"][0]["text"].get<std::string>();
+    }
+    EXPECT_TRUE(usage);
+    EXPECT_EQ(text, want);
+  }
+  expect_clean();
+}
+
+TEST_F(ServerTest, ChatCompletionsStreamAndStopStrings) {
+  start();
+  json body = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hello"}}}}, {"max_tokens", 10},
+               {"temperature", 0}, {"stream", true}};
+  auto s = request(http::verb::post, "/v1/chat/completions", body.dump());
+  ASSERT_EQ(s.status, 200) << s.body;
+  bool done = false;
+  const auto events = sse_events(s.body, done);
+  ASSERT_TRUE(done);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.front()["object"], "chat.completion.chunk");
+  EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (const auto& e : events) text += e["choices"][0]["delta"].value("content", "");
+  EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "length");
+
+  // A stop string taken from the middle of that answer ends it just before.
+  if (text.size() >= 4) {
+    const std::string stop = text.substr(text.size() / 2, 2);
+    body["stream"] = false;
+    body["stop"] = stop;
+    auto r = request(http::verb::post, "/v1/chat/completions", body.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json j = json::parse(r.body);
+    EXPECT_EQ(j["choices"][0]["message"]["content"].get<std::string>(), text.substr(0, text.find(stop)));
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  }
+  expect_clean();
+}
+
+TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
+  server::server_config sc;
+  sc.max_body_bytes = 4096;
+  start(sc);
+  auto code = [&](const std::string& target, const std::string& body) {
+    auto r = request(http::verb::post, target, body);
+    const json j = json::parse(r.body, nullptr, false);
+    EXPECT_TRUE(j.contains("error") && j["error"].contains("message")) << r.body;
+    return r.status;
+  };
+  EXPECT_EQ(code("/v1/completions", "{not json"), 400);
+  EXPECT_EQ(code("/v1/completions", R"({"model":"other","prompt":"x"})"), 400);
+  EXPECT_EQ(code("/v1/completions", R"({"model":"tiny"})"), 400);
+  EXPECT_EQ(code("/v1/completions", R"({"model":"tiny","prompt":"x","max_tokens":0})"), 400);
+  EXPECT_EQ(code("/v1/completions", R"({"model":"tiny","prompt":"x","temperature":"hot"})"), 400);
+  EXPECT_EQ(code("/v1/completions", R"({"model":"tiny","prompt":"\xff\xfe"})"), 400);
+  EXPECT_EQ(code("/v1/chat/completions", R"({"model":"tiny","messages":[{"role":"robot","content":"x"}]})"), 400);
+  const std::string long_prompt = json({{"model", "tiny"}, {"prompt", std::string(3000, 'a')}}).dump();
+  EXPECT_EQ(code("/v1/completions", long_prompt), 400);  // longer than the tiny model's context
+  EXPECT_EQ(code("/v1/completions", std::string(5000, ' ')), 413);
+  EXPECT_EQ(request(http::verb::get, "/nope").status, 404);
+  EXPECT_EQ(request(http::verb::get, "/v1/completions").status, 405);
+  EXPECT_EQ(request(http::verb::get, "/admin/state").status, 404);  // off without --admin-key
+  // Still serving everyone else.
+  EXPECT_EQ(request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"ok","max_tokens":2})").status, 200);
+  expect_clean();
+}
+
+TEST_F(ServerTest, KeysGuardTheApiAndAdmin) {
+  server::server_config sc;
+  sc.api_key = "secret";
+  sc.admin_key = "boss";
+  start(sc);
+  const std::string body = R"({"model":"tiny","prompt":"x","max_tokens":2})";
+  EXPECT_EQ(request(http::verb::post, "/v1/completions", body).status, 401);
+  EXPECT_EQ(request(http::verb::post, "/v1/completions", body, "wrong").status, 401);
+  EXPECT_EQ(request(http::verb::post, "/v1/completions", body, "secret").status, 200);
+  EXPECT_EQ(request(http::verb::get, "/admin/state", "", "secret").status, 401);
+  auto st = request(http::verb::get, "/admin/state", "", "boss");
+  EXPECT_EQ(st.status, 200);
+  EXPECT_TRUE(json::parse(st.body)["workers"].is_array());
+}
+
+TEST_F(ServerTest, WebSocketInterleavesCancelsAndFreesOnDisconnect) {
+  start();
+  net::io_context ioc;
+  websocket::stream<beast::tcp_stream> ws(ioc);
+  beast::get_lowest_layer(ws).connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+  ws.handshake("localhost", "/ws");
+  auto send = [&](const json& j) { ws.write(net::buffer(j.dump())); };
+  auto recv = [&] {
+    beast::flat_buffer b;
+    ws.read(b);
+    return json::parse(beast::buffers_to_string(b.data()));
+  };
+
+  // Two requests at once on one connection: each stream complete and equal to the pipeline's.
+  send({{"type", "generate"}, {"id", "a"}, {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"ignore_eos", true}});
+  send({{"type", "generate"}, {"id", 7}, {"prompt", "The dog"}, {"max_tokens", 5}, {"ignore_eos", true}});
+  std::map<std::string, std::string> text;
+  std::map<std::string, int> tokens;
+  int done = 0;
+  while (done < 2) {
+    const json f = recv();
+    ASSERT_NE(f["type"], "error") << f.dump();
+    const std::string id = f["id"].get<std::string>();
+    if (f["type"] == "token") {
+      EXPECT_EQ(f["index"], tokens[id]++);
+      text[id] += f["text"].get<std::string>();
+    }
+    if (f["type"] == "done") {
+      ++done;
+      EXPECT_EQ(f["finish_reason"], "length");
+      EXPECT_TRUE(f["timings"].contains("ttft_ms"));
+    }
+  }
+  EXPECT_EQ(tokens["a"], 8);
+  EXPECT_EQ(tokens["7"], 5);
+  const sampling_params greedy{.temperature = 0.0f};
+  EXPECT_EQ(text["a"], pipe->submit({.prompt = "Once upon a time", .max_tokens = 8, .sampling = greedy, .ignore_eos = true})
+                           .wait(30s)
+                           .text);
+
+  // Bad frames get error frames; the connection stays usable.
+  send({{"type", "dance"}, {"id", "x"}});
+  EXPECT_EQ(recv()["type"], "error");
+  ws.write(net::buffer(std::string("{oops")));
+  EXPECT_EQ(recv()["code"], "invalid_argument");
+  send({{"type", "generate"}, {"id", "y"}});
+  EXPECT_EQ(recv()["type"], "error");
+
+  // Cancel: the request ends with done/cancelled.
+  send({{"type", "generate"}, {"id", "long"}, {"prompt", "Once"}, {"max_tokens", 100}, {"ignore_eos", true}});
+  for (json f = recv(); f["type"] != "token"; f = recv()) {
+  }
+  send({{"type", "cancel"}, {"id", "long"}});
+  std::string reason;
+  while (reason.empty()) {
+    const json f = recv();
+    ASSERT_NE(f["type"], "error") << f.dump();
+    if (f["type"] == "done") reason = f["finish_reason"].get<std::string>();
+  }
+  EXPECT_EQ(reason, "cancelled");
+
+  // A client that vanishes mid-generation: its request is cancelled and its KV freed.
+  send({{"type", "generate"}, {"id", "gone"}, {"prompt", "Once"}, {"max_tokens", 100}, {"ignore_eos", true}});
+  for (json f = recv(); f["type"] != "token"; f = recv()) {
+  }
+  beast::get_lowest_layer(ws).socket().close();
+  expect_clean();
+}
+
+TEST_F(ServerTest, ShutdownDrainsInFlightRequests) {
+  server::server_config sc;
+  sc.grace = 20s;
+  start(sc);
+  std::thread client([&] {
+    auto r = request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"x","max_tokens":60,"ignore_eos":true})");
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(json::parse(r.body)["usage"]["completion_tokens"], 60);
+  });
+  while (pipe->stats().live_requests == 0) std::this_thread::sleep_for(2ms);
+  srv->stop();           // no new requests; the one in flight finishes
+  runner.join();         // run() returns once it has
+  client.join();
+}
