@@ -62,15 +62,16 @@ struct worker_engine {
 inline void record_step(const worker_options& o, const std::string& kind, const step_result& r, int32_t batch_size) {
   if (!o.metrics) return;
   const metrics::labels l{{"worker", kind + "-" + std::to_string(o.index)}};
-  o.metrics->get_histogram("tandem_worker_step_ms", "Compute time of one worker step", metrics::latency_ms_buckets(), l)
-      .observe(r.ms);
+  o.metrics->get_histogram("tandem_worker_step_seconds", "Compute time of one worker step", metrics::latency_seconds_buckets(), l)
+      .observe(r.ms / 1000.0);
   o.metrics->get_histogram("tandem_worker_batch_size", "Sequences in one worker step",
                            metrics::exponential_buckets(1, 2, 10), l)
       .observe(batch_size);
   o.metrics->get_histogram("tandem_worker_step_tokens", "Tokens in one worker step",
                            metrics::exponential_buckets(1, 2, 14), l)
       .observe(r.batch_tokens);
-  o.metrics->get_counter("tandem_worker_busy_ms_total", "Milliseconds spent computing", l).inc(r.ms);
+  o.metrics->get_counter("tandem_worker_busy_seconds_total", "Seconds spent computing (busy fraction: its rate)", l)
+      .inc(r.ms / 1000.0);
   o.metrics->get_gauge("tandem_worker_kv_free_blocks", "Free KV blocks in the worker's pool", l).set(r.free_blocks);
 }
 

@@ -324,6 +324,18 @@ const std::vector<double>& latency_ms_buckets() {
   return buckets;
 }
 
+const std::vector<double>& latency_seconds_buckets() {
+  static const std::vector<double> buckets = {
+      0.0001, 0.00015, 0.0002, 0.0003, 0.0005, 0.00075,  //
+      0.001,  0.0015,  0.002,  0.003,  0.005,  0.0075,   //
+      0.01,   0.015,   0.02,   0.03,   0.05,   0.075,    //
+      0.1,    0.15,    0.2,    0.3,    0.5,    0.75,     //
+      1,      1.5,     2,      3,      5,      7.5,      //
+      10,     15,      20,     30,     50,     75,       //
+  };
+  return buckets;
+}
+
 // ---- requests ----
 
 void record_request(registry& r, const request_timings& t, const std::string& outcome) {
@@ -338,18 +350,21 @@ void record_request(registry& r, const request_timings& t, const std::string& ou
       .inc(static_cast<double>(t.kv_bytes));
   if (outcome != "finished") return;
 
-  const auto& b = latency_ms_buckets();
-  const auto observe = [&](const char* name, const char* help, double v) { r.get_histogram(name, help, b).observe(v); };
-  observe("tandem_request_queue_prefill_ms", "Time a request waited for a prefill worker, ms.", t.queue_prefill_ms);
-  observe("tandem_request_queue_decode_ms", "Time a request waited for a decode worker, ms.", t.queue_decode_ms);
-  observe("tandem_request_prefill_ms", "Prefill compute time, ms.", t.prefill_ms);
-  observe("tandem_request_ttft_ms", "Time to first token, ms.", t.ttft_ms);
-  if (t.output_tokens >= 2) observe("tandem_request_tpot_ms", "Time per output token after the first, ms.", t.tpot_ms);
-  if (t.kv_bytes > 0) observe("tandem_request_kv_transfer_ms", "KV cache transfer time, ms.", t.kv_transfer_ms);
+  // Prometheus convention: base units. tandem measures in ms and exports seconds.
+  const auto& b = latency_seconds_buckets();
+  const auto observe = [&](const char* name, const char* help, double ms) {
+    r.get_histogram(name, help, b).observe(ms / 1000.0);
+  };
+  observe("tandem_request_queue_prefill_seconds", "Time a request waited for a prefill worker, seconds.", t.queue_prefill_ms);
+  observe("tandem_request_queue_decode_seconds", "Time a request waited for a decode worker, seconds.", t.queue_decode_ms);
+  observe("tandem_request_prefill_seconds", "Prefill compute time, seconds.", t.prefill_ms);
+  observe("tandem_request_ttft_seconds", "Time to first token, seconds.", t.ttft_ms);
+  if (t.output_tokens >= 2) observe("tandem_request_tpot_seconds", "Time per output token after the first, seconds.", t.tpot_ms);
+  if (t.kv_bytes > 0) observe("tandem_request_kv_transfer_seconds", "KV cache transfer time, seconds.", t.kv_transfer_ms);
   if (t.handoff_ms > 0)
-    observe("tandem_request_handoff_ms", "First token to decode start (KV handoff), ms.", t.handoff_ms);
-  observe("tandem_request_decode_ms", "Decode time, ms.", t.decode_ms);
-  observe("tandem_request_e2e_ms", "End-to-end request latency, ms.", t.e2e_ms);
+    observe("tandem_request_handoff_seconds", "First token to decode start (KV handoff), seconds.", t.handoff_ms);
+  observe("tandem_request_decode_seconds", "Decode time, seconds.", t.decode_ms);
+  observe("tandem_request_e2e_seconds", "End-to-end request latency, seconds.", t.e2e_ms);
 }
 
 }  // namespace tandem::metrics

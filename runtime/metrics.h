@@ -99,6 +99,7 @@ std::vector<double> linear_buckets(double start, double width, int count);
 // Default latency buckets in milliseconds: 1, 1.5, 2, 3, 5, 7.5 per decade from 0.1 ms to 75 s,
 // so an interpolated quantile is off by at most a bucket about 1.5x wide.
 const std::vector<double>& latency_ms_buckets();
+const std::vector<double>& latency_seconds_buckets();  // the same, in seconds (exported latencies)
 
 // One finished request's timings; the request actor fills it and records it in one call.
 struct request_timings {
@@ -112,7 +113,7 @@ struct request_timings {
 
 // Counts the request in tandem_requests_total{outcome} and its work in tandem_kv_bytes_total,
 // tandem_prompt_tokens_total and tandem_output_tokens_total. Latencies go to the histograms
-// tandem_request_{queue_prefill,queue_decode,prefill,ttft,tpot,kv_transfer,handoff,decode,e2e}_ms only for
+// tandem_request_{queue_prefill,queue_decode,prefill,ttft,tpot,kv_transfer,handoff,decode,e2e}_seconds only for
 // "finished" requests, so rejections (~0 ms) and failures do not drag the quantiles; tpot only with
 // >= 2 output tokens and kv_transfer only when KV bytes moved, for the same reason. outcome must be
 // "finished", "failed", "cancelled" or "rejected" (invalid_argument otherwise: a typo would

@@ -59,7 +59,7 @@ for mode in disaggregated colocated; do
     --decode-workers 2 --concurrency 4 --json >"$work/pipe.json" 2>"$work/pipe.err"
   n=$(grep -o '"text":", there was a little girl named Lily. She loved to play outside in the park.' "$work/pipe.json" | wc -l)
   [ "$n" -eq 4 ] && pass "$mode: 4 of 4 requests equal the reference" || fail "$mode: $n of 4 equal the reference: $(head -c 600 "$work/pipe.json")"
-  grep -q '"ttft_ms"' "$work/pipe.json" && grep -q '"tandem_request_ttft_ms"' "$work/pipe.json" \
+  grep -q '"ttft_ms"' "$work/pipe.json" && grep -q '"tandem_request_ttft_seconds"' "$work/pipe.json" \
     && pass "$mode: timings and metrics in json" || fail "$mode: timings/metrics missing"
 done
 printf 'Once upon a time\nThe cat\n' >"$work/prompts.txt"

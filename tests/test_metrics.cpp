@@ -273,11 +273,12 @@ TEST(Metrics, RecordRequestFillsFamilies) {
   t.output_tokens = 16;
   record_request(r, t, "finished");
 
-  const auto& b = latency_ms_buckets();
+  const auto& b = latency_seconds_buckets();
   const std::pair<const char*, double> expected[] = {
-      {"tandem_request_queue_prefill_ms", 1}, {"tandem_request_queue_decode_ms", 2}, {"tandem_request_prefill_ms", 30},
-      {"tandem_request_ttft_ms", 40},         {"tandem_request_tpot_ms", 12},        {"tandem_request_kv_transfer_ms", 3},
-      {"tandem_request_decode_ms", 200},      {"tandem_request_e2e_ms", 250},
+      {"tandem_request_queue_prefill_seconds", 0.001}, {"tandem_request_queue_decode_seconds", 0.002},
+      {"tandem_request_prefill_seconds", 0.030},       {"tandem_request_ttft_seconds", 0.040},
+      {"tandem_request_tpot_seconds", 0.012},          {"tandem_request_kv_transfer_seconds", 0.003},
+      {"tandem_request_decode_seconds", 0.200},        {"tandem_request_e2e_seconds", 0.250},
   };
   for (const auto& [name, v] : expected) {
     histogram& h = r.get_histogram(name, "", b);
@@ -289,22 +290,22 @@ TEST(Metrics, RecordRequestFillsFamilies) {
   EXPECT_EQ(r.get_counter("tandem_output_tokens_total", "").value(), 16);
   EXPECT_EQ(r.get_counter("tandem_requests_total", "", {{"outcome", "finished"}}).value(), 1);
 
-  // A rejected request is counted but keeps its ~0 ms out of the latency quantiles.
+  // A rejected request is counted but keeps its ~0 s out of the latency quantiles.
   record_request(r, request_timings{.e2e_ms = 0.01, .prompt_tokens = 5}, "rejected");
   EXPECT_EQ(r.get_counter("tandem_requests_total", "", {{"outcome", "rejected"}}).value(), 1);
-  EXPECT_EQ(r.get_histogram("tandem_request_e2e_ms", "", b).count(), 1u);
+  EXPECT_EQ(r.get_histogram("tandem_request_e2e_seconds", "", b).count(), 1u);
   EXPECT_EQ(r.get_counter("tandem_prompt_tokens_total", "").value(), 22);
 
   // One output token has no time per output token; a colocated request moved no KV.
   record_request(r, request_timings{.tpot_ms = 0, .kv_transfer_ms = 0, .e2e_ms = 5, .output_tokens = 1}, "finished");
-  EXPECT_EQ(r.get_histogram("tandem_request_tpot_ms", "", b).count(), 1u);
-  EXPECT_EQ(r.get_histogram("tandem_request_kv_transfer_ms", "", b).count(), 1u);
-  EXPECT_EQ(r.get_histogram("tandem_request_e2e_ms", "", b).count(), 2u);
+  EXPECT_EQ(r.get_histogram("tandem_request_tpot_seconds", "", b).count(), 1u);
+  EXPECT_EQ(r.get_histogram("tandem_request_kv_transfer_seconds", "", b).count(), 1u);
+  EXPECT_EQ(r.get_histogram("tandem_request_e2e_seconds", "", b).count(), 2u);
   EXPECT_EQ(r.get_counter("tandem_requests_total", "", {{"outcome", "finished"}}).value(), 2);
 
   expect_invalid([&] { record_request(r, t, "finshed"); }, "unknown request outcome 'finshed'");
 
   const auto j = nlohmann::json::parse(r.to_json());
-  EXPECT_EQ(j["histograms"]["tandem_request_ttft_ms"][0]["count"], 2);
+  EXPECT_EQ(j["histograms"]["tandem_request_ttft_seconds"][0]["count"], 2);
   EXPECT_EQ(j["counters"]["tandem_requests_total"].size(), 2u);
 }

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Installs everything tandem builds and tests with, from Debian 12 packages. Idempotent; run as root.
+# Installs everything tandem builds with, from Debian 12 packages. Idempotent; run as root.
+# --tests also installs what the end-to-end tests drive tandem with: Node.js + npm (for the npm
+# clients openai, ws, playwright-core), Chromium (headless browser) and Prometheus (promtool).
 set -euo pipefail
 pkgs=(build-essential cmake ccache pkg-config
       libcaf-dev libboost-dev libmsgpack-cxx-dev nlohmann-json3-dev
       libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev libpcre2-dev libopenblas-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev)
+if [ "${1:-}" = "--tests" ]; then
+  pkgs+=(chromium prometheus ca-certificates)
+  # A machine may bring its own Node.js; otherwise Debian's.
+  command -v node >/dev/null && command -v npm >/dev/null || pkgs+=(nodejs npm)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

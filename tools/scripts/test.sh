@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
-as_root tools/scripts/setup.sh
+as_root tools/scripts/setup.sh --tests
 jobs=$(nproc)
 shared=${TANDEM_SHARED_DIR:-$(pwd)/../shared}
 if [ ! -f "$shared/models/stories260K.gguf" ]; then

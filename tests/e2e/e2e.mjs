@@ -1,0 +1,195 @@
+// End to end with independent clients: `tandem serve` on a free port, driven by the npm
+// `openai` package (streamed chat completion, non-streamed completion), `ws` (the WebSocket
+// protocol: two interleaved requests, cancel, a disconnect that frees KV blocks), Debian's
+// `promtool check metrics` on /metrics, and headless Chromium through `playwright-core`
+// (the chat page streams an answer; the dashboard shows the workers).
+// Usage: node e2e.mjs TANDEM_BINARY MODEL.gguf
+import { spawn, spawnSync, execFileSync } from 'node:child_process';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import WebSocket from 'ws';
+import { chromium } from 'playwright-core';
+
+const [tandem, modelPath] = process.argv.slice(2);
+if (!tandem || !modelPath) {
+  console.error('usage: node e2e.mjs TANDEM_BINARY MODEL.gguf');
+  process.exit(2);
+}
+
+function startServer() {
+  return new Promise((resolve, reject) => {
+    const p = spawn(tandem, ['serve', '--model', modelPath, '--model-name', 'tiny', '--port', '0', '--admin-key', 'adm'],
+                    { stdio: ['ignore', 'inherit', 'pipe'] });
+    let log = '';
+    const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 60000);
+    p.stderr.on('data', (d) => {
+      log += d.toString();
+      process.stderr.write(d);
+      const m = log.match(/on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m) { clearTimeout(timer); resolve({ proc: p, port: Number(m[1]) }); }
+    });
+    p.on('exit', (code) => reject(new Error('server exited early with ' + code + ':\n' + log)));
+  });
+}
+
+const { proc, port } = await startServer();
+const base = `http://127.0.0.1:${port}`;
+let failures = 0;
+async function check(name, fn) {
+  const t0 = Date.now();
+  try {
+    await fn();
+    console.log(`ok   ${name} (${Date.now() - t0} ms)`);
+  } catch (e) {
+    failures++;
+    console.log(`FAIL ${name}: ${e.stack || e}`);
+  }
+}
+
+async function waitReady() {
+  for (let i = 0; i < 300; i++) {
+    const r = await fetch(`${base}/health`).catch(() => null);
+    if (r && r.status === 200) return;
+    await new Promise((res) => setTimeout(res, 100));
+  }
+  throw new Error('/health never became ready');
+}
+
+async function adminState() {
+  const r = await fetch(`${base}/admin/state`, { headers: { Authorization: 'Bearer adm' } });
+  assert.equal(r.status, 200);
+  return r.json();
+}
+
+async function expectClean() {
+  let s;
+  for (let i = 0; i < 200; i++) {
+    s = await adminState();
+    const clean = s.live_requests === 0 && s.workers.every((w) => w.kv_free_blocks === w.kv_total_blocks && w.reserved_blocks === 0);
+    if (clean) return;
+    await new Promise((res) => setTimeout(res, 25));
+  }
+  throw new Error('KV blocks or requests still held: ' + JSON.stringify(s));
+}
+
+await waitReady();
+const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused' });
+
+let greedyText = '';
+await check('openai: non-streamed completion', async () => {
+  const r = await client.completions.create({ model: 'tiny', prompt: 'Once upon a time', max_tokens: 12, temperature: 0 });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.choices.length, 1);
+  assert.ok(['length', 'stop'].includes(r.choices[0].finish_reason));
+  assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 12);
+  greedyText = r.choices[0].text;
+});
+
+await check('openai: streamed chat completion with usage', async () => {
+  const stream = await client.chat.completions.create({
+    model: 'tiny', messages: [{ role: 'user', content: 'Hello' }], max_tokens: 10, temperature: 0,
+    stream: true, stream_options: { include_usage: true },
+  });
+  let text = '', chunks = 0, usage = null, finish = null;
+  for await (const c of stream) {
+    if (c.usage) usage = c.usage;
+    if (c.choices.length) {
+      chunks++;
+      text += c.choices[0].delta.content ?? '';
+      finish = c.choices[0].finish_reason ?? finish;
+    }
+  }
+  assert.ok(chunks >= 2, 'several chunks');
+  assert.ok(['length', 'stop'].includes(finish));
+  assert.ok(usage && usage.completion_tokens >= 1);
+  // The same request without streaming gives the same text.
+  const whole = await client.chat.completions.create({
+    model: 'tiny', messages: [{ role: 'user', content: 'Hello' }], max_tokens: 10, temperature: 0 });
+  assert.equal(whole.choices[0].message.content, text);
+});
+
+await check('openai: errors are APIErrors with the right status', async () => {
+  await assert.rejects(client.completions.create({ model: 'nope', prompt: 'x' }), (e) => e.status === 400);
+  await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'x', max_tokens: 0 }), (e) => e.status === 400);
+});
+
+await check('ws: two interleaved requests, equal to HTTP', async () => {
+  const ws = new WebSocket(`ws://127.0.0.1:${port}/ws`);
+  await new Promise((res, rej) => { ws.on('open', res); ws.on('error', rej); });
+  const text = { a: '', b: '' }, order = [];
+  const done = new Promise((resolve, reject) => {
+    let n = 0;
+    ws.on('message', (m) => {
+      const f = JSON.parse(m.toString());
+      if (f.type === 'error') return reject(new Error(JSON.stringify(f)));
+      if (f.type === 'token') { text[f.id] += f.text; order.push(f.id); }
+      if (f.type === 'done' && ++n === 2) resolve();
+    });
+  });
+  ws.send(JSON.stringify({ type: 'generate', id: 'a', prompt: 'Once upon a time', max_tokens: 12, temperature: 0 }));
+  ws.send(JSON.stringify({ type: 'generate', id: 'b', prompt: 'The little dog', max_tokens: 12, temperature: 0, ignore_eos: true }));
+  await done;
+  assert.equal(text.a, greedyText, 'WebSocket and HTTP give the same greedy text');
+  assert.ok(order.includes('a') && order.includes('b'));
+  ws.close();
+});
+
+await check('ws: cancel, then a disconnect frees KV blocks', async () => {
+  const ws = new WebSocket(`ws://127.0.0.1:${port}/ws`);
+  await new Promise((res, rej) => { ws.on('open', res); ws.on('error', rej); });
+  const frames = [];
+  const waitFor = (pred) => new Promise((resolve) => {
+    const tick = () => { const f = frames.find(pred); if (f) resolve(f); else setTimeout(tick, 5); };
+    tick();
+  });
+  ws.on('message', (m) => frames.push(JSON.parse(m.toString())));
+  ws.send(JSON.stringify({ type: 'generate', id: 'c', prompt: 'Once', max_tokens: 200, ignore_eos: true }));
+  await waitFor((f) => f.type === 'token' && f.id === 'c');
+  ws.send(JSON.stringify({ type: 'cancel', id: 'c' }));
+  const d = await waitFor((f) => f.type === 'done' && f.id === 'c');
+  assert.equal(d.finish_reason, 'cancelled');
+  ws.send(JSON.stringify({ type: 'generate', id: 'd', prompt: 'Once', max_tokens: 200, ignore_eos: true }));
+  await waitFor((f) => f.type === 'token' && f.id === 'd');
+  ws.terminate();  // no close handshake: a vanished client
+  await expectClean();
+});
+
+await check('promtool check metrics', async () => {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  assert.match(text, /tandem_requests_total/);
+  const r = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
+  if (r.error) throw new Error('promtool not found (Debian package prometheus): ' + r.error.message);
+  assert.equal(r.status, 0, 'promtool: ' + r.stdout + r.stderr);
+});
+
+await check('chromium: chat page streams an answer; dashboard shows the workers', async () => {
+  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ['--no-sandbox'] });
+  try {
+    const page = await browser.newPage();
+    await page.goto(`${base}/`);
+    await page.waitForFunction(() => document.getElementById('status').textContent === 'connected');
+    await page.fill('#prompt', 'Once upon a time');
+    await page.fill('#max', '16');
+    await page.click('#send');
+    await page.waitForSelector('.answer[data-done="1"]', { timeout: 30000 });
+    const answer = await page.textContent('.answer .text');
+    assert.ok(answer.length > 0, 'streamed text shown');
+    const meta = await page.textContent('.answer .meta');
+    assert.match(meta, /TTFT [\d.]+ ms · TPOT [\d.]+ ms/);
+    await page.goto(`${base}/dashboard`);
+    await page.waitForSelector('tr.worker', { timeout: 10000 });
+    const names = await page.$$eval('tr.worker td:first-child', (tds) => tds.map((t) => t.textContent));
+    assert.ok(names.some((n) => n.startsWith('prefill')) && names.some((n) => n.startsWith('decode')), names.join(','));
+  } finally {
+    await browser.close();
+  }
+});
+
+// Graceful shutdown: SIGTERM → exit 0.
+const exited = new Promise((res) => proc.on('exit', (code) => res(code)));
+proc.kill('SIGTERM');
+const code = await exited;
+await check('SIGTERM exits 0', async () => assert.equal(code, 0));
+
+console.log(failures ? `${failures} e2e check(s) failed` : 'all e2e checks passed');
+process.exit(failures ? 1 : 0);
