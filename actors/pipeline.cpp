@@ -25,6 +25,7 @@ struct handle_state {
   bool closed = false;       // the final event has been returned to the reader
   std::function<void(const request_event&)> callback;
   std::function<void()> notify;  // events queued: the reader may take them (try_next)
+  bool abandoned = false;        // nobody reads any more: credits go straight back
 };
 
 namespace {
@@ -73,7 +74,14 @@ subscriber_actor::behavior_type bridge(subscriber_actor::stateful_pointer<bridge
           std::lock_guard<std::mutex> lk(hs.mu);
           hs.request = req;
         }
-        if (hs.callback) {
+        bool abandoned = false;
+        {
+          std::lock_guard<std::mutex> lk(hs.mu);
+          abandoned = hs.abandoned;
+        }
+        if (abandoned) {  // the reader is gone: let the request run out instead of waiting for it
+          if (!final && hs.request) self->send(hs.request, credit_atom::value, int32_t(1));
+        } else if (hs.callback) {
           hs.callback(ev);
           if (!final && hs.request) self->send(hs.request, credit_atom::value, int32_t(1));
         } else {
@@ -162,6 +170,22 @@ generation_result request_handle::wait(std::chrono::milliseconds timeout) {
 
 void request_handle::cancel() {
   if (st_) caf::anon_send(st_->router, cancel_atom::value, st_->id);
+}
+
+void request_handle::abandon() {
+  if (!st_) return;
+  request_actor credit_to;
+  int32_t unread = 0;
+  {
+    std::lock_guard<std::mutex> lk(st_->mu);
+    st_->abandoned = true;
+    for (const auto& ev : st_->events) unread += is_final(ev) ? 0 : 1;
+    st_->events.clear();
+    st_->closed = true;
+    credit_to = st_->request;
+  }
+  if (credit_to && unread > 0) caf::anon_send(credit_to, credit_atom::value, unread);
+  cancel();
 }
 
 struct pipeline::impl {

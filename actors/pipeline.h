@@ -83,6 +83,10 @@ class request_handle {
   // Reads every remaining event.
   generation_result wait(std::chrono::milliseconds timeout = std::chrono::minutes(10));
   void cancel();
+  // Cancels and stops reading (the reader is going away, e.g. a closed connection): events
+  // are no longer queued and their credits go straight back, so the request ends promptly
+  // rather than waiting for a reader that will not come.
+  void abandon();
 
  private:
   friend class pipeline;

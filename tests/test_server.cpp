@@ -342,3 +342,108 @@ TEST_F(ServerTest, ShutdownDrainsInFlightRequests) {
   runner.join();         // run() returns once it has
   client.join();
 }
+
+namespace {
+// Refuses every other request, as a full queue would (deterministic, unlike a real burst).
+struct every_other_refused : admission_policy {
+  mutable std::atomic<int> n{0};
+  admission_decision decide(const admission_config&, const load_snapshot&, int32_t) const override {
+    admission_decision d;
+    if (n++ % 2 == 1) {
+      d.admitted = false;
+      d.reason = reject_reason::prefill_queue_full;
+      d.retry_after_ms = 1500;
+      d.message = "the prefill queue is full";
+    }
+    return d;
+  }
+};
+}  // namespace
+
+TEST_F(ServerTest, AdmissionRejectionsAre429WithRetryAfter) {
+  pipeline_config pc;
+  pc.admission_policy_impl = std::make_shared<every_other_refused>();
+  start({}, pc);
+  const std::string body = R"({"model":"tiny","prompt":"x","max_tokens":2})";
+  auto ok = request(http::verb::post, "/v1/completions", body);
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  auto refused = request(http::verb::post, "/v1/completions", body);
+  EXPECT_EQ(refused.status, 429) << refused.body;
+  EXPECT_EQ(refused.retry_after, "2");  // seconds, rounded up
+  const json e = json::parse(refused.body);
+  EXPECT_EQ(e["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(e["error"]["code"], "overloaded");
+  // Streamed: the refusal comes before any event, so it is still a plain 429.
+  auto streamed = request(http::verb::post, "/v1/completions",
+                          R"({"model":"tiny","prompt":"x","max_tokens":2,"stream":true})");  // admitted (3rd)
+  EXPECT_EQ(streamed.status, 200);
+  auto streamed_refused = request(http::verb::post, "/v1/completions",
+                                  R"({"model":"tiny","prompt":"x","max_tokens":2,"stream":true})");
+  EXPECT_EQ(streamed_refused.status, 429);
+  expect_clean();
+}
+
+TEST_F(ServerTest, SlowHeadersOversizedFramesAndBadUtf8AreClosed) {
+  server::server_config sc;
+  sc.header_timeout = 300ms;
+  sc.max_frame_bytes = 1024;
+  sc.max_requests_per_connection = 2;
+  start(sc);
+  net::io_context ioc;
+  {  // Headers that never finish: closed after the timeout.
+    beast::tcp_stream s(ioc);
+    s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+    net::write(s.socket(), net::buffer(std::string("GET /health HTTP/1.1\r\nHost: x\r\n")));
+    char c;
+    beast::error_code ec;
+    s.socket().read_some(net::buffer(&c, 1), ec);  // blocks until the server gives up on us
+    EXPECT_TRUE(ec == net::error::eof || ec == net::error::connection_reset) << ec.message();
+  }
+  auto connect_ws = [&](websocket::stream<beast::tcp_stream>& ws) {
+    beast::get_lowest_layer(ws).connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+    ws.handshake("localhost", "/ws");
+  };
+  {  // Too many requests on one connection: the extra one gets an error, the others go on.
+    websocket::stream<beast::tcp_stream> ws(ioc);
+    connect_ws(ws);
+    for (const char* id : {"1", "2", "3"})
+      ws.write(net::buffer(json({{"type", "generate"}, {"id", id}, {"prompt", "Once"}, {"max_tokens", 60}, {"ignore_eos", true}}).dump()));
+    int done = 0;
+    bool refused = false;
+    while (done < 2) {
+      beast::flat_buffer b;
+      ws.read(b);
+      const json f = json::parse(beast::buffers_to_string(b.data()));
+      if (f["type"] == "error") {
+        EXPECT_EQ(f["id"], "3");
+        EXPECT_EQ(f["code"], "overloaded");
+        refused = true;
+      }
+      done += f["type"] == "done";
+    }
+    EXPECT_TRUE(refused);
+  }
+  {  // A message over the frame limit: closed with 1009.
+    websocket::stream<beast::tcp_stream> ws(ioc);
+    connect_ws(ws);
+    ws.write(net::buffer(std::string(2000, ' ')));
+    beast::flat_buffer b;
+    beast::error_code ec;
+    ws.read(b, ec);
+    EXPECT_TRUE(ec) << "the connection must end";  // (closed, or the teardown's socket error)
+    EXPECT_EQ(ws.reason().code, websocket::close_code::too_big);
+  }
+  {  // A text frame that is not UTF-8: closed with 1007.
+    websocket::stream<beast::tcp_stream> ws(ioc);
+    connect_ws(ws);
+    ws.write(net::buffer(std::string("{\"x\":\"\xff\xfe\"}")));
+    beast::flat_buffer b;
+    beast::error_code ec;
+    ws.read(b, ec);
+    EXPECT_TRUE(ec) << "the connection must end";
+    EXPECT_EQ(ws.reason().code, websocket::close_code::bad_payload);
+  }
+  // Everyone else is still served.
+  EXPECT_EQ(request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"ok","max_tokens":2})").status, 200);
+  expect_clean();
+}

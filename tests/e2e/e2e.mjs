@@ -154,6 +154,29 @@ await check('ws: cancel, then a disconnect frees KV blocks', async () => {
   await expectClean();
 });
 
+await check('same seed: tandem generate = HTTP = WebSocket', async () => {
+  const P = 'The little dog', n = 12;
+  const gen = JSON.parse(execFileSync(tandem, ['generate', '--model', modelPath, '--prompt', P, '-n', String(n),
+    '--temperature', '0.8', '--top-k', '20', '--top-p', '0.9', '--seed', '7', '--json'], { encoding: 'utf8' }));
+  const http = await client.completions.create({ model: 'tiny', prompt: P, max_tokens: n, temperature: 0.8,
+    top_p: 0.9, seed: 7, top_k: 20 });
+  assert.equal(http.choices[0].text, gen.text);
+  const ws = new WebSocket(`ws://127.0.0.1:${port}/ws`);
+  await new Promise((res, rej) => { ws.on('open', res); ws.on('error', rej); });
+  let text = '';
+  await new Promise((resolve, reject) => {
+    ws.on('message', (m) => {
+      const f = JSON.parse(m.toString());
+      if (f.type === 'error') reject(new Error(JSON.stringify(f)));
+      if (f.type === 'token') text += f.text;
+      if (f.type === 'done') resolve();
+    });
+    ws.send(JSON.stringify({ type: 'generate', id: 1, prompt: P, max_tokens: n, temperature: 0.8, top_k: 20, top_p: 0.9, seed: 7 }));
+  });
+  ws.close();
+  assert.equal(text, gen.text);
+});
+
 await check('promtool check metrics', async () => {
   const text = await (await fetch(`${base}/metrics`)).text();
   assert.match(text, /tandem_requests_total/);

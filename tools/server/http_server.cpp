@@ -210,8 +210,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
   void close() {
-    if (gen_ && !gen_->ended) {  // the client is gone: its request is cancelled, its KV freed
-      srv_->pipe.cancel(gen_->handle.id());
+    if (gen_) {  // the client is gone: its request is cancelled, its KV freed
+      gen_->handle.abandon();
       finish_generation();
     }
     beast::error_code ec;
@@ -665,7 +665,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     if (closed_) return;
     closed_ = true;
     for (auto& [k, g] : gens_) {
-      srv_->pipe.cancel(g->handle.id());
+      g->handle.abandon();
       --srv_->in_flight;
     }
     gens_.clear();
