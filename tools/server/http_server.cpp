@@ -72,7 +72,11 @@ struct http_server::impl : std::enable_shared_from_this<impl> {
 
 namespace {
 
-using impl_ptr = std::shared_ptr<http_server::impl>;
+// Sessions and handlers point at the server without owning it: they only run inside run(), and
+// the io_context (a member of the impl) destroys whatever is still queued when the server goes.
+// Only the pipeline's notify callbacks, which come from actor threads, hold a weak_ptr and
+// lock it to post.
+using impl_ptr = http_server::impl*;
 
 // ---------------------------------------------------------------- one generation request
 
@@ -125,6 +129,9 @@ std::string apply_event(http_server::impl& s, generation& g, const request_event
 class http_session : public std::enable_shared_from_this<http_session> {
  public:
   http_session(tcp::socket&& s, impl_ptr srv) : stream_(std::move(s)), srv_(std::move(srv)) {}
+  ~http_session() {
+    if (gen_) gen_->handle.abandon();  // destroyed with the server: nobody reads any more
+  }
   void start() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); }); }
 
  private:
@@ -346,7 +353,9 @@ class http_session : public std::enable_shared_from_this<http_session> {
     gen_ = std::move(g);
     std::weak_ptr<http_session> weak = weak_from_this();
     auto exec = stream_.get_executor();
-    gen_->handle = srv_->pipe.submit_notify(gen_->req.gen, [weak, exec] {
+    gen_->handle = srv_->pipe.submit_notify(gen_->req.gen, [weak, exec, server = srv_->weak_from_this()] {
+      const auto alive = server.lock();  // keeps the io_context alive while posting
+      if (!alive) return;
       net::post(exec, [weak] {
         if (auto self = weak.lock()) self->pump();
       });
@@ -516,6 +525,9 @@ class http_session : public std::enable_shared_from_this<http_session> {
 class ws_session : public std::enable_shared_from_this<ws_session> {
  public:
   ws_session(tcp::socket&& s, impl_ptr srv) : ws_(std::move(s)), srv_(std::move(srv)) {}
+  ~ws_session() {
+    for (auto& [k, g] : gens_) g->handle.abandon();
+  }
 
   void start(http::request<http::string_body> req) {
     ws_.read_message_max(srv_->cfg.max_frame_bytes);
@@ -586,7 +598,9 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     generation* raw = g.get();
     const std::string key = g->req.client_id;
     gens_.emplace(key, std::move(g));
-    raw->handle = srv_->pipe.submit_notify(raw->req.gen, [weak, exec] {
+    raw->handle = srv_->pipe.submit_notify(raw->req.gen, [weak, exec, server = srv_->weak_from_this()] {
+      const auto alive = server.lock();  // keeps the io_context alive while posting
+      if (!alive) return;
       net::post(exec, [weak] {
         if (auto self = weak.lock()) self->pump();
       });
@@ -696,7 +710,7 @@ void drain(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::s
 }  // namespace
 
 void http_server::impl::accept() {
-  acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](beast::error_code ec, tcp::socket s) {
+  acceptor.async_accept(net::make_strand(ioc), [self = this](beast::error_code ec, tcp::socket s) {
     if (!self->acceptor.is_open()) return;
     if (!ec) {
       s.set_option(tcp::no_delay(true), ec);
@@ -754,7 +768,7 @@ void http_server::stop() {
   net::post(im->ioc, [im] {
     beast::error_code ec;
     im->acceptor.close(ec);
-    drain(im, std::make_shared<net::steady_timer>(im->ioc), std::chrono::steady_clock::now() + im->cfg.grace);
+    drain(im.get(), std::make_shared<net::steady_timer>(im->ioc), std::chrono::steady_clock::now() + im->cfg.grace);
   });
 }
 
