@@ -257,6 +257,27 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
   return {
       [self](submit_atom, request_spec& spec, subscriber_actor& sub) {
         auto& st = self->state;
+        // A pool whose every worker is down (restarting, or degraded past its restart
+        // intensity) cannot serve: say so now (HTTP 503) rather than queue without bound. Before
+        // any worker has joined (start-up) requests queue.
+        auto all_down = [](const auto& pool) {
+          return !pool.empty() && std::none_of(pool.begin(), pool.end(), [](const auto& w) { return bool(w); });
+        };
+        const char* down = all_down(st.prefill) ? (st.opts.mode == serving_mode::colocated ? "colocated" : "prefill")
+                           : st.opts.mode == serving_mode::disaggregated && all_down(st.decode) ? "decode"
+                                                                                                  : nullptr;
+        if (down) {
+          reg(self).get_counter("tandem_rejections_total", "Requests refused by admission control",
+                                {{"reason", "no_healthy_worker"}})
+              .inc();
+          request_event err = make_event(event_kind::error);
+          err.id = spec.id;
+          err.code = errc::worker_failed;
+          err.message = std::string("no healthy ") + down + " worker: the pool is restarting or degraded";
+          err.retry_after_ms = 1000;
+          self->send(sub, std::move(err));
+          return;
+        }
         const auto decision =
             st.opts.admission_policy_impl->decide(st.opts.admission, snapshot(self), int32_t(spec.prompt.size()));
         if (!decision.admitted) {

@@ -272,3 +272,39 @@ TEST_F(fixture, DecodeDeathDuringStreamingReservesElsewhere) {
   for (auto& a : {p0, d1}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   run();
 }
+
+// Every decode worker down: new requests are refused at once with worker_failed (HTTP 503),
+// not queued without bound; before any worker has joined, requests queue.
+TEST_F(fixture, NoHealthyWorkerOfANeededKindRefusesNewRequests) {
+  auto log = std::make_shared<log_t>();
+  router_options ro;
+  ro.mode = serving_mode::disaggregated;
+  ro.context_length = 128;
+  ro.request_ctx.mdl = tiny();
+  ro.request_ctx.metrics = std::make_shared<metrics::registry>();
+  ro.request_ctx.live_requests = std::make_shared<std::atomic<int64_t>>(0);
+  auto router = sys->spawn(router_behavior, ro);
+  auto sub = caf::actor_cast<subscriber_actor>(sys->spawn(recorder, log, std::string("sub")));
+  request_spec spec;
+  spec.prompt = {1, 2, 3};
+  caf::anon_send(router, submit_atom::value, spec, sub);  // nothing joined yet: queued
+  run();
+  EXPECT_EQ(log->count("sub:event accepted"), 1);
+
+  auto p0 = sys->spawn(fake_prefill, log, std::string("p0"));
+  auto d0 = sys->spawn(fake_decode, log);
+  caf::anon_send(router, join_atom::value, int32_t(0), caf::actor_cast<prefill_worker_actor>(p0));
+  caf::anon_send(router, join_atom::value, int32_t(0), caf::actor_cast<decode_worker_actor>(d0));
+  run();
+  caf::anon_send_exit(d0, caf::exit_reason::kill);
+  run();
+  spec.id = 0;
+  caf::anon_send(router, submit_atom::value, spec, sub);
+  run();
+  EXPECT_EQ(log->count("sub:event error"), 1);
+  EXPECT_NE(ro.request_ctx.metrics->to_prometheus().find("no_healthy_worker"), std::string::npos);
+
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(p0, caf::exit_reason::user_shutdown);
+  run();
+}
