@@ -68,7 +68,7 @@ printf 'Once upon a time\nThe cat\n' >"$work/prompts.txt"
 expect_error "need --mode" generate --model "$model" --prompt x --concurrency 2
 
 # 6. --help on every subcommand.
-for cmd in "" "generate" "model" "model synth" "model inspect" "bench" "bench kernels"; do
+for cmd in "" "generate" "model" "model synth" "model inspect" "bench" "bench kernels" "serve"; do
   # shellcheck disable=SC2086
   "$bin" $cmd --help >/dev/null 2>&1 && pass "help: tandem $cmd" || fail "tandem $cmd --help"
 done
@@ -79,6 +79,21 @@ done
 grep -q '"n_kv_head": 2' "$work/inspect.json" && grep -q '"q8_0"' "$work/inspect.json" && pass "inspect json" \
   || fail "inspect json: $(cat "$work/inspect.json")"
 "$bin" model inspect "$model" | grep -q "llama" && pass "inspect text" || fail "inspect text"
+
+# 8. serve: flags from a config file (the port it binds is logged), bad flags and files refused.
+printf '[serve]\nport = 0\nmodel = "%s"\nmode = "colocated"\n' "$work/tiny.gguf" >"$work/serve.toml"
+"$bin" serve --config "$work/serve.toml" >"$work/serve.out" 2>"$work/serve.err" &
+spid=$!
+for _ in $(seq 1 100); do grep -q "serving model" "$work/serve.err" && break; sleep 0.1; done
+grep -q "serving model 'tiny' (colocated mode" "$work/serve.err" && pass "serve reads --config" \
+  || fail "serve --config: $(cat "$work/serve.err")"
+kill -TERM "$spid"; wait "$spid" && pass "serve exits 0 on SIGTERM" || fail "serve exit status on SIGTERM"
+"$bin" serve --port 70000 >/dev/null 2>"$work/err.txt" && fail "serve --port 70000 accepted" \
+  || { grep -qi "port" "$work/err.txt" && pass "serve rejects a bad port" || fail "serve bad port message: $(cat "$work/err.txt")"; }
+"$bin" serve --config "$work/nope.toml" >/dev/null 2>"$work/err.txt" && fail "missing config accepted" \
+  || pass "serve rejects a missing config file"
+"$bin" serve --host not-an-ip --port 0 --model "$work/tiny.gguf" >/dev/null 2>"$work/err.txt" && fail "bad host accepted" \
+  || { grep -q "bad --host" "$work/err.txt" && pass "serve rejects a bad host" || fail "serve bad host: $(cat "$work/err.txt")"; }
 
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]

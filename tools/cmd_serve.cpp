@@ -70,7 +70,7 @@ int run_serve(const serve_options& o) {
 void add_serve(CLI::App& app) {
   auto o = std::make_shared<serve_options>();
   auto* cmd = app.add_subcommand("serve", "Serve the model over HTTP (OpenAI-compatible, SSE) and WebSocket");
-  cmd->set_config("--config", "", "Read these flags from a TOML/INI file (key = value, names without --)");
+  cmd->fallthrough();  // --config belongs to the top-level app (CLI11 reads config files there)
   cmd->add_option("-m,--model", o->model, "GGUF model file (default: the built-in synthetic model)");
   cmd->add_option("--model-name", o->model_name, "Model id clients send in 'model' (default: the file's name)");
   cmd->add_option("--mode", o->mode, "disaggregated or colocated")->check(CLI::IsMember({"disaggregated", "colocated"}));

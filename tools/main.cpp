@@ -19,6 +19,9 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  // Flags from a TOML/INI file: a [serve] section holds `tandem serve`'s (names without --).
+  app.set_config("--config", "", "Read flags from a TOML/INI file ([serve] section: port = 8080, ...)")
+      ->check(CLI::ExistingFile);
   app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(log_level)); });
   tandem::cli::add_generate(app);
   tandem::cli::add_model(app);
