@@ -14,8 +14,8 @@ kv_blocks_ptr move_through(transport::kv_transport& t, const std::vector<kv_bloc
   std::vector<transport::copy_op> ops;
   std::vector<transport::region_id> regions;
   for (const auto& b : src) {
-    kv_block_export landed = b;  // header fields; payload replaced by the landing buffer
-    landed.payload.assign(b.payload.size(), 0.0f);
+    kv_block_export landed = b.without_payload();
+    landed.payload.resize(b.payload.size());  // the landing buffer
     dst->push_back(std::move(landed));
   }
   for (size_t i = 0; i < src.size(); ++i) {

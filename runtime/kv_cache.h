@@ -78,6 +78,24 @@ struct kv_block_export {
   std::vector<float> payload;      // [layer_end-layer_begin][2][n_kv_head][block_size][head_dim]
 
   uint64_t compute_checksum() const;
+  // Every field but the payload (which a transport fills): copying the payload only to
+  // overwrite it doubled the bytes a KV link touched.
+  kv_block_export without_payload() const {
+    kv_block_export e;
+    e.model_id = model_id;
+    e.layer_begin = layer_begin;
+    e.layer_end = layer_end;
+    e.pos_begin = pos_begin;
+    e.pos_end = pos_end;
+    e.dtype = dtype;
+    e.block_size = block_size;
+    e.n_kv_head = n_kv_head;
+    e.head_dim = head_dim;
+    e.request = request;
+    e.epoch = epoch;
+    e.checksum = checksum;
+    return e;
+  }
 };
 
 }  // namespace tandem

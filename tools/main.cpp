@@ -2,12 +2,20 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <malloc.h>
+
 #include <iostream>
 
 #include "runtime/errors.h"
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
+  // KV blocks are hundreds of KiB: by default glibc gives each its own mmap and unmaps it on
+  // free, so every export and every landing buffer page-faults afresh. Measured on the dev VM:
+  // allocating + copying 21 MB of KV took 73 ms that way, 1 ms into reused memory. Keep such
+  // chunks in the heap for reuse (freed memory above 256 MiB is still returned to the OS).
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   // stdout carries only results (generated text, JSON); logs go to stderr.
   auto log = spdlog::stderr_color_mt("tandem");
   spdlog::set_default_logger(log);
