@@ -384,6 +384,16 @@ pipeline_stats pipeline::stats() {
               out.workers.push_back({w.name, w.kv_total_blocks, w.kv_free_blocks, w.reserved_blocks, w.active, w.steps});
           },
           [&](caf::error&) {});
+  self->request(im.router, std::chrono::seconds(10), state_atom::value)
+      .receive(
+          [&](std::vector<int32_t>& v) {
+            if (v.size() < 2) return;
+            out.prefill_queue = v[0];
+            out.decode_queue = v[1];
+            for (size_t i = 2; i < v.size(); ++i)
+              out.requests_by_state.emplace_back(std::string(to_string(request_state(i - 2))), v[i]);
+          },
+          [&](caf::error&) {});
   out.live_requests = im.live->load();
   return out;
 }

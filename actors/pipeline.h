@@ -101,6 +101,10 @@ struct pipeline_stats {
   };
   std::vector<worker> workers;
   int64_t live_requests = 0;   // request actors alive
+  // The router's view: its two queues, and the requests it tracks by lifecycle state (it
+  // learns "decoding" from the workers; "prefilling" is known to the request actor only).
+  int32_t prefill_queue = 0, decode_queue = 0;
+  std::vector<std::pair<std::string, int32_t>> requests_by_state;
 };
 
 class pipeline {

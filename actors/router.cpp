@@ -457,6 +457,13 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         caf::anon_send_exit(target, caf::exit_reason::kill);
         return true;
       },
+      [self](state_atom) {
+        auto& st = self->state;
+        std::vector<int32_t> v = {int32_t(st.prefill_queue.size()), int32_t(st.decode_queue.size())};
+        v.resize(2 + size_t(request_state::cancelled) + 1, 0);
+        for (const auto& [id, e] : st.requests) ++v[2 + size_t(e.state)];
+        return v;
+      },
       [self](stats_atom) -> caf::result<std::vector<worker_stats>> {
         auto& st = self->state;
         auto rp = self->make_response_promise<std::vector<worker_stats>>();

@@ -256,7 +256,10 @@ TEST_F(ServerTest, KeysGuardTheApiAndAdmin) {
   EXPECT_EQ(request(http::verb::get, "/admin/state", "", "secret").status, 401);
   auto st = request(http::verb::get, "/admin/state", "", "boss");
   EXPECT_EQ(st.status, 200);
-  EXPECT_TRUE(json::parse(st.body)["workers"].is_array());
+  const json state = json::parse(st.body);
+  EXPECT_TRUE(state["workers"].is_array());
+  EXPECT_TRUE(state["router"]["requests"].contains("decoding"));
+  EXPECT_EQ(state["router"]["prefill_queue"], 0);
 }
 
 TEST_F(ServerTest, WebSocketInterleavesCancelsAndFreesOnDisconnect) {

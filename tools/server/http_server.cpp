@@ -325,9 +325,12 @@ class http_session : public std::enable_shared_from_this<http_session> {
                          {"reserved_blocks", w.reserved_blocks},
                          {"active", w.active},
                          {"steps", w.steps}});
+    json by_state = json::object();
+    for (const auto& [name, n] : st.requests_by_state) by_state[name] = n;
     return {{"mode", std::string(to_string(s.pipe.config().mode))},
             {"model", s.mdl.id},
             {"live_requests", st.live_requests},
+            {"router", {{"prefill_queue", st.prefill_queue}, {"decode_queue", st.decode_queue}, {"requests", by_state}}},
             {"in_flight", s.in_flight.load()},
             {"workers", workers},
             {"metrics", json::parse(s.pipe.metrics().to_json(), nullptr, false)}};

@@ -96,7 +96,11 @@ function esc(s) { return String(s).replace(/[&<>]/g, c => ({'&':'&amp;','<':'&lt
 function show(s) {
   const pools = {};
   for (const w of s.workers) { const kind = w.name.split('-')[0]; (pools[kind] = pools[kind] || []).push(w); }
-  let t = 'pipeline (' + esc(s.mode) + ', model ' + esc(s.model) + ')\n└─ router: ' + s.live_requests + ' request actors, ' + s.in_flight + ' in flight over the network\n';
+  const r = s.router || {requests: {}};
+  const states = Object.entries(r.requests).filter(([, n]) => n > 0).map(([k, n]) => k + ' ' + n).join(', ') || 'none';
+  let t = 'pipeline (' + esc(s.mode) + ', model ' + esc(s.model) + ')\n└─ router: queues prefill ' + r.prefill_queue +
+    ' / decode ' + r.decode_queue + '; ' + s.live_requests + ' request actors (' + esc(states) + '), ' +
+    s.in_flight + ' in flight over the network\n';
   const kinds = Object.keys(pools);
   kinds.forEach((k, i) => {
     t += (i + 1 < kinds.length ? '   ├─ ' : '   └─ ') + k + ' pool supervisor\n';
