@@ -97,6 +97,16 @@ subscriber_actor::behavior_type bridge(subscriber_actor::stateful_pointer<bridge
   };
 }
 
+// Pops the oldest queued event (hs.mu held); returns the request actor owed a credit for it
+// (none for the final event, which also closes the handle).
+request_actor take_front(handle_state& hs, request_event& ev) {
+  ev = std::move(hs.events.front());
+  hs.events.pop_front();
+  if (!is_final(ev)) return hs.request;
+  hs.closed = true;
+  return {};
+}
+
 }  // namespace
 
 request_id request_handle::id() const { return st_ ? st_->id : 0; }
@@ -108,10 +118,7 @@ bool request_handle::next(request_event& ev, std::chrono::milliseconds timeout) 
     std::unique_lock<std::mutex> lk(st_->mu);
     if (st_->closed) return false;
     if (!st_->cv.wait_for(lk, timeout, [&] { return !st_->events.empty(); })) return false;
-    ev = std::move(st_->events.front());
-    st_->events.pop_front();
-    if (is_final(ev)) st_->closed = true;
-    else credit_to = st_->request;
+    credit_to = take_front(*st_, ev);
   }
   if (credit_to) caf::anon_send(credit_to, credit_atom::value, int32_t(1));
   return true;
@@ -123,10 +130,7 @@ bool request_handle::try_next(request_event& ev) {
   {
     std::lock_guard<std::mutex> lk(st_->mu);
     if (st_->closed || st_->events.empty()) return false;
-    ev = std::move(st_->events.front());
-    st_->events.pop_front();
-    if (is_final(ev)) st_->closed = true;
-    else credit_to = st_->request;
+    credit_to = take_front(*st_, ev);
   }
   if (credit_to) caf::anon_send(credit_to, credit_atom::value, int32_t(1));
   return true;
