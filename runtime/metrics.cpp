@@ -311,19 +311,8 @@ std::vector<double> linear_buckets(double start, double width, int count) {
   return out;
 }
 
-const std::vector<double>& latency_ms_buckets() {
-  // Written out so the `le` labels read as the numbers they are (0.15, not 0.15000000000000002).
-  static const std::vector<double> buckets = {
-      0.1,   0.15,  0.2,   0.3,   0.5,   0.75,                          //
-      1,     1.5,   2,     3,     5,     7.5,                           //
-      10,    15,    20,    30,    50,    75,                            //
-      100,   150,   200,   300,   500,   750,                           //
-      1000,  1500,  2000,  3000,  5000,  7500,                          //
-      10000, 15000, 20000, 30000, 50000, 75000,                         //
-  };
-  return buckets;
-}
-
+// Latencies are exported in seconds (Prometheus base units), 100 µs to 75 s.
+// Written out so the `le` labels read as the numbers they are (0.00015, not 0.00015000000000000001).
 const std::vector<double>& latency_seconds_buckets() {
   static const std::vector<double> buckets = {
       0.0001, 0.00015, 0.0002, 0.0003, 0.0005, 0.00075,  //

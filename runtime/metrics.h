@@ -98,8 +98,7 @@ std::vector<double> exponential_buckets(double start, double factor, int count);
 std::vector<double> linear_buckets(double start, double width, int count);
 // Default latency buckets in milliseconds: 1, 1.5, 2, 3, 5, 7.5 per decade from 0.1 ms to 75 s,
 // so an interpolated quantile is off by at most a bucket about 1.5x wide.
-const std::vector<double>& latency_ms_buckets();
-const std::vector<double>& latency_seconds_buckets();  // the same, in seconds (exported latencies)
+const std::vector<double>& latency_seconds_buckets();  // 100 µs .. 75 s, for exported latencies
 
 // One finished request's timings; the request actor fills it and records it in one call.
 struct request_timings {
