@@ -9,7 +9,7 @@
 
 #include "actors/kv_link.h"
 #include "actors/router.h"
-#include "runtime/synth.h"
+#include "tests/test_models.h"
 
 using namespace tandem;
 
@@ -130,14 +130,19 @@ kv_blocks_ptr one_piece(request_id id, uint32_t epoch) {
 }
 
 std::shared_ptr<const model> tiny() {
-  static std::shared_ptr<const model> m = [] {
-    const auto dir = std::filesystem::temp_directory_path() / "tandem-test-models";
-    std::filesystem::create_directories(dir);
-    const auto p = dir / "protocols-tiny-f32.gguf";
-    if (!std::filesystem::exists(p)) synthesize_model(find_synth_preset("tiny"), kernels::dtype::f32, p.string(), 5);
-    return model::load(p.string());
-  }();
+  static const std::shared_ptr<const model> m = testing_support::tiny_model("protocols");
   return m;
+}
+
+// A disaggregated router on the tiny model, with its own metrics registry.
+router_options disaggregated_router_options() {
+  router_options ro;
+  ro.mode = serving_mode::disaggregated;
+  ro.context_length = 128;
+  ro.request_ctx.mdl = tiny();
+  ro.request_ctx.metrics = std::make_shared<metrics::registry>();
+  ro.request_ctx.live_requests = std::make_shared<std::atomic<int64_t>>(0);
+  return ro;
 }
 
 }  // namespace
@@ -186,12 +191,7 @@ TEST_F(fixture, RetiredLinkFinishesItsTransferThenEnds) {
 // new epoch, and new credits are reserved for it.
 TEST_F(fixture, PrefillDeathRequeuesUnderANewEpochAndReturnsCredits) {
   auto log = std::make_shared<log_t>();
-  router_options ro;
-  ro.mode = serving_mode::disaggregated;
-  ro.context_length = 128;
-  ro.request_ctx.mdl = tiny();
-  ro.request_ctx.metrics = std::make_shared<metrics::registry>();
-  ro.request_ctx.live_requests = std::make_shared<std::atomic<int64_t>>(0);
+  const router_options ro = disaggregated_router_options();
   auto router = sys->spawn(router_behavior, ro);
   auto p0 = sys->spawn(fake_prefill, log, std::string("p0"));
   auto p1 = sys->spawn(fake_prefill, log, std::string("p1"));
@@ -234,12 +234,7 @@ TEST_F(fixture, PrefillDeathRequeuesUnderANewEpochAndReturnsCredits) {
 // the new link (and sends everything again).
 TEST_F(fixture, DecodeDeathDuringStreamingReservesElsewhere) {
   auto log = std::make_shared<log_t>();
-  router_options ro;
-  ro.mode = serving_mode::disaggregated;
-  ro.context_length = 128;
-  ro.request_ctx.mdl = tiny();
-  ro.request_ctx.metrics = std::make_shared<metrics::registry>();
-  ro.request_ctx.live_requests = std::make_shared<std::atomic<int64_t>>(0);
+  const router_options ro = disaggregated_router_options();
   auto router = sys->spawn(router_behavior, ro);
   auto p0 = sys->spawn(fake_prefill, log, std::string("p0"));
   auto d0 = sys->spawn(fake_decode, log);
@@ -277,12 +272,7 @@ TEST_F(fixture, DecodeDeathDuringStreamingReservesElsewhere) {
 // not queued without bound; before any worker has joined, requests queue.
 TEST_F(fixture, NoHealthyWorkerOfANeededKindRefusesNewRequests) {
   auto log = std::make_shared<log_t>();
-  router_options ro;
-  ro.mode = serving_mode::disaggregated;
-  ro.context_length = 128;
-  ro.request_ctx.mdl = tiny();
-  ro.request_ctx.metrics = std::make_shared<metrics::registry>();
-  ro.request_ctx.live_requests = std::make_shared<std::atomic<int64_t>>(0);
+  const router_options ro = disaggregated_router_options();
   auto router = sys->spawn(router_behavior, ro);
   auto sub = caf::actor_cast<subscriber_actor>(sys->spawn(recorder, log, std::string("sub")));
   request_spec spec;

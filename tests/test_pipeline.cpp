@@ -8,7 +8,7 @@
 
 #include "actors/pipeline.h"
 #include "runtime/engine.h"
-#include "runtime/synth.h"
+#include "tests/test_models.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
@@ -16,13 +16,7 @@ using namespace std::chrono_literals;
 namespace {
 
 std::shared_ptr<const model> tiny() {
-  static std::shared_ptr<const model> m = [] {
-    const auto dir = std::filesystem::temp_directory_path() / "tandem-test-models";
-    std::filesystem::create_directories(dir);
-    const auto p = dir / "pipeline-tiny-f32.gguf";
-    if (!std::filesystem::exists(p)) synthesize_model(find_synth_preset("tiny"), kernels::dtype::f32, p.string(), 5);
-    return model::load(p.string());
-  }();
+  static const std::shared_ptr<const model> m = testing_support::tiny_model("pipeline");
   return m;
 }
 

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "runtime/synth.h"
+#include "tests/test_models.h"
 #include "tools/server/http_server.h"
 
 using namespace tandem;
@@ -22,13 +22,7 @@ using json = nlohmann::json;
 namespace {
 
 std::shared_ptr<const model> tiny() {
-  static std::shared_ptr<const model> m = [] {
-    const auto dir = std::filesystem::temp_directory_path() / "tandem-test-models";
-    std::filesystem::create_directories(dir);
-    const auto p = dir / "server-tiny-f32.gguf";
-    if (!std::filesystem::exists(p)) synthesize_model(find_synth_preset("tiny"), kernels::dtype::f32, p.string(), 5);
-    return model::load(p.string());
-  }();
+  static const std::shared_ptr<const model> m = testing_support::tiny_model("server");
   return m;
 }
 
