@@ -3,8 +3,10 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "actors/colocated_worker.h"
+#include "actors/connection.h"
 #include "actors/decode_worker.h"
 #include "actors/error.h"
 #include "actors/prefill_worker.h"
@@ -14,132 +16,87 @@
 
 namespace tandem {
 
-// What a request handle and its bridge actor share.
-struct handle_state {
-  request_id id = 0;
-  router_actor router;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<request_event> events;
-  request_actor request;     // learned from the accepted event; gets the credits back
-  bool closed = false;       // the final event has been returned to the reader
-  std::function<void(const request_event&)> callback;
-  std::function<void()> notify;  // events queued: the reader may take them (try_next)
-  bool abandoned = false;        // nobody reads any more: credits go straight back
-};
-
 namespace {
 
 bool is_final(const request_event& ev) { return ev.kind == event_kind::done || ev.kind == event_kind::error; }
 
-struct bridge_state {
-  std::shared_ptr<handle_state> hs;
-  bool final_seen = false;
-  static inline const char* name = "subscriber";
-};
-
-// Carries a request's events from its actor to the handle's queue (or callback). Credits go
-// back as the reader consumes, so a reader that stops reading stops its request, nothing else.
-subscriber_actor::behavior_type bridge(subscriber_actor::stateful_pointer<bridge_state> self,
-                                       std::shared_ptr<handle_state> hs) {
-  self->state.hs = std::move(hs);
-  self->set_down_handler([self](caf::down_msg&) {
-    // The request actor ended without a final event (killed): say so rather than hang.
-    if (self->state.final_seen) return;
-    request_event ev = make_event(event_kind::error);
-    ev.id = self->state.hs->id;
-    ev.code = errc::worker_failed;
-    ev.message = "the request's actor ended unexpectedly";
-    auto& hs = *self->state.hs;
-    if (hs.callback) {
-      hs.callback(ev);
-    } else {
-      {
-        std::lock_guard<std::mutex> lk(hs.mu);
-        hs.events.push_back(std::move(ev));
-        hs.cv.notify_all();
-      }
-      if (hs.notify) hs.notify();
-    }
-    self->quit();
-  });
-  return {
-      [self](request_event& ev) {
-        auto& hs = *self->state.hs;
-        const bool final = is_final(ev);
-        self->state.final_seen = self->state.final_seen || final;
-        if (ev.kind == event_kind::accepted) {
-          auto req = caf::actor_cast<request_actor>(self->current_sender());
-          self->monitor(req);
-          std::lock_guard<std::mutex> lk(hs.mu);
-          hs.request = req;
-        }
-        bool abandoned = false;
-        {
-          std::lock_guard<std::mutex> lk(hs.mu);
-          abandoned = hs.abandoned;
-        }
-        if (abandoned) {  // the reader is gone: let the request run out instead of waiting for it
-          if (!final && hs.request) self->send(hs.request, credit_atom::value, int32_t(1));
-        } else if (hs.callback) {
-          hs.callback(ev);
-          if (!final && hs.request) self->send(hs.request, credit_atom::value, int32_t(1));
-        } else {
-          {
-            std::lock_guard<std::mutex> lk(hs.mu);
-            hs.events.push_back(std::move(ev));
-            hs.cv.notify_all();
-          }
-          if (hs.notify) hs.notify();
-        }
-        if (final) self->quit();
-      },
-  };
+// Pops the oldest queued event (in.mu held); a final event closes its request for the reader.
+// Returns whether a credit is owed for it (every event but the final one).
+bool take_front(connection_inbox& in, request_event& ev) {
+  ev = std::move(in.events.front());
+  in.events.pop_front();
+  if (!is_final(ev)) return true;
+  in.unfinished.erase(ev.id);
+  return false;
 }
 
-// Pops the oldest queued event (hs.mu held); returns the request actor owed a credit for it
-// (none for the final event, which also closes the handle).
-request_actor take_front(handle_state& hs, request_event& ev) {
-  ev = std::move(hs.events.front());
-  hs.events.pop_front();
-  if (!is_final(ev)) return hs.request;
-  hs.closed = true;
-  return {};
+void return_credit(connection_inbox& in, request_id id, int32_t n) {
+  if (n > 0 && in.actor) caf::anon_send(in.actor, credit_atom::value, id, n);
+}
+
+bool inbox_try_next(connection_inbox& in, request_event& ev) {
+  bool owed = false;
+  {
+    std::lock_guard<std::mutex> lk(in.mu);
+    if (in.events.empty()) return false;
+    owed = take_front(in, ev);
+  }
+  if (owed) return_credit(in, ev.id, 1);
+  return true;
+}
+
+// Waits for an event; gives up at the timeout, or at once when `done` says nothing will come.
+template <class Done>
+bool inbox_next(connection_inbox& in, request_event& ev, std::chrono::milliseconds timeout, Done done) {
+  bool owed = false;
+  {
+    std::unique_lock<std::mutex> lk(in.mu);
+    if (in.events.empty() && done()) return false;
+    if (!in.cv.wait_for(lk, timeout, [&] { return !in.events.empty(); })) return false;
+    owed = take_front(in, ev);
+  }
+  if (owed) return_credit(in, ev.id, 1);
+  return true;
+}
+
+void inbox_abandon(connection_inbox& in, request_id id) {
+  int32_t unread = 0;
+  bool unfinished = false;
+  {
+    std::lock_guard<std::mutex> lk(in.mu);
+    bool final_dropped = false;
+    for (auto it = in.events.begin(); it != in.events.end();) {
+      if (it->id != id) {
+        ++it;
+        continue;
+      }
+      if (is_final(*it)) final_dropped = true;
+      else ++unread;
+      it = in.events.erase(it);
+    }
+    if (final_dropped) in.unfinished.erase(id);
+    unfinished = in.unfinished.erase(id) > 0;  // for the reader it is over now
+    if (unfinished) in.abandoned.insert(id);
+  }
+  return_credit(in, id, unread);
+  if (unfinished && in.actor) caf::anon_send(in.actor, cancel_atom::value, id);
 }
 
 }  // namespace
 
-request_id request_handle::id() const { return st_ ? st_->id : 0; }
+request_id request_handle::id() const { return id_; }
 
 bool request_handle::next(request_event& ev, std::chrono::milliseconds timeout) {
-  if (!st_) return false;
-  request_actor credit_to;
-  {
-    std::unique_lock<std::mutex> lk(st_->mu);
-    if (st_->closed) return false;
-    if (!st_->cv.wait_for(lk, timeout, [&] { return !st_->events.empty(); })) return false;
-    credit_to = take_front(*st_, ev);
-  }
-  if (credit_to) caf::anon_send(credit_to, credit_atom::value, int32_t(1));
-  return true;
+  if (!in_) return false;
+  return inbox_next(*in_, ev, timeout, [this] { return in_->unfinished.count(id_) == 0; });
 }
 
-bool request_handle::try_next(request_event& ev) {
-  if (!st_) return false;
-  request_actor credit_to;
-  {
-    std::lock_guard<std::mutex> lk(st_->mu);
-    if (st_->closed || st_->events.empty()) return false;
-    credit_to = take_front(*st_, ev);
-  }
-  if (credit_to) caf::anon_send(credit_to, credit_atom::value, int32_t(1));
-  return true;
-}
+bool request_handle::try_next(request_event& ev) { return in_ && inbox_try_next(*in_, ev); }
 
 bool request_handle::finished() const {
-  if (!st_) return true;
-  std::lock_guard<std::mutex> lk(st_->mu);
-  return st_->closed;
+  if (!in_) return true;
+  std::lock_guard<std::mutex> lk(in_->mu);
+  return in_->unfinished.count(id_) == 0;
 }
 
 generation_result request_handle::wait(std::chrono::milliseconds timeout) {
@@ -173,23 +130,11 @@ generation_result request_handle::wait(std::chrono::milliseconds timeout) {
 }
 
 void request_handle::cancel() {
-  if (st_) caf::anon_send(st_->router, cancel_atom::value, st_->id);
+  if (in_ && in_->actor) caf::anon_send(in_->actor, cancel_atom::value, id_);
 }
 
 void request_handle::abandon() {
-  if (!st_) return;
-  request_actor credit_to;
-  int32_t unread = 0;
-  {
-    std::lock_guard<std::mutex> lk(st_->mu);
-    st_->abandoned = true;
-    for (const auto& ev : st_->events) unread += is_final(ev) ? 0 : 1;
-    st_->events.clear();
-    st_->closed = true;
-    credit_to = st_->request;
-  }
-  if (credit_to && unread > 0) caf::anon_send(credit_to, credit_atom::value, unread);
-  cancel();
+  if (in_) inbox_abandon(*in_, id_);
 }
 
 struct pipeline::impl {
@@ -197,6 +142,7 @@ struct pipeline::impl {
   std::shared_ptr<const model> mdl;
   std::shared_ptr<metrics::registry> metrics = std::make_shared<metrics::registry>();
   std::shared_ptr<std::atomic<int64_t>> live = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<std::atomic<int64_t>> live_connections = std::make_shared<std::atomic<int64_t>>(0);
   caf::actor_system_config sys_cfg;
   std::unique_ptr<caf::actor_system> sys;
   router_actor router;
@@ -289,12 +235,11 @@ pipeline::~pipeline() {
 
 namespace {
 
-// Both submit overloads: build the spec, refuse a bad request with an error event (to the
-// queue or the callback), else hand it to the router with a bridge carrying its events.
-void start_request(caf::actor_system& sys, const router_actor& router, const model& mdl,
-                   const std::shared_ptr<handle_state>& hs, const generation_request& req) {
+// Builds a request's spec; a request that cannot run gets its error event right away.
+std::optional<request_spec> make_spec(connection_inbox& in, request_id id, const model& mdl,
+                                      const generation_request& req) {
   request_spec spec;
-  spec.id = hs->id;
+  spec.id = id;
   spec.prompt = req.prompt_tokens.empty() ? mdl.tok().encode(req.prompt, req.add_bos) : req.prompt_tokens;
   spec.max_tokens = req.max_tokens;
   spec.sampling = req.sampling;
@@ -305,59 +250,129 @@ void start_request(caf::actor_system& sys, const router_actor& router, const mod
   for (token_id t : spec.prompt)
     if (bad.ok() && (t < 0 || t >= mdl.config().n_vocab))
       bad = {errc::invalid_argument, "token id " + std::to_string(t) + " is outside the vocabulary"};
-  if (!bad.ok()) {
-    request_event ev = make_event(event_kind::error);
-    ev.id = hs->id;
-    ev.code = bad.code();
-    ev.message = bad.message();
-    if (hs->callback) {
-      hs->callback(ev);
-    } else {
-      {
-        std::lock_guard<std::mutex> lk(hs->mu);
-        hs->events.push_back(std::move(ev));
-      }
-      if (hs->notify) hs->notify();
-    }
-    return;
+  if (bad.ok()) {
+    std::lock_guard<std::mutex> lk(in.mu);
+    in.unfinished.insert(id);
+    return spec;
   }
-  auto sub = sys.spawn(bridge, hs);
-  caf::anon_send(router, submit_atom::value, std::move(spec), sub);
+  request_event ev = make_event(event_kind::error);
+  ev.id = id;
+  ev.code = bad.code();
+  ev.message = bad.message();
+  if (in.callback) {
+    in.callback(ev);
+  } else {
+    {
+      std::lock_guard<std::mutex> lk(in.mu);
+      in.unfinished.insert(id);
+      in.events.push_back(std::move(ev));
+      in.cv.notify_all();
+    }
+    if (in.notify) in.notify();
+  }
+  return std::nullopt;
+}
+
+// The connection learns of the request before anything the request sends it can arrive; the
+// router gets the submit from the caller's thread, so requests queue in the order they came.
+void send_submit(connection_inbox& in, const router_actor& router, request_spec spec) {
+  caf::anon_send(in.actor, submit_atom::value, spec.id);
+  caf::anon_send(router, submit_atom::value, std::move(spec), caf::actor_cast<subscriber_actor>(in.actor));
 }
 
 }  // namespace
 
-request_handle pipeline::submit(generation_request req) {
-  auto& im = *impl_;
-  auto hs = std::make_shared<handle_state>();
-  hs->id = im.next_id++;
-  hs->router = im.router;
-  start_request(*im.sys, im.router, *im.mdl, hs, req);
-  request_handle h;
-  h.st_ = hs;
-  return h;
-}
+// A lone request: a connection of its own, whose actor ends with the request.
+request_handle pipeline::submit(generation_request req) { return submit_notify(std::move(req), nullptr); }
 
 request_id pipeline::submit(generation_request req, std::function<void(const request_event&)> on_event) {
   auto& im = *impl_;
-  auto hs = std::make_shared<handle_state>();
-  hs->id = im.next_id++;
-  hs->router = im.router;
-  hs->callback = std::move(on_event);
-  start_request(*im.sys, im.router, *im.mdl, hs, req);
-  return hs->id;
+  auto in = std::make_shared<connection_inbox>();
+  in->callback = std::move(on_event);
+  const request_id id = im.next_id++;
+  if (auto spec = make_spec(*in, id, *im.mdl, req)) {
+    in->actor = im.sys->spawn(connection_behavior, in, im.router, true, im.live_connections);
+    send_submit(*in, im.router, std::move(*spec));
+  }
+  return id;
 }
 
 request_handle pipeline::submit_notify(generation_request req, std::function<void()> on_ready) {
   auto& im = *impl_;
-  auto hs = std::make_shared<handle_state>();
-  hs->id = im.next_id++;
-  hs->router = im.router;
-  hs->notify = std::move(on_ready);
   request_handle h;
-  h.st_ = hs;
-  start_request(*im.sys, im.router, *im.mdl, hs, req);
+  h.in_ = std::make_shared<connection_inbox>();
+  h.in_->notify = std::move(on_ready);
+  h.id_ = im.next_id++;
+  if (auto spec = make_spec(*h.in_, h.id_, *im.mdl, req)) {
+    h.in_->actor = im.sys->spawn(connection_behavior, h.in_, im.router, true, im.live_connections);
+    send_submit(*h.in_, im.router, std::move(*spec));
+  }
   return h;
+}
+
+connection pipeline::connect(std::function<void()> on_ready) {
+  auto& im = *impl_;
+  connection c;
+  c.in_ = std::make_shared<connection_inbox>();
+  c.in_->notify = std::move(on_ready);
+  c.in_->actor = im.sys->spawn(connection_behavior, c.in_, im.router, false, im.live_connections);
+  c.pipe_ = this;
+  return c;
+}
+
+connection::connection(connection&& o) noexcept : in_(std::move(o.in_)), pipe_(o.pipe_) { o.pipe_ = nullptr; }
+
+connection& connection::operator=(connection&& o) noexcept {
+  if (this != &o) {
+    close();
+    in_ = std::move(o.in_);
+    pipe_ = o.pipe_;
+    o.pipe_ = nullptr;
+  }
+  return *this;
+}
+
+connection::~connection() { close(); }
+
+request_id connection::submit(generation_request req) {
+  if (!in_ || !pipe_) throw failure(errc::invalid_argument, "submit on a closed connection");
+  auto& im = *pipe_->impl_;
+  const request_id id = im.next_id++;
+  if (auto spec = make_spec(*in_, id, *im.mdl, req)) send_submit(*in_, im.router, std::move(*spec));
+  return id;
+}
+
+bool connection::try_next(request_event& ev) { return in_ && inbox_try_next(*in_, ev); }
+
+bool connection::next(request_event& ev, std::chrono::milliseconds timeout) {
+  if (!in_) return false;
+  return inbox_next(*in_, ev, timeout, [this] { return in_->unfinished.empty(); });
+}
+
+void connection::cancel(request_id id) {
+  if (in_) caf::anon_send(in_->actor, cancel_atom::value, id);
+}
+
+void connection::abandon(request_id id) {
+  if (in_) inbox_abandon(*in_, id);
+}
+
+size_t connection::unfinished() const {
+  if (!in_) return 0;
+  std::lock_guard<std::mutex> lk(in_->mu);
+  return in_->unfinished.size();
+}
+
+// The actor's end is what cancels the requests: each request actor watches its subscriber.
+void connection::close() {
+  if (!in_) return;
+  {
+    std::lock_guard<std::mutex> lk(in_->mu);
+    in_->events.clear();
+  }
+  if (in_->actor) caf::anon_send_exit(in_->actor, caf::exit_reason::user_shutdown);
+  in_.reset();
+  pipe_ = nullptr;
 }
 
 void pipeline::cancel(request_id id) { caf::anon_send(impl_->router, cancel_atom::value, id); }
@@ -399,6 +414,7 @@ pipeline_stats pipeline::stats() {
           },
           [&](caf::error&) {});
   out.live_requests = im.live->load();
+  out.live_connections = im.live_connections->load();
   return out;
 }
 

@@ -69,7 +69,7 @@ struct generation_result {
   metrics::request_timings timings;
 };
 
-struct handle_state;
+struct connection_inbox;
 
 class request_handle {
  public:
@@ -83,14 +83,41 @@ class request_handle {
   // Reads every remaining event.
   generation_result wait(std::chrono::milliseconds timeout = std::chrono::minutes(10));
   void cancel();
-  // Cancels and stops reading (the reader is going away, e.g. a closed connection): events
-  // are no longer queued and their credits go straight back, so the request ends promptly
-  // rather than waiting for a reader that will not come.
+  // Cancels and stops reading (the reader is going away): events are no longer queued and
+  // their credits go straight back, so the request ends promptly rather than waiting for a
+  // reader that will not come.
   void abandon();
 
  private:
   friend class pipeline;
-  std::shared_ptr<handle_state> st_;
+  std::shared_ptr<connection_inbox> in_;  // a connection of its own, ending with the request
+  request_id id_ = 0;
+};
+
+// A client connection: many requests in flight, their events in one queue in arrival order
+// (each event carries its request's id), served by one actor. Closing it (or destroying it)
+// cancels every request still running on it and frees their KV blocks. Movable, not copyable.
+class connection {
+ public:
+  connection() = default;
+  connection(connection&&) noexcept;
+  connection& operator=(connection&&) noexcept;
+  ~connection();
+
+  // Starts a request; a request refused before admission gets its error event like any other.
+  request_id submit(generation_request req);
+  bool try_next(request_event& ev);  // each event taken returns a credit to its request
+  bool next(request_event& ev, std::chrono::milliseconds timeout);
+  void cancel(request_id id);
+  void abandon(request_id id);       // cancel, and drop its events unread
+  size_t unfinished() const;         // submitted requests whose final event is not taken yet
+  bool open() const { return in_ != nullptr; }
+  void close();
+
+ private:
+  friend class pipeline;
+  std::shared_ptr<connection_inbox> in_;
+  class pipeline* pipe_ = nullptr;
 };
 
 struct pipeline_stats {
@@ -100,7 +127,8 @@ struct pipeline_stats {
     uint64_t steps = 0;
   };
   std::vector<worker> workers;
-  int64_t live_requests = 0;   // request actors alive
+  int64_t live_requests = 0;     // request actors alive
+  int64_t live_connections = 0;  // connection actors alive (a lone request's ends with it)
   // The router's view: its two queues, and the requests it tracks by lifecycle state (it
   // learns "decoding" from the workers; "prefilling" is known to the request actor only).
   int32_t prefill_queue = 0, decode_queue = 0;
@@ -122,6 +150,9 @@ class pipeline {
   // events with try_next() at their own pace.
   request_handle submit_notify(generation_request req, std::function<void()> on_ready);
   void cancel(request_id id);
+  // Opens a connection; `on_ready` runs (on an actor thread; keep it short, e.g. post to your
+  // event loop) whenever one of its requests queued an event.
+  connection connect(std::function<void()> on_ready);
   // Fault injection: kills worker `index` of a pool ("prefill", "decode" or "colocated"); its
   // supervisor restarts it. False if there is no such worker alive.
   bool kill_worker(const std::string& pool, int index);
@@ -132,6 +163,7 @@ class pipeline {
   const pipeline_config& config() const;
 
  private:
+  friend class connection;
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "actors/pipeline.h"
@@ -220,6 +221,7 @@ TEST(Pipeline, CancellationInEveryStateFreesEverything) {
     pipeline p(cfg);
     // Right away (queued), after acceptance, after the first token, in the middle of decoding.
     for (int when = 0; when < 4; ++when) {
+      SCOPED_TRACE(std::string(to_string(mode)) + ", cancelled at stage " + std::to_string(when));
       std::vector<request_handle> hs;
       for (int i = 0; i < 6; ++i)
         hs.push_back(p.submit({.prompt_tokens = prompt_of(100, i + when, 300), .max_tokens = 200, .ignore_eos = true}));
@@ -246,6 +248,61 @@ TEST(Pipeline, CancellationInEveryStateFreesEverything) {
       expect_no_leaks(p);
     }
   }
+}
+
+// One connection (one actor) carries many requests: their events share one queue, each exact;
+// abandoning one drops its events; closing the connection cancels the rest and ends its actor.
+TEST(Pipeline, ConnectionCarriesManyRequestsAndClosingItCancelsThem) {
+  auto m = tiny();
+  pipeline_config cfg;
+  cfg.loaded_model = m;
+  cfg.kv_blocks_per_worker = 64;
+  pipeline p(cfg);
+  {
+    connection c = p.connect(nullptr);
+    std::map<request_id, std::vector<token_id>> prompts, got;
+    for (int i = 0; i < 4; ++i) {
+      auto prompt = prompt_of(5 + 7 * i, i, m->config().n_vocab);
+      const request_id id = c.submit({.prompt_tokens = prompt, .max_tokens = 6 + i, .ignore_eos = true});
+      prompts[id] = prompt;
+    }
+    const request_id bad = c.submit({.prompt_tokens = {5, 99999}, .max_tokens = 3});
+    EXPECT_EQ(c.unfinished(), 5u);
+    std::map<request_id, std::string> ends;
+    request_event ev;
+    while (c.unfinished() > 0 && c.next(ev, 30s)) {
+      if (ev.kind == event_kind::token && ev.token >= 0) got[ev.id].push_back(ev.token);
+      if (ev.kind == event_kind::done) ends[ev.id] = ev.finish_reason;
+      if (ev.kind == event_kind::error) ends[ev.id] = "error:" + std::string(to_string(ev.code));
+    }
+    EXPECT_EQ(ends[bad], "error:invalid_argument");
+    for (const auto& [id, prompt] : prompts) {
+      EXPECT_EQ(ends[id], "length");
+      EXPECT_EQ(got[id], alone(*m, prompt, int32_t(got[id].size()), {.temperature = 0.0f}, true));
+      EXPECT_EQ(got[id].size(), size_t(6 + (id - prompts.begin()->first)));
+    }
+    EXPECT_EQ(p.stats().live_connections, 1);
+
+    // Abandoned: none of its events are seen again, and it ends.
+    const request_id dropped = c.submit({.prompt_tokens = prompt_of(40, 9, 300), .max_tokens = 200, .ignore_eos = true});
+    ASSERT_TRUE(c.next(ev, 30s));
+    EXPECT_EQ(ev.id, dropped);
+    c.abandon(dropped);
+    EXPECT_EQ(c.unfinished(), 0u);
+    EXPECT_FALSE(c.next(ev, 200ms));
+
+    // Closed while two long requests decode: both cancelled, their KV freed, the actor gone.
+    c.submit({.prompt_tokens = prompt_of(60, 1, 300), .max_tokens = 200, .ignore_eos = true});
+    c.submit({.prompt_tokens = prompt_of(70, 2, 300), .max_tokens = 200, .ignore_eos = true});
+    int tokens = 0;
+    while (tokens < 4 && c.next(ev, 30s)) tokens += ev.kind == event_kind::token;
+    ASSERT_EQ(tokens, 4);
+    c.close();
+    EXPECT_FALSE(c.open());
+  }
+  expect_no_leaks(p);
+  for (int i = 0; i < 100 && p.stats().live_connections > 0; ++i) std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(p.stats().live_connections, 0);
 }
 
 TEST(Pipeline, BadRequestsGetClearErrors) {

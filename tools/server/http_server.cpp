@@ -5,6 +5,7 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <unordered_map>
 #include <set>
 #include <thread>
 
@@ -83,7 +84,7 @@ using impl_ptr = http_server::impl*;
 // A request's progress as the connection sees it: stop strings, text so far, how it ended.
 struct generation {
   api_request req;
-  request_handle handle;
+  request_id rid = 0;
   std::unique_ptr<stop_matcher> stops;
   std::string text;
   std::vector<token_id> tokens;
@@ -96,7 +97,7 @@ struct generation {
 
 // Applies one event; returns the text to show for a token (after stop strings), and sets
 // ended/finish_reason on the final event (or on a completed stop string, cancelling the rest).
-std::string apply_event(http_server::impl& s, generation& g, const request_event& ev) {
+std::string apply_event(connection& conn, generation& g, const request_event& ev) {
   switch (ev.kind) {
     case event_kind::accepted: return {};
     case event_kind::token: {
@@ -106,7 +107,7 @@ std::string apply_event(http_server::impl& s, generation& g, const request_event
       if (g.stops->stopped()) {
         g.ended = true;
         g.finish_reason = "stop";
-        s.pipe.cancel(g.handle.id());
+        conn.cancel(g.rid);
       }
       g.text += shown;
       return shown;
@@ -129,9 +130,6 @@ std::string apply_event(http_server::impl& s, generation& g, const request_event
 class http_session : public std::enable_shared_from_this<http_session> {
  public:
   http_session(tcp::socket&& s, impl_ptr srv) : stream_(std::move(s)), srv_(std::move(srv)) {}
-  ~http_session() {
-    if (gen_) gen_->handle.abandon();  // destroyed with the server: nobody reads any more
-  }
   void start() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); }); }
 
  private:
@@ -143,6 +141,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   request_t req_;
   // Streaming (SSE) and pending generation state.
+  connection conn_;  // opened with the first generation; its actor subscribes to its requests
   std::unique_ptr<generation> gen_;
   bool sse_started_ = false;
   bool chat_first_ = true;
@@ -217,10 +216,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
   void close() {
-    if (gen_) {  // the client is gone: its request is cancelled, its KV freed
-      gen_->handle.abandon();
-      finish_generation();
-    }
+    conn_.close();  // the client is gone: its request is cancelled, its KV freed
+    finish_generation();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.socket().close(ec);
@@ -354,15 +351,18 @@ class http_session : public std::enable_shared_from_this<http_session> {
     sse_started_ = false;
     ++srv_->in_flight;
     gen_ = std::move(g);
-    std::weak_ptr<http_session> weak = weak_from_this();
-    auto exec = stream_.get_executor();
-    gen_->handle = srv_->pipe.submit_notify(gen_->req.gen, [weak, exec, server = srv_->weak_from_this()] {
-      const auto alive = server.lock();  // keeps the io_context alive while posting
-      if (!alive) return;
-      net::post(exec, [weak] {
-        if (auto self = weak.lock()) self->pump();
+    if (!conn_.open()) {
+      std::weak_ptr<http_session> weak = weak_from_this();
+      auto exec = stream_.get_executor();
+      conn_ = srv_->pipe.connect([weak, exec, server = srv_->weak_from_this()] {
+        const auto alive = server.lock();  // keeps the io_context alive while posting
+        if (!alive) return;
+        net::post(exec, [weak] {
+          if (auto self = weak.lock()) self->pump();
+        });
       });
-    });
+    }
+    gen_->rid = conn_.submit(gen_->req.gen);
     watch_disconnect();
   }
 
@@ -408,9 +408,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
   void pump() {
     if (!gen_) return;
     request_event ev;
-    while (out_bytes_ < srv_->cfg.outgoing_limit_bytes && gen_ && gen_->handle.try_next(ev)) {
+    while (out_bytes_ < srv_->cfg.outgoing_limit_bytes && gen_ && conn_.try_next(ev)) {
+      if (ev.id != gen_->rid) continue;  // a request this connection gave up on
       if (ev.kind == event_kind::error) return fail(ev);
-      std::string shown = apply_event(*srv_, *gen_, ev);
+      std::string shown = apply_event(conn_, *gen_, ev);
       if (gen_->req.stream) {
         if (!sse_started_ && (ev.kind == event_kind::accepted || ev.kind == event_kind::token)) start_sse();
         if (!shown.empty()) write_raw(chunk(sse(chunk_json(shown, nullptr))));
@@ -528,11 +529,16 @@ class http_session : public std::enable_shared_from_this<http_session> {
 class ws_session : public std::enable_shared_from_this<ws_session> {
  public:
   ws_session(tcp::socket&& s, impl_ptr srv) : ws_(std::move(s)), srv_(std::move(srv)) {}
-  ~ws_session() {
-    for (auto& [k, g] : gens_) g->handle.abandon();
-  }
-
   void start(http::request<http::string_body> req) {
+    std::weak_ptr<ws_session> weak = weak_from_this();
+    auto exec = ws_.get_executor();
+    conn_ = srv_->pipe.connect([weak, exec, server = srv_->weak_from_this()] {
+      const auto alive = server.lock();  // keeps the io_context alive while posting
+      if (!alive) return;
+      net::post(exec, [weak] {
+        if (auto self = weak.lock()) self->pump();
+      });
+    });
     ws_.read_message_max(srv_->cfg.max_frame_bytes);
     ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
     ws_.async_accept(req, [self = shared_from_this()](beast::error_code ec) {
@@ -544,7 +550,9 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
   websocket::stream<beast::tcp_stream> ws_;
   impl_ptr srv_;
   beast::flat_buffer buf_;
+  connection conn_;  // its actor subscribes to every request of this WebSocket
   std::map<std::string, std::unique_ptr<generation>> gens_;  // by client id
+  std::unordered_map<request_id, std::string> keys_;         // client id by request id
   std::deque<std::string> out_;
   size_t out_bytes_ = 0;
   bool writing_ = false;
@@ -577,7 +585,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
       auto it = gens_.find(key);
       if (it == gens_.end())
         return send_frame({{"type", "error"}, {"id", id}, {"code", "invalid_argument"}, {"message", "no request with this id in flight"}});
-      srv_->pipe.cancel(it->second->handle.id());
+      conn_.cancel(it->second->rid);
       return;
     }
     if (type != "generate")
@@ -596,62 +604,58 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
                                          std::to_string(srv_->cfg.max_requests_per_connection) + ")"}});
     g->stops = std::make_unique<stop_matcher>(g->req.stop);
     ++srv_->in_flight;
-    std::weak_ptr<ws_session> weak = weak_from_this();
-    auto exec = ws_.get_executor();
     generation* raw = g.get();
     const std::string key = g->req.client_id;
     gens_.emplace(key, std::move(g));
-    raw->handle = srv_->pipe.submit_notify(raw->req.gen, [weak, exec, server = srv_->weak_from_this()] {
-      const auto alive = server.lock();  // keeps the io_context alive while posting
-      if (!alive) return;
-      net::post(exec, [weak] {
-        if (auto self = weak.lock()) self->pump();
-      });
-    });
+    raw->rid = conn_.submit(raw->req.gen);
+    keys_.emplace(raw->rid, key);
     pump();
   }
 
   json id_of(const generation& g) const { return g.req.client_id; }
 
-  // Takes events while the connection's queue has room: a slow reader pauses its requests.
+  // Takes events, in arrival order across this connection's requests, while the outgoing
+  // queue has room: a slow reader pauses its requests.
   void pump() {
     if (closed_) return;
-    std::vector<std::string> ended;
-    for (auto& [key, g] : gens_) {
-      request_event ev;
-      while (out_bytes_ < srv_->cfg.outgoing_limit_bytes && g->handle.try_next(ev)) {
-        if (ev.kind == event_kind::error) {
-          json e = {{"type", "error"}, {"id", key}, {"code", std::string(to_string(ev.code))}, {"message", ev.message}};
-          if (ev.retry_after_ms > 0) e["retry_after_ms"] = ev.retry_after_ms;
-          send_frame(e);
-          ended.push_back(key);
-          break;
-        }
-        if (ev.kind == event_kind::accepted) {
-          send_frame({{"type", "accepted"}, {"id", key}, {"queue_position", ev.queue_position}});
-          continue;
-        }
-        const bool was_ended = g->ended;
-        std::string shown = apply_event(*srv_, *g, ev);
-        if (ev.kind == event_kind::token && !was_ended && (!shown.empty() || !g->ended))
-          send_frame({{"type", "token"}, {"id", key}, {"index", g->index++}, {"text", shown}, {"token", ev.token}});
-        if (ev.kind == event_kind::done) {
-          if (!shown.empty())
-            send_frame({{"type", "token"}, {"id", key}, {"index", g->index++}, {"text", shown}, {"token", -1}});
-          send_frame({{"type", "done"},
-                      {"id", key},
-                      {"finish_reason", g->finish_reason},
-                      {"usage", usage_json(g->timings)},
-                      {"timings", timings_json(g->timings)}});
-          ended.push_back(key);
-          break;
-        }
+    request_event ev;
+    while (out_bytes_ < srv_->cfg.outgoing_limit_bytes && conn_.try_next(ev)) {
+      const auto k = keys_.find(ev.id);
+      if (k == keys_.end()) continue;
+      const std::string key = k->second;
+      generation& g = *gens_.at(key);
+      if (ev.kind == event_kind::error) {
+        json e = {{"type", "error"}, {"id", key}, {"code", std::string(to_string(ev.code))}, {"message", ev.message}};
+        if (ev.retry_after_ms > 0) e["retry_after_ms"] = ev.retry_after_ms;
+        send_frame(e);
+        end(key);
+        continue;
+      }
+      if (ev.kind == event_kind::accepted) {
+        send_frame({{"type", "accepted"}, {"id", key}, {"queue_position", ev.queue_position}});
+        continue;
+      }
+      const bool was_ended = g.ended;
+      std::string shown = apply_event(conn_, g, ev);
+      if (ev.kind == event_kind::token && !was_ended && (!shown.empty() || !g.ended))
+        send_frame({{"type", "token"}, {"id", key}, {"index", g.index++}, {"text", shown}, {"token", ev.token}});
+      if (ev.kind == event_kind::done) {
+        if (!shown.empty()) send_frame({{"type", "token"}, {"id", key}, {"index", g.index++}, {"text", shown}, {"token", -1}});
+        send_frame({{"type", "done"},
+                    {"id", key},
+                    {"finish_reason", g.finish_reason},
+                    {"usage", usage_json(g.timings)},
+                    {"timings", timings_json(g.timings)}});
+        end(key);
       }
     }
-    for (const auto& k : ended) {
-      gens_.erase(k);
-      --srv_->in_flight;
-    }
+  }
+
+  void end(const std::string& key) {
+    auto it = gens_.find(key);
+    keys_.erase(it->second->rid);
+    gens_.erase(it);
+    --srv_->in_flight;
   }
 
   void send_frame(const json& j) {
@@ -681,11 +685,10 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
   void gone() {
     if (closed_) return;
     closed_ = true;
-    for (auto& [k, g] : gens_) {
-      g->handle.abandon();
-      --srv_->in_flight;
-    }
+    srv_->in_flight -= int64_t(gens_.size());
     gens_.clear();
+    keys_.clear();
+    conn_.close();
     out_.clear();
   }
 };

@@ -1,7 +1,8 @@
 #pragma once
 // `tandem serve`: HTTP/1.1 and WebSocket on one port (Boost.Beast). Every connection is served
-// on its own strand and pulls its requests' events at the pace it can write them, so a slow or
-// broken client never stalls others; all Beast code lives in http_server.cpp.
+// by a connection actor (tandem::connection) that subscribes to all of its requests, while its
+// socket I/O runs on its own strand; the strand pulls events at the pace it can write them, so
+// a slow or broken client never stalls others. All Beast code lives in http_server.cpp.
 #include <chrono>
 #include <memory>
 #include <string>
