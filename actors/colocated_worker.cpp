@@ -185,6 +185,7 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
         s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->kv_pool().free_blocks();
         s.reserved_blocks = st.ledger->reserved_blocks();
         s.active = int32_t(st.seqs.size());
+        s.max_batch = st.opts.max_batch;
         s.steps = st.we->steps;
         return s;
       },

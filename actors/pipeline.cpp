@@ -392,7 +392,7 @@ const model& pipeline::get_model() const { return *impl_->mdl; }
 metrics::registry& pipeline::metrics() { return *impl_->metrics; }
 const pipeline_config& pipeline::config() const { return impl_->cfg; }
 
-pipeline_stats pipeline::stats() {
+pipeline_stats pipeline::stats(size_t listed_requests) {
   auto& im = *impl_;
   pipeline_stats out;
   caf::scoped_actor self{*im.sys};
@@ -400,17 +400,24 @@ pipeline_stats pipeline::stats() {
       .receive(
           [&](std::vector<worker_stats>& ws) {
             for (auto& w : ws)
-              out.workers.push_back({w.name, w.kv_total_blocks, w.kv_free_blocks, w.reserved_blocks, w.active, w.steps});
+              out.workers.push_back({w.name, w.kv_total_blocks, w.kv_free_blocks, w.reserved_blocks, w.active, w.steps, w.max_batch});
           },
           [&](caf::error&) {});
-  self->request(im.router, std::chrono::seconds(10), state_atom::value)
+  self->request(im.router, std::chrono::seconds(10), state_atom::value, int32_t(listed_requests))
       .receive(
-          [&](std::vector<int32_t>& v) {
-            if (v.size() < 2) return;
-            out.prefill_queue = v[0];
-            out.decode_queue = v[1];
-            for (size_t i = 2; i < v.size(); ++i)
-              out.requests_by_state.emplace_back(std::string(to_string(request_state(i - 2))), v[i]);
+          [&](router_view& v) {
+            out.prefill_queue = v.prefill_queue;
+            out.decode_queue = v.decode_queue;
+            for (size_t i = 0; i < v.by_state.size(); ++i)
+              out.requests_by_state.emplace_back(std::string(to_string(request_state(i))), v.by_state[i]);
+            const bool colocated = im.cfg.mode == serving_mode::colocated;
+            auto name = [](const char* kind, int32_t i) { return i < 0 ? std::string() : kind + std::string("-") + std::to_string(i); };
+            for (const auto& r : v.requests)
+              out.requests.push_back({r.id, std::string(to_string(r.state)),
+                                      name(colocated ? "colocated" : "prefill", r.prefill_worker),
+                                      name("decode", r.decode_worker), r.prompt_tokens, r.max_tokens});
+            out.kv_links = v.links;
+            out.retiring_kv_links = v.retiring_links;
           },
           [&](caf::error&) {});
   out.live_requests = im.live->load();

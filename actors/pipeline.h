@@ -125,6 +125,7 @@ struct pipeline_stats {
     std::string name;
     int32_t kv_total_blocks = 0, kv_free_blocks = 0, reserved_blocks = 0, active = 0;
     uint64_t steps = 0;
+    int32_t max_batch = 0;
   };
   std::vector<worker> workers;
   int64_t live_requests = 0;     // request actors alive
@@ -133,6 +134,14 @@ struct pipeline_stats {
   // learns "decoding" from the workers; "prefilling" is known to the request actor only).
   int32_t prefill_queue = 0, decode_queue = 0;
   std::vector<std::pair<std::string, int32_t>> requests_by_state;
+  struct request {
+    request_id id = 0;
+    std::string state;
+    std::string prefill_worker, decode_worker;  // empty: not placed there (yet)
+    int32_t prompt_tokens = 0, max_tokens = 0;
+  };
+  std::vector<request> requests;  // the oldest the router tracks, up to stats()' limit
+  int32_t kv_links = 0, retiring_kv_links = 0;
 };
 
 class pipeline {
@@ -159,7 +168,7 @@ class pipeline {
 
   const model& get_model() const;
   metrics::registry& metrics();
-  pipeline_stats stats();
+  pipeline_stats stats(size_t listed_requests = 0);
   const pipeline_config& config() const;
 
  private:

@@ -68,8 +68,25 @@ struct worker_stats {
   uint64_t steps = 0;
 };
 
+// The router's own view (for `state`): its queues, its links and the requests it tracks.
+struct router_view {
+  struct request {
+    request_id id = 0;
+    request_state state = request_state::queued;
+    int32_t prefill_worker = -1;  // prefill (or colocated) worker index; -1: none yet
+    int32_t decode_worker = -1;
+    int32_t prompt_tokens = 0;
+    int32_t max_tokens = 0;
+  };
+  int32_t prefill_queue = 0, decode_queue = 0;
+  std::vector<int32_t> by_state;     // requests per request_state value
+  std::vector<request> requests;     // the first `listed` by id (oldest first)
+  int32_t links = 0, retiring_links = 0;
+};
+
 }  // namespace tandem
 
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::router_view)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::request_spec)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::request_event)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::kv_blocks_ptr)
@@ -143,7 +160,7 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<down_atom, int32_t, bool>,                         // worker index died (true: prefill side)
     caf::replies_to<kill_atom, bool, int32_t>::with<bool>,            // fault injection: kill a worker
     caf::replies_to<stats_atom>::with<std::vector<worker_stats>>,
-    // Its own view: [prefill queue, decode queue, then requests per request_state value]
-    caf::replies_to<state_atom>::with<std::vector<int32_t>>>;
+    // Its own view, listing at most this many requests
+    caf::replies_to<state_atom, int32_t>::with<router_view>>;
 
 }  // namespace tandem

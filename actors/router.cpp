@@ -457,11 +457,21 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         caf::anon_send_exit(target, caf::exit_reason::kill);
         return true;
       },
-      [self](state_atom) {
+      [self](state_atom, int32_t listed) {
         auto& st = self->state;
-        std::vector<int32_t> v = {int32_t(st.prefill_queue.size()), int32_t(st.decode_queue.size())};
-        v.resize(2 + size_t(request_state::cancelled) + 1, 0);
-        for (const auto& [id, e] : st.requests) ++v[2 + size_t(e.state)];
+        router_view v;
+        v.prefill_queue = int32_t(st.prefill_queue.size());
+        v.decode_queue = int32_t(st.decode_queue.size());
+        v.by_state.assign(size_t(request_state::cancelled) + 1, 0);
+        for (const auto& [id, e] : st.requests) {
+          ++v.by_state[size_t(e.state)];
+          if (int32_t(v.requests.size()) < listed)
+            v.requests.push_back({id, e.state, e.prefill_worker, e.decode_worker, int32_t(e.spec.prompt.size()),
+                                  e.spec.max_tokens});
+        }
+        for (const auto& row : st.links)
+          for (const auto& l : row) v.links += bool(l);
+        v.retiring_links = int32_t(st.retiring_links.size());
         return v;
       },
       [self](stats_atom) -> caf::result<std::vector<worker_stats>> {

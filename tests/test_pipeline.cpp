@@ -292,11 +292,30 @@ TEST(Pipeline, ConnectionCarriesManyRequestsAndClosingItCancelsThem) {
     EXPECT_FALSE(c.next(ev, 200ms));
 
     // Closed while two long requests decode: both cancelled, their KV freed, the actor gone.
-    c.submit({.prompt_tokens = prompt_of(60, 1, 300), .max_tokens = 200, .ignore_eos = true});
-    c.submit({.prompt_tokens = prompt_of(70, 2, 300), .max_tokens = 200, .ignore_eos = true});
+    const request_id r1 = c.submit({.prompt_tokens = prompt_of(60, 1, 300), .max_tokens = 200, .ignore_eos = true});
+    const request_id r2 = c.submit({.prompt_tokens = prompt_of(70, 2, 300), .max_tokens = 200, .ignore_eos = true});
     int tokens = 0;
     while (tokens < 4 && c.next(ev, 30s)) tokens += ev.kind == event_kind::token;
     ASSERT_EQ(tokens, 4);
+    // Unread, they pause (holding their KV) and the router lists both where they are.
+    pipeline_stats st;
+    for (int i = 0; i < 100; ++i) {
+      st = p.stats(10);
+      if (st.requests.size() == 2 && st.requests[0].state == "decoding" && st.requests[1].state == "decoding") break;
+      std::this_thread::sleep_for(20ms);
+    }
+    ASSERT_EQ(st.requests.size(), 2u);
+    EXPECT_EQ(st.requests[0].id, r1);
+    EXPECT_EQ(st.requests[1].id, r2);
+    for (const auto& r : st.requests) {
+      EXPECT_EQ(r.state, "decoding");
+      EXPECT_EQ(r.prefill_worker, "prefill-0");
+      EXPECT_EQ(r.decode_worker, "decode-0");
+      EXPECT_EQ(r.max_tokens, 200);
+    }
+    EXPECT_EQ(st.requests[0].prompt_tokens, 60);
+    EXPECT_EQ(p.stats(1).requests.size(), 1u);  // the list is bounded
+    EXPECT_EQ(st.kv_links, 1);
     c.close();
     EXPECT_FALSE(c.open());
   }

@@ -254,6 +254,10 @@ TEST_F(ServerTest, KeysGuardTheApiAndAdmin) {
   EXPECT_TRUE(state["workers"].is_array());
   EXPECT_TRUE(state["router"]["requests"].contains("decoding"));
   EXPECT_EQ(state["router"]["prefill_queue"], 0);
+  EXPECT_EQ(state["router"]["tracked"], 0);
+  EXPECT_TRUE(state["router"]["listed"].is_array());
+  EXPECT_EQ(state["router"]["kv_links"], 1);
+  EXPECT_TRUE(state["live_connections"].is_number_integer());
 }
 
 TEST_F(ServerTest, WebSocketInterleavesCancelsAndFreesOnDisconnect) {

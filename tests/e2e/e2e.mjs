@@ -202,7 +202,11 @@ await check('chromium: chat page streams an answer; dashboard shows the workers'
     await page.goto(`${base}/dashboard`);
     await page.waitForSelector('tr.worker', { timeout: 10000 });
     const names = await page.$$eval('tr.worker td:first-child', (tds) => tds.map((t) => t.textContent));
-    assert.match(await page.textContent('#tree'), /router: queues prefill \d+ \/ decode \d+/);
+    const tree = await page.textContent('#tree');
+    assert.match(tree, /router: queues prefill \d+ \/ decode \d+; tracks \d+ requests/);
+    assert.match(tree, /\d+ connection actors, \d+ request actors/);
+    assert.match(tree, /prefill pool supervisor: restarts \d+/);
+    assert.match(tree, /decode-0: (busy|idle), \d+ sequences/);
     assert.ok(names.some((n) => n.startsWith('prefill')) && names.some((n) => n.startsWith('decode')), names.join(','));
   } finally {
     await browser.close();

@@ -2,6 +2,7 @@
 
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
+#include <array>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -142,6 +143,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
   request_t req_;
   // Streaming (SSE) and pending generation state.
   connection conn_;  // opened with the first generation; its actor subscribes to its requests
+  std::array<char, 1024> peek_;   // what the disconnect watch reads
+  bool watching_ = false, read_after_watch_ = false;
   std::unique_ptr<generation> gen_;
   bool sse_started_ = false;
   bool chat_first_ = true;
@@ -152,6 +155,12 @@ class http_session : public std::enable_shared_from_this<http_session> {
   std::shared_ptr<net::steady_timer> feed_timer_;  // set while serving /dashboard/feed
 
   void read() {
+    if (watching_) {  // one read at a time: end the disconnect watch first, read when it has
+      read_after_watch_ = true;
+      beast::error_code ec;
+      stream_.socket().cancel(ec);
+      return;
+    }
     parser_.emplace();
     parser_->body_limit(srv_->cfg.max_body_bytes);
     parser_->header_limit(16 * 1024);
@@ -312,8 +321,9 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
  public:
+  static constexpr size_t listed_requests = 50;  // the dashboard lists this many request actors
   static json state_json(http_server::impl& s) {
-    const auto st = s.pipe.stats();
+    const auto st = s.pipe.stats(listed_requests);
     json workers = json::array();
     for (const auto& w : st.workers)
       workers.push_back({{"name", w.name},
@@ -321,13 +331,34 @@ class http_session : public std::enable_shared_from_this<http_session> {
                          {"kv_free_blocks", w.kv_free_blocks},
                          {"reserved_blocks", w.reserved_blocks},
                          {"active", w.active},
+                         {"max_batch", w.max_batch},
                          {"steps", w.steps}});
     json by_state = json::object();
-    for (const auto& [name, n] : st.requests_by_state) by_state[name] = n;
+    int64_t tracked = 0;
+    for (const auto& [name, n] : st.requests_by_state) {
+      by_state[name] = n;
+      tracked += n;
+    }
+    json listed = json::array();
+    for (const auto& r : st.requests)
+      listed.push_back({{"id", r.id},
+                        {"state", r.state},
+                        {"prefill_worker", r.prefill_worker},
+                        {"decode_worker", r.decode_worker},
+                        {"prompt_tokens", r.prompt_tokens},
+                        {"max_tokens", r.max_tokens}});
     return {{"mode", std::string(to_string(s.pipe.config().mode))},
             {"model", s.mdl.id},
             {"live_requests", st.live_requests},
-            {"router", {{"prefill_queue", st.prefill_queue}, {"decode_queue", st.decode_queue}, {"requests", by_state}}},
+            {"live_connections", st.live_connections},
+            {"router",
+             {{"prefill_queue", st.prefill_queue},
+              {"decode_queue", st.decode_queue},
+              {"requests", by_state},
+              {"tracked", tracked},
+              {"listed", listed},
+              {"kv_links", st.kv_links},
+              {"retiring_kv_links", st.retiring_kv_links}}},
             {"in_flight", s.in_flight.load()},
             {"workers", workers},
             {"metrics", json::parse(s.pipe.metrics().to_json(), nullptr, false)}};
@@ -367,11 +398,20 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
   // While generating nothing is read: a readable socket with nothing to read is a closed one.
+  // While generating, nothing else is read; a read kept pending meanwhile learns at once when
+  // the client goes (EOF or reset), so its request is cancelled rather than run for nobody.
+  // Bytes that arrive instead (a pipelined request) are kept for their turn.
   void watch_disconnect() {
-    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
-      if (ec || !self->gen_) return;
-      beast::error_code ec2;
-      if (self->stream_.socket().available(ec2) == 0 || ec2) self->close();
+    watching_ = true;
+    stream_.async_read_some(net::buffer(peek_), [self = shared_from_this(), serial = gen_->serial](beast::error_code ec,
+                                                                                                size_t n) {
+      self->watching_ = false;
+      if (n > 0) self->buf_.commit(net::buffer_copy(self->buf_.prepare(n), net::buffer(self->peek_.data(), n)));
+      if (self->read_after_watch_) {
+        self->read_after_watch_ = false;
+        return self->read();
+      }
+      if (ec && ec != net::error::operation_aborted && self->gen_ && self->gen_->serial == serial) self->close();
     });
   }
 

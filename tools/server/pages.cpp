@@ -88,34 +88,55 @@ std::string_view dashboard_page() {
 </style></head>
 <body><header><b>tandem</b><span>live supervision tree</span><a href="/">chat</a><span id="updated">waiting for the feed…</span></header>
 <main><div class="tree" id="tree"></div>
-<table><thead><tr><th>worker</th><th>active</th><th>KV used / total</th><th>reserved</th><th>steps</th></tr></thead><tbody id="workers"></tbody></table>
+<table><thead><tr><th>worker</th><th>sequences / max batch</th><th>KV used / total</th><th>reserved</th><th>steps</th></tr></thead><tbody id="workers"></tbody></table>
+<table><thead><tr><th>request actor</th><th>state</th><th>prefill worker</th><th>decode worker</th><th>prompt tokens</th><th>max tokens</th></tr></thead><tbody id="requests"></tbody></table>
 <table><thead><tr><th>metric</th><th>value</th></tr></thead><tbody id="metrics"></tbody></table></main>
 <script>
 const tree = document.getElementById('tree'), rows = document.getElementById('workers'), mrows = document.getElementById('metrics');
+const rrows = document.getElementById('requests');
 function esc(s) { return String(s).replace(/[&<>]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;'})[c]); }
 function show(s) {
   const pools = {};
   for (const w of s.workers) { const kind = w.name.split('-')[0]; (pools[kind] = pools[kind] || []).push(w); }
-  const r = s.router || {requests: {}};
+  const restarts = {}, degraded = {};
+  for (const c of ((s.metrics || {}).counters || {}).tandem_restarts_total || []) restarts[c.labels.kind] = c.value;
+  for (const g of ((s.metrics || {}).gauges || {}).tandem_pool_degraded || []) degraded[g.labels.pool] = g.value > 0;
+  const r = s.router || {requests: {}, listed: []};
   const states = Object.entries(r.requests).filter(([, n]) => n > 0).map(([k, n]) => k + ' ' + n).join(', ') || 'none';
-  let t = 'pipeline (' + esc(s.mode) + ', model ' + esc(s.model) + ')\n└─ router: queues prefill ' + r.prefill_queue +
-    ' / decode ' + r.decode_queue + '; ' + s.live_requests + ' request actors (' + esc(states) + '), ' +
-    s.in_flight + ' in flight over the network\n';
+  let t = 'pipeline (' + esc(s.mode) + ', model ' + esc(s.model) + ')\n';
+  t += '├─ router: queues prefill ' + r.prefill_queue + ' / decode ' + r.decode_queue + '; tracks ' + r.tracked +
+    ' requests (' + esc(states) + ')\n';
+  const listed = r.listed || [];
+  listed.slice(0, 8).forEach((q, i) => {
+    const last = i + 1 === Math.min(8, listed.length) && r.tracked <= 8;
+    t += '│  ' + (last ? '└─ ' : '├─ ') + 'request ' + q.id + ': ' + esc(q.state) +
+      (q.prefill_worker ? ' on ' + esc(q.prefill_worker) : '') + (q.decode_worker ? ' → ' + esc(q.decode_worker) : '') + '\n';
+  });
+  if (r.tracked > 8) t += '│  └─ … ' + (r.tracked - 8) + ' more (table below)\n';
+  t += '├─ ' + s.live_connections + ' connection actors, ' + s.live_requests + ' request actors, ' + s.in_flight +
+    ' requests in flight over the network\n';
+  t += '├─ KV links: ' + r.kv_links + ' (' + r.retiring_kv_links + ' retiring)\n';
   const kinds = Object.keys(pools);
   kinds.forEach((k, i) => {
-    t += (i + 1 < kinds.length ? '   ├─ ' : '   └─ ') + k + ' pool supervisor\n';
+    const lastPool = i + 1 === kinds.length;
+    t += (lastPool ? '└─ ' : '├─ ') + k + ' pool supervisor: restarts ' + (restarts[k] || 0) + (degraded[k] ? ', DEGRADED' : '') + '\n';
     pools[k].forEach((w, j) => {
-      t += (i + 1 < kinds.length ? '   │  ' : '      ') + (j + 1 < pools[k].length ? '├─ ' : '└─ ') + esc(w.name) +
-        ': ' + (w.active > 0 ? 'busy' : 'idle') + ', ' + w.active + ' sequences\n';
+      const used = w.kv_free_blocks < 0 ? '?' : (w.kv_total_blocks - w.kv_free_blocks);
+      t += (lastPool ? '   ' : '│  ') + (j + 1 < pools[k].length ? '├─ ' : '└─ ') + esc(w.name) +
+        ': ' + (w.active > 0 ? 'busy' : 'idle') + ', ' + w.active + ' sequences' + (w.max_batch > 0 ? ' (batch ≤ ' + w.max_batch + ')' : '') + ', KV ' + used +
+        '/' + w.kv_total_blocks + ' blocks\n';
     });
   });
   tree.textContent = ''; tree.innerHTML = '<pre>' + t + '</pre>';
   rows.innerHTML = s.workers.map(w => {
     const used = w.kv_free_blocks < 0 ? '?' : (w.kv_total_blocks - w.kv_free_blocks);
     const pct = w.kv_free_blocks < 0 ? 0 : 100 * used / Math.max(1, w.kv_total_blocks);
-    return '<tr class="worker"><td>' + esc(w.name) + '</td><td>' + w.active + '</td><td><span class="bar" style="width:' + pct.toFixed(0) +
+    return '<tr class="worker"><td>' + esc(w.name) + '</td><td>' + w.active + ' / ' + (w.max_batch || '–') + '</td><td><span class="bar" style="width:' + pct.toFixed(0) +
       'px"></span> ' + used + ' / ' + w.kv_total_blocks + '</td><td>' + w.reserved_blocks + '</td><td>' + w.steps + '</td></tr>';
   }).join('');
+  rrows.innerHTML = listed.map(q => '<tr class="request"><td>' + q.id + '</td><td>' + esc(q.state) + '</td><td>' +
+    esc(q.prefill_worker || '–') + '</td><td>' + esc(q.decode_worker || '–') + '</td><td>' + q.prompt_tokens + '</td><td>' +
+    q.max_tokens + '</td></tr>').join('');
   const m = [];
   const walk = (o, p) => { for (const [k, v] of Object.entries(o || {})) { if (v !== null && typeof v === 'object') walk(v, p + k + '.'); else m.push([p + k, v]); } };
   walk(s.metrics, '');
