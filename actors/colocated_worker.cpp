@@ -48,7 +48,7 @@ void kick(self_ptr self) {
     auto& e = st.seqs.at(id);
     if (!e.reserved) {
       if (running + int32_t(pending.size()) >= st.opts.max_batch) break;
-      const int32_t total = std::min<int32_t>(int32_t(e.spec.prompt.size()) + e.spec.max_tokens, n_ctx);
+      const int32_t total = std::min<int32_t>(e.spec.total_tokens(), n_ctx);
       if (!st.ledger->try_reserve(int64_t(id), total)) break;
       e.reserved = true;
     }
@@ -64,6 +64,7 @@ void kick(self_ptr self) {
     ci.last = c.last;
     ci.export_kv = false;
     ci.sampling = e.spec.sampling;
+    ci.first_index = e.spec.resumed;
     if (e.prefilled == 0) self->send(e.req, state_atom::value, request_state::prefilling);
     e.in_step = true;
     e.planned = c.length;
@@ -83,7 +84,7 @@ void on_token(self_ptr self, colocated_worker_state::seq_entry& e, token_id tok)
   self->send(e.req, token_atom::value, e.generated, tok);
   ++e.generated;
   e.last = tok;
-  const bool context_full = int32_t(e.spec.prompt.size()) + e.generated >= self->state.we->eng->config().n_ctx;
+  const bool context_full = e.spec.original_prompt_tokens() + e.generated >= self->state.we->eng->config().n_ctx;
   if (e.generated >= e.spec.max_tokens || context_full) {
     self->send(e.req, done_atom::value, std::string("length"));
     drop(self, id);
@@ -143,7 +144,7 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
       [self](prefill_atom, request_spec& spec, request_actor& req) {
         auto& st = self->state;
         const int32_t n_ctx = st.we->eng->config().n_ctx;
-        const int32_t total = std::min<int32_t>(int32_t(spec.prompt.size()) + spec.max_tokens, n_ctx);
+        const int32_t total = std::min<int32_t>(spec.total_tokens(), n_ctx);
         if (blocks_for_tokens(total, st.opts.block_size) > st.ledger->total_blocks()) {
           self->send(req, fail_atom::value, errc::out_of_kv_blocks,
                      std::string("request needs more KV blocks than the worker has"));
@@ -151,6 +152,7 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
         }
         const request_id id = spec.id;
         colocated_worker_state::seq_entry e;
+        e.generated = spec.resumed;  // a migrated request goes on from there
         e.spec = std::move(spec);
         e.req = std::move(req);
         st.seqs.emplace(id, std::move(e));

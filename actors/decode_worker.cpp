@@ -64,7 +64,7 @@ void on_token(self_ptr self, decode_worker_state::active_seq& a, token_id tok) {
   ++a.generated;
   a.last = tok;
   // The context is full when the next step would place a token past it.
-  const bool context_full = int32_t(a.spec.prompt.size()) + a.generated >= self->state.we->eng->config().n_ctx;
+  const bool context_full = a.spec.original_prompt_tokens() + a.generated >= self->state.we->eng->config().n_ctx;
   if (a.generated >= a.spec.max_tokens || context_full) retire(self, id, "length");
 }
 

@@ -187,6 +187,7 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   if (im.cfg.kv_transport != "handoff" && im.cfg.kv_transport != "local" && im.cfg.kv_transport != "shm")
     throw failure(errc::invalid_argument, "kv_transport must be handoff, local or shm (not '" + im.cfg.kv_transport + "')");
   ro.kv_transport = im.cfg.kv_transport;
+  ro.max_migrations = std::max(0, im.cfg.max_migrations);
   ro.admission_policy_impl = im.cfg.admission_policy_impl;
   ro.prefill_policy = im.cfg.prefill_policy;
   ro.decode_policy = im.cfg.decode_policy;

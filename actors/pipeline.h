@@ -42,6 +42,9 @@ struct pipeline_config {
   // while prefill runs, instead of all at once after it.
   bool stream_kv = true;
   int32_t stream_layer_group = 4;           // layers per streamed piece
+  // A request whose worker dies while it decodes migrates (prefilled again with the tokens sent
+  // so far, then decoding goes on elsewhere) at most this many times.
+  int32_t max_migrations = 3;
   int scheduler_threads = 2;                // CAF threads for the actors (compute has its own)
   std::shared_ptr<const admission_policy> admission_policy_impl;  // replaceable policies
   std::shared_ptr<const prefill_placement> prefill_policy;

@@ -64,6 +64,7 @@ void kick(self_ptr self) {
     ci.export_kv = c.last && !stream;
     ci.sampling = it->spec.sampling;
     ci.epoch = it->spec.epoch;
+    ci.first_index = it->spec.resumed;
     if (stream) {
       it->stream_broken = false;  // this step streams from stream_next (0 after a new link)
       ci.stream_from = it->stream_next;
@@ -110,11 +111,12 @@ void start_transfer(self_ptr self, request_id id, kv_link_actor link) {
             self->state.leases.erase(it);
             kick(self);
           },
-          [self, id](caf::error& e) {
+          [self, id](caf::error&) {
+            // The link or its decode worker died: the router moves the request on (it still
+            // has token 0 and its prompt), and the lease ends here.
             auto it = self->state.leases.find(id);
             if (it == self->state.leases.end()) return;
-            self->send(it->second.req, fail_atom::value, errc::worker_failed,
-                       "KV transfer to the decode worker failed: " + caf::to_string(e));
+            self->send(self->state.router, transfer_atom::value, id, it->second.spec.epoch);
             self->state.to_free.push_back(it->second.seq);
             self->state.leases.erase(it);
             kick(self);
@@ -161,13 +163,15 @@ void apply(self_ptr self, step_result& r) {
     }
     const request_id id = it->spec.id;
     const bool eog = !it->spec.ignore_eos && st.we->eng->get_model().tok().is_eog(tok->token);
+    const int32_t index = it->spec.resumed;  // 0, or where a migrated request goes on
+    const bool last = index + 1 >= it->spec.max_tokens;
     if (eog) {
       self->send(it->req, done_atom::value, std::string("stop"));
     } else {
-      self->send(it->req, token_atom::value, int32_t(0), tok->token);
-      if (it->spec.max_tokens <= 1) self->send(it->req, done_atom::value, std::string("length"));
+      self->send(it->req, token_atom::value, index, tok->token);
+      if (last) self->send(it->req, done_atom::value, std::string("length"));
     }
-    const bool finished = eog || it->spec.max_tokens <= 1;
+    const bool finished = eog || last;
     if (finished) {
       st.to_free.push_back(it->seq);
     } else {
@@ -181,7 +185,10 @@ void apply(self_ptr self, step_result& r) {
         (void)eng.export_kv(it->seq, 0, eng.config().n_layer, 0, *all, id, it->spec.epoch);
         kv = std::move(all);
       }
-      st.leases[id] = {it->spec, it->req, it->seq, std::move(kv), {tok->token}};
+      // Decode goes on from every token so far: the resumed ones (the prompt's tail) and this.
+      std::vector<token_id> generated(it->spec.prompt.end() - it->spec.resumed, it->spec.prompt.end());
+      generated.push_back(tok->token);
+      st.leases[id] = {it->spec, it->req, it->seq, std::move(kv), std::move(generated)};
     }
     self->send(st.router, prefilled_atom::value, id, st.opts.index, finished);
     if (!finished && it->link) start_transfer(self, id, it->link);

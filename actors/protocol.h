@@ -52,6 +52,7 @@ using join_atom = caf::atom_constant<caf::atom("join")>;
 using down_atom = caf::atom_constant<caf::atom("wdown")>;
 using kill_atom = caf::atom_constant<caf::atom("kill")>;
 using kv_piece_atom = caf::atom_constant<caf::atom("kvpiece")>;
+using resume_atom = caf::atom_constant<caf::atom("resume")>;
 
 // Result of a worker's compute step, produced on its compute thread.
 struct step_result;
@@ -111,7 +112,10 @@ using request_actor = caf::typed_actor<
     caf::reacts_to<done_atom, std::string>,                     // finished with this reason
     caf::reacts_to<fail_atom, errc, std::string>,               // ended by an error
     caf::reacts_to<credit_atom, int32_t>,                       // the subscriber consumed n events
-    caf::reacts_to<cancel_atom>>;                               // the client gives up
+    caf::reacts_to<cancel_atom>,                                // the client gives up
+    // Its worker died while decoding: every token generated so far (empty once it has ended),
+    // to prefill again and continue elsewhere.
+    caf::replies_to<resume_atom>::with<std::vector<token_id>>>;
 
 // Decode side: reserve credits, receive KV, continue requests; also a colocated target.
 using decode_worker_actor = caf::typed_actor<
@@ -153,6 +157,7 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<forget_atom, request_id, request_state, double>,   // the request ended (state, its TPOT)
     caf::reacts_to<state_atom, request_id, request_state>,           // a worker started decoding it
     caf::reacts_to<ship_atom, request_id>,                            // its KV was handed to a link
+    caf::reacts_to<transfer_atom, request_id, uint32_t>,              // that transfer (of attempt epoch) failed
     caf::reacts_to<cancel_atom, request_id>,                          // from the client API
     caf::reacts_to<pause_atom, request_id, bool>,                     // backpressure from a request actor
     caf::reacts_to<join_atom, int32_t, prefill_worker_actor>,         // (re)started prefill/colocated worker

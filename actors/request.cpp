@@ -174,6 +174,10 @@ request_actor::behavior_type request_behavior(self_ptr self, request_spec spec, 
         self->state.credits += std::max(0, n);
         flush(self);
       },
+      [self](resume_atom) {
+        const auto& st = self->state;
+        return is_terminal(st.state) ? std::vector<token_id>{} : st.generated;
+      },
       [self](cancel_atom) {
         auto& st = self->state;
         if (is_terminal(st.state)) return;

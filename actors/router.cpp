@@ -71,7 +71,7 @@ void dispatch_decode(self_ptr self) {
   if (st.reserving || st.decode_queue.empty()) return;
   const request_id id = st.decode_queue.front();
   auto& e = st.requests.at(id);
-  const int32_t total = std::min(prompt_len(e) + e.spec.max_tokens, st.opts.context_length);
+  const int32_t total = std::min(e.spec.total_tokens(), st.opts.context_length);
   const int32_t blocks = blocks_for_tokens(total, st.opts.block_size);
   std::vector<decode_worker_load> eligible = st.decode_load;
   for (size_t i = 0; i < eligible.size(); ++i)
@@ -173,8 +173,75 @@ void open_link(self_ptr self, size_t p, size_t d, bool decode_side_replaced) {
                                                   st.opts.kv_transport, st.opts.request_ctx.metrics});
 }
 
-// A worker died: its requests end with an error (recovery by migration is the fault
-// tolerance work); the supervisor restarts the worker and it joins again.
+// Puts a request back at the front of the prefill queue (a new attempt from scratch).
+void requeue_front(self_ptr self, router_state::entry& e, request_id id) {
+  auto& st = self->state;
+  if (e.decode_worker >= 0 && size_t(e.decode_worker) < st.decode.size() && st.decode[size_t(e.decode_worker)])
+    self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, id);  // give back its credits
+  e.decode_worker = -1;
+  e.prefill_worker = -1;
+  e.transfer_started = false;
+  if (auto q = std::find(st.decode_queue.begin(), st.decode_queue.end(), id); q != st.decode_queue.end())
+    st.decode_queue.erase(q);
+  e.decode_claimed = false;
+  set_state(self, e, request_state::queued);
+  st.prefill_queue.push_front(id);
+  st.prefill_queue_tokens += prompt_len(e);
+}
+
+// Its worker died while it decoded: the sequence is gone, the tokens are not (its actor holds
+// every one). Prefill the prompt plus those tokens again and go on from the next one; with
+// greedy or seeded sampling the output is the same as without the fault.
+void migrate(self_ptr self, request_id id) {
+  auto& st = self->state;
+  auto& e = st.requests.at(id);
+  if (e.migrating) return;
+  if (e.migrations >= st.opts.max_migrations) {
+    self->send(e.req, fail_atom::value, errc::worker_failed,
+               "its worker failed while it was decoding, " + std::to_string(e.migrations + 1) +
+                   " times (the migration limit is " + std::to_string(st.opts.max_migrations) + ")");
+    return;
+  }
+  ++e.migrations;
+  e.migrating = true;
+  // A lease its prefill worker may still hold for it (prefilled, waiting for a transfer) ends.
+  const int32_t p = e.prefill_worker;
+  if (st.opts.mode == serving_mode::disaggregated && p >= 0 && size_t(p) < st.prefill.size() && st.prefill[size_t(p)] &&
+      st.prefill_gen[size_t(p)] == e.prefill_gen)
+    self->send(st.prefill[size_t(p)], release_atom::value, id);
+  e.decode_worker = -1;  // nothing of it is left there (the dead worker's credits died with it)
+  e.prefill_worker = -1;
+  e.transfer_started = false;
+  e.decode_claimed = false;
+  if (auto q = std::find(st.decode_queue.begin(), st.decode_queue.end(), id); q != st.decode_queue.end())
+    st.decode_queue.erase(q);
+  reg(self).get_counter("tandem_migrations_total", "Requests moved off a worker that died while they decoded").inc();
+  // Tokens the dead worker sent before it died reach the request before this question does.
+  self->request(e.req, std::chrono::seconds(10), resume_atom::value)
+      .then(
+          [self, id](std::vector<token_id>& generated) {
+            auto& st = self->state;
+            auto it = st.requests.find(id);
+            if (it == st.requests.end()) return;  // it ended meanwhile (cancelled)
+            auto& e = it->second;
+            e.migrating = false;
+            if (generated.empty()) return;  // ended: its forget is on the way
+            std::vector<token_id> prompt(e.spec.prompt.begin(), e.spec.prompt.end() - e.spec.resumed);
+            prompt.insert(prompt.end(), generated.begin(), generated.end());
+            e.spec.prompt = std::move(prompt);
+            e.spec.resumed = int32_t(generated.size());
+            requeue_front(self, e, id);
+            dispatch_prefill(self);
+            dispatch_decode(self);
+            update_queue_gauges(self);
+          },
+          [self, id](caf::error&) {
+            if (auto it = self->state.requests.find(id); it != self->state.requests.end()) it->second.migrating = false;
+          });
+}
+
+// A worker died: the supervisor restarts it and it joins again. What it held is recovered:
+// requests not decoding yet start their prefill again, decoding ones migrate.
 // `gen` is the incarnation that died: its replacement may have joined already.
 void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) {
   auto& st = self->state;
@@ -196,13 +263,13 @@ void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) 
       .inc();
   // Requests the dead worker held. Not decoding yet (queued there, mid-prefill, or KV under its
   // lease): nothing was lost that a new prefill cannot redo, so they go back to the front of the
-  // prefill queue (a repeated token 0 is dropped by the request actor). Decoding: their
-  // sequences are gone; they end with worker_failed (migration is the fault-tolerance work).
-  std::vector<request_id> requeue;
+  // prefill queue (a repeated token 0 is dropped by the request actor). Decoding (or with
+  // their KV sent to a decode worker that died): they migrate.
+  std::vector<request_id> requeue, moved;
   for (auto& [id, e] : st.requests) {
     const bool held = prefill_side ? e.prefill_worker == index && e.prefill_gen == gen
                                    : e.decode_worker == index && e.decode_gen == gen;
-    if (!held) continue;
+    if (!held || e.migrating) continue;
     if (!prefill_side && e.state == request_state::queued && !e.transfer_started) {
       // Still prefilling, its KV streaming to the dead worker: reserve elsewhere; the new link
       // makes the prefill worker send everything again.
@@ -215,22 +282,10 @@ void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) 
       requeue.push_back(id);
       continue;
     }
-    self->send(e.req, fail_atom::value, errc::worker_failed, std::string("its worker failed"));
+    moved.push_back(id);
   }
-  for (auto it = requeue.rbegin(); it != requeue.rend(); ++it) {
-    auto& e = st.requests.at(*it);
-    if (e.decode_worker >= 0 && size_t(e.decode_worker) < st.decode.size() && st.decode[size_t(e.decode_worker)])
-      self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, *it);  // give back its credits
-    e.decode_worker = -1;
-    e.prefill_worker = -1;
-    e.transfer_started = false;
-    if (auto q = std::find(st.decode_queue.begin(), st.decode_queue.end(), *it); q != st.decode_queue.end())
-      st.decode_queue.erase(q);
-    e.decode_claimed = false;
-    set_state(self, e, request_state::queued);
-    st.prefill_queue.push_front(*it);
-    st.prefill_queue_tokens += prompt_len(e);
-  }
+  for (auto it = requeue.rbegin(); it != requeue.rend(); ++it) requeue_front(self, st.requests.at(*it), *it);
+  for (auto id : moved) migrate(self, id);
   // The replacement may have joined already and sits idle: hand it the requeued work now.
   dispatch_prefill(self);
   dispatch_decode(self);
@@ -384,6 +439,14 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
       },
       [self](state_atom, request_id id, request_state s) {
         if (auto it = self->state.requests.find(id); it != self->state.requests.end()) it->second.state = s;
+      },
+      [self](transfer_atom, request_id id, uint32_t epoch) {
+        // Stale (a later attempt exists, or worker_down moved it already) or recoverable.
+        auto it = self->state.requests.find(id);
+        if (it == self->state.requests.end()) return;
+        const auto& e = it->second;
+        if (e.spec.epoch != epoch || e.migrating || e.state == request_state::decoding) return;
+        migrate(self, id);
       },
       [self](cancel_atom, request_id id) {
         if (auto it = self->state.requests.find(id); it != self->state.requests.end())

@@ -18,6 +18,9 @@ struct router_options {
   int32_t context_length = 0;
   int32_t dispatch_tokens = 1024;   // prompt tokens a worker may have queued before it gets more
   std::string kv_transport = "local";  // see kv_link_options::transport
+  // A request whose worker dies while it decodes is prefilled again (prompt plus the tokens
+  // sent) and continues elsewhere, at most this many times; then it ends with worker_failed.
+  int32_t max_migrations = 3;
   std::shared_ptr<const admission_policy> admission_policy_impl;
   std::shared_ptr<const prefill_placement> prefill_policy;
   std::shared_ptr<const decode_placement> decode_policy;
@@ -35,6 +38,8 @@ struct router_state {
     uint32_t decode_gen = 0;
     bool transfer_started = false; // the prefill worker handed its KV to a link
     bool decode_claimed = false;   // in the decode queue, or reserving/holding decode credits
+    int32_t migrations = 0;        // times it was moved off a worker that died while decoding
+    bool migrating = false;        // asking its actor for the tokens so far
     steady::time_point dispatched;
   };
   router_options opts;

@@ -37,6 +37,12 @@ struct request_spec {
   sampling_params sampling;
   bool ignore_eos = false;
   uint32_t epoch = 0;            // prefill attempt (set by the router): tags the KV it produces
+  // A migrated request (its worker died while decoding): the prompt's last `resumed` tokens are
+  // output already generated; the next token sampled is output token number `resumed`.
+  int32_t resumed = 0;
+
+  int32_t original_prompt_tokens() const { return int32_t(prompt.size()) - resumed; }
+  int32_t total_tokens() const { return original_prompt_tokens() + max_tokens; }  // KV it can need
 };
 
 enum class event_kind : uint8_t { accepted, token, done, error };

@@ -46,7 +46,7 @@ step_result run_step(engine& eng, step_work work) {
     for (size_t t = 0; t < c.tokens.size(); ++t) {
       const bool want = c.last && t + 1 == c.tokens.size();
       batch.push_back({s, c.tokens[t], want});
-      if (want) rows.push_back({c.id, 0, &c.sampling});
+      if (want) rows.push_back({c.id, c.first_index, &c.sampling});
     }
   }
   r.batch_tokens = int32_t(batch.size());

@@ -37,6 +37,7 @@ struct step_work {
     // (0 for the first streamed chunk of a prompt, the chunk's start after that).
     int32_t stream_from = -1;
     uint32_t epoch = 0;       // tags the streamed pieces
+    int32_t first_index = 0;  // output index of the token sampled at the end (resumed requests: > 0)
   };
   std::vector<chunk_item> chunks;
   struct decode_item {        // one token for a running sequence
