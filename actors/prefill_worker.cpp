@@ -95,15 +95,30 @@ void start_transfer(self_ptr self, request_id id, kv_link_actor link) {
   auto it = self->state.leases.find(id);
   if (it == self->state.leases.end()) return;
   auto& l = it->second;
+  if (!l.kv && l.streamed_to && l.streamed_to != link) {
+    // Its pieces went to a link that was replaced (its decode worker died): the new decode
+    // worker has none of them, so the whole set goes again, exported while the engine is idle.
+    if (self->state.we->busy) {
+      l.pending = link;
+      return;
+    }
+    auto all = std::make_shared<std::vector<kv_block_export>>();
+    const engine& eng = *self->state.we->eng;
+    (void)eng.export_kv(l.seq, 0, eng.config().n_layer, 0, *all, id, l.spec.epoch);
+    l.kv = std::move(all);
+    l.streamed_to = nullptr;
+  }
+  l.pending = nullptr;
+  l.sending = link;
   // Told before the transfer starts: if this worker dies later, the link still delivers.
   self->send(self->state.router, ship_atom::value, id);
   kv_blocks_ptr kv = l.kv ? l.kv : std::make_shared<const std::vector<kv_block_export>>();
   self->request(link, std::chrono::seconds(60), transfer_atom::value, l.spec, l.req, kv, l.generated)
       .then(
-          [self, id](bool ok) {
+          [self, id, link](bool ok) {
             // Decode holds the blocks (or refused them): the lease ends either way.
             auto it = self->state.leases.find(id);
-            if (it == self->state.leases.end()) return;
+            if (it == self->state.leases.end() || it->second.sending != link) return;
             if (!ok)
               self->send(it->second.req, fail_atom::value, errc::checksum_mismatch,
                          std::string("the decode worker refused the request's KV blocks"));
@@ -111,16 +126,24 @@ void start_transfer(self_ptr self, request_id id, kv_link_actor link) {
             self->state.leases.erase(it);
             kick(self);
           },
-          [self, id](caf::error&) {
+          [self, id, link](caf::error&) {
             // The link or its decode worker died: the router moves the request on (it still
             // has token 0 and its prompt), and the lease ends here.
             auto it = self->state.leases.find(id);
-            if (it == self->state.leases.end()) return;
-            self->send(self->state.router, transfer_atom::value, id, it->second.spec.epoch);
+            if (it == self->state.leases.end() || it->second.sending != link) return;
+            self->send(self->state.router, transfer_atom::value, id, it->second.spec.epoch, link);
             self->state.to_free.push_back(it->second.seq);
             self->state.leases.erase(it);
             kick(self);
           });
+}
+
+// Transfers that waited for the engine to be idle (it is, between steps).
+void start_pending(self_ptr self) {
+  std::vector<std::pair<request_id, kv_link_actor>> pending;
+  for (auto& [id, l] : self->state.leases)
+    if (l.pending) pending.emplace_back(id, l.pending);
+  for (auto& [id, link] : pending) start_transfer(self, id, link);
 }
 
 void apply(self_ptr self, step_result& r) {
@@ -141,6 +164,7 @@ void apply(self_ptr self, step_result& r) {
         ++it;
       }
     }
+    start_pending(self);
     return;
   }
   for (auto it = st.queue.begin(); it != st.queue.end();) {
@@ -188,12 +212,14 @@ void apply(self_ptr self, step_result& r) {
       // Decode goes on from every token so far: the resumed ones (the prompt's tail) and this.
       std::vector<token_id> generated(it->spec.prompt.end() - it->spec.resumed, it->spec.prompt.end());
       generated.push_back(tok->token);
-      st.leases[id] = {it->spec, it->req, it->seq, std::move(kv), std::move(generated)};
+      kv_link_actor streamed_to = kv ? kv_link_actor{} : it->link;
+      st.leases[id] = {it->spec, it->req, it->seq, std::move(kv), std::move(generated), std::move(streamed_to), {}, {}};
     }
     self->send(st.router, prefilled_atom::value, id, st.opts.index, finished);
     if (!finished && it->link) start_transfer(self, id, it->link);
     it = st.queue.erase(it);
   }
+  start_pending(self);
 }
 
 }  // namespace

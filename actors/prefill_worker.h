@@ -28,8 +28,11 @@ struct prefill_worker_state {
     request_spec spec;
     request_actor req;
     seq_id seq = 0;
-    kv_blocks_ptr kv;
+    kv_blocks_ptr kv;                // the whole set, or null when it streamed to `streamed_to`
     std::vector<token_id> generated;
+    kv_link_actor streamed_to;       // the link holding its streamed pieces
+    kv_link_actor sending;           // the link of the transfer in flight (replies from others are stale)
+    kv_link_actor pending;           // a transfer waiting for the engine to be idle (to export again)
   };
   worker_options opts;
   router_actor router;

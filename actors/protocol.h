@@ -157,7 +157,8 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<forget_atom, request_id, request_state, double>,   // the request ended (state, its TPOT)
     caf::reacts_to<state_atom, request_id, request_state>,           // a worker started decoding it
     caf::reacts_to<ship_atom, request_id>,                            // its KV was handed to a link
-    caf::reacts_to<transfer_atom, request_id, uint32_t>,              // that transfer (of attempt epoch) failed
+    // A transfer of attempt `epoch` over this link failed (the link or its decode worker died)
+    caf::reacts_to<transfer_atom, request_id, uint32_t, kv_link_actor>,
     caf::reacts_to<cancel_atom, request_id>,                          // from the client API
     caf::reacts_to<pause_atom, request_id, bool>,                     // backpressure from a request actor
     caf::reacts_to<join_atom, int32_t, prefill_worker_actor>,         // (re)started prefill/colocated worker

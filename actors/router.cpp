@@ -185,6 +185,7 @@ void requeue_front(self_ptr self, router_state::entry& e, request_id id) {
     st.decode_queue.erase(q);
   e.decode_claimed = false;
   set_state(self, e, request_state::queued);
+  if (std::find(st.prefill_queue.begin(), st.prefill_queue.end(), id) != st.prefill_queue.end()) return;  // once
   st.prefill_queue.push_front(id);
   st.prefill_queue_tokens += prompt_len(e);
 }
@@ -284,7 +285,10 @@ void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) 
     }
     moved.push_back(id);
   }
-  for (auto it = requeue.rbegin(); it != requeue.rend(); ++it) requeue_front(self, st.requests.at(*it), *it);
+  for (auto it = requeue.rbegin(); it != requeue.rend(); ++it) {
+    requeue_front(self, st.requests.at(*it), *it);
+    reg(self).get_counter("tandem_reprefills_total", "Requests prefilled again because their prefill worker died").inc();
+  }
   for (auto id : moved) migrate(self, id);
   // The replacement may have joined already and sits idle: hand it the requeued work now.
   dispatch_prefill(self);
@@ -438,14 +442,30 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         dispatch_decode(self);
       },
       [self](state_atom, request_id id, request_state s) {
+        // Decoding where the worker says: what worker_down will look for if that one dies.
+        auto& st = self->state;
+        if (auto it = st.requests.find(id); it != st.requests.end()) {
+          if (auto w = st.watched.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
+              w != st.watched.end() && !w->second.prefill_side) {
+            it->second.decode_worker = w->second.index;
+            it->second.decode_gen = w->second.gen;
+          }
+        }
         if (auto it = self->state.requests.find(id); it != self->state.requests.end()) it->second.state = s;
       },
-      [self](transfer_atom, request_id id, uint32_t epoch) {
+      [self](transfer_atom, request_id id, uint32_t epoch, kv_link_actor& link) {
         // Stale (a later attempt exists, or worker_down moved it already) or recoverable.
         auto it = self->state.requests.find(id);
         if (it == self->state.requests.end()) return;
         const auto& e = it->second;
-        if (e.spec.epoch != epoch || e.migrating || e.state == request_state::decoding) return;
+        if (e.spec.epoch != epoch || e.migrating || e.state != request_state::transferring) return;
+        // A transfer over a link replaced meanwhile (its decode worker restarted, and the
+        // request was re-reserved) is not the one that counts.
+        auto& st = self->state;
+        const bool current = e.prefill_worker >= 0 && e.decode_worker >= 0 && size_t(e.prefill_worker) < st.links.size() &&
+                             size_t(e.decode_worker) < st.links[size_t(e.prefill_worker)].size() &&
+                             st.links[size_t(e.prefill_worker)][size_t(e.decode_worker)] == link;
+        if (!current) return;
         migrate(self, id);
       },
       [self](cancel_atom, request_id id) {

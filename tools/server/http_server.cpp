@@ -80,6 +80,20 @@ namespace {
 // lock it to post.
 using impl_ptr = http_server::impl*;
 
+// The pipeline's notify callback for a session, run on actor threads: wakes the session's pump
+// on its strand. It holds nothing of Asio's (no executor), because the connection actor may let
+// go of it after the io_context is gone; it reaches the session only through the io_context.
+template <class Session>
+std::function<void()> waker(std::weak_ptr<Session> session, std::weak_ptr<http_server::impl> server) {
+  return [session, server] {
+    const auto alive = server.lock();  // keeps the io_context alive while posting
+    if (!alive) return;
+    net::post(alive->ioc, [session] {
+      if (auto s = session.lock()) net::dispatch(s->executor(), [s] { s->pump(); });
+    });
+  };
+}
+
 // ---------------------------------------------------------------- one generation request
 
 // A request's progress as the connection sees it: stop strings, text so far, how it ended.
@@ -383,15 +397,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
     ++srv_->in_flight;
     gen_ = std::move(g);
     if (!conn_.open()) {
-      std::weak_ptr<http_session> weak = weak_from_this();
-      auto exec = stream_.get_executor();
-      conn_ = srv_->pipe.connect([weak, exec, server = srv_->weak_from_this()] {
-        const auto alive = server.lock();  // keeps the io_context alive while posting
-        if (!alive) return;
-        net::post(exec, [weak] {
-          if (auto self = weak.lock()) self->pump();
-        });
-      });
+      conn_ = srv_->pipe.connect(waker(weak_from_this(), srv_->weak_from_this()));
     }
     gen_->rid = conn_.submit(gen_->req.gen);
     watch_disconnect();
@@ -445,6 +451,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
             {"choices", json::array({choice})}};
   }
 
+ public:
+  auto executor() { return stream_.get_executor(); }
   void pump() {
     if (!gen_) return;
     request_event ev;
@@ -462,6 +470,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
     }
   }
 
+ private:
   void fail(const request_event& ev) {
     const api_error e = error_from(ev.code, ev.message, ev.retry_after_ms);
     if (gen_->req.stream && sse_started_) {
@@ -570,15 +579,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
  public:
   ws_session(tcp::socket&& s, impl_ptr srv) : ws_(std::move(s)), srv_(std::move(srv)) {}
   void start(http::request<http::string_body> req) {
-    std::weak_ptr<ws_session> weak = weak_from_this();
-    auto exec = ws_.get_executor();
-    conn_ = srv_->pipe.connect([weak, exec, server = srv_->weak_from_this()] {
-      const auto alive = server.lock();  // keeps the io_context alive while posting
-      if (!alive) return;
-      net::post(exec, [weak] {
-        if (auto self = weak.lock()) self->pump();
-      });
-    });
+    conn_ = srv_->pipe.connect(waker(weak_from_this(), srv_->weak_from_this()));
     ws_.read_message_max(srv_->cfg.max_frame_bytes);
     ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
     ws_.async_accept(req, [self = shared_from_this()](beast::error_code ec) {
@@ -654,6 +655,8 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
 
   json id_of(const generation& g) const { return g.req.client_id; }
 
+ public:
+  auto executor() { return ws_.get_executor(); }
   // Takes events, in arrival order across this connection's requests, while the outgoing
   // queue has room: a slow reader pauses its requests.
   void pump() {
@@ -691,6 +694,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     }
   }
 
+ private:
   void end(const std::string& key) {
     auto it = gens_.find(key);
     keys_.erase(it->second->rid);
