@@ -127,14 +127,13 @@ void start_transfer(self_ptr self, request_id id, kv_link_actor link) {
             kick(self);
           },
           [self, id, link](caf::error&) {
-            // The link or its decode worker died: the router moves the request on (it still
-            // has token 0 and its prompt), and the lease ends here.
+            // The link or its decode worker died. The lease stays: the router either moves the
+            // request on (migrates it, and releases the lease) or, having reserved another
+            // decode worker meanwhile, ships it again over the new link.
             auto it = self->state.leases.find(id);
             if (it == self->state.leases.end() || it->second.sending != link) return;
+            it->second.sending = nullptr;
             self->send(self->state.router, transfer_atom::value, id, it->second.spec.epoch, link);
-            self->state.to_free.push_back(it->second.seq);
-            self->state.leases.erase(it);
-            kick(self);
           });
 }
 

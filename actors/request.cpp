@@ -103,8 +103,18 @@ request_actor::behavior_type request_behavior(self_ptr self, request_spec spec, 
         finish(self, request_state::cancelled, std::move(ev));
       }
       self->quit();
+    } else if (dm.source == self->state.router.address()) {
+      // The router is gone (shutdown, or killed): nobody will move this request on.
+      if (!is_terminal(self->state.state)) {
+        request_event err = make_event(event_kind::error);
+        err.code = errc::worker_failed;
+        err.message = "the router ended";
+        finish(self, request_state::failed, std::move(err));
+      }
+      self->quit();
     }
   });
+  self->monitor(st.router);
   request_event accepted;
   accepted.kind = event_kind::accepted;
   accepted.queue_position = queue_position;

@@ -74,6 +74,12 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   SCOPED_TRACE("seed " + std::to_string(seed) + " (replay with TANDEM_CHAOS_SEED=" + std::to_string(seed) + ")");
   std::mt19937_64 rng(seed);
 
+  // Declared before the pipeline: callbacks that come while it shuts down find them alive.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<request_id, stream> streams;
+  int ended = 0;
+
   auto m = tiny();
   pipeline_config cfg;
   cfg.loaded_model = m;
@@ -94,18 +100,16 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   const int vocab = m->config().n_vocab;
   for (int i = 0; i < 64; ++i) {
     job j;
-    const int len = 4 + int(rng() % 60);  // prompt + output stay within the context (256)
+    // Prompt + output stay within the context (256); killing prefill workers wants long prompts.
+    const bool long_prompts = c.pool == "prefill";
+    const int len = long_prompts ? 100 + int(rng() % 100) : 4 + int(rng() % 60);
     for (int t = 0; t < len; ++t) j.prompt.push_back(token_id(3 + rng() % uint64_t(vocab - 3)));
     j.sp = i % 2 == 0 ? sampling_params{.temperature = 0.0f}
                       : sampling_params{.temperature = 0.8f, .top_k = 30, .top_p = 0.95f, .seed = rng()};
-    j.max_tokens = 16 + int32_t(rng() % 180);
+    j.max_tokens = long_prompts ? 16 + int32_t(rng() % 40) : 16 + int32_t(rng() % 180);
     jobs.push_back(std::move(j));
   }
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<request_id, stream> streams;
-  int ended = 0;
   std::vector<request_id> ids;
   // All at once: the first kills find prompts queued for prefill, later ones sequences decoding.
   for (const auto& j : jobs) {
@@ -134,11 +138,17 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   // The killer: `kills` times, after a random pause, a random worker of the kind.
   int killed = 0;
   for (int k = 0; k < c.kills; ++k) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2 + rng() % 40));
+    std::this_thread::sleep_for(std::chrono::milliseconds(k == 0 ? rng() % 3 : 2 + rng() % 40));
     const int index = int(rng() % uint64_t(c.workers));
     // A worker just killed may still be restarting: try another moment.
-    for (int attempt = 0; attempt < 50 && !p.kill_worker(c.pool, index); ++attempt) std::this_thread::sleep_for(5ms);
+    bool ok = false;
+    for (int attempt = 0; attempt < 200 && !(ok = p.kill_worker(c.pool, index)); ++attempt) std::this_thread::sleep_for(5ms);
+    ASSERT_TRUE(ok) << c.pool << " worker " << index << " never came back to be killed";
     ++killed;
+    // The router has seen it die (and counted the restart) before the next kill, so that no
+    // kill lands on an already dead worker.
+    auto& restarts = p.metrics().get_counter("tandem_restarts_total", "", {{"kind", c.pool}});
+    for (int i = 0; i < 1000 && restarts.value() < killed; ++i) std::this_thread::sleep_for(1ms);
   }
   bool all_ended = false;
   {
