@@ -389,6 +389,15 @@ bool pipeline::kill_worker(const std::string& pool, int index) {
   return killed;
 }
 
+bool pipeline::kill_request(request_id id) {
+  auto& im = *impl_;
+  bool killed = false;
+  caf::scoped_actor self{*im.sys};
+  self->request(im.router, std::chrono::seconds(10), kill_atom::value, id)
+      .receive([&](bool ok) { killed = ok; }, [&](caf::error&) {});
+  return killed;
+}
+
 const model& pipeline::get_model() const { return *impl_->mdl; }
 metrics::registry& pipeline::metrics() { return *impl_->metrics; }
 const pipeline_config& pipeline::config() const { return impl_->cfg; }

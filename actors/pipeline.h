@@ -168,6 +168,9 @@ class pipeline {
   // Fault injection: kills worker `index` of a pool ("prefill", "decode" or "colocated"); its
   // supervisor restarts it. False if there is no such worker alive.
   bool kill_worker(const std::string& pool, int index);
+  // Fault injection: kills a request's actor. Its reader gets an error event; the router frees
+  // what the request held. False if the router does not know the request (ended already).
+  bool kill_request(request_id id);
 
   const model& get_model() const;
   metrics::registry& metrics();

@@ -165,6 +165,7 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<join_atom, int32_t, decode_worker_actor>,          // (re)started decode worker
     caf::reacts_to<down_atom, int32_t, bool>,                         // worker index died (true: prefill side)
     caf::replies_to<kill_atom, bool, int32_t>::with<bool>,            // fault injection: kill a worker
+    caf::replies_to<kill_atom, request_id>::with<bool>,               // fault injection: kill a request actor
     caf::replies_to<stats_atom>::with<std::vector<worker_stats>>,
     // Its own view, listing at most this many requests
     caf::replies_to<state_atom, int32_t>::with<router_view>>;

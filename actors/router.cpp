@@ -295,6 +295,30 @@ void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) 
   dispatch_decode(self);
 }
 
+// The request ended (or its actor died): free what its workers hold for it, drop it.
+void forget(self_ptr self, request_id id, request_state end, double tpot_ms) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end()) return;
+  auto& e = it->second;
+  if (tpot_ms > 0) st.tpot.add(tpot_ms);
+  if (end != request_state::finished) {  // the workers still hold it: free it there
+    if (e.prefill_worker >= 0 && size_t(e.prefill_worker) < st.prefill.size() && st.prefill[size_t(e.prefill_worker)])
+      self->send(st.prefill[size_t(e.prefill_worker)], cancel_atom::value, id);
+    if (e.decode_worker >= 0 && size_t(e.decode_worker) < st.decode.size() && st.decode[size_t(e.decode_worker)])
+      self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, id);
+  }
+  if (auto q = std::find(st.prefill_queue.begin(), st.prefill_queue.end(), id); q != st.prefill_queue.end()) {
+    st.prefill_queue.erase(q);
+    st.prefill_queue_tokens -= prompt_len(e);
+  }
+  if (auto q = std::find(st.decode_queue.begin(), st.decode_queue.end(), id); q != st.decode_queue.end())
+    st.decode_queue.erase(q);
+  st.requests.erase(it);
+  dispatch_prefill(self);
+  dispatch_decode(self);
+}
+
 }  // namespace
 
 router_actor::behavior_type router_behavior(self_ptr self, router_options opts) {
@@ -307,6 +331,12 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     if (st.retiring_links.erase(dm.source) > 0) return;
+    if (auto r = st.request_actors.find(dm.source); r != st.request_actors.end()) {
+      const request_id id = r->second;
+      st.request_actors.erase(r);
+      forget(self, id, request_state::failed, 0);  // a no-op after a normal end (forgotten already)
+      return;
+    }
     auto it = st.watched.find(dm.source);
     if (it == st.watched.end()) return;
     const auto w = it->second;
@@ -356,6 +386,8 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         const int32_t position = int32_t(st.prefill_queue.size());
         auto req = self->spawn(request_behavior, spec, sub, caf::actor_cast<router_actor>(self), st.opts.request_ctx,
                                position);
+        self->monitor(req);
+        st.request_actors.emplace(req.address(), id);
         router_state::entry e;
         e.req = req;
         e.spec = std::move(spec);
@@ -419,27 +451,12 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         st.decode_load[size_t(l.worker)] = l;
         dispatch_decode(self);
       },
-      [self](forget_atom, request_id id, request_state end, double tpot_ms) {
-        auto& st = self->state;
-        auto it = st.requests.find(id);
-        if (it == st.requests.end()) return;
-        auto& e = it->second;
-        if (tpot_ms > 0) st.tpot.add(tpot_ms);
-        if (end != request_state::finished) {  // the workers still hold it: free it there
-          if (e.prefill_worker >= 0 && size_t(e.prefill_worker) < st.prefill.size() && st.prefill[size_t(e.prefill_worker)])
-            self->send(st.prefill[size_t(e.prefill_worker)], cancel_atom::value, id);
-          if (e.decode_worker >= 0 && size_t(e.decode_worker) < st.decode.size() && st.decode[size_t(e.decode_worker)])
-            self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, id);
-        }
-        if (auto q = std::find(st.prefill_queue.begin(), st.prefill_queue.end(), id); q != st.prefill_queue.end()) {
-          st.prefill_queue.erase(q);
-          st.prefill_queue_tokens -= prompt_len(e);
-        }
-        if (auto q = std::find(st.decode_queue.begin(), st.decode_queue.end(), id); q != st.decode_queue.end())
-          st.decode_queue.erase(q);
-        st.requests.erase(it);
-        dispatch_prefill(self);
-        dispatch_decode(self);
+      [self](forget_atom, request_id id, request_state end, double tpot_ms) { forget(self, id, end, tpot_ms); },
+      [self](kill_atom, request_id id) {
+        auto it = self->state.requests.find(id);
+        if (it == self->state.requests.end()) return false;
+        caf::anon_send_exit(it->second.req, caf::exit_reason::kill);
+        return true;
       },
       [self](state_atom, request_id id, request_state s) {
         // Decoding where the worker says: what worker_down will look for if that one dies.

@@ -53,6 +53,7 @@ struct router_state {
   std::map<caf::actor_addr, watched_worker> watched;  // monitored workers, by address
   std::map<caf::actor_addr, kv_link_actor> retiring_links;  // replaced, finishing their transfers
   std::map<request_id, entry> requests;
+  std::map<caf::actor_addr, request_id> request_actors;  // monitored: one that dies is forgotten
   std::deque<request_id> prefill_queue, decode_queue;
   int64_t prefill_queue_tokens = 0;
   bool reserving = false;                           // a decode reservation is in flight

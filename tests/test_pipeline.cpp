@@ -395,6 +395,28 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
   }
 }
 
+// A request actor killed mid-decode: its reader gets an error, and everything it held is freed.
+TEST(Pipeline, KilledRequestActorEndsWithAnErrorAndFreesItsKv) {
+  for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
+    SCOPED_TRACE(std::string(to_string(mode)));
+    pipeline_config cfg;
+    cfg.loaded_model = tiny();
+    cfg.mode = mode;
+    pipeline p(cfg);
+    auto h = p.submit({.prompt_tokens = prompt_of(60, 3, 300), .max_tokens = 200, .ignore_eos = true});
+    auto other = p.submit({.prompt_tokens = prompt_of(30, 4, 300), .max_tokens = 20, .ignore_eos = true});
+    request_event ev;
+    while (h.next(ev, 10s) && !(ev.kind == event_kind::token && ev.index >= 2)) {
+    }
+    ASSERT_TRUE(p.kill_request(h.id()));
+    const auto r = h.wait(30s);
+    EXPECT_EQ(r.error, errc::worker_failed) << r.message;
+    EXPECT_EQ(other.wait(30s).error, errc::ok);  // everyone else goes on
+    expect_no_leaks(p);
+    EXPECT_FALSE(p.kill_request(h.id()));
+  }
+}
+
 // Past the migration limit a request ends with a clear error instead of moving forever.
 TEST(Pipeline, MigrationLimitEndsTheRequestClearly) {
   pipeline_config cfg;
