@@ -2,11 +2,15 @@
 // The tiny synthetic model the actor, pipeline and server tests run on, made once per test
 // binary. `tag` keeps each binary's file its own: ctest runs binaries in parallel, and two
 // writers of one file would race.
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <memory>
 #include <string>
 
+#include "runtime/engine.h"
 #include "runtime/model.h"
+#include "runtime/sampler.h"
 #include "runtime/synth.h"
 
 namespace tandem::testing_support {
@@ -17,6 +21,26 @@ inline std::shared_ptr<const model> tiny_model(const std::string& tag) {
   const auto p = dir / (tag + "-tiny-f32.gguf");
   if (!std::filesystem::exists(p)) synthesize_model(find_synth_preset("tiny"), kernels::dtype::f32, p.string(), 5);
   return model::load(p.string());
+}
+
+// What one engine alone produces for a request: the reference every pipeline must equal.
+inline std::vector<token_id> alone(const model& m, const std::vector<token_id>& prompt, int32_t max_tokens,
+                                   const sampling_params& sp, bool ignore_eos) {
+  auto shared = std::shared_ptr<const model>(&m, [](const model*) {});
+  engine eng(shared, engine_options{.n_kv_blocks = 64});
+  const seq_id s = eng.create_sequence();
+  std::vector<float> logits;
+  EXPECT_TRUE(eng.prefill(s, prompt, logits).ok());
+  std::vector<token_id> out;
+  for (int32_t i = 0; i < max_tokens; ++i) {
+    const token_id t = sample(logits, sp, uint64_t(i));
+    if (!ignore_eos && m.tok().is_eog(t)) break;
+    out.push_back(t);
+    if (i + 1 < max_tokens) {
+      EXPECT_TRUE(eng.decode(std::span(&s, 1), std::span(&t, 1), logits).ok());
+    }
+  }
+  return out;
 }
 
 }  // namespace tandem::testing_support

@@ -8,11 +8,11 @@
 #include <thread>
 
 #include "actors/pipeline.h"
-#include "runtime/engine.h"
 #include "tests/test_models.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
+using testing_support::alone;
 
 namespace {
 
@@ -21,25 +21,6 @@ std::shared_ptr<const model> tiny() {
   return m;
 }
 
-// What one engine alone produces for a request: the reference every pipeline must equal.
-std::vector<token_id> alone(const model& m, const std::vector<token_id>& prompt, int32_t max_tokens,
-                            const sampling_params& sp, bool ignore_eos) {
-  auto shared = std::shared_ptr<const model>(&m, [](const model*) {});
-  engine eng(shared, engine_options{.n_kv_blocks = 64});
-  const seq_id s = eng.create_sequence();
-  std::vector<float> logits;
-  EXPECT_TRUE(eng.prefill(s, prompt, logits).ok());
-  std::vector<token_id> out;
-  for (int32_t i = 0; i < max_tokens; ++i) {
-    const token_id t = sample(logits, sp, uint64_t(i));
-    if (!ignore_eos && m.tok().is_eog(t)) break;
-    out.push_back(t);
-    if (i + 1 < max_tokens) {
-      EXPECT_TRUE(eng.decode(std::span(&s, 1), std::span(&t, 1), logits).ok());
-    }
-  }
-  return out;
-}
 
 std::vector<token_id> prompt_of(int n, int salt, int vocab) {
   std::vector<token_id> p;

@@ -13,11 +13,11 @@
 #include <thread>
 
 #include "actors/pipeline.h"
-#include "runtime/engine.h"
 #include "tests/test_models.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
+using testing_support::alone;
 
 namespace {
 
@@ -26,24 +26,6 @@ std::shared_ptr<const model> tiny() {
   return m;
 }
 
-// The fault-free reference: one engine alone.
-std::vector<token_id> alone(const model& m, const std::vector<token_id>& prompt, int32_t max_tokens,
-                            const sampling_params& sp) {
-  auto shared = std::shared_ptr<const model>(&m, [](const model*) {});
-  engine eng(shared, engine_options{.n_kv_blocks = 64});
-  const seq_id s = eng.create_sequence();
-  std::vector<float> logits;
-  EXPECT_TRUE(eng.prefill(s, prompt, logits).ok());
-  std::vector<token_id> out;
-  for (int32_t i = 0; i < max_tokens; ++i) {
-    const token_id t = sample(logits, sp, uint64_t(i));
-    out.push_back(t);
-    if (i + 1 < max_tokens) {
-      EXPECT_TRUE(eng.decode(std::span(&s, 1), std::span(&t, 1), logits).ok());
-    }
-  }
-  return out;
-}
 
 struct chaos_case {
   std::string name;
@@ -171,7 +153,7 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
     EXPECT_EQ(s.events_after_final, 0);
     ASSERT_EQ(s.end, "length");
     for (size_t k = 0; k < s.indices.size(); ++k) ASSERT_EQ(s.indices[k], int32_t(k)) << "repeated or skipped index";
-    EXPECT_EQ(s.tokens, alone(*m, jobs[i].prompt, jobs[i].max_tokens, jobs[i].sp));
+    EXPECT_EQ(s.tokens, alone(*m, jobs[i].prompt, jobs[i].max_tokens, jobs[i].sp, true));
   }
 
   // Every pool full again, every request actor gone.
