@@ -94,6 +94,7 @@ void on_token(self_ptr self, colocated_worker_state::seq_entry& e, token_id tok)
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
   st.we->busy = false;
+  ++st.we->finished;
   record_step(st.opts, "colocated", r, int32_t(r.tokens.size()));
   for (const auto& c : r.created_seqs)
     if (auto it = st.seqs.find(c.id); it != st.seqs.end()) it->second.seq = c.seq;
@@ -162,6 +163,8 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
       },
       [](ship_atom, request_id, kv_link_actor&) {},  // colocated: the KV never leaves
       [](release_atom, request_id) {},
+      [](release_atom, request_id, uint32_t) {},  // no leases: its KV never leaves it
+      [](down_atom, kv_link_actor&) {},
       [self](cancel_atom, request_id id) {
         auto it = self->state.seqs.find(id);
         if (it == self->state.seqs.end()) return;

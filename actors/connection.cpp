@@ -60,13 +60,13 @@ void request_over(self_ptr self, request_id id) {
 }  // namespace
 
 connection_actor::behavior_type connection_behavior(self_ptr self, std::shared_ptr<connection_inbox> inbox,
-                                                    router_actor router, bool end_when_idle,
+                                                    std::shared_ptr<router_directory> routers, bool end_when_idle,
                                                     std::shared_ptr<std::atomic<int64_t>> live_connections) {
   auto& st = self->state;
   ++*live_connections;
   self->attach_functor([live_connections] { --*live_connections; });
   st.inbox = std::move(inbox);
-  st.router = std::move(router);
+  st.routers = std::move(routers);
   st.end_when_idle = end_when_idle;
   // A request actor that ends without a final event (killed) gets one here, so that no
   // reader waits for it forever.
@@ -103,7 +103,10 @@ connection_actor::behavior_type connection_behavior(self_ptr self, std::shared_p
         if (it != self->state.requests.end() && n > 0) self->send(it->second, credit_atom::value, n);
       },
       [self](cancel_atom, request_id id) {
-        if (self->state.open.count(id) > 0) self->send(self->state.router, cancel_atom::value, id);
+        auto& st = self->state;
+        if (st.open.count(id) == 0) return;
+        if (auto it = st.requests.find(id); it != st.requests.end()) self->send(it->second, cancel_atom::value);
+        else if (auto g = st.routers->gateway()) caf::anon_send(g, cancel_atom::value, id);
       },
   };
 }

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "actors/protocol.h"
+#include "actors/router_directory.h"
 
 namespace tandem {
 
@@ -38,7 +39,7 @@ struct connection_inbox {
 
 struct connection_state {
   std::shared_ptr<connection_inbox> inbox;
-  router_actor router;
+  std::shared_ptr<router_directory> routers;  // cancels of requests not accepted yet go there
   bool end_when_idle = false;                             // a lone request's connection ends with it
   std::unordered_set<request_id> open;                    // submitted; final event not yet seen
   std::unordered_map<request_id, request_actor> requests;  // their actors, once accepted
@@ -46,7 +47,8 @@ struct connection_state {
 };
 
 connection_actor::behavior_type connection_behavior(connection_actor::stateful_pointer<connection_state> self,
-                                                    std::shared_ptr<connection_inbox> inbox, router_actor router,
+                                                    std::shared_ptr<connection_inbox> inbox,
+                                                    std::shared_ptr<router_directory> routers,
                                                     bool end_when_idle,
                                                     std::shared_ptr<std::atomic<int64_t>> live_connections);
 

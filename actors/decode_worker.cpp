@@ -27,6 +27,14 @@ void retire(self_ptr self, request_id id, const std::string& reason) {
   st.active.erase(it);
 }
 
+// The outcome of a transfer, to its try and to any later try of the same request.
+void answer(self_ptr self, request_id id, bool ok, caf::typed_response_promise<bool>& first) {
+  first.deliver(ok);
+  auto [b, e] = self->state.duplicate_tries.equal_range(id);
+  for (auto it = b; it != e; ++it) it->second.deliver(ok);
+  self->state.duplicate_tries.erase(id);
+}
+
 void kick(self_ptr self) {
   auto& st = self->state;
   if (st.we->busy) return;
@@ -40,6 +48,7 @@ void kick(self_ptr self) {
     im.last = a.generated.back();
     im.index = int32_t(a.generated.size());
     im.sampling = a.spec.sampling;
+    im.kv_tokens = int32_t(a.spec.prompt.size());
     work.imports.push_back(std::move(im));
   }
   st.importing = std::move(st.arrivals);
@@ -71,20 +80,23 @@ void on_token(self_ptr self, decode_worker_state::active_seq& a, token_id tok) {
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
   st.we->busy = false;
+  ++st.we->finished;
   record_step(st.opts, "decode", r, int32_t(r.tokens.size()));
   // Imports first: a refused block set ends its request and returns its credits.
   for (auto& a : st.importing) {
     auto im = std::find_if(r.imports.begin(), r.imports.end(), [&](auto& x) { return x.id == a.spec.id; });
     const request_id id = a.spec.id;
     if (im == r.imports.end() || !im->st.ok()) {
-      st.cancelled_importing.erase(id);
-      st.ledger->release(int64_t(id));
-      a.promise.deliver(false);
-      if (im != r.imports.end())
-        self->send(a.req, fail_atom::value, im->st.code(), "KV import refused: " + im->st.message());
+      // Refused (corrupted or incomplete): nothing of it stays here but the reservation,
+      // which the retry from the prefill side's lease will use (or the router cancels).
+      if (st.cancelled_importing.erase(id) > 0) st.ledger->release(int64_t(id));
+      if (st.opts.metrics)
+        st.opts.metrics->get_counter("tandem_kv_imports_refused_total", "KV block sets a decode worker refused (checksum, incomplete)")
+            .inc();
+      answer(self, id, false, a.promise);
       continue;
     }
-    a.promise.deliver(true);  // the prefill side may drop its lease
+    answer(self, id, true, a.promise);  // the prefill side may drop its lease
     decode_worker_state::active_seq s;
     s.spec = std::move(a.spec);
     s.req = a.req;
@@ -136,6 +148,12 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         auto& st = self->state;
         // Every reservation is a future batch slot (streamed ones arrive while prefill runs).
         if (st.ledger->holders() >= st.opts.max_batch && !st.ledger->holds(int64_t(id))) return false;
+        if (st.opts.faults && st.opts.faults->take(fault_kind::fail_alloc)) {
+          if (st.opts.metrics)
+            st.opts.metrics->get_counter("tandem_faults_injected_total", "Faults injected by kind", {{"kind", "fail_alloc"}}).inc();
+          report_load(self);
+          return false;  // as if the pool were full: the router tries again later or elsewhere
+        }
         const int32_t cap = std::min(max_total_tokens, st.we->eng->config().n_ctx);
         const bool ok = st.ledger->try_reserve(int64_t(id), cap);
         report_load(self);
@@ -149,17 +167,24 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
           if (it->second.epoch == spec.epoch) pieces = std::move(it->second.pieces);
           st.staged.erase(it);
         }
-        if (!st.ledger->holds(int64_t(spec.id)) || generated.empty() || !kv || st.active.count(spec.id)) return false;
+        auto same = [&](const auto& a) { return a.spec.id == spec.id; };
+        if (st.active.count(spec.id)) return true;  // an earlier try delivered it: the lease may end
+        if (std::any_of(st.arrivals.begin(), st.arrivals.end(), same) ||
+            std::any_of(st.importing.begin(), st.importing.end(), same)) {
+          auto rp = self->make_response_promise<bool>();
+          st.duplicate_tries.emplace(spec.id, rp);
+          return rp;
+        }
+        if (!st.ledger->holds(int64_t(spec.id)) || generated.empty() || !kv) return false;
+        // A set that comes whole (not the closing message of a streamed one) is complete by
+        // itself: pieces staged from an earlier try of the same attempt are superseded.
+        if (!kv->empty()) pieces.clear();
         pieces.push_back(std::move(kv));
         // Every block must be this request's, from this prefill attempt (the tags are under
         // the checksum the engine verifies on import).
         for (const auto& p : pieces)
           for (const auto& b : *p)
-            if (b.request != spec.id || b.epoch != spec.epoch) {
-              self->send(req, fail_atom::value, errc::incompatible_kv,
-                         std::string("KV block of another request or prefill attempt"));
-              return false;
-            }
+            if (b.request != spec.id || b.epoch != spec.epoch) return false;  // not this attempt's: refused
         auto rp = self->make_response_promise<bool>();
         st.arrivals.push_back({std::move(spec), std::move(req), std::move(pieces), std::move(generated), rp});
         kick(self);
@@ -185,7 +210,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         }
         for (auto it = st.arrivals.begin(); it != st.arrivals.end(); ++it) {
           if (it->spec.id != id) continue;
-          it->promise.deliver(false);
+          answer(self, id, false, it->promise);
           st.arrivals.erase(it);
           break;
         }

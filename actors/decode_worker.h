@@ -37,6 +37,9 @@ struct decode_worker_state {
   std::vector<arrival> importing;       // in the step in flight
   std::vector<seq_id> to_free;
   std::set<request_id> cancelled_importing;  // cancelled while their import was in flight
+  // A second try of a transfer (a retry after its first link died) while the first one is
+  // still being imported: answered with the first's outcome, not refused as a failure.
+  std::multimap<request_id, caf::typed_response_promise<bool>> duplicate_tries;
   struct staged_kv {
     uint32_t epoch = 0;
     std::vector<kv_blocks_ptr> pieces;

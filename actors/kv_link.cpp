@@ -39,6 +39,11 @@ kv_blocks_ptr move_through(transport::kv_transport& t, const std::vector<kv_bloc
   return dst;
 }
 
+void count_fault(kv_link_actor::stateful_pointer<kv_link_state> self, const char* kind) {
+  if (auto& m = self->state.opts.metrics)
+    m->get_counter("tandem_faults_injected_total", "Faults injected by kind", {{"kind", kind}}).inc();
+}
+
 // Moves blocks through the link's transport (or hands them over) and accounts for them.
 kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const request_actor& req,
                    const kv_blocks_ptr& kv) {
@@ -52,6 +57,18 @@ kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const re
     status err;
     landed = move_through(*st.transport, *kv, err);
     if (!landed) return nullptr;
+  }
+  if (st.opts.faults && st.opts.faults->take(fault_kind::corrupt_kv)) {
+    // Fault injection: one value changes in flight. A handed-over set is the prefill side's
+    // own (its lease), so the damage goes to a copy.
+    auto damaged = std::make_shared<std::vector<kv_block_export>>(*landed);
+    for (auto& b : *damaged)
+      if (!b.payload.empty()) {
+        b.payload[b.payload.size() / 2] += 1.0f;
+        break;
+      }
+    landed = std::move(damaged);
+    count_fault(self, "corrupt_kv");
   }
   const double ms = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
   st.bytes += bytes;
@@ -101,6 +118,10 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
       },
       [self](kv_piece_atom, request_id id, uint32_t epoch, request_actor& req, kv_blocks_ptr& kv) {
         if (!kv) return;
+        if (self->state.opts.faults && self->state.opts.faults->take(fault_kind::drop_kv)) {
+          count_fault(self, "drop_kv");
+          return;  // lost in flight: the set is incomplete at arrival
+        }
         // A piece that fails to move is simply not staged: the decode side then finds the set
         // incomplete at arrival and refuses it, so nothing decodes on partial KV.
         if (kv_blocks_ptr landed = move(self, req, kv)) {

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "actors/protocol.h"
+#include "runtime/fault_injection.h"
 #include "transport/transport.h"
 
 namespace tandem {
@@ -16,6 +17,7 @@ struct kv_link_options {
   // in-process transport; "shm": through a shared-memory arena (the cross-process path).
   std::string transport = "local";
   std::shared_ptr<metrics::registry> metrics;
+  std::shared_ptr<fault_injector> faults;  // armed faults this link can suffer (tests, tandem chaos)
 };
 
 struct kv_link_state {

@@ -4,12 +4,15 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <random>
+#include <thread>
 
 #include "actors/colocated_worker.h"
 #include "actors/connection.h"
 #include "actors/decode_worker.h"
 #include "actors/error.h"
 #include "actors/prefill_worker.h"
+#include "actors/root.h"
 #include "actors/router.h"
 #include "actors/supervisor.h"
 #include "runtime/synth.h"
@@ -145,8 +148,9 @@ struct pipeline::impl {
   std::shared_ptr<std::atomic<int64_t>> live_connections = std::make_shared<std::atomic<int64_t>>(0);
   caf::actor_system_config sys_cfg;
   std::unique_ptr<caf::actor_system> sys;
-  router_actor router;
-  std::vector<caf::actor> pools;
+  std::shared_ptr<router_directory> routers = std::make_shared<router_directory>();
+  std::shared_ptr<fault_injector> faults = std::make_shared<fault_injector>();
+  root_actor root;
   std::atomic<request_id> next_id{1};
 
   worker_options worker_opts(int32_t index, int32_t budget) const {
@@ -162,6 +166,7 @@ struct pipeline::impl {
     o.stream_layer_group = cfg.stream_layer_group;
     o.max_batch = cfg.max_batch;
     o.metrics = metrics;
+    o.faults = faults;
     return o;
   }
 };
@@ -191,46 +196,60 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   ro.admission_policy_impl = im.cfg.admission_policy_impl;
   ro.prefill_policy = im.cfg.prefill_policy;
   ro.decode_policy = im.cfg.decode_policy;
-  ro.request_ctx = {im.mdl, im.metrics, im.live, {}};
-  im.router = im.sys->spawn(router_behavior, ro);
+  ro.request_ctx = {im.mdl, im.metrics, im.live, {}, im.routers};
+  ro.faults = im.faults;
 
+  // The pools for a router (the first, or one that replaced a dead one).
   auto mdl = im.mdl;
-  auto router = im.router;
   impl* ip = impl_.get();
-  auto add_pool = [&](const std::string& kind, int n, worker_spawner spawner) {
-    im.pools.push_back(im.sys->spawn(pool_supervisor, pool_options{kind, n, 5, std::chrono::milliseconds(10000), im.metrics},
-                                     std::move(spawner)));
+  auto spawn_pools = [ip, mdl](caf::local_actor* root, router_actor router) {
+    std::vector<caf::actor> pools;
+    auto add_pool = [&](const std::string& kind, int n, worker_spawner spawner) {
+      pools.push_back(root->spawn(pool_supervisor,
+                                  pool_options{kind, n, 5, std::chrono::milliseconds(10000), ip->metrics},
+                                  std::move(spawner)));
+    };
+    if (ip->cfg.mode == serving_mode::disaggregated) {
+      add_pool("decode", ip->cfg.decode_workers, [ip, mdl, router](caf::event_based_actor* self, int32_t i) {
+        auto w = self->spawn<caf::monitored>(decode_worker_behavior, mdl, ip->worker_opts(i, 0), router);
+        self->send(router, join_atom::value, i, w);
+        return caf::actor_cast<caf::actor>(w);
+      });
+      add_pool("prefill", ip->cfg.prefill_workers, [ip, mdl, router](caf::event_based_actor* self, int32_t i) {
+        auto w = self->spawn<caf::monitored>(prefill_worker_behavior, mdl,
+                                             ip->worker_opts(i, ip->cfg.prefill_token_budget), router);
+        self->send(router, join_atom::value, i, w);
+        return caf::actor_cast<caf::actor>(w);
+      });
+    } else {
+      add_pool("colocated", ip->cfg.colocated_workers, [ip, mdl, router](caf::event_based_actor* self, int32_t i) {
+        auto w = self->spawn<caf::monitored>(colocated_worker_behavior, mdl,
+                                             ip->worker_opts(i, ip->cfg.colocated_token_budget), router);
+        self->send(router, join_atom::value, i, w);
+        return caf::actor_cast<caf::actor>(w);
+      });
+    }
+    return pools;
   };
-  if (im.cfg.mode == serving_mode::disaggregated) {
-    add_pool("decode", im.cfg.decode_workers, [ip, mdl, router](caf::event_based_actor* self, int32_t i) {
-      auto w = self->spawn<caf::monitored>(decode_worker_behavior, mdl, ip->worker_opts(i, 0), router);
-      self->send(router, join_atom::value, i, w);
-      return caf::actor_cast<caf::actor>(w);
-    });
-    add_pool("prefill", im.cfg.prefill_workers, [ip, mdl, router](caf::event_based_actor* self, int32_t i) {
-      auto w = self->spawn<caf::monitored>(prefill_worker_behavior, mdl,
-                                           ip->worker_opts(i, ip->cfg.prefill_token_budget), router);
-      self->send(router, join_atom::value, i, w);
-      return caf::actor_cast<caf::actor>(w);
-    });
-  } else {
-    add_pool("colocated", im.cfg.colocated_workers, [ip, mdl, router](caf::event_based_actor* self, int32_t i) {
-      auto w = self->spawn<caf::monitored>(colocated_worker_behavior, mdl,
-                                           ip->worker_opts(i, ip->cfg.colocated_token_budget), router);
-      self->send(router, join_atom::value, i, w);
-      return caf::actor_cast<caf::actor>(w);
-    });
-  }
+  root_options rto;
+  rto.router = std::move(ro);
+  rto.pools = spawn_pools;
+  rto.directory = im.routers;
+  rto.max_restarts = std::max(0, im.cfg.max_router_restarts);
+  im.root = im.sys->spawn(root_behavior, std::move(rto));
+  // The root starts the router on its first run: until then nothing could find it (a cancel
+  // or stats call right after construction), so the pipeline is ready only once it has.
+  im.routers->set_gateway(caf::actor_cast<caf::actor>(im.root));
+  for (int i = 0; i < 5000 && !im.routers->get(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!im.routers->get()) throw failure(errc::io_error, "the router did not start");
 }
 
 pipeline::~pipeline() {
   auto& im = *impl_;
-  // Workers first (their requests fail with worker_failed... or end), then the router, whose
-  // request actors are linked to it; ~actor_system waits for every actor and compute thread.
-  for (auto& p : im.pools) caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(im.router, caf::exit_reason::user_shutdown);
-  im.router = nullptr;
-  im.pools.clear();
+  // The root stops the pools (workers first) and the router; request actors then end with an
+  // error (no router will come); ~actor_system waits for every actor and compute thread.
+  caf::anon_send_exit(im.root, caf::exit_reason::user_shutdown);
+  im.root = nullptr;
   im.sys.reset();
 }
 
@@ -276,9 +295,9 @@ std::optional<request_spec> make_spec(connection_inbox& in, request_id id, const
 
 // The connection learns of the request before anything the request sends it can arrive; the
 // router gets the submit from the caller's thread, so requests queue in the order they came.
-void send_submit(connection_inbox& in, const router_actor& router, request_spec spec) {
+void send_submit(connection_inbox& in, const root_actor& root, request_spec spec) {
   caf::anon_send(in.actor, submit_atom::value, spec.id);
-  caf::anon_send(router, submit_atom::value, std::move(spec), caf::actor_cast<subscriber_actor>(in.actor));
+  caf::anon_send(root, submit_atom::value, std::move(spec), caf::actor_cast<subscriber_actor>(in.actor));
 }
 
 }  // namespace
@@ -292,8 +311,8 @@ request_id pipeline::submit(generation_request req, std::function<void(const req
   in->callback = std::move(on_event);
   const request_id id = im.next_id++;
   if (auto spec = make_spec(*in, id, *im.mdl, req)) {
-    in->actor = im.sys->spawn(connection_behavior, in, im.router, true, im.live_connections);
-    send_submit(*in, im.router, std::move(*spec));
+    in->actor = im.sys->spawn(connection_behavior, in, im.routers, true, im.live_connections);
+    send_submit(*in, im.root, std::move(*spec));
   }
   return id;
 }
@@ -305,8 +324,8 @@ request_handle pipeline::submit_notify(generation_request req, std::function<voi
   h.in_->notify = std::move(on_ready);
   h.id_ = im.next_id++;
   if (auto spec = make_spec(*h.in_, h.id_, *im.mdl, req)) {
-    h.in_->actor = im.sys->spawn(connection_behavior, h.in_, im.router, true, im.live_connections);
-    send_submit(*h.in_, im.router, std::move(*spec));
+    h.in_->actor = im.sys->spawn(connection_behavior, h.in_, im.routers, true, im.live_connections);
+    send_submit(*h.in_, im.root, std::move(*spec));
   }
   return h;
 }
@@ -316,7 +335,7 @@ connection pipeline::connect(std::function<void()> on_ready) {
   connection c;
   c.in_ = std::make_shared<connection_inbox>();
   c.in_->notify = std::move(on_ready);
-  c.in_->actor = im.sys->spawn(connection_behavior, c.in_, im.router, false, im.live_connections);
+  c.in_->actor = im.sys->spawn(connection_behavior, c.in_, im.routers, false, im.live_connections);
   c.pipe_ = this;
   return c;
 }
@@ -339,7 +358,7 @@ request_id connection::submit(generation_request req) {
   if (!in_ || !pipe_) throw failure(errc::invalid_argument, "submit on a closed connection");
   auto& im = *pipe_->impl_;
   const request_id id = im.next_id++;
-  if (auto spec = make_spec(*in_, id, *im.mdl, req)) send_submit(*in_, im.router, std::move(*spec));
+  if (auto spec = make_spec(*in_, id, *im.mdl, req)) send_submit(*in_, im.root, std::move(*spec));
   return id;
 }
 
@@ -376,26 +395,68 @@ void connection::close() {
   pipe_ = nullptr;
 }
 
-void pipeline::cancel(request_id id) { caf::anon_send(impl_->router, cancel_atom::value, id); }
+void pipeline::cancel(request_id id) {
+  if (auto g = impl_->routers->gateway()) caf::anon_send(caf::actor_cast<root_actor>(g), cancel_atom::value, id);
+}
 
 bool pipeline::kill_worker(const std::string& pool, int index) {
-  auto& im = *impl_;
   if (pool != "prefill" && pool != "decode" && pool != "colocated")
     throw failure(errc::invalid_argument, "unknown pool '" + pool + "' (prefill, decode, colocated)");
-  bool killed = false;
+  return !kill(pool, index).empty();
+}
+
+std::string pipeline::kill(const std::string& kind, int index) {
+  auto& im = *impl_;
+  static const std::vector<std::string> kinds = {"prefill", "decode", "colocated", "kv_link", "request", "router", "random"};
+  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
+    throw failure(errc::invalid_argument,
+                  "unknown kind '" + kind + "' (prefill, decode, colocated, kv_link, request, router, random)");
+  std::string what = kind;
+  if (kind == "random") {
+    // Any kind this pipeline has; the router least often (it restarts everything below it).
+    std::vector<std::string> pick = im.cfg.mode == serving_mode::disaggregated
+                                        ? std::vector<std::string>{"prefill", "decode", "kv_link", "request"}
+                                        : std::vector<std::string>{"colocated", "request"};
+    thread_local std::minstd_rand rng{std::random_device{}()};
+    what = rng() % 10 == 0 ? "router" : pick[rng() % pick.size()];
+    index = -1;
+  }
+  auto router = im.routers->get();
+  if (!router) return {};
+  if (what == "router") {
+    caf::anon_send_exit(router, caf::exit_reason::kill);
+    return "router";
+  }
+  std::string killed;
   caf::scoped_actor self{*im.sys};
-  self->request(im.router, std::chrono::seconds(10), kill_atom::value, pool != "decode", int32_t(index))
-      .receive([&](bool ok) { killed = ok; }, [&](caf::error&) {});
+  self->request(router, std::chrono::seconds(10), kill_atom::value, what, int32_t(index))
+      .receive([&](std::string& name) { killed = std::move(name); }, [&](caf::error& e) { fprintf(stderr, "kill: %s\n", caf::to_string(e).c_str()); });
   return killed;
 }
 
 bool pipeline::kill_request(request_id id) {
   auto& im = *impl_;
+  auto router = im.routers->get();
+  if (!router) return false;
   bool killed = false;
   caf::scoped_actor self{*im.sys};
-  self->request(im.router, std::chrono::seconds(10), kill_atom::value, id)
+  self->request(router, std::chrono::seconds(10), kill_atom::value, id)
       .receive([&](bool ok) { killed = ok; }, [&](caf::error&) {});
   return killed;
+}
+
+void pipeline::inject(fault_kind kind, int count, std::chrono::milliseconds stall) {
+  if (kind == fault_kind::stall) impl_->faults->set_stall(stall);
+  impl_->faults->arm(kind, count);
+}
+
+bool pipeline::degraded() {
+  auto& im = *impl_;
+  if (im.routers->gone()) return true;
+  bool d = false;
+  caf::scoped_actor self{*im.sys};
+  self->request(im.root, std::chrono::seconds(10), degraded_atom::value).receive([&](bool v) { d = v; }, [&](caf::error&) {});
+  return d;
 }
 
 const model& pipeline::get_model() const { return *impl_->mdl; }
@@ -406,14 +467,20 @@ pipeline_stats pipeline::stats(size_t listed_requests) {
   auto& im = *impl_;
   pipeline_stats out;
   caf::scoped_actor self{*im.sys};
-  self->request(im.router, std::chrono::seconds(10), stats_atom::value)
+  auto router = im.routers->get();
+  if (!router) {  // between routers (a restart): nothing to ask
+    out.live_requests = im.live->load();
+    out.live_connections = im.live_connections->load();
+    return out;
+  }
+  self->request(router, std::chrono::seconds(10), stats_atom::value)
       .receive(
           [&](std::vector<worker_stats>& ws) {
             for (auto& w : ws)
               out.workers.push_back({w.name, w.kv_total_blocks, w.kv_free_blocks, w.reserved_blocks, w.active, w.steps, w.max_batch});
           },
           [&](caf::error&) {});
-  self->request(im.router, std::chrono::seconds(10), state_atom::value, int32_t(listed_requests))
+  self->request(router, std::chrono::seconds(10), state_atom::value, int32_t(listed_requests))
       .receive(
           [&](router_view& v) {
             out.prefill_queue = v.prefill_queue;

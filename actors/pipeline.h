@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/fault_injection.h"
 #include "runtime/model.h"
 #include "runtime/policy.h"
 #include "runtime/request_types.h"
@@ -45,6 +46,9 @@ struct pipeline_config {
   // A request whose worker dies while it decodes migrates (prefilled again with the tokens sent
   // so far, then decoding goes on elsewhere) at most this many times.
   int32_t max_migrations = 3;
+  // The router is restarted (with the pools below it; requests rejoin it) at most this many
+  // times in 10 s; past that the pipeline is degraded and requests end with an error.
+  int32_t max_router_restarts = 3;
   int scheduler_threads = 2;                // CAF threads for the actors (compute has its own)
   std::shared_ptr<const admission_policy> admission_policy_impl;  // replaceable policies
   std::shared_ptr<const prefill_placement> prefill_policy;
@@ -171,6 +175,16 @@ class pipeline {
   // Fault injection: kills a request's actor. Its reader gets an error event; the router frees
   // what the request held. False if the router does not know the request (ended already).
   bool kill_request(request_id id);
+  // Fault injection by kind: "prefill", "decode", "colocated", "kv_link", "request", "router"
+  // or "random" (any kind this pipeline has); `index` picks one of that kind, -1 a random one.
+  // Returns the name of what was killed ("decode-1", "kv_link-p0-d1", "request-17",
+  // "router"), empty if there was nothing of that kind alive. Throws on an unknown kind.
+  std::string kill(const std::string& kind, int index = -1);
+  // Arms `count` faults of a kind (runtime/fault_injection.h); each is suffered once by the
+  // first actor that meets it. `stall` is how long a stalled step hangs.
+  void inject(fault_kind kind, int count, std::chrono::milliseconds stall = std::chrono::milliseconds(5000));
+  // The router failed past its restart intensity: nothing is served any more.
+  bool degraded();
 
   const model& get_model() const;
   metrics::registry& metrics();

@@ -89,15 +89,25 @@ void kick(self_ptr self) {
   st.we->start(self, std::move(work));
 }
 
+// A try over `link` failed: the lease stays, and the router decides (ship again, or move on).
+void transfer_failed(self_ptr self, request_id id, const kv_link_actor& link) {
+  auto it = self->state.leases.find(id);
+  if (it == self->state.leases.end() || it->second.sending != link) return;
+  it->second.sending = nullptr;
+  it->second.resend_all = true;
+  self->send(self->state.router, transfer_atom::value, id, it->second.spec.epoch, link);
+}
+
 // Hands a finished prompt's KV (all of it, or only the closing message when it was streamed)
 // to the link; the lease ends when the decode worker holds it.
 void start_transfer(self_ptr self, request_id id, kv_link_actor link) {
   auto it = self->state.leases.find(id);
   if (it == self->state.leases.end()) return;
   auto& l = it->second;
-  if (!l.kv && l.streamed_to && l.streamed_to != link) {
-    // Its pieces went to a link that was replaced (its decode worker died): the new decode
-    // worker has none of them, so the whole set goes again, exported while the engine is idle.
+  if (!l.kv && ((l.streamed_to && l.streamed_to != link) || l.resend_all)) {
+    // Its pieces went to a link that was replaced (its decode worker or the link died), or a
+    // try failed (a piece lost or corrupted): the decode side cannot build on them, so the
+    // whole set goes again, exported while the engine is idle.
     if (self->state.we->busy) {
       l.pending = link;
       return;
@@ -107,34 +117,28 @@ void start_transfer(self_ptr self, request_id id, kv_link_actor link) {
     (void)eng.export_kv(l.seq, 0, eng.config().n_layer, 0, *all, id, l.spec.epoch);
     l.kv = std::move(all);
     l.streamed_to = nullptr;
+    l.resend_all = false;
   }
   l.pending = nullptr;
   l.sending = link;
   // Told before the transfer starts: if this worker dies later, the link still delivers.
   self->send(self->state.router, ship_atom::value, id);
   kv_blocks_ptr kv = l.kv ? l.kv : std::make_shared<const std::vector<kv_block_export>>();
+  // The lease stays until decode confirms. A failed try (the link or its decode worker died,
+  // or decode refused a corrupted or incomplete set) goes to the router, which ships it again
+  // from this lease or moves the request on (and releases the lease).
+  auto failed = [self, id, link] { transfer_failed(self, id, link); };
   self->request(link, std::chrono::seconds(60), transfer_atom::value, l.spec, l.req, kv, l.generated)
       .then(
-          [self, id, link](bool ok) {
-            // Decode holds the blocks (or refused them): the lease ends either way.
+          [self, id, link, failed](bool ok) {
+            if (!ok) return failed();
             auto it = self->state.leases.find(id);
             if (it == self->state.leases.end() || it->second.sending != link) return;
-            if (!ok)
-              self->send(it->second.req, fail_atom::value, errc::checksum_mismatch,
-                         std::string("the decode worker refused the request's KV blocks"));
             self->state.to_free.push_back(it->second.seq);
             self->state.leases.erase(it);
             kick(self);
           },
-          [self, id, link](caf::error&) {
-            // The link or its decode worker died. The lease stays: the router either moves the
-            // request on (migrates it, and releases the lease) or, having reserved another
-            // decode worker meanwhile, ships it again over the new link.
-            auto it = self->state.leases.find(id);
-            if (it == self->state.leases.end() || it->second.sending != link) return;
-            it->second.sending = nullptr;
-            self->send(self->state.router, transfer_atom::value, id, it->second.spec.epoch, link);
-          });
+          [failed](caf::error&) { failed(); });
 }
 
 // Transfers that waited for the engine to be idle (it is, between steps).
@@ -148,6 +152,7 @@ void start_pending(self_ptr self) {
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
   st.we->busy = false;
+  ++st.we->finished;
   record_step(st.opts, "prefill", r, int32_t(r.created_seqs.size()));
   for (const auto& c : r.created_seqs)
     for (auto& j : st.queue)
@@ -254,6 +259,21 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
       [self](release_atom, request_id id) {
         auto it = self->state.leases.find(id);
         if (it == self->state.leases.end()) return;
+        self->state.to_free.push_back(it->second.seq);
+        self->state.leases.erase(it);
+        kick(self);
+      },
+      [self](down_atom, kv_link_actor& link) {
+        // A link died: a transfer it had taken will never be answered (its promise died
+        // with it), so it fails now rather than at the timeout.
+        std::vector<request_id> ids;
+        for (auto& [id, l] : self->state.leases)
+          if (l.sending == link) ids.push_back(id);
+        for (auto id : ids) transfer_failed(self, id, link);
+      },
+      [self](release_atom, request_id id, uint32_t epoch) {
+        auto it = self->state.leases.find(id);
+        if (it == self->state.leases.end() || it->second.spec.epoch != epoch) return;
         self->state.to_free.push_back(it->second.seq);
         self->state.leases.erase(it);
         kick(self);

@@ -33,6 +33,7 @@ struct prefill_worker_state {
     kv_link_actor streamed_to;       // the link holding its streamed pieces
     kv_link_actor sending;           // the link of the transfer in flight (replies from others are stale)
     kv_link_actor pending;           // a transfer waiting for the engine to be idle (to export again)
+    bool resend_all = false;         // a try failed: the next one exports the whole set again
   };
   worker_options opts;
   router_actor router;

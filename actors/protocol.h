@@ -53,6 +53,7 @@ using down_atom = caf::atom_constant<caf::atom("wdown")>;
 using kill_atom = caf::atom_constant<caf::atom("kill")>;
 using kv_piece_atom = caf::atom_constant<caf::atom("kvpiece")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
+using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 
 // Result of a worker's compute step, produced on its compute thread.
 struct step_result;
@@ -115,7 +116,8 @@ using request_actor = caf::typed_actor<
     caf::reacts_to<cancel_atom>,                                // the client gives up
     // Its worker died while decoding: every token generated so far (empty once it has ended),
     // to prefill again and continue elsewhere.
-    caf::replies_to<resume_atom>::with<std::vector<token_id>>>;
+    caf::replies_to<resume_atom>::with<std::vector<token_id>>,
+    caf::reacts_to<rejoin_atom>>;                               // its router died: look for the new one
 
 // Decode side: reserve credits, receive KV, continue requests; also a colocated target.
 using decode_worker_actor = caf::typed_actor<
@@ -143,6 +145,8 @@ using prefill_worker_actor = caf::typed_actor<
     caf::reacts_to<prefill_atom, request_spec, request_actor>,         // a job
     caf::reacts_to<ship_atom, request_id, kv_link_actor>,             // send its KV over this link
     caf::reacts_to<release_atom, request_id>,                         // the lease can end: decode has it
+    caf::reacts_to<release_atom, request_id, uint32_t>,               // ... if it is of this attempt (epoch)
+    caf::reacts_to<down_atom, kv_link_actor>,                         // this link died
     caf::reacts_to<cancel_atom, request_id>,
     caf::reacts_to<pause_atom, request_id, bool>,
     caf::reacts_to<step_atom, step_result_ptr>,
@@ -150,7 +154,10 @@ using prefill_worker_actor = caf::typed_actor<
 
 // Admission control and placement.
 using router_actor = caf::typed_actor<
-    caf::reacts_to<submit_atom, request_spec, subscriber_actor>,
+    // A new request, forwarded by the root in arrival order (the number is that order)
+    caf::reacts_to<submit_atom, request_spec, subscriber_actor, uint64_t>,
+    // A request whose router died: its original spec and every token it has, from its actor
+    caf::reacts_to<rejoin_atom, request_spec, std::vector<token_id>, request_actor>,
     caf::reacts_to<prefilled_atom, request_id, int32_t, bool>,        // id, prefill worker, finished already
     caf::reacts_to<load_atom, prefill_worker_load>,
     caf::reacts_to<load_atom, decode_worker_load>,
@@ -164,7 +171,9 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<join_atom, int32_t, prefill_worker_actor>,         // (re)started prefill/colocated worker
     caf::reacts_to<join_atom, int32_t, decode_worker_actor>,          // (re)started decode worker
     caf::reacts_to<down_atom, int32_t, bool>,                         // worker index died (true: prefill side)
-    caf::replies_to<kill_atom, bool, int32_t>::with<bool>,            // fault injection: kill a worker
+    // fault injection: kill an actor of a kind ("prefill", "decode", "colocated", "kv_link",
+    // "request"), index -1 for a random one; replies with its name, empty if there is none
+    caf::replies_to<kill_atom, std::string, int32_t>::with<std::string>,
     caf::replies_to<kill_atom, request_id>::with<bool>,               // fault injection: kill a request actor
     caf::replies_to<stats_atom>::with<std::vector<worker_stats>>,
     // Its own view, listing at most this many requests

@@ -78,6 +78,17 @@ void finish(self_ptr self, request_state end, request_event final_event) {
   emit(self, std::move(final_event));
 }
 
+// No router will take this request any more: it ends (and so does its actor).
+void router_gone(self_ptr self) {
+  if (!is_terminal(self->state.state)) {
+    request_event err = make_event(event_kind::error);
+    err.code = errc::worker_failed;
+    err.message = "the router ended";
+    finish(self, request_state::failed, std::move(err));
+  }
+  self->quit();
+}
+
 }  // namespace
 
 request_actor::behavior_type request_behavior(self_ptr self, request_spec spec, subscriber_actor subscriber,
@@ -104,14 +115,14 @@ request_actor::behavior_type request_behavior(self_ptr self, request_spec spec, 
       }
       self->quit();
     } else if (dm.source == self->state.router.address()) {
-      // The router is gone (shutdown, or killed): nobody will move this request on.
-      if (!is_terminal(self->state.state)) {
-        request_event err = make_event(event_kind::error);
-        err.code = errc::worker_failed;
-        err.message = "the router ended";
-        finish(self, request_state::failed, std::move(err));
+      // The router died. If the root restarts it, this request joins the new one with every
+      // token it has (its workers were restarted with the router); else it ends.
+      if (!is_terminal(self->state.state) && self->state.ctx.routers && !self->state.ctx.routers->gone()) {
+        self->state.rejoin_since = steady::now();
+        self->send(self, rejoin_atom::value);
+        return;
       }
-      self->quit();
+      router_gone(self);
     }
   });
   self->monitor(st.router);
@@ -187,6 +198,22 @@ request_actor::behavior_type request_behavior(self_ptr self, request_spec spec, 
       [self](resume_atom) {
         const auto& st = self->state;
         return is_terminal(st.state) ? std::vector<token_id>{} : st.generated;
+      },
+      [self](rejoin_atom) {
+        auto& st = self->state;
+        if (is_terminal(st.state)) return;
+        const auto& dir = *st.ctx.routers;
+        auto next = dir.get();
+        if (next && next != st.router) {
+          st.router = next;
+          st.rejoin_since = {};
+          self->monitor(st.router);
+          self->send(st.router, rejoin_atom::value, st.spec, st.generated, caf::actor_cast<request_actor>(self));
+          st.paused = false;  // the new router knows no pause: the next event asks again
+          return;
+        }
+        if (dir.gone() || steady::now() - st.rejoin_since > st.ctx.rejoin_timeout) return router_gone(self);
+        self->delayed_send(self, std::chrono::milliseconds(10), rejoin_atom::value);
       },
       [self](cancel_atom) {
         auto& st = self->state;

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "actors/protocol.h"
+#include "actors/router_directory.h"
 #include "runtime/model.h"
 
 namespace tandem {
@@ -23,6 +24,8 @@ struct request_context {
   std::shared_ptr<metrics::registry> metrics;
   std::shared_ptr<std::atomic<int64_t>> live_requests;  // counts request actors alive
   request_actor_config config;
+  std::shared_ptr<router_directory> routers;  // where to rejoin when its router dies (null: fail then)
+  std::chrono::milliseconds rejoin_timeout{30000};  // waits this long for a new router
 };
 
 struct request_actor_state {
@@ -36,6 +39,7 @@ struct request_actor_state {
   std::deque<request_event> buffered;  // waiting for credits
   int32_t credits = 0;
   bool paused = false;
+  steady::time_point rejoin_since;  // its router died at; zero while it has one
   steady::time_point t_submit, t_prefill_start, t_first_token, t_decode_start, t_last_token;
   bool prefill_started = false, decode_started = false;
   uint64_t kv_bytes = 0;

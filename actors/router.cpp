@@ -57,6 +57,7 @@ void dispatch_prefill(self_ptr self) {
       st.decode_queue.push_back(id);
     }
     e.dispatched = steady::now();
+    e.transfer_retries = 0;
     if (st.prefill_busy_since[size_t(w)] == steady::time_point{}) st.prefill_busy_since[size_t(w)] = e.dispatched;
     self->send(st.prefill[size_t(w)], prefill_atom::value, e.spec, e.req);
   }
@@ -152,25 +153,35 @@ load_snapshot snapshot(self_ptr self) {
   return s;
 }
 
-// Links are linked to the router so that they end with it. One that a restart replaces must
-// not end as unreachable (that would take the router down with it). Towards a dead decode
-// worker it has nothing left to do: unlinked and stopped. From a dead prefill worker it may
-// still be delivering KV it already holds: it retires (ends once idle) and the router holds it
-// until then.
+// Links are monitored by the router and end with it; one that dies (or is killed) is replaced.
+// Towards
+// a dead decode worker a link has nothing left to do: stopped. From a dead prefill worker it
+// may still be delivering KV it already holds: it retires (ends once idle).
 void open_link(self_ptr self, size_t p, size_t d, bool decode_side_replaced) {
   auto& st = self->state;
   auto& link = st.links[p][d];
-  if (link && decode_side_replaced) {
-    self->unlink_from(link);
-    caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
-  } else if (link) {
-    self->monitor(link);
-    self->send(link, release_atom::value);
-    st.retiring_links.emplace(link.address(), link);
+  if (link) {
+    st.link_slots.erase(link.address());
+    st.retiring_links.emplace(link.address(), link);  // its exit is expected, not a failure
+    if (decode_side_replaced) caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
+    else self->send(link, release_atom::value);
   }
-  link = self->spawn<caf::linked>(kv_link_behavior, st.decode[d],
-                                  kv_link_options{"p" + std::to_string(p) + "->d" + std::to_string(d),
-                                                  st.opts.kv_transport, st.opts.request_ctx.metrics});
+  link = self->spawn<caf::monitored>(kv_link_behavior, st.decode[d],
+                                     kv_link_options{"p" + std::to_string(p) + "->d" + std::to_string(d),
+                                                     st.opts.kv_transport, st.opts.request_ctx.metrics, st.opts.faults});
+  st.link_slots[link.address()] = {p, d};
+  st.all_links->emplace(link.address(), caf::actor_cast<caf::actor>(link));
+}
+
+// A live link died (killed, or crashed): a fresh one takes its place. Transfers it carried
+// fail back to their prefill workers, which still hold the KV under lease and report it; the
+// router then ships it again over the new link.
+void link_down(self_ptr self, size_t p, size_t d) {
+  auto& st = self->state;
+  if (p < st.prefill.size() && st.prefill[p]) self->send(st.prefill[p], down_atom::value, st.links[p][d]);
+  st.links[p][d] = nullptr;
+  reg(self).get_counter("tandem_restarts_total", "Worker restarts by kind", {{"kind", "kv_link"}}).inc();
+  if (p < st.prefill.size() && d < st.decode.size() && st.prefill[p] && st.decode[d]) open_link(self, p, d, false);
 }
 
 // Puts a request back at the front of the prefill queue (a new attempt from scratch).
@@ -210,7 +221,12 @@ void migrate(self_ptr self, request_id id) {
   if (st.opts.mode == serving_mode::disaggregated && p >= 0 && size_t(p) < st.prefill.size() && st.prefill[size_t(p)] &&
       st.prefill_gen[size_t(p)] == e.prefill_gen)
     self->send(st.prefill[size_t(p)], release_atom::value, id);
-  e.decode_worker = -1;  // nothing of it is left there (the dead worker's credits died with it)
+  // Credits it holds on a live decode worker (a failed transfer) go back; a dead worker's
+  // died with it.
+  const int32_t d = e.decode_worker;
+  if (d >= 0 && size_t(d) < st.decode.size() && st.decode[size_t(d)] && st.decode_gen[size_t(d)] == e.decode_gen)
+    self->send(st.decode[size_t(d)], cancel_atom::value, id);
+  e.decode_worker = -1;
   e.prefill_worker = -1;
   e.transfer_started = false;
   e.decode_claimed = false;
@@ -328,9 +344,22 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
   if (!self->state.opts.decode_policy) self->state.opts.decode_policy = std::make_shared<decode_placement>();
   // Messages a worker sent before dying arrive before its down message (same sender), so what
   // worker_down sees of its requests is final.
+  // Links end with the router (they are monitored, not linked: one that dies must not take
+  // the router down).
+  self->attach_functor([links = self->state.all_links] {
+    for (auto& [addr, l] : *links) caf::anon_send_exit(l, caf::exit_reason::user_shutdown);
+  });
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
-    if (st.retiring_links.erase(dm.source) > 0) return;
+    if (st.all_links->erase(dm.source) > 0) {
+      if (st.retiring_links.erase(dm.source) > 0) return;
+      if (auto it = st.link_slots.find(dm.source); it != st.link_slots.end()) {
+        const auto [p, d] = it->second;
+        st.link_slots.erase(it);
+        if (st.links[p][d] && st.links[p][d].address() == dm.source) link_down(self, p, d);
+      }
+      return;
+    }
     if (auto r = st.request_actors.find(dm.source); r != st.request_actors.end()) {
       const request_id id = r->second;
       st.request_actors.erase(r);
@@ -344,8 +373,9 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
     worker_down(self, w.index, w.prefill_side, w.gen);
   });
   return {
-      [self](submit_atom, request_spec& spec, subscriber_actor& sub) {
+      [self](submit_atom, request_spec& spec, subscriber_actor& sub, uint64_t seq) {
         auto& st = self->state;
+        if (st.opts.submits_taken) st.opts.submits_taken->store(seq);
         // A pool whose every worker is down (restarting, or degraded past its restart
         // intensity) cannot serve: say so now (HTTP 503) rather than queue without bound. Before
         // any worker has joined (start-up) requests queue.
@@ -394,6 +424,25 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         st.prefill_queue_tokens += prompt_len(e);
         st.requests.emplace(id, std::move(e));
         st.prefill_queue.push_back(id);
+        dispatch_prefill(self);
+      },
+      [self](rejoin_atom, request_spec& spec, std::vector<token_id>& generated, request_actor& req) {
+        // From a request whose router died: admitted before, it queues again (first among
+        // the new ones) with every token it has as the end of its prompt.
+        auto& st = self->state;
+        const request_id id = spec.id;
+        if (st.requests.count(id)) return;
+        self->monitor(req);
+        st.request_actors.emplace(req.address(), id);
+        router_state::entry e;
+        e.req = req;
+        e.spec = std::move(spec);
+        e.spec.prompt.insert(e.spec.prompt.end(), generated.begin(), generated.end());
+        e.spec.resumed = int32_t(generated.size());
+        st.prefill_queue_tokens += prompt_len(e);
+        st.requests.emplace(id, std::move(e));
+        st.prefill_queue.push_back(id);
+        reg(self).get_counter("tandem_router_rejoins_total", "Requests that joined a restarted router").inc();
         dispatch_prefill(self);
       },
       [self](prefilled_atom, request_id id, int32_t worker, bool finished) {
@@ -461,29 +510,44 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
       [self](state_atom, request_id id, request_state s) {
         // Decoding where the worker says: what worker_down will look for if that one dies.
         auto& st = self->state;
-        if (auto it = st.requests.find(id); it != st.requests.end()) {
-          if (auto w = st.watched.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
-              w != st.watched.end() && !w->second.prefill_side) {
-            it->second.decode_worker = w->second.index;
-            it->second.decode_gen = w->second.gen;
-          }
+        auto it = st.requests.find(id);
+        if (it == st.requests.end()) return;
+        auto& e = it->second;
+        if (auto w = st.watched.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
+            w != st.watched.end() && !w->second.prefill_side) {
+          // A late report from where the request no longer is (it was moved on meanwhile, and
+          // that worker was told to drop it) changes nothing.
+          if (e.migrating || (e.decode_worker >= 0 && e.decode_worker != w->second.index)) return;
+          e.decode_worker = w->second.index;
+          e.decode_gen = w->second.gen;
         }
-        if (auto it = self->state.requests.find(id); it != self->state.requests.end()) it->second.state = s;
+        e.state = s;
       },
-      [self](transfer_atom, request_id id, uint32_t epoch, kv_link_actor& link) {
-        // Stale (a later attempt exists, or worker_down moved it already) or recoverable.
-        auto it = self->state.requests.find(id);
-        if (it == self->state.requests.end()) return;
-        const auto& e = it->second;
-        if (e.spec.epoch != epoch || e.migrating || e.state != request_state::transferring) return;
-        // A transfer over a link replaced meanwhile (its decode worker restarted, and the
-        // request was re-reserved) is not the one that counts.
+      [self](transfer_atom, request_id id, uint32_t epoch, kv_link_actor&) {
+        // A transfer failed; its prefill worker still holds the KV under lease (it reports
+        // only its latest try, so this is not stale there). Stale here: a later attempt
+        // exists, or worker_down moved the request on already.
         auto& st = self->state;
-        const bool current = e.prefill_worker >= 0 && e.decode_worker >= 0 && size_t(e.prefill_worker) < st.links.size() &&
-                             size_t(e.decode_worker) < st.links[size_t(e.prefill_worker)].size() &&
-                             st.links[size_t(e.prefill_worker)][size_t(e.decode_worker)] == link;
-        if (!current) return;
-        migrate(self, id);
+        // Not retried: the lease of that attempt ends (the decode side got the KV before the
+        // link died, or the request ended or moved on).
+        auto stale = [self, id, epoch] {
+          self->send(caf::actor_cast<prefill_worker_actor>(self->current_sender()), release_atom::value, id, epoch);
+        };
+        auto it = st.requests.find(id);
+        if (it == st.requests.end()) return stale();
+        auto& e = it->second;
+        if (e.spec.epoch != epoch || e.migrating || e.state != request_state::transferring) return stale();
+        const int32_t p = e.prefill_worker, d = e.decode_worker;
+        const bool path = p >= 0 && d >= 0 && size_t(p) < st.prefill.size() && size_t(d) < st.decode.size() &&
+                          st.prefill[size_t(p)] && st.decode[size_t(d)] && st.prefill_gen[size_t(p)] == e.prefill_gen &&
+                          st.decode_gen[size_t(d)] == e.decode_gen && st.links[size_t(p)][size_t(d)];
+        if (path && e.transfer_retries < st.opts.max_transfer_retries) {
+          ++e.transfer_retries;
+          reg(self).get_counter("tandem_kv_transfer_retries_total", "KV transfers shipped again from the prefill side's lease").inc();
+          self->send(st.prefill[size_t(p)], ship_atom::value, id, st.links[size_t(p)][size_t(d)]);
+          return;
+        }
+        migrate(self, id);  // past the retries (or nowhere to ship to): prefilled again
       },
       [self](cancel_atom, request_id id) {
         if (auto it = self->state.requests.find(id); it != self->state.requests.end())
@@ -548,14 +612,36 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
       [self](ship_atom, request_id id) {
         if (auto it = self->state.requests.find(id); it != self->state.requests.end()) it->second.transfer_started = true;
       },
-      [self](kill_atom, bool prefill_side, int32_t index) {
+      [self](kill_atom, const std::string& kind, int32_t index) -> std::string {
         auto& st = self->state;
-        caf::actor target;
-        if (prefill_side && size_t(index) < st.prefill.size()) target = caf::actor_cast<caf::actor>(st.prefill[size_t(index)]);
-        if (!prefill_side && size_t(index) < st.decode.size()) target = caf::actor_cast<caf::actor>(st.decode[size_t(index)]);
-        if (!target) return false;
-        caf::anon_send_exit(target, caf::exit_reason::kill);
-        return true;
+        // The candidates of that kind, alive now, with their names.
+        std::vector<std::pair<caf::actor, std::string>> found;
+        const bool colocated = st.opts.mode == serving_mode::colocated;
+        if (kind == "prefill" || kind == "colocated") {
+          if (colocated == (kind == "colocated"))
+            for (size_t i = 0; i < st.prefill.size(); ++i)
+              found.emplace_back(caf::actor_cast<caf::actor>(st.prefill[i]), kind + "-" + std::to_string(i));
+        } else if (kind == "decode") {
+          for (size_t i = 0; i < st.decode.size(); ++i)
+            found.emplace_back(caf::actor_cast<caf::actor>(st.decode[i]), "decode-" + std::to_string(i));
+        } else if (kind == "kv_link") {
+          for (size_t p = 0; p < st.links.size(); ++p)
+            for (size_t d = 0; d < st.links[p].size(); ++d)
+              found.emplace_back(caf::actor_cast<caf::actor>(st.links[p][d]),
+                                 "kv_link-p" + std::to_string(p) + "-d" + std::to_string(d));
+        } else if (kind == "request") {
+          for (const auto& [id, e] : st.requests)
+            found.emplace_back(caf::actor_cast<caf::actor>(e.req), "request-" + std::to_string(id));
+        }
+        std::vector<std::pair<caf::actor, std::string>> target;
+        if (index >= 0 && size_t(index) < found.size() && found[size_t(index)].first) target.push_back(found[size_t(index)]);
+        if (index < 0)
+          for (auto& f : found)
+            if (f.first) target.push_back(f);
+        if (target.empty()) return std::string();
+        auto& victim = target[st.chaos_rng() % target.size()];
+        caf::anon_send_exit(victim.first, caf::exit_reason::kill);
+        return victim.second;
       },
       [self](state_atom, int32_t listed) {
         auto& st = self->state;

@@ -2,8 +2,10 @@
 // The router: admission control and placement. Two queues (waiting for prefill; prefilled and
 // waiting for a decode slot) and two latency budgets (TTFT, TPOT). The decisions are the
 // policies of runtime/policy.h; the router only keeps the queues and the workers' loads.
+#include <atomic>
 #include <deque>
 #include <map>
+#include <random>
 
 #include "actors/kv_link.h"
 #include "actors/pipeline.h"
@@ -21,10 +23,17 @@ struct router_options {
   // A request whose worker dies while it decodes is prefilled again (prompt plus the tokens
   // sent) and continues elsewhere, at most this many times; then it ends with worker_failed.
   int32_t max_migrations = 3;
+  // A failed KV transfer (link died, block corrupted or lost) is shipped again from the
+  // prefill side's lease this many times before the request is prefilled again instead.
+  int32_t max_transfer_retries = 2;
+  std::shared_ptr<fault_injector> faults;
   std::shared_ptr<const admission_policy> admission_policy_impl;
   std::shared_ptr<const prefill_placement> prefill_policy;
   std::shared_ptr<const decode_placement> decode_policy;
   request_context request_ctx;
+  // The root's count of submits this router has taken (it forwards them again past it if the
+  // router dies).
+  std::shared_ptr<std::atomic<uint64_t>> submits_taken;
 };
 
 struct router_state {
@@ -40,6 +49,7 @@ struct router_state {
     bool decode_claimed = false;   // in the decode queue, or reserving/holding decode credits
     int32_t migrations = 0;        // times it was moved off a worker that died while decoding
     bool migrating = false;        // asking its actor for the tokens so far
+    int32_t transfer_retries = 0;  // of the current prefill attempt's KV transfer
     steady::time_point dispatched;
   };
   router_options opts;
@@ -52,6 +62,9 @@ struct router_state {
   struct watched_worker { int32_t index; bool prefill_side; uint32_t gen; };
   std::map<caf::actor_addr, watched_worker> watched;  // monitored workers, by address
   std::map<caf::actor_addr, kv_link_actor> retiring_links;  // replaced, finishing their transfers
+  std::map<caf::actor_addr, std::pair<size_t, size_t>> link_slots;  // live links: [prefill][decode]
+  // Every link alive (live and retiring), shared with the exit hook that stops them.
+  std::shared_ptr<std::map<caf::actor_addr, caf::actor>> all_links = std::make_shared<std::map<caf::actor_addr, caf::actor>>();
   std::map<request_id, entry> requests;
   std::map<caf::actor_addr, request_id> request_actors;  // monitored: one that dies is forgotten
   std::deque<request_id> prefill_queue, decode_queue;
@@ -61,6 +74,7 @@ struct router_state {
   ewma prefill_rate{0.3}, tpot{0.2}, decode_admits{0.3};
   steady::time_point last_admit;
   request_id next_id = 1;
+  std::minstd_rand chaos_rng{std::random_device{}()};  // picks a random victim for kill by kind
   static inline const char* name = "router";
 };
 

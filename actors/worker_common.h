@@ -6,6 +6,7 @@
 #include "actors/compute_runner.h"
 #include "actors/protocol.h"
 #include "runtime/engine.h"
+#include "runtime/fault_injection.h"
 #include "runtime/step.h"
 
 namespace tandem {
@@ -22,6 +23,7 @@ struct worker_options {
   bool stream_kv = true;              // prefill: send KV layer group by layer group while computing
   int32_t stream_layer_group = 4;     // layers per streamed piece
   std::shared_ptr<metrics::registry> metrics;
+  std::shared_ptr<fault_injector> faults;  // armed faults this worker can suffer
 };
 
 // Engine + runner, destroyed runner first (it joins the step that uses the engine).
@@ -29,8 +31,11 @@ struct worker_engine {
   std::unique_ptr<engine> eng;
   std::unique_ptr<compute_runner> runner;
   bool busy = false;
-  uint64_t steps = 0;
-  worker_engine(std::shared_ptr<const model> m, const worker_options& o) {
+  uint64_t steps = 0;      // steps started
+  uint64_t finished = 0;   // steps whose result came back (progress, as heartbeats report it)
+  std::shared_ptr<fault_injector> faults;
+  std::shared_ptr<std::atomic<bool>> stopping = std::make_shared<std::atomic<bool>>(false);
+  worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults) {
     engine_options eo;
     eo.n_threads = o.n_threads;
     eo.block_size = o.block_size;
@@ -39,7 +44,10 @@ struct worker_engine {
     eng = std::make_unique<engine>(std::move(m), eo);
     runner = std::make_unique<compute_runner>();
   }
-  ~worker_engine() { runner.reset(); }
+  ~worker_engine() {
+    stopping->store(true);  // a stalled step (fault injection) gives up its wait
+    runner.reset();
+  }
   worker_engine(worker_engine&&) = default;
   worker_engine& operator=(worker_engine&&) = default;
 
@@ -50,7 +58,12 @@ struct worker_engine {
     ++steps;
     engine* e = eng.get();
     caf::weak_actor_ptr weak = caf::actor_cast<caf::weak_actor_ptr>(self);
-    runner->post([e, weak, w = std::move(work)]() mutable {
+    // Fault injection: this step hangs before it computes (the actor stays responsive).
+    const auto stall = faults && faults->take(fault_kind::stall) ? faults->stall_duration() : std::chrono::milliseconds(0);
+    runner->post([e, weak, stall, stop = stopping, w = std::move(work)]() mutable {
+      for (auto until = std::chrono::steady_clock::now() + stall; std::chrono::steady_clock::now() < until && !*stop;)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (*stop) return;
       auto r = std::make_shared<step_result>(run_step(*e, std::move(w)));
       if (auto strong = caf::actor_cast<caf::strong_actor_ptr>(weak))
         caf::anon_send(caf::actor_cast<Handle>(strong), step_atom::value, std::move(r));

@@ -21,6 +21,9 @@ step_result run_step(engine& eng, step_work work) {
       if (piece)
         for (const auto& b : *piece) parts.push_back(&b);
     status st = eng.import_kv(s, parts);
+    if (st.ok() && im.kv_tokens >= 0 && eng.sequence_length(s) != im.kv_tokens)
+      st = {errc::incompatible_kv, "the KV set covers " + std::to_string(eng.sequence_length(s)) + " positions, not " +
+                                       std::to_string(im.kv_tokens) + ": it is incomplete"};
     if (!st.ok()) {
       (void)eng.free_sequence(s);
       r.imports.push_back({im.id, 0, st});

@@ -24,6 +24,7 @@ struct step_work {
     token_id last = 0;        // the last token generated so far (its KV is not in the blocks yet)
     int32_t index = 0;        // the index of the token this step samples
     sampling_params sampling;
+    int32_t kv_tokens = -1;   // positions the set must cover (-1: unchecked); a lost tail is caught here
   };
   std::vector<import_item> imports;
   struct chunk_item {         // part of a prompt

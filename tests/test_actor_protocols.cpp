@@ -206,7 +206,7 @@ TEST_F(fixture, PrefillDeathRequeuesUnderANewEpochAndReturnsCredits) {
   spec.prompt = {1, 5, 9, 13};
   spec.max_tokens = 8;
   auto sub = caf::actor_cast<subscriber_actor>(sys->spawn(recorder, log, std::string("sub")));
-  caf::anon_send(router, submit_atom::value, spec, sub);
+  caf::anon_send(router, submit_atom::value, spec, sub, uint64_t(1));
   run();
   EXPECT_EQ(log->count("sub:event accepted"), 1);
   ASSERT_EQ(log->count("p0:prefill 1"), 1);  // both idle: the first
@@ -247,7 +247,7 @@ TEST_F(fixture, DecodeDeathDuringStreamingReservesElsewhere) {
   auto sub = caf::actor_cast<subscriber_actor>(sys->spawn(recorder, log, std::string("sub")));
   request_spec spec;
   spec.prompt = {1, 5, 9, 13};
-  caf::anon_send(router, submit_atom::value, spec, sub);
+  caf::anon_send(router, submit_atom::value, spec, sub, uint64_t(1));
   run();
   ASSERT_EQ(log->count("decode:reserve 1"), 1);
   ASSERT_EQ(log->count("p0:ship 1"), 1);
@@ -277,7 +277,7 @@ TEST_F(fixture, NoHealthyWorkerOfANeededKindRefusesNewRequests) {
   auto sub = caf::actor_cast<subscriber_actor>(sys->spawn(recorder, log, std::string("sub")));
   request_spec spec;
   spec.prompt = {1, 2, 3};
-  caf::anon_send(router, submit_atom::value, spec, sub);  // nothing joined yet: queued
+  caf::anon_send(router, submit_atom::value, spec, sub, uint64_t(1));  // nothing joined yet: queued
   run();
   EXPECT_EQ(log->count("sub:event accepted"), 1);
 
@@ -289,7 +289,7 @@ TEST_F(fixture, NoHealthyWorkerOfANeededKindRefusesNewRequests) {
   caf::anon_send_exit(d0, caf::exit_reason::kill);
   run();
   spec.id = 0;
-  caf::anon_send(router, submit_atom::value, spec, sub);
+  caf::anon_send(router, submit_atom::value, spec, sub, uint64_t(1));
   run();
   EXPECT_EQ(log->count("sub:event error"), 1);
   EXPECT_NE(ro.request_ctx.metrics->to_prometheus().find("no_healthy_worker"), std::string::npos);

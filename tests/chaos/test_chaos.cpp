@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "actors/pipeline.h"
@@ -31,9 +32,14 @@ struct chaos_case {
   std::string name;
   serving_mode mode;
   int workers;       // per pool
-  std::string pool;  // the kind killed
-  int kills;
+  std::string pool;  // the kind killed (pipeline::kill), or a fault armed (corrupt_kv, ...)
+  int kills;         // kills, or faults armed
 };
+
+bool is_fault(const std::string& k) {
+  fault_kind f;
+  return parse_fault_kind(k, f);
+}
 void PrintTo(const chaos_case& c, std::ostream* os) { *os << c.name; }
 
 // What one request's stream looked like.
@@ -70,6 +76,7 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   cfg.kv_blocks_per_worker = 160;
   cfg.chunk_size = 32;
   cfg.max_migrations = c.kills + 1;  // even a request hit by every kill finishes
+  cfg.max_router_restarts = c.kills + 1;
   cfg.admission.max_prefill_queue = 1000;
   pipeline p(cfg);
 
@@ -83,7 +90,7 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   for (int i = 0; i < 64; ++i) {
     job j;
     // Prompt + output stay within the context (256); killing prefill workers wants long prompts.
-    const bool long_prompts = c.pool == "prefill";
+    const bool long_prompts = c.pool == "prefill" || c.pool == "kv_link" || c.pool == "drop_kv";
     const int len = long_prompts ? 100 + int(rng() % 100) : 4 + int(rng() % 60);
     for (int t = 0; t < len; ++t) j.prompt.push_back(token_id(3 + rng() % uint64_t(vocab - 3)));
     j.sp = i % 2 == 0 ? sampling_params{.temperature = 0.0f}
@@ -117,18 +124,53 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
                            }));
   }
 
-  // The killer: `kills` times, after a random pause, a random worker of the kind.
+  // The killer: `kills` times, after a random pause, a random actor of the kind (or, for a
+  // fault kind, one more fault armed).
   int killed = 0;
-  for (int k = 0; k < c.kills; ++k) {
+  std::set<request_id> killed_requests;  // these end with an error; every other one finishes
+  auto effects = [&] {
+    double n = 0;
+    for (const char* m : {"tandem_migrations_total", "tandem_reprefills_total", "tandem_kv_transfer_retries_total",
+                          "tandem_router_rejoins_total"})
+      n += p.metrics().get_counter(m, "").value();
+    return n;
+  };
+  auto all_done = [&] {
+    std::lock_guard<std::mutex> lk(mu);
+    return ended == int(jobs.size());
+  };
+  // The planned kills; then, if none of them hit work (a link killed while idle), more, until
+  // one does or every request has ended.
+  for (int k = 0; k < c.kills || (k < 4 * c.kills && c.pool != "request" && c.pool != "fail_alloc" &&
+                                   effects() == 0 && !all_done());
+       ++k) {
     std::this_thread::sleep_for(std::chrono::milliseconds(k == 0 ? rng() % 3 : 2 + rng() % 40));
-    const int index = int(rng() % uint64_t(c.workers));
-    // A worker just killed may still be restarting: try another moment.
-    bool ok = false;
-    for (int attempt = 0; attempt < 200 && !(ok = p.kill_worker(c.pool, index)); ++attempt) std::this_thread::sleep_for(5ms);
-    ASSERT_TRUE(ok) << c.pool << " worker " << index << " never came back to be killed";
+    if (is_fault(c.pool)) {
+      fault_kind f;
+      parse_fault_kind(c.pool, f);
+      p.inject(f, 1);
+      ++killed;
+      continue;
+    }
+    const int index = c.pool == "request" || c.pool == "router" ? -1 : int(rng() % uint64_t(c.workers));
+    // An actor just killed may still be restarting: try another moment.
+    std::string name;
+    for (int attempt = 0; attempt < 400 && (name = p.kill(c.pool, index)).empty(); ++attempt) {
+      if (c.pool == "request") break;  // none left: every request ended already
+      std::this_thread::sleep_for(5ms);
+    }
+    if (c.pool == "request" && name.empty()) {
+      ASSERT_GE(killed, 3) << "the requests ended before the test could kill them";
+      break;
+    }
+    ASSERT_FALSE(name.empty()) << c.pool << " " << index << " never came back to be killed (kill " << k << ")\n" << p.metrics().to_prometheus().substr(0, 3000);
     ++killed;
-    // The router has seen it die (and counted the restart) before the next kill, so that no
-    // kill lands on an already dead worker.
+    if (c.pool == "request") {
+      killed_requests.insert(request_id(std::stoull(name.substr(name.find('-') + 1))));
+      continue;
+    }
+    // The kill has been seen (and the restart counted) before the next one, so that no kill
+    // lands on an actor already dead.
     auto& restarts = p.metrics().get_counter("tandem_restarts_total", "", {{"kind", c.pool}});
     for (int i = 0; i < 1000 && restarts.value() < killed; ++i) std::this_thread::sleep_for(1ms);
   }
@@ -139,7 +181,9 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   }
   if (!all_ended) {  // where the stragglers are, for the failure report
     std::string where;
-    for (const auto& r : p.stats(64).requests)
+    const auto now = p.stats(64);
+    for (const auto& w : now.workers) where += " [" + w.name + ": " + std::to_string(w.active) + " active]";
+    for (const auto& r : now.requests)
       where += " #" + std::to_string(r.id) + " " + r.state + " p=" + r.prefill_worker + " d=" + r.decode_worker;
     FAIL() << ended << " of " << jobs.size() << " requests ended; the router still tracks:" << where;
   }
@@ -151,9 +195,16 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
     SCOPED_TRACE("request " + std::to_string(i));
     EXPECT_EQ(s.finals, 1);
     EXPECT_EQ(s.events_after_final, 0);
-    ASSERT_EQ(s.end, "length");
     for (size_t k = 0; k < s.indices.size(); ++k) ASSERT_EQ(s.indices[k], int32_t(k)) << "repeated or skipped index";
-    EXPECT_EQ(s.tokens, alone(*m, jobs[i].prompt, jobs[i].max_tokens, jobs[i].sp, true));
+    const auto expected = alone(*m, jobs[i].prompt, jobs[i].max_tokens, jobs[i].sp, true);
+    if (killed_requests.count(ids[i])) {  // its actor was killed: an error, after a correct prefix
+      EXPECT_TRUE(s.end == "length" || s.end.rfind("error:worker_failed", 0) == 0) << s.end;
+      ASSERT_LE(s.tokens.size(), expected.size());
+      EXPECT_TRUE(std::equal(s.tokens.begin(), s.tokens.end(), expected.begin()));
+      continue;
+    }
+    ASSERT_EQ(s.end, "length");
+    EXPECT_EQ(s.tokens, expected);
   }
 
   // Every pool full again, every request actor gone.
@@ -167,21 +218,42 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   }
   EXPECT_EQ(st.live_requests, 0);
   for (const auto& w : st.workers) {
-    EXPECT_EQ(w.kv_free_blocks, w.kv_total_blocks) << w.name;
+    EXPECT_EQ(w.kv_free_blocks, w.kv_total_blocks) << w.name << " holding " << w.active << " requests";
     EXPECT_EQ(w.reserved_blocks, 0) << w.name;
   }
-  const auto migrations = p.metrics().get_counter("tandem_migrations_total", "").value();
-  const auto reprefills = p.metrics().get_counter("tandem_reprefills_total", "").value();
-  std::printf("[ chaos    ] %s: %d kills, %.0f migrations, %.0f re-prefills\n", c.name.c_str(), killed,
-              double(migrations), double(reprefills));
-  EXPECT_GT(migrations + reprefills, 0) << "the kills hit no request: the test proved nothing";
-  const std::string restarts = "tandem_restarts_total{kind=\"" + c.pool + "\"} " + std::to_string(killed);
-  EXPECT_NE(p.metrics().to_prometheus().find(restarts), std::string::npos) << "expected " << restarts;
+  auto value = [&](const char* name) { return p.metrics().get_counter(name, "").value(); };
+  const auto migrations = value("tandem_migrations_total");
+  const auto reprefills = value("tandem_reprefills_total");
+  const auto retries = value("tandem_kv_transfer_retries_total");
+  const auto rejoins = value("tandem_router_rejoins_total");
+  std::printf("[ chaos    ] %s: %d %s, %.0f migrations, %.0f re-prefills, %.0f transfer retries, %.0f rejoins\n",
+              c.name.c_str(), killed, is_fault(c.pool) ? "faults" : "kills", double(migrations), double(reprefills),
+              double(retries), double(rejoins));
+  const std::string prom = p.metrics().to_prometheus();
+  if (is_fault(c.pool)) {
+    const auto taken = p.metrics().get_counter("tandem_faults_injected_total", "", {{"kind", c.pool}}).value();
+    std::printf("[ chaos    ] %s: %.0f of %d faults met an actor\n", c.name.c_str(), double(taken), killed);
+    EXPECT_GT(taken, 0) << "no armed fault was met: the test proved nothing";
+  }
+  if (c.pool != "request" && c.pool != "fail_alloc") {
+    EXPECT_GT(migrations + reprefills + retries + rejoins, 0) << "the faults hit no request: the test proved nothing";
+  }
+  if (!is_fault(c.pool) && c.pool != "request") {
+    const std::string restarts = "tandem_restarts_total{kind=\"" + c.pool + "\"} " + std::to_string(killed);
+    EXPECT_NE(prom.find(restarts), std::string::npos) << "expected " << restarts;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, Chaos,
                          ::testing::Values(chaos_case{"prefill_2x2", serving_mode::disaggregated, 2, "prefill", 4},
                                            chaos_case{"decode_2x2", serving_mode::disaggregated, 2, "decode", 4},
                                            chaos_case{"decode_1x1", serving_mode::disaggregated, 1, "decode", 3},
-                                           chaos_case{"colocated_2", serving_mode::colocated, 2, "colocated", 4}),
+                                           chaos_case{"colocated_2", serving_mode::colocated, 2, "colocated", 4},
+                                           chaos_case{"kv_link_2x2", serving_mode::disaggregated, 2, "kv_link", 8},
+                                           chaos_case{"request_2x2", serving_mode::disaggregated, 2, "request", 6},
+                                           chaos_case{"router_2x2", serving_mode::disaggregated, 2, "router", 2},
+                                           chaos_case{"router_colocated", serving_mode::colocated, 2, "router", 2},
+                                           chaos_case{"corrupt_kv_2x2", serving_mode::disaggregated, 2, "corrupt_kv", 6},
+                                           chaos_case{"drop_kv_2x2", serving_mode::disaggregated, 2, "drop_kv", 6},
+                                           chaos_case{"fail_alloc_2x2", serving_mode::disaggregated, 2, "fail_alloc", 6}),
                          [](const auto& info) { return info.param.name; });
