@@ -192,6 +192,8 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
         s.active = int32_t(st.seqs.size());
         s.max_batch = st.opts.max_batch;
         s.steps = st.we->steps;
+        s.busy = st.we->busy;
+        s.finished_steps = st.we->finished;
         return s;
       },
   };

@@ -241,6 +241,8 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         s.active = int32_t(st.active.size() + st.arrivals.size() + st.importing.size());
         s.max_batch = st.opts.max_batch;
         s.steps = st.we->steps;
+        s.busy = st.we->busy;
+        s.finished_steps = st.we->finished;
         return s;
       },
   };

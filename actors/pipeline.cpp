@@ -198,6 +198,7 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   ro.decode_policy = im.cfg.decode_policy;
   ro.request_ctx = {im.mdl, im.metrics, im.live, {}, im.routers};
   ro.faults = im.faults;
+  ro.stall_timeout = std::max(std::chrono::milliseconds(0), im.cfg.stall_timeout);
 
   // The pools for a router (the first, or one that replaced a dead one).
   auto mdl = im.mdl;

@@ -49,6 +49,9 @@ struct pipeline_config {
   // The router is restarted (with the pools below it; requests rejoin it) at most this many
   // times in 10 s; past that the pipeline is degraded and requests end with an error.
   int32_t max_router_restarts = 3;
+  // Liveness: a worker busy with one step this long without finishing it (alive, not
+  // progressing) is treated as failed and restarted. 0: not checked.
+  std::chrono::milliseconds stall_timeout{30000};
   int scheduler_threads = 2;                // CAF threads for the actors (compute has its own)
   std::shared_ptr<const admission_policy> admission_policy_impl;  // replaceable policies
   std::shared_ptr<const prefill_placement> prefill_policy;

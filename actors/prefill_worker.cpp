@@ -311,6 +311,8 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
         s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->kv_pool().free_blocks();
         s.active = int32_t(st.queue.size() + st.leases.size());
         s.steps = st.we->steps;
+        s.busy = st.we->busy;
+        s.finished_steps = st.we->finished;
         return s;
       },
   };

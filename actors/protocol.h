@@ -54,6 +54,7 @@ using kill_atom = caf::atom_constant<caf::atom("kill")>;
 using kv_piece_atom = caf::atom_constant<caf::atom("kvpiece")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
+using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 
 // Result of a worker's compute step, produced on its compute thread.
 struct step_result;
@@ -68,6 +69,9 @@ struct worker_stats {
   int32_t active = 0;            // sequences held
   int32_t max_batch = 0;
   uint64_t steps = 0;
+  // Liveness (heartbeats): a worker busy with a step whose result does not come back is stalled.
+  bool busy = false;
+  uint64_t finished_steps = 0;
 };
 
 // The router's own view (for `state`): its queues, its links and the requests it tracks.
@@ -176,6 +180,7 @@ using router_actor = caf::typed_actor<
     caf::replies_to<kill_atom, std::string, int32_t>::with<std::string>,
     caf::replies_to<kill_atom, request_id>::with<bool>,               // fault injection: kill a request actor
     caf::replies_to<stats_atom>::with<std::vector<worker_stats>>,
+    caf::reacts_to<heartbeat_atom>,                                   // its own timer: check liveness
     // Its own view, listing at most this many requests
     caf::replies_to<state_atom, int32_t>::with<router_view>>;
 

@@ -335,6 +335,52 @@ void forget(self_ptr self, request_id id, request_state end, double tpot_ms) {
   dispatch_decode(self);
 }
 
+// A worker that is alive but not progressing is treated as dead: killed, so that its
+// supervisor restarts it and its requests are recovered as for any failure.
+void stalled(self_ptr self, const caf::actor_addr& addr, const caf::actor& worker) {
+  auto& st = self->state;
+  auto it = st.watched.find(addr);
+  if (it == st.watched.end()) return;
+  const bool prefill = it->second.prefill_side;
+  reg(self).get_counter("tandem_stalls_detected_total", "Workers found alive but not progressing, and restarted",
+                        {{"kind", prefill ? (st.opts.mode == serving_mode::colocated ? "colocated" : "prefill") : "decode"}})
+      .inc();
+  caf::anon_send_exit(worker, caf::exit_reason::kill);
+}
+
+// One heartbeat's answer: progress (a step came back), idle, or the same step still running.
+void on_heartbeat(self_ptr self, const caf::actor_addr& addr, const caf::actor& worker, const worker_stats& s) {
+  auto& st = self->state;
+  auto it = st.watched.find(addr);
+  if (it == st.watched.end()) return;
+  auto& w = it->second;
+  const auto now = steady::now();
+  if (!s.busy || s.finished_steps != w.finished_steps) {
+    w.finished_steps = s.finished_steps;
+    w.progress_at = now;
+  } else if (now - w.progress_at > st.opts.stall_timeout) {
+    stalled(self, addr, worker);
+  }
+}
+
+// Asks every worker for its progress; one that does not answer within the stall timeout is
+// stalled too (its actor, not only its step, is stuck).
+void heartbeat(self_ptr self) {
+  auto& st = self->state;
+  const auto interval = std::max(std::chrono::milliseconds(20), st.opts.stall_timeout / 4);
+  self->delayed_send(self, interval, heartbeat_atom::value);
+  auto ask = [self](auto handle) {
+    if (!handle) return;
+    const auto addr = handle.address();
+    const auto worker = caf::actor_cast<caf::actor>(handle);
+    self->request(handle, self->state.opts.stall_timeout, stats_atom::value)
+        .then([self, addr, worker](worker_stats& s) { on_heartbeat(self, addr, worker, s); },
+              [self, addr, worker](caf::error&) { stalled(self, addr, worker); });
+  };
+  for (auto& w : st.prefill) ask(w);
+  for (auto& w : st.decode) ask(w);
+}
+
 }  // namespace
 
 router_actor::behavior_type router_behavior(self_ptr self, router_options opts) {
@@ -344,6 +390,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
   if (!self->state.opts.decode_policy) self->state.opts.decode_policy = std::make_shared<decode_placement>();
   // Messages a worker sent before dying arrive before its down message (same sender), so what
   // worker_down sees of its requests is final.
+  if (self->state.opts.stall_timeout.count() > 0) heartbeat(self);
   // Links end with the router (they are monitored, not linked: one that dies must not take
   // the router down).
   self->attach_functor([links = self->state.all_links] {
@@ -576,7 +623,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
           st.links.resize(size_t(index) + 1, std::vector<kv_link_actor>(st.decode.size()));
         }
         st.prefill[size_t(index)] = w;
-        st.watched[w.address()] = {index, true, ++st.prefill_gen[size_t(index)]};
+        st.watched[w.address()] = {index, true, ++st.prefill_gen[size_t(index)], 0, steady::now()};
         st.prefill_load[size_t(index)] = {index, true, 0, 0};
         self->monitor(w);
         if (st.opts.mode == serving_mode::disaggregated)
@@ -596,7 +643,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         }
         // A restart may announce itself before the old worker's down message arrives here.
         st.decode[size_t(index)] = w;
-        st.watched[w.address()] = {index, false, ++st.decode_gen[size_t(index)]};
+        st.watched[w.address()] = {index, false, ++st.decode_gen[size_t(index)], 0, steady::now()};
         st.decode_load[size_t(index)] = {index, true, 0, 0, 0, 0};
         self->monitor(w);
         for (size_t p = 0; p < st.prefill.size(); ++p)
@@ -643,6 +690,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         caf::anon_send_exit(victim.first, caf::exit_reason::kill);
         return victim.second;
       },
+      [self](heartbeat_atom) { heartbeat(self); },
       [self](state_atom, int32_t listed) {
         auto& st = self->state;
         router_view v;

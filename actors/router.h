@@ -27,6 +27,9 @@ struct router_options {
   // prefill side's lease this many times before the request is prefilled again instead.
   int32_t max_transfer_retries = 2;
   std::shared_ptr<fault_injector> faults;
+  // Liveness: a worker that stays busy with one step this long (alive, not progressing) is
+  // treated as failed: killed, restarted, its requests recovered. 0: not checked.
+  std::chrono::milliseconds stall_timeout{30000};
   std::shared_ptr<const admission_policy> admission_policy_impl;
   std::shared_ptr<const prefill_placement> prefill_policy;
   std::shared_ptr<const decode_placement> decode_policy;
@@ -59,7 +62,13 @@ struct router_state {
   std::vector<decode_worker_load> decode_load;
   std::vector<std::vector<kv_link_actor>> links;    // [prefill][decode]
   std::vector<uint32_t> prefill_gen, decode_gen;    // incarnation of each worker slot
-  struct watched_worker { int32_t index; bool prefill_side; uint32_t gen; };
+  struct watched_worker {
+    int32_t index;
+    bool prefill_side;
+    uint32_t gen;
+    uint64_t finished_steps = 0;       // progress at the last heartbeat that saw some
+    steady::time_point progress_at{};  // when that was
+  };
   std::map<caf::actor_addr, watched_worker> watched;  // monitored workers, by address
   std::map<caf::actor_addr, kv_link_actor> retiring_links;  // replaced, finishing their transfers
   std::map<caf::actor_addr, std::pair<size_t, size_t>> link_slots;  // live links: [prefill][decode]

@@ -77,6 +77,8 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   cfg.chunk_size = 32;
   cfg.max_migrations = c.kills + 1;  // even a request hit by every kill finishes
   cfg.max_router_restarts = c.kills + 1;
+  // A stalled step hangs 3 s; it is noticed after 300 ms without progress.
+  cfg.stall_timeout = c.pool == "stall" ? 300ms : 10000ms;
   cfg.admission.max_prefill_queue = 1000;
   pipeline p(cfg);
 
@@ -141,14 +143,14 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   };
   // The planned kills; then, if none of them hit work (a link killed while idle), more, until
   // one does or every request has ended.
-  for (int k = 0; k < c.kills || (k < 4 * c.kills && c.pool != "request" && c.pool != "fail_alloc" &&
+  for (int k = 0; k < c.kills || (k < 4 * c.kills && c.pool != "request" && !is_fault(c.pool) &&
                                    effects() == 0 && !all_done());
        ++k) {
     std::this_thread::sleep_for(std::chrono::milliseconds(k == 0 ? rng() % 3 : 2 + rng() % 40));
     if (is_fault(c.pool)) {
       fault_kind f;
       parse_fault_kind(c.pool, f);
-      p.inject(f, 1);
+      p.inject(f, 1, 3000ms);
       ++killed;
       continue;
     }
@@ -234,6 +236,12 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
     const auto taken = p.metrics().get_counter("tandem_faults_injected_total", "", {{"kind", c.pool}}).value();
     std::printf("[ chaos    ] %s: %.0f of %d faults met an actor\n", c.name.c_str(), double(taken), killed);
     EXPECT_GT(taken, 0) << "no armed fault was met: the test proved nothing";
+    if (c.pool == "stall") {  // every stall met was detected (and its worker restarted)
+      double detected = 0;
+      for (const char* k : {"prefill", "decode", "colocated"})
+        detected += p.metrics().get_counter("tandem_stalls_detected_total", "", {{"kind", k}}).value();
+      EXPECT_EQ(detected, taken) << "a stalled worker went unnoticed";
+    }
   }
   if (c.pool != "request" && c.pool != "fail_alloc") {
     EXPECT_GT(migrations + reprefills + retries + rejoins, 0) << "the faults hit no request: the test proved nothing";
@@ -255,5 +263,7 @@ INSTANTIATE_TEST_SUITE_P(Kinds, Chaos,
                                            chaos_case{"router_colocated", serving_mode::colocated, 2, "router", 2},
                                            chaos_case{"corrupt_kv_2x2", serving_mode::disaggregated, 2, "corrupt_kv", 6},
                                            chaos_case{"drop_kv_2x2", serving_mode::disaggregated, 2, "drop_kv", 6},
-                                           chaos_case{"fail_alloc_2x2", serving_mode::disaggregated, 2, "fail_alloc", 6}),
+                                           chaos_case{"fail_alloc_2x2", serving_mode::disaggregated, 2, "fail_alloc", 6},
+                                           chaos_case{"stall_2x2", serving_mode::disaggregated, 2, "stall", 3},
+                                           chaos_case{"stall_colocated", serving_mode::colocated, 2, "stall", 3}),
                          [](const auto& info) { return info.param.name; });
