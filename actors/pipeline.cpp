@@ -414,12 +414,14 @@ std::string pipeline::kill(const std::string& kind, int index) {
                   "unknown kind '" + kind + "' (prefill, decode, colocated, kv_link, request, router, random)");
   std::string what = kind;
   if (kind == "random") {
-    // Any kind this pipeline has; the router least often (it restarts everything below it).
+    // Any kind this pipeline has; the router rarely (one in 20: it restarts everything below it).
     std::vector<std::string> pick = im.cfg.mode == serving_mode::disaggregated
                                         ? std::vector<std::string>{"prefill", "decode", "kv_link", "request"}
                                         : std::vector<std::string>{"colocated", "request"};
-    thread_local std::minstd_rand rng{std::random_device{}()};
-    what = rng() % 10 == 0 ? "router" : pick[rng() % pick.size()];
+    thread_local std::mt19937 rng{std::random_device{}()};
+    what = std::uniform_int_distribution<int>(0, 19)(rng) == 0
+               ? "router"
+               : pick[size_t(std::uniform_int_distribution<size_t>(0, pick.size() - 1)(rng))];
     index = -1;
   }
   auto router = im.routers->get();
@@ -431,7 +433,7 @@ std::string pipeline::kill(const std::string& kind, int index) {
   std::string killed;
   caf::scoped_actor self{*im.sys};
   self->request(router, std::chrono::seconds(10), kill_atom::value, what, int32_t(index))
-      .receive([&](std::string& name) { killed = std::move(name); }, [&](caf::error& e) { fprintf(stderr, "kill: %s\n", caf::to_string(e).c_str()); });
+      .receive([&](std::string& name) { killed = std::move(name); }, [&](caf::error&) {});
   return killed;
 }
 

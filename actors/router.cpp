@@ -306,6 +306,11 @@ void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) 
     reg(self).get_counter("tandem_reprefills_total", "Requests prefilled again because their prefill worker died").inc();
   }
   for (auto id : moved) migrate(self, id);
+  // A pool left with no worker is restarting (a supervisor restarts at once) or degraded
+  // (past its restart intensity: it stays empty). Look again soon; what is stranded then ends.
+  auto empty = [](const auto& pool) { return std::none_of(pool.begin(), pool.end(), [](const auto& w) { return bool(w); }); };
+  if (prefill_side ? empty(st.prefill) : empty(st.decode))
+    self->delayed_send(self, std::chrono::seconds(2), stranded_atom::value);
   // The replacement may have joined already and sits idle: hand it the requeued work now.
   dispatch_prefill(self);
   dispatch_decode(self);
@@ -691,6 +696,22 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         return victim.second;
       },
       [self](heartbeat_atom) { heartbeat(self); },
+      [self](stranded_atom) {
+        // A pool still empty seconds after its last worker died will not come back (degraded):
+        // the requests that need it end with an error (HTTP 503) instead of waiting forever.
+        auto& st = self->state;
+        auto empty = [](const auto& pool) { return std::none_of(pool.begin(), pool.end(), [](const auto& w) { return bool(w); }); };
+        const bool no_prefill = empty(st.prefill);
+        const bool no_decode = st.opts.mode == serving_mode::disaggregated && empty(st.decode);
+        if (!no_prefill && !no_decode) return;
+        const std::string pool = no_decode ? "decode" : st.opts.mode == serving_mode::colocated ? "colocated" : "prefill";
+        for (auto& [id, e] : st.requests) {
+          // Without prefill workers, only requests already past prefill can still finish.
+          if (!no_decode && e.state != request_state::queued && !e.migrating) continue;
+          self->send(e.req, fail_atom::value, errc::worker_failed,
+                     "no healthy " + pool + " worker: the pool failed past its restart intensity");
+        }
+      },
       [self](state_atom, int32_t listed) {
         auto& st = self->state;
         router_view v;

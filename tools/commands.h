@@ -9,6 +9,7 @@ void add_generate(CLI::App& app);
 void add_model(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);
+void add_chaos(CLI::App& app);
 
 // Resolves --model: the given path, or the built-in default synthetic model (made on first use).
 std::string resolve_model_path(const std::string& flag);

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_model(app);
   tandem::cli::add_bench(app);
   tandem::cli::add_serve(app);
+  tandem::cli::add_chaos(app);
   // CLI11 reports an unknown first word only as "a subcommand is required": name it instead.
   std::string names;
   bool known = false;

@@ -213,6 +213,82 @@ await check('chromium: chat page streams an answer; dashboard shows the workers'
   }
 });
 
+// Chaos through the server: the independent `ws` client streams 16 greedy requests while
+// workers and KV links are killed through /admin/kill; every stream must run 0, 1, 2, ...
+// with one final event and the same text as without faults; then nothing is held.
+await check('ws chaos: kills through /admin/kill lose nothing, outputs exact', async () => {
+  const prompts = Array.from({ length: 16 }, (_, i) => `Once upon a time ${'there was a dog '.repeat(1 + (i % 5))}${i}`);
+  async function runAll(killing) {
+    const ws = new WebSocket(`ws://127.0.0.1:${port}/ws`);
+    await new Promise((res, rej) => { ws.on('open', res); ws.on('error', rej); });
+    const streams = new Map(prompts.map((_, i) => [`k${i}`, { next: 0, text: '', finals: 0, end: null }]));
+    let ended = 0;
+    const done = new Promise((res, rej) => {
+      const timer = setTimeout(() => rej(new Error(`only ${ended} of ${prompts.length} streams ended`)), 120000);
+      ws.on('message', (m) => {
+        const f = JSON.parse(m.toString());
+        const s = streams.get(f.id);
+        if (!s) return;
+        assert.equal(s.finals, 0, `${f.id}: an event after its final one`);
+        if (f.type === 'token') {
+          assert.equal(f.index, s.next, `${f.id}: token index repeated or skipped`);
+          s.next++;
+          s.text += f.text;
+        } else if (f.type === 'done' || f.type === 'error') {
+          s.finals++;
+          s.end = f.type === 'done' ? f.finish_reason : `error ${f.code}: ${f.message}`;
+          if (++ended === prompts.length) { clearTimeout(timer); res(); }
+        }
+      });
+    });
+    prompts.forEach((prompt, i) =>
+      ws.send(JSON.stringify({ type: 'generate', id: `k${i}`, prompt, max_tokens: 40, temperature: 0, ignore_eos: true })));
+    const kills = [];
+    if (killing) {
+      for (const kind of ['decode', 'prefill', 'kv_link', 'decode', 'kv_link', 'prefill']) {
+        await new Promise((res) => setTimeout(res, 40));
+        const r = await fetch(`${base}/admin/kill`, {
+          method: 'POST', headers: { Authorization: 'Bearer adm', 'Content-Type': 'application/json' },
+          body: JSON.stringify({ kind }) });
+        if (r.status === 200) kills.push((await r.json()).name);
+        else assert.equal(r.status, 404, `kill ${kind}: ${r.status}`);  // none alive that moment
+      }
+    }
+    await done;
+    ws.close();
+    return { streams, kills };
+  }
+  const clean = await runAll(false);
+  await waitReady();
+  const chaos = await runAll(true);
+  assert.ok(chaos.kills.length >= 3, 'kills landed: ' + chaos.kills.join(','));
+  for (const [id, s] of chaos.streams) {
+    assert.equal(s.end, 'length', `${id} ended with ${s.end}`);
+    assert.equal(s.text, clean.streams.get(id).text, `${id}: output differs from the fault-free run`);
+  }
+  await expectClean();
+  const metrics = await (await fetch(`${base}/metrics`)).text();
+  assert.match(metrics, /tandem_restarts_total\{kind="decode"\} [1-9]/);
+});
+
+await check('tandem chaos: a soak with random kills loses nothing', async () => {
+  await waitReady();
+  const out = await new Promise((res, rej) => {
+    const p = spawn(tandem, ['chaos', '--url', base, '--admin-key', 'adm', '--kill', 'random', '--every', '500ms',
+                             '--for', '3s', '--concurrency', '8', '--json'], { stdio: ['ignore', 'pipe', 'inherit'] });
+    let text = '';
+    p.stdout.on('data', (d) => { text += d.toString(); });
+    p.on('exit', (code) => res({ code, text }));
+    p.on('error', rej);
+  });
+  const r = JSON.parse(out.text);
+  assert.equal(out.code, 0, out.text);
+  assert.equal(r.ok, true);
+  assert.equal(r.lost, 0);
+  assert.equal(r.duplicated_tokens + r.skipped_tokens + r.leaked_blocks, 0);
+  assert.ok(r.kills >= 3 && r.requests_sent > 0, out.text);
+});
+
 // Graceful shutdown: SIGTERM → exit 0.
 const exited = new Promise((res) => proc.on('exit', (code) => res(code)));
 proc.kill('SIGTERM');

@@ -303,11 +303,19 @@ class http_session : public std::enable_shared_from_this<http_session> {
       decode += w.name.rfind("decode", 0) == 0;
       colocated += w.name.rfind("colocated", 0) == 0;
     }
+    // Pools (and the router) past their restart intensity: they are not restarted any more.
+    json degraded = json::array();
+    for (const char* pool : {"prefill", "decode", "colocated", "router"})
+      if (srv_->pipe.metrics().get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", pool}}).value() > 0) degraded.push_back(pool);
     const bool disagg = srv_->pipe.config().mode == serving_mode::disaggregated;
-    const bool ready = !srv_->draining && (disagg ? prefill > 0 && decode > 0 : colocated > 0);
-    json j = {{"status", ready ? "ok" : "unavailable"},
+    const bool workers_up = disagg ? prefill > 0 && decode > 0 : colocated > 0;
+    const bool router_up = !srv_->pipe.degraded();
+    const bool ready = !srv_->draining && workers_up && router_up;
+    const char* status = ready ? (degraded.empty() ? "ok" : "degraded") : !degraded.empty() ? "degraded" : "unavailable";
+    json j = {{"status", status},
               {"mode", std::string(to_string(srv_->pipe.config().mode))},
               {"workers", {{"prefill", prefill}, {"decode", decode}, {"colocated", colocated}}},
+              {"degraded_pools", degraded},
               {"live_requests", st.live_requests}};
     send_json(ready ? http::status::ok : http::status::service_unavailable, j);
   }
@@ -320,16 +328,37 @@ class http_session : public std::enable_shared_from_this<http_session> {
       return send_error(api_error{401, "invalid_request_error", "missing or wrong admin key", "", "unauthorized"});
     if (path == "/admin/state" && req_.method() == http::verb::get) return send_json(http::status::ok, state_json(*srv_));
     if (path == "/admin/kill" && req_.method() == http::verb::post) {
+      // {"kind": "prefill|decode|colocated|kv_link|request|router|random", "index": N (optional:
+      // a random one of the kind)}; {"pool": ..., "index": N} as before.
       const json b = json::parse(req_.body(), nullptr, false);
-      if (!b.is_object() || !b.contains("pool") || !b["pool"].is_string() || !b.contains("index") ||
-          !b["index"].is_number_integer())
-        return send_error(api_error{400, "invalid_request_error", "body: {\"pool\": \"prefill|decode|colocated\", \"index\": N}",
-                                    "", "invalid_argument"});
-      const std::string pool = b["pool"].get<std::string>();
-      if (pool != "prefill" && pool != "decode" && pool != "colocated")
-        return send_error(api_error{400, "invalid_request_error", "unknown pool '" + pool + "'", "pool", "invalid_argument"});
-      const bool killed = srv_->pipe.kill_worker(pool, int(b["index"].get<int64_t>()));
-      return send_json(killed ? http::status::ok : http::status::not_found, {{"killed", killed}});
+      const char* usage = "body: {\"kind\": \"prefill|decode|colocated|kv_link|request|router|random\", \"index\": N (optional)}";
+      if (!b.is_object()) return send_error(api_error{400, "invalid_request_error", usage, "", "invalid_argument"});
+      const char* key = b.contains("kind") ? "kind" : "pool";
+      if (!b.contains(key) || !b[key].is_string() || (b.contains("index") && !b["index"].is_number_integer()))
+        return send_error(api_error{400, "invalid_request_error", usage, "", "invalid_argument"});
+      std::string killed;
+      try {
+        killed = srv_->pipe.kill(b[key].get<std::string>(), b.contains("index") ? int(b["index"].get<int64_t>()) : -1);
+      } catch (const failure& f) {
+        return send_error(api_error{400, "invalid_request_error", f.what(), key, "invalid_argument"});
+      }
+      if (killed.empty())
+        return send_json(http::status::not_found, {{"killed", false}, {"message", "nothing of that kind is alive"}});
+      return send_json(http::status::ok, {{"killed", true}, {"name", killed}});
+    }
+    if (path == "/admin/fault" && req_.method() == http::verb::post) {
+      // {"fault": "corrupt_kv|drop_kv|fail_alloc|stall", "count": N (default 1), "stall_ms": M}
+      const json b = json::parse(req_.body(), nullptr, false);
+      fault_kind f;
+      if (!b.is_object() || !b.contains("fault") || !b["fault"].is_string() || !parse_fault_kind(b["fault"].get<std::string>(), f) ||
+          (b.contains("count") && !b["count"].is_number_integer()) || (b.contains("stall_ms") && !b["stall_ms"].is_number_integer()))
+        return send_error(api_error{400, "invalid_request_error",
+                                    "body: {\"fault\": \"corrupt_kv|drop_kv|fail_alloc|stall\", \"count\": N, \"stall_ms\": M}", "",
+                                    "invalid_argument"});
+      const int count = b.contains("count") ? int(std::clamp<int64_t>(b["count"].get<int64_t>(), 1, 1000)) : 1;
+      const auto stall = std::chrono::milliseconds(b.contains("stall_ms") ? std::clamp<int64_t>(b["stall_ms"].get<int64_t>(), 1, 600000) : 5000);
+      srv_->pipe.inject(f, count, stall);
+      return send_json(http::status::ok, {{"armed", count}, {"fault", b["fault"]}});
     }
     send_error(api_error{404, "invalid_request_error", "no such admin endpoint: " + path, "", "not_found"});
   }

@@ -1,0 +1,368 @@
+// `tandem chaos`: a soak against a running `tandem serve`. It keeps --concurrency requests in
+// flight over one WebSocket, kills an actor of a kind through POST /admin/kill every --every
+// for --for, then drains and reports: requests sent, finished, failed with an error, lost (no
+// final event: must be 0), duplicated or skipped token indices (must be 0), KV blocks still
+// held once every request has ended (must be 0), and how long the streams in flight at each
+// kill took to move again (recovery time percentiles). Exit status 1 if any must-be-0 is not.
+#include <utility>
+
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "tools/commands.h"
+
+namespace tandem::cli {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+using tcp = asio::ip::tcp;
+using json = nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+struct chaos_opts {
+  std::string url = "http://127.0.0.1:8080", admin_key, api_key, kill = "random", every = "1s", duration = "30s",
+              drain = "60s";
+  int concurrency = 16, max_tokens = 48, seed = 1;
+  bool json_out = false;
+};
+
+std::chrono::milliseconds parse_duration(const std::string& s, const char* flag) {
+  static const std::regex re(R"((\d+(?:\.\d+)?)(ms|s|m))");
+  std::smatch m;
+  if (!std::regex_match(s, m, re))
+    throw CLI::ValidationError(flag, "'" + s + "' is not a duration (e.g. 250ms, 2s, 1m)");
+  const double v = std::stod(m[1]);
+  const double ms = m[2] == "ms" ? v : m[2] == "s" ? v * 1000 : v * 60000;
+  return std::chrono::milliseconds(int64_t(ms));
+}
+
+struct endpoint {
+  std::string host, port;
+};
+
+endpoint parse_url(const std::string& url) {
+  static const std::regex re(R"((?:https?|wss?)://([^/:]+)(?::(\d+))?/?)");
+  std::smatch m;
+  if (!std::regex_match(url, m, re)) throw CLI::ValidationError("--url", "'" + url + "' is not http://HOST[:PORT]");
+  return {m[1], m[2].matched ? std::string(m[2]) : "80"};
+}
+
+// One HTTP request on a fresh connection (the admin calls are rare).
+http::response<http::string_body> http_call(const endpoint& ep, http::verb verb, const std::string& target,
+                                            const std::string& key, const std::string& body) {
+  asio::io_context ioc;
+  beast::tcp_stream s(ioc);
+  s.expires_after(std::chrono::seconds(15));
+  s.connect(tcp::resolver(ioc).resolve(ep.host, ep.port));
+  http::request<http::string_body> req{verb, target, 11};
+  req.set(http::field::host, ep.host);
+  if (!key.empty()) req.set(http::field::authorization, "Bearer " + key);
+  if (!body.empty()) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+  }
+  req.prepare_payload();
+  http::write(s, req);
+  beast::flat_buffer buf;
+  http::response<http::string_body> res;
+  http::read(s, buf, res);
+  return res;
+}
+
+struct stream_state {
+  int32_t next_index = 0;
+  bool ended = false;
+};
+
+struct tally {
+  int64_t sent = 0, finished = 0, failed = 0, duplicated = 0, skipped = 0, after_end = 0;
+  std::map<std::string, int64_t> errors;  // by code
+  std::vector<double> recovery_ms;
+  std::vector<std::string> killed;
+};
+
+// A kill, and the streams in flight at that moment that have not moved since.
+struct pending_recovery {
+  clock_type::time_point at;
+  std::set<std::string> waiting;
+};
+
+class soak {
+ public:
+  soak(const chaos_opts& o, endpoint ep) : o_(o), ep_(std::move(ep)), ws_(ioc_), rng_(uint64_t(o.seed)) {}
+
+  int run() {
+    const auto every = parse_duration(o_.every, "--every"), total = parse_duration(o_.duration, "--for"),
+               drain = parse_duration(o_.drain, "--drain");
+    beast::get_lowest_layer(ws_).connect(tcp::resolver(ioc_).resolve(ep_.host, ep_.port));
+    ws_.set_option(websocket::stream_base::decorator([key = o_.api_key](websocket::request_type& r) {
+      if (!key.empty()) r.set(http::field::authorization, "Bearer " + key);
+    }));
+    ws_.handshake(ep_.host, "/ws");
+    start_ = clock_type::now();
+    for (int i = 0; i < o_.concurrency; ++i) submit();
+    read();
+    // The killer: its own thread (admin calls block); what it learns goes to the io thread.
+    std::thread killer([&] {
+      for (auto next = start_ + every; next < start_ + total; next += every) {
+        std::this_thread::sleep_until(next);
+        std::string name;
+        try {
+          auto res = http_call(ep_, http::verb::post, "/admin/kill", o_.admin_key, json{{"kind", o_.kill}}.dump());
+          if (res.result() == http::status::unauthorized || res.result() == http::status::bad_request)
+            throw std::runtime_error("/admin/kill: " + res.body());
+          if (res.result() == http::status::ok) name = json::parse(res.body()).value("name", "");
+        } catch (const std::exception& e) {
+          spdlog::error("kill failed: {}", e.what());
+          continue;
+        }
+        if (name.empty()) continue;  // nothing of that kind alive at that moment
+        asio::post(ioc_, [this, name, at = clock_type::now()] {
+          t_.killed.push_back(name);
+          pending_recovery p{at, {}};
+          for (auto& [id, s] : streams_)
+            if (!s.ended) p.waiting.insert(id);
+          if (!p.waiting.empty()) recoveries_.push_back(std::move(p));
+        });
+      }
+    });
+    asio::steady_timer stop_timer(ioc_, total);
+    stop_timer.async_wait([this, drain](beast::error_code) {
+      submitting_ = false;
+      drain_deadline_ = clock_type::now() + drain;
+      check_drained();
+    });
+    asio::steady_timer tick(ioc_);
+    std::function<void()> arm = [&] {
+      tick.expires_after(std::chrono::milliseconds(200));
+      tick.async_wait([&](beast::error_code ec) {
+        if (ec || done_) return;
+        check_drained();
+        if (!done_) arm();
+      });
+    };
+    arm();
+    ioc_.run();
+    killer.join();
+    return report();
+  }
+
+ private:
+  void submit() {
+    if (!submitting_) return;
+    static const char* words[] = {"Once", "upon", "a", "time", "there", "was", "a", "little", "girl", "who",
+                                  "loved", "the", "sun", "and", "the", "big", "tree", "in", "the", "park"};
+    std::string prompt;
+    const int n = 2 + int(rng_() % 40);
+    for (int i = 0; i < n; ++i) prompt += (i ? " " : "") + std::string(words[rng_() % 20]);
+    const std::string id = "c" + std::to_string(next_id_++);
+    json msg = {{"type", "generate"}, {"id", id}, {"prompt", prompt}, {"max_tokens", 4 + int(rng_() % uint64_t(o_.max_tokens))},
+                {"temperature", 0}};
+    streams_[id];
+    ++t_.sent;
+    out_.push_back(msg.dump());
+    if (out_.size() == 1) write();
+  }
+
+  void write() {
+    ws_.async_write(asio::buffer(out_.front()), [this](beast::error_code ec, size_t) {
+      if (ec) return fail("write", ec);
+      out_.pop_front();
+      if (!out_.empty()) write();
+    });
+  }
+
+  void read() {
+    ws_.async_read(buf_, [this](beast::error_code ec, size_t) {
+      if (ec) {
+        if (!done_) fail("read", ec);
+        return;
+      }
+      on_message(beast::buffers_to_string(buf_.data()));
+      buf_.consume(buf_.size());
+      read();
+    });
+  }
+
+  void on_message(const std::string& text) {
+    const json m = json::parse(text, nullptr, false);
+    if (!m.is_object() || !m.contains("id")) return;
+    const std::string id = m["id"].get<std::string>(), type = m.value("type", "");
+    auto it = streams_.find(id);
+    if (it == streams_.end()) return;
+    auto& s = it->second;
+    for (auto r = recoveries_.begin(); r != recoveries_.end();) {  // this stream moved again
+      if (r->waiting.erase(id) && r->waiting.empty()) {
+        t_.recovery_ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - r->at).count());
+        r = recoveries_.erase(r);
+      } else {
+        ++r;
+      }
+    }
+    if (s.ended) {
+      ++t_.after_end;
+      return;
+    }
+    if (type == "token") {
+      const int32_t index = m.value("index", -1);
+      if (index < s.next_index) ++t_.duplicated;
+      else if (index > s.next_index) t_.skipped += index - s.next_index;
+      s.next_index = std::max(s.next_index, index + 1);
+    } else if (type == "done" || type == "error") {
+      s.ended = true;
+      if (type == "done") ++t_.finished;
+      else {
+        ++t_.failed;
+        ++t_.errors[m.value("code", "?")];
+      }
+      submit();
+      check_drained();
+    }
+  }
+
+  void check_drained() {
+    if (done_ || submitting_) return;
+    const bool all_ended = std::all_of(streams_.begin(), streams_.end(), [](auto& kv) { return kv.second.ended; });
+    if (!all_ended && clock_type::now() < drain_deadline_) return;
+    done_ = true;
+    beast::error_code ec;
+    beast::get_lowest_layer(ws_).close();
+    (void)ec;
+  }
+
+  void fail(const char* what, beast::error_code ec) {
+    spdlog::error("WebSocket {} failed: {}", what, ec.message());
+    done_ = true;
+    submitting_ = false;
+    beast::get_lowest_layer(ws_).close();
+  }
+
+  // KV blocks held once every request has ended (waits for the server to settle).
+  int64_t leaked_blocks() {
+    int64_t held = -1;
+    for (int i = 0; i < 50; ++i) {
+      auto res = http_call(ep_, http::verb::get, "/admin/state", o_.admin_key, "");
+      if (res.result() != http::status::ok) throw std::runtime_error("/admin/state: " + res.body());
+      const json st = json::parse(res.body());
+      held = 0;
+      for (const auto& w : st.value("workers", json::array()))
+        held += w.value("kv_total_blocks", 0) - w.value("kv_free_blocks", 0) + w.value("reserved_blocks", 0);
+      if (held == 0 && st.value("live_requests", 0) == 0) return 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return held;
+  }
+
+  static double percentile(std::vector<double> v, double p) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5))];
+  }
+
+  int report() {
+    int64_t lost = 0;
+    for (auto& [id, s] : streams_) lost += !s.ended;
+    int64_t leaked = -1;
+    try {
+      leaked = leaked_blocks();
+    } catch (const std::exception& e) {
+      spdlog::error("could not read /admin/state: {}", e.what());
+    }
+    const double secs = std::chrono::duration<double>(clock_type::now() - start_).count();
+    json j = {{"seconds", secs},
+              {"kills", t_.killed.size()},
+              {"requests_sent", t_.sent},
+              {"finished", t_.finished},
+              {"failed_with_error", t_.failed},
+              {"errors", t_.errors},
+              {"lost", lost},
+              {"duplicated_tokens", t_.duplicated},
+              {"skipped_tokens", t_.skipped},
+              {"events_after_end", t_.after_end},
+              {"leaked_blocks", leaked},
+              {"recovery_ms",
+               {{"count", t_.recovery_ms.size()},
+                {"p50", percentile(t_.recovery_ms, 0.5)},
+                {"p90", percentile(t_.recovery_ms, 0.9)},
+                {"p99", percentile(t_.recovery_ms, 0.99)},
+                {"max", percentile(t_.recovery_ms, 1.0)}}}};
+    const bool ok = lost == 0 && t_.duplicated == 0 && t_.skipped == 0 && t_.after_end == 0 && leaked == 0 && t_.sent > 0;
+    j["ok"] = ok;
+    if (o_.json_out) {
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("tandem chaos: %.1f s against %s, killing %s every %s\n", secs, o_.url.c_str(), o_.kill.c_str(), o_.every.c_str());
+      std::printf("  kills            %zu", t_.killed.size());
+      std::map<std::string, int> by_kind;
+      for (auto& k : t_.killed) ++by_kind[k.substr(0, k.find('-'))];
+      for (auto& [k, n] : by_kind) std::printf("  %s:%d", k.c_str(), n);
+      std::printf("\n  requests sent    %lld\n  finished         %lld\n  failed (error)   %lld", (long long)t_.sent,
+                  (long long)t_.finished, (long long)t_.failed);
+      for (auto& [c, n] : t_.errors) std::printf("  %s:%lld", c.c_str(), (long long)n);
+      std::printf("\n  lost             %lld   (must be 0)\n  duplicated tokens %lld  (must be 0)\n  skipped tokens   %lld   (must be 0)\n"
+                  "  events after end %lld   (must be 0)\n  leaked blocks    %lld   (must be 0)\n",
+                  (long long)lost, (long long)t_.duplicated, (long long)t_.skipped, (long long)t_.after_end, (long long)leaked);
+      std::printf("  recovery ms      p50 %.1f  p90 %.1f  p99 %.1f  max %.1f  (%zu kills with streams in flight)\n",
+                  percentile(t_.recovery_ms, 0.5), percentile(t_.recovery_ms, 0.9), percentile(t_.recovery_ms, 0.99),
+                  percentile(t_.recovery_ms, 1.0), t_.recovery_ms.size());
+      std::printf("  %s\n", ok ? "OK" : "FAILED");
+    }
+    return ok ? 0 : 1;
+  }
+
+  const chaos_opts& o_;
+  endpoint ep_;
+  asio::io_context ioc_;
+  websocket::stream<beast::tcp_stream> ws_;
+  beast::flat_buffer buf_;
+  std::deque<std::string> out_;
+  std::map<std::string, stream_state> streams_;
+  std::vector<pending_recovery> recoveries_;
+  std::mt19937_64 rng_;
+  tally t_;
+  uint64_t next_id_ = 1;
+  bool submitting_ = true, done_ = false;
+  clock_type::time_point start_, drain_deadline_ = clock_type::time_point::max();
+};
+
+}  // namespace
+
+void add_chaos(CLI::App& app) {
+  auto o = std::make_shared<chaos_opts>();
+  auto* cmd = app.add_subcommand("chaos", "Soak a running server while killing its actors; report what was lost (nothing, if it works)");
+  cmd->add_option("--url", o->url, "The server (http://HOST:PORT)");
+  cmd->add_option("--kill", o->kill, "What to kill")
+      ->check(CLI::IsMember({"prefill", "decode", "colocated", "kv_link", "request", "router", "random"}));
+  cmd->add_option("--every", o->every, "Time between kills (250ms, 2s, 1m)");
+  cmd->add_option("--for", o->duration, "How long to send requests and kill");
+  cmd->add_option("--drain", o->drain, "After that, how long to wait for the requests in flight");
+  cmd->add_option("--concurrency", o->concurrency, "Requests kept in flight")->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-tokens", o->max_tokens, "Largest max_tokens of a request")->check(CLI::Range(1, 100000));
+  cmd->add_option("--admin-key", o->admin_key, "The server's --admin-key")->required();
+  cmd->add_option("--api-key", o->api_key, "The server's --api-key, if it has one");
+  cmd->add_option("--seed", o->seed, "Prompts and lengths are drawn from this seed");
+  cmd->add_flag("--json", o->json_out, "Print the summary as one JSON object");
+  cmd->callback([o] {
+    (void)parse_duration(o->every, "--every");
+    (void)parse_duration(o->duration, "--for");
+    (void)parse_duration(o->drain, "--drain");
+    soak s(*o, parse_url(o->url));
+    if (const int rc = s.run(); rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace tandem::cli
