@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <regex>
 #include <thread>
 
 #include "actors/colocated_worker.h"
@@ -406,12 +407,26 @@ bool pipeline::kill_worker(const std::string& pool, int index) {
   return !kill(pool, index).empty();
 }
 
-std::string pipeline::kill(const std::string& kind, int index) {
+std::string pipeline::kill(const std::string& kind_or_name, int index) {
   auto& im = *impl_;
+  // A name as kill() returns it: "decode-1", "kv_link-p0-d1", "request-17".
+  std::string kind = kind_or_name;
+  std::smatch m;
+  static const std::regex worker_name(R"((prefill|decode|colocated)-(\d+))"), link_name(R"(kv_link-p(\d+)-d(\d+))"),
+      request_name(R"(request-(\d+))");
+  if (std::regex_match(kind_or_name, m, worker_name)) {
+    kind = m[1];
+    index = std::stoi(m[2]);
+  } else if (std::regex_match(kind_or_name, m, link_name)) {
+    kind = "kv_link";
+    index = std::stoi(m[1]) * im.cfg.decode_workers + std::stoi(m[2]);
+  } else if (std::regex_match(kind_or_name, m, request_name)) {
+    return kill_request(request_id(std::stoull(m[1]))) ? kind_or_name : std::string();
+  }
   static const std::vector<std::string> kinds = {"prefill", "decode", "colocated", "kv_link", "request", "router", "random"};
   if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
     throw failure(errc::invalid_argument,
-                  "unknown kind '" + kind + "' (prefill, decode, colocated, kv_link, request, router, random)");
+                  "unknown kind '" + kind + "' (prefill, decode, colocated, kv_link, request, router, random, or a name such as decode-1)");
   std::string what = kind;
   if (kind == "random") {
     // Any kind this pipeline has; the router rarely (one in 20: it restarts everything below it).

@@ -179,7 +179,8 @@ class pipeline {
   // what the request held. False if the router does not know the request (ended already).
   bool kill_request(request_id id);
   // Fault injection by kind: "prefill", "decode", "colocated", "kv_link", "request", "router"
-  // or "random" (any kind this pipeline has); `index` picks one of that kind, -1 a random one.
+  // or "random" (any kind this pipeline has), or a name it returned ("decode-1"); `index`
+  // picks one of that kind, -1 a random one.
   // Returns the name of what was killed ("decode-1", "kv_link-p0-d1", "request-17",
   // "router"), empty if there was nothing of that kind alive. Throws on an unknown kind.
   std::string kill(const std::string& kind, int index = -1);

@@ -414,3 +414,27 @@ TEST(Pipeline, MigrationLimitEndsTheRequestClearly) {
   EXPECT_NE(r.message.find("migration limit"), std::string::npos) << r.message;
   expect_no_leaks(p);
 }
+
+// Fault injection by kind or by the name kill() returns; unknown kinds are refused clearly.
+TEST(Pipeline, KillsByKindAndByName) {
+  pipeline_config cfg;
+  cfg.loaded_model = tiny();
+  cfg.prefill_workers = 1;
+  cfg.decode_workers = 2;
+  pipeline p(cfg);
+  auto until_named = [&](const std::string& what) {
+    std::string name;
+    for (int i = 0; i < 400 && (name = p.kill(what)).empty(); ++i) std::this_thread::sleep_for(5ms);
+    return name;
+  };
+  EXPECT_EQ(until_named("decode-1"), "decode-1");
+  EXPECT_EQ(until_named("kv_link-p0-d0"), "kv_link-p0-d0");
+  EXPECT_EQ(until_named("prefill"), "prefill-0");  // the only one of its kind
+  EXPECT_THROW(p.kill("nonsense"), failure);
+  EXPECT_EQ(p.kill("request-424242"), "");  // no such request
+  // Still serving afterwards, exactly.
+  const auto prompt = prompt_of(12, 3, tiny()->config().n_vocab);
+  auto r = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .ignore_eos = true}).wait();
+  EXPECT_EQ(r.finish_reason, "length") << r.message;
+  EXPECT_EQ(r.tokens, testing_support::alone(*tiny(), prompt, 8, {.temperature = 0.0f}, true));
+}
