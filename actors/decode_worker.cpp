@@ -25,6 +25,7 @@ void retire(self_ptr self, request_id id, const std::string& reason) {
   st.to_free.push_back(it->second.seq);
   st.ledger->release(int64_t(id));
   st.active.erase(it);
+  st.staged.erase(id);  // a piece that came late (a delayed or retried transfer)
 }
 
 // The outcome of a transfer, to its try and to any later try of the same request.

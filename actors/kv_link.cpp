@@ -3,6 +3,8 @@
 #include "transport/local/local_transport.h"
 #include "transport/shm/shm_transport.h"
 
+#include <thread>
+
 namespace tandem {
 namespace {
 
@@ -79,6 +81,37 @@ kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const re
   return landed;
 }
 
+// Hands landed blocks to the decode worker; its answer (complete, checksummed, imported) goes
+// back to the prefill side, whose lease ends on `true`.
+void forward(kv_link_actor::stateful_pointer<kv_link_state> self, request_spec spec, request_actor req,
+             kv_blocks_ptr landed, std::vector<token_id> generated, caf::typed_response_promise<bool> rp) {
+  auto& st = self->state;
+  ++st.in_flight;
+  auto settle = [self] {
+    if (--self->state.in_flight == 0 && self->state.retiring) self->quit();
+  };
+  self->request(st.decode, std::chrono::seconds(60), arrive_atom::value, std::move(spec), std::move(req),
+                std::move(landed), std::move(generated))
+      .then(
+          [rp, settle](bool ok) mutable {
+            rp.deliver(ok);
+            settle();
+          },
+          [rp, settle](caf::error& e) mutable {
+            rp.deliver(std::move(e));
+            settle();
+          });
+}
+
+// Fault injection: the link blocks (its thread too), answering nothing meanwhile.
+void maybe_stall(kv_link_actor::stateful_pointer<kv_link_state> self) {
+  auto& f = self->state.opts.faults;
+  if (!f || !f->take(fault_kind::stall_link)) return;
+  count_fault(self, "stall_link");
+  for (auto until = steady::now() + f->stall_duration(); steady::now() < until;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
 }  // namespace
 
 kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv_link_state> self,
@@ -92,6 +125,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
              std::vector<token_id>& generated) -> caf::result<bool> {
         auto& st = self->state;
         if (!kv) return false;
+        maybe_stall(self);
         kv_blocks_ptr landed = move(self, req, kv);
         if (!landed) return false;
         ++st.transfers;
@@ -99,23 +133,27 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
           st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", {{"link", st.opts.name}})
               .inc();
         auto rp = self->make_response_promise<bool>();
-        ++st.in_flight;
-        auto settle = [self] {
-          if (--self->state.in_flight == 0 && self->state.retiring) self->quit();
-        };
-        self->request(st.decode, std::chrono::seconds(60), arrive_atom::value, std::move(spec), std::move(req),
-                      std::move(landed), std::move(generated))
-            .then(
-                [rp, settle](bool ok) mutable {
-                  rp.deliver(ok);
-                  settle();
-                },
-                [rp, settle](caf::error& e) mutable {
-                  rp.deliver(std::move(e));
-                  settle();
-                });
+        if (st.opts.faults && st.opts.faults->take(fault_kind::delay_kv)) {  // held back, then delivered
+          count_fault(self, "delay_kv");
+          const uint64_t key = st.next_held++;
+          st.held[key] = {std::move(spec), std::move(req), std::move(landed), std::move(generated), rp};
+          ++st.in_flight;
+          self->delayed_send(self, st.opts.faults->stall_duration(), resume_atom::value, key);
+          return rp;
+        }
+        forward(self, std::move(spec), std::move(req), std::move(landed), std::move(generated), rp);
         return rp;
       },
+      [self](resume_atom, uint64_t key) {
+        auto& st = self->state;
+        auto it = st.held.find(key);
+        if (it == st.held.end()) return;
+        auto h = std::move(it->second);
+        st.held.erase(it);
+        --st.in_flight;
+        forward(self, std::move(h.spec), std::move(h.req), std::move(h.kv), std::move(h.generated), h.promise);
+      },
+      [](heartbeat_atom) { return true; },
       [self](kv_piece_atom, request_id id, uint32_t epoch, request_actor& req, kv_blocks_ptr& kv) {
         if (!kv) return;
         if (self->state.opts.faults && self->state.opts.faults->take(fault_kind::drop_kv)) {
@@ -124,7 +162,14 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
         }
         // A piece that fails to move is simply not staged: the decode side then finds the set
         // incomplete at arrival and refuses it, so nothing decodes on partial KV.
+        maybe_stall(self);
         if (kv_blocks_ptr landed = move(self, req, kv)) {
+          if (self->state.opts.faults && self->state.opts.faults->take(fault_kind::delay_kv)) {
+            count_fault(self, "delay_kv");  // it arrives late (possibly after the set was found incomplete)
+            self->delayed_send(self->state.decode, self->state.opts.faults->stall_duration(), kv_piece_atom::value, id,
+                               epoch, std::move(landed));
+            return;
+          }
           self->send(self->state.decode, kv_piece_atom::value, id, epoch, std::move(landed));
           if (auto& m = self->state.opts.metrics)
             m->get_counter("tandem_kv_link_pieces_total", "KV pieces streamed by a link while prefill ran",

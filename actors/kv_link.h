@@ -3,6 +3,7 @@
 // transport (transport/). Decode never starts on partial KV: the decode worker imports the
 // complete, checksummed set and only then acknowledges; the reply ends the prefill side's lease.
 // Credits: the router reserved the blocks on the decode side before the link was asked.
+#include <map>
 #include <memory>
 
 #include "actors/protocol.h"
@@ -27,6 +28,15 @@ struct kv_link_state {
   uint64_t transfers = 0, bytes = 0;
   int32_t in_flight = 0;   // transfers the decode worker has not answered yet
   bool retiring = false;   // a restart replaced this link: end once in_flight is 0
+  struct held_transfer {   // fault injection: a transfer held back (delay_kv)
+    request_spec spec;
+    request_actor req;
+    kv_blocks_ptr kv;
+    std::vector<token_id> generated;
+    caf::typed_response_promise<bool> promise;
+  };
+  std::map<uint64_t, held_transfer> held;
+  uint64_t next_held = 1;
   static inline const char* name = "kv_link";
 };
 

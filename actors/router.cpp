@@ -97,7 +97,10 @@ void dispatch_decode(self_ptr self) {
                                 it->second.spec.epoch == epoch && it->second.state != request_state::decoding;
             if (!ok) {
               if (wanted) st.decode_queue.push_front(id);
-              st.decode_load[size_t(d)].free_blocks = 0;  // stale view: wait for its report
+              // Stale view: wait for a fresh report (asked for, as an idle worker sends none:
+              // a refused reservation once waited forever).
+              st.decode_load[size_t(d)].free_blocks = 0;
+              self->delayed_send(worker, std::chrono::milliseconds(50), load_atom::value);
             } else if (!wanted) {
               self->send(worker, cancel_atom::value, id);  // give the credits back
             } else {
@@ -384,6 +387,25 @@ void heartbeat(self_ptr self) {
   };
   for (auto& w : st.prefill) ask(w);
   for (auto& w : st.decode) ask(w);
+  // Links too: one that does not answer in time is stuck. It is replaced at once (its
+  // transfers fail back to their leases and ship again over the new one) and killed.
+  for (size_t p = 0; p < st.links.size(); ++p)
+    for (size_t d = 0; d < st.links[p].size(); ++d) {
+      auto link = st.links[p][d];
+      if (!link) continue;
+      self->request(link, st.opts.stall_timeout, heartbeat_atom::value)
+          .then([](bool) {},
+                [self, p, d, link](caf::error&) {
+                  auto& st = self->state;
+                  if (p >= st.links.size() || d >= st.links[p].size() || st.links[p][d] != link) return;  // gone already
+                  reg(self).get_counter("tandem_stalls_detected_total", "Workers found alive but not progressing, and restarted",
+                                        {{"kind", "kv_link"}})
+                      .inc();
+                  st.link_slots.erase(link.address());
+                  caf::anon_send_exit(link, caf::exit_reason::kill);
+                  link_down(self, p, d);
+                });
+    }
 }
 
 }  // namespace

@@ -28,17 +28,24 @@ std::vector<token_id> prompt_of(int n, int salt, int vocab) {
   return p;
 }
 
+int expected_workers(pipeline& p) {
+  const auto& c = p.config();
+  return c.mode == serving_mode::colocated ? c.colocated_workers : c.prefill_workers + c.decode_workers;
+}
+
 // Every pool full again and every request actor gone (both settle shortly after the last event).
 void expect_no_leaks(pipeline& p) {
   pipeline_stats s;
   for (int i = 0; i < 200; ++i) {
     s = p.stats();
-    bool clean = s.live_requests == 0;
+    // (No workers listed: the router is restarting; look again.)
+    bool clean = s.live_requests == 0 && int(s.workers.size()) == expected_workers(p);
     for (const auto& w : s.workers) clean = clean && w.kv_free_blocks == w.kv_total_blocks && w.reserved_blocks == 0;
     if (clean) return;
     std::this_thread::sleep_for(20ms);
   }
   EXPECT_EQ(s.live_requests, 0);
+  EXPECT_EQ(int(s.workers.size()), expected_workers(p)) << "workers missing";
   for (const auto& w : s.workers) {
     EXPECT_EQ(w.kv_free_blocks, w.kv_total_blocks) << w.name;
     EXPECT_EQ(w.reserved_blocks, 0) << w.name;
@@ -437,4 +444,30 @@ TEST(Pipeline, KillsByKindAndByName) {
   auto r = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .ignore_eos = true}).wait();
   EXPECT_EQ(r.finish_reason, "length") << r.message;
   EXPECT_EQ(r.tokens, testing_support::alone(*tiny(), prompt, 8, {.temperature = 0.0f}, true));
+}
+
+// A client that goes away while its requests are being recovered (their decode worker, or the
+// router, was just killed) gets nothing more, and everything they held is freed.
+TEST(Pipeline, ClientLeavingDuringRecoveryFreesEverything) {
+  for (const std::string kind : {"decode", "router", "kv_link"}) {
+    SCOPED_TRACE(kind);
+    pipeline_config cfg;
+    cfg.loaded_model = tiny();
+    cfg.kv_blocks_per_worker = 128;
+    pipeline p(cfg);
+    auto c = p.connect(nullptr);
+    for (int i = 0; i < 8; ++i)
+      c.submit({.prompt_tokens = prompt_of(20 + i, i, tiny()->config().n_vocab), .max_tokens = 150, .ignore_eos = true});
+    request_event ev;
+    int tokens = 0;
+    while (tokens < 8 && c.next(ev, 30s)) tokens += ev.kind == event_kind::token;
+    ASSERT_EQ(tokens, 8) << "the requests never got going";
+    std::string killed;
+    for (int i = 0; i < 400 && (killed = p.kill(kind)).empty(); ++i) std::this_thread::sleep_for(5ms);
+    ASSERT_FALSE(killed.empty());
+    c.close();
+    EXPECT_FALSE(c.next(ev, 10ms)) << "an event after the client left";
+    expect_no_leaks(p);
+    EXPECT_EQ(p.stats().live_connections, 0);
+  }
 }

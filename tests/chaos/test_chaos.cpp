@@ -76,9 +76,10 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   cfg.kv_blocks_per_worker = 160;
   cfg.chunk_size = 32;
   cfg.max_migrations = c.kills + 1;  // even a request hit by every kill finishes
-  cfg.max_router_restarts = c.kills + 1;
+  cfg.max_router_restarts = 4 * c.kills + 1;  // extra kills (below) must not degrade it
   // A stalled step hangs 3 s; it is noticed after 300 ms without progress.
-  cfg.stall_timeout = c.pool == "stall" ? 300ms : 10000ms;
+  cfg.stall_timeout = c.pool == "stall" || c.pool == "stall_link" ? 300ms : 10000ms;
+  if (c.pool == "stall_link") cfg.scheduler_threads = 4;  // a stuck link blocks its thread
   cfg.admission.max_prefill_queue = 1000;
   pipeline p(cfg);
 
@@ -92,7 +93,8 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   for (int i = 0; i < 64; ++i) {
     job j;
     // Prompt + output stay within the context (256); killing prefill workers wants long prompts.
-    const bool long_prompts = c.pool == "prefill" || c.pool == "kv_link" || c.pool == "drop_kv";
+    const bool long_prompts = c.pool == "prefill" || c.pool == "kv_link" || c.pool == "drop_kv" || c.pool == "delay_kv" ||
+                              c.pool == "stall_link";
     const int len = long_prompts ? 100 + int(rng() % 100) : 4 + int(rng() % 60);
     for (int t = 0; t < len; ++t) j.prompt.push_back(token_id(3 + rng() % uint64_t(vocab - 3)));
     j.sp = i % 2 == 0 ? sampling_params{.temperature = 0.0f}
@@ -150,7 +152,7 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
     if (is_fault(c.pool)) {
       fault_kind f;
       parse_fault_kind(c.pool, f);
-      p.inject(f, 1, 3000ms);
+      p.inject(f, 1, c.pool == "delay_kv" ? 300ms : 3000ms);
       ++killed;
       continue;
     }
@@ -236,14 +238,15 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
     const auto taken = p.metrics().get_counter("tandem_faults_injected_total", "", {{"kind", c.pool}}).value();
     std::printf("[ chaos    ] %s: %.0f of %d faults met an actor\n", c.name.c_str(), double(taken), killed);
     EXPECT_GT(taken, 0) << "no armed fault was met: the test proved nothing";
-    if (c.pool == "stall") {  // every stall met was detected (and its worker restarted)
+    if (c.pool == "stall" || c.pool == "stall_link") {  // every stall met was detected (and restarted)
       double detected = 0;
-      for (const char* k : {"prefill", "decode", "colocated"})
+      for (const char* k : {"prefill", "decode", "colocated", "kv_link"})
         detected += p.metrics().get_counter("tandem_stalls_detected_total", "", {{"kind", k}}).value();
       EXPECT_EQ(detected, taken) << "a stalled worker went unnoticed";
     }
   }
-  if (c.pool != "request" && c.pool != "fail_alloc") {
+  // (A fault that only slows things down need not make anything recover.)
+  if (c.pool != "request" && c.pool != "fail_alloc" && c.pool != "delay_kv") {
     EXPECT_GT(migrations + reprefills + retries + rejoins, 0) << "the faults hit no request: the test proved nothing";
   }
   if (!is_fault(c.pool) && c.pool != "request") {
@@ -265,5 +268,7 @@ INSTANTIATE_TEST_SUITE_P(Kinds, Chaos,
                                            chaos_case{"drop_kv_2x2", serving_mode::disaggregated, 2, "drop_kv", 6},
                                            chaos_case{"fail_alloc_2x2", serving_mode::disaggregated, 2, "fail_alloc", 6},
                                            chaos_case{"stall_2x2", serving_mode::disaggregated, 2, "stall", 3},
-                                           chaos_case{"stall_colocated", serving_mode::colocated, 2, "stall", 3}),
+                                           chaos_case{"stall_colocated", serving_mode::colocated, 2, "stall", 3},
+                                           chaos_case{"delay_kv_2x2", serving_mode::disaggregated, 2, "delay_kv", 6},
+                                           chaos_case{"stall_link_2x2", serving_mode::disaggregated, 2, "stall_link", 2}),
                          [](const auto& info) { return info.param.name; });

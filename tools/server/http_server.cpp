@@ -347,13 +347,13 @@ class http_session : public std::enable_shared_from_this<http_session> {
       return send_json(http::status::ok, {{"killed", true}, {"name", killed}});
     }
     if (path == "/admin/fault" && req_.method() == http::verb::post) {
-      // {"fault": "corrupt_kv|drop_kv|fail_alloc|stall", "count": N (default 1), "stall_ms": M}
+      // {"fault": "corrupt_kv|drop_kv|delay_kv|fail_alloc|stall|stall_link", "count": N (default 1), "stall_ms": M}
       const json b = json::parse(req_.body(), nullptr, false);
       fault_kind f;
       if (!b.is_object() || !b.contains("fault") || !b["fault"].is_string() || !parse_fault_kind(b["fault"].get<std::string>(), f) ||
           (b.contains("count") && !b["count"].is_number_integer()) || (b.contains("stall_ms") && !b["stall_ms"].is_number_integer()))
         return send_error(api_error{400, "invalid_request_error",
-                                    "body: {\"fault\": \"corrupt_kv|drop_kv|fail_alloc|stall\", \"count\": N, \"stall_ms\": M}", "",
+                                    "body: {\"fault\": \"corrupt_kv|drop_kv|delay_kv|fail_alloc|stall|stall_link\", \"count\": N, \"stall_ms\": M}", "",
                                     "invalid_argument"});
       const int count = b.contains("count") ? int(std::clamp<int64_t>(b["count"].get<int64_t>(), 1, 1000)) : 1;
       const auto stall = std::chrono::milliseconds(b.contains("stall_ms") ? std::clamp<int64_t>(b["stall_ms"].get<int64_t>(), 1, 600000) : 5000);
