@@ -5,7 +5,6 @@
 #include <mutex>
 #include <optional>
 #include <random>
-#include <regex>
 #include <thread>
 
 #include "actors/colocated_worker.h"
@@ -411,18 +410,30 @@ std::string pipeline::kill(const std::string& kind_or_name, int index) {
   auto& im = *impl_;
   // A name as kill() returns it: "decode-1", "kv_link-p0-d1", "request-17".
   std::string kind = kind_or_name;
-  std::smatch m;
-  static const std::regex worker_name(R"((prefill|decode|colocated)-(\d+))"), link_name(R"(kv_link-p(\d+)-d(\d+))"),
-      request_name(R"(request-(\d+))");
-  if (std::regex_match(kind_or_name, m, worker_name)) {
-    kind = m[1];
-    index = std::stoi(m[2]);
-  } else if (std::regex_match(kind_or_name, m, link_name)) {
-    kind = "kv_link";
-    index = std::stoi(m[1]) * im.cfg.decode_workers + std::stoi(m[2]);
-  } else if (std::regex_match(kind_or_name, m, request_name)) {
-    return kill_request(request_id(std::stoull(m[1]))) ? kind_or_name : std::string();
+  auto number = [](const std::string& s, size_t from, size_t to, long long& out) {
+    if (from >= to || to > s.size()) return false;
+    out = 0;
+    for (size_t i = from; i < to; ++i) {
+      if (s[i] < '0' || s[i] > '9' || out > 100000000) return false;
+      out = out * 10 + (s[i] - '0');
+    }
+    return true;
+  };
+  long long a = 0, b = 0;
+  for (const char* k : {"prefill-", "decode-", "colocated-"}) {
+    const std::string prefix = k;
+    if (kind_or_name.rfind(prefix, 0) == 0 && number(kind_or_name, prefix.size(), kind_or_name.size(), a)) {
+      kind = prefix.substr(0, prefix.size() - 1);
+      index = int(a);
+    }
   }
+  if (const auto d = kind_or_name.find("-d"); kind_or_name.rfind("kv_link-p", 0) == 0 && d != std::string::npos &&
+                                               number(kind_or_name, 9, d, a) && number(kind_or_name, d + 2, kind_or_name.size(), b)) {
+    kind = "kv_link";
+    index = int(a) * im.cfg.decode_workers + int(b);
+  }
+  if (kind_or_name.rfind("request-", 0) == 0 && number(kind_or_name, 8, kind_or_name.size(), a))
+    return kill_request(request_id(a)) ? kind_or_name : std::string();
   static const std::vector<std::string> kinds = {"prefill", "decode", "colocated", "kv_link", "request", "router", "random"};
   if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
     throw failure(errc::invalid_argument,
