@@ -160,7 +160,7 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
     // An actor just killed may still be restarting: try another moment.
     std::string name;
     for (int attempt = 0; attempt < 400 && (name = p.kill(c.pool, index)).empty(); ++attempt) {
-      if (c.pool == "request") break;  // none left: every request ended already
+      if (c.pool == "request" && all_done()) break;  // none left: every request ended already
       std::this_thread::sleep_for(5ms);
     }
     if (c.pool == "request" && name.empty()) {
