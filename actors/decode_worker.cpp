@@ -150,8 +150,6 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         // Every reservation is a future batch slot (streamed ones arrive while prefill runs).
         if (st.ledger->holders() >= st.opts.max_batch && !st.ledger->holds(int64_t(id))) return false;
         if (st.opts.faults && st.opts.faults->take(fault_kind::fail_alloc)) {
-          if (st.opts.metrics)
-            st.opts.metrics->get_counter("tandem_faults_injected_total", "Faults injected by kind", {{"kind", "fail_alloc"}}).inc();
           report_load(self);
           return false;  // as if the pool were full: the router tries again later or elsewhere
         }

@@ -41,11 +41,6 @@ kv_blocks_ptr move_through(transport::kv_transport& t, const std::vector<kv_bloc
   return dst;
 }
 
-void count_fault(kv_link_actor::stateful_pointer<kv_link_state> self, const char* kind) {
-  if (auto& m = self->state.opts.metrics)
-    m->get_counter("tandem_faults_injected_total", "Faults injected by kind", {{"kind", kind}}).inc();
-}
-
 // Moves blocks through the link's transport (or hands them over) and accounts for them.
 kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const request_actor& req,
                    const kv_blocks_ptr& kv) {
@@ -70,7 +65,6 @@ kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const re
         break;
       }
     landed = std::move(damaged);
-    count_fault(self, "corrupt_kv");
   }
   const double ms = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
   st.bytes += bytes;
@@ -107,7 +101,6 @@ void forward(kv_link_actor::stateful_pointer<kv_link_state> self, request_spec s
 void maybe_stall(kv_link_actor::stateful_pointer<kv_link_state> self) {
   auto& f = self->state.opts.faults;
   if (!f || !f->take(fault_kind::stall_link)) return;
-  count_fault(self, "stall_link");
   for (auto until = steady::now() + f->stall_duration(); steady::now() < until;)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
 }
@@ -134,7 +127,6 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
               .inc();
         auto rp = self->make_response_promise<bool>();
         if (st.opts.faults && st.opts.faults->take(fault_kind::delay_kv)) {  // held back, then delivered
-          count_fault(self, "delay_kv");
           const uint64_t key = st.next_held++;
           st.held[key] = {std::move(spec), std::move(req), std::move(landed), std::move(generated), rp};
           ++st.in_flight;
@@ -157,7 +149,6 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
       [self](kv_piece_atom, request_id id, uint32_t epoch, request_actor& req, kv_blocks_ptr& kv) {
         if (!kv) return;
         if (self->state.opts.faults && self->state.opts.faults->take(fault_kind::drop_kv)) {
-          count_fault(self, "drop_kv");
           return;  // lost in flight: the set is incomplete at arrival
         }
         // A piece that fails to move is simply not staged: the decode side then finds the set
@@ -165,7 +156,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
         maybe_stall(self);
         if (kv_blocks_ptr landed = move(self, req, kv)) {
           if (self->state.opts.faults && self->state.opts.faults->take(fault_kind::delay_kv)) {
-            count_fault(self, "delay_kv");  // it arrives late (possibly after the set was found incomplete)
+            // It arrives late, possibly after the set was found incomplete (and shipped again whole).
             self->delayed_send(self->state.decode, self->state.opts.faults->stall_duration(), kv_piece_atom::value, id,
                                epoch, std::move(landed));
             return;

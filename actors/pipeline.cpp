@@ -149,7 +149,7 @@ struct pipeline::impl {
   caf::actor_system_config sys_cfg;
   std::unique_ptr<caf::actor_system> sys;
   std::shared_ptr<router_directory> routers = std::make_shared<router_directory>();
-  std::shared_ptr<fault_injector> faults = std::make_shared<fault_injector>();
+  std::shared_ptr<fault_injector> faults = std::make_shared<fault_injector>(metrics);  // counts the faults met
   root_actor root;
   std::atomic<request_id> next_id{1};
 

@@ -1,5 +1,7 @@
 #include "actors/prefill_worker.h"
 
+#include <optional>
+
 namespace tandem {
 namespace {
 
@@ -89,6 +91,17 @@ void kick(self_ptr self) {
   st.we->start(self, std::move(work));
 }
 
+// The lease of request `id` ends (of attempt `epoch` only, when given): its blocks are freed
+// before the next step.
+void end_lease(self_ptr self, request_id id, std::optional<uint32_t> epoch = std::nullopt) {
+  auto& st = self->state;
+  auto it = st.leases.find(id);
+  if (it == st.leases.end() || (epoch && it->second.spec.epoch != *epoch)) return;
+  st.to_free.push_back(it->second.seq);
+  st.leases.erase(it);
+  kick(self);
+}
+
 // A try over `link` failed: the lease stays, and the router decides (ship again, or move on).
 void transfer_failed(self_ptr self, request_id id, const kv_link_actor& link) {
   auto it = self->state.leases.find(id);
@@ -133,10 +146,7 @@ void start_transfer(self_ptr self, request_id id, kv_link_actor link) {
           [self, id, link, failed](bool ok) {
             if (!ok) return failed();
             auto it = self->state.leases.find(id);
-            if (it == self->state.leases.end() || it->second.sending != link) return;
-            self->state.to_free.push_back(it->second.seq);
-            self->state.leases.erase(it);
-            kick(self);
+            if (it != self->state.leases.end() && it->second.sending == link) end_lease(self, id);
           },
           [failed](caf::error&) { failed(); });
 }
@@ -256,13 +266,7 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
           j.link = link;
         }
       },
-      [self](release_atom, request_id id) {
-        auto it = self->state.leases.find(id);
-        if (it == self->state.leases.end()) return;
-        self->state.to_free.push_back(it->second.seq);
-        self->state.leases.erase(it);
-        kick(self);
-      },
+      [self](release_atom, request_id id) { end_lease(self, id); },
       [self](down_atom, kv_link_actor& link) {
         // A link died: a transfer it had taken will never be answered (its promise died
         // with it), so it fails now rather than at the timeout.
@@ -271,13 +275,7 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
           if (l.sending == link) ids.push_back(id);
         for (auto id : ids) transfer_failed(self, id, link);
       },
-      [self](release_atom, request_id id, uint32_t epoch) {
-        auto it = self->state.leases.find(id);
-        if (it == self->state.leases.end() || it->second.spec.epoch != epoch) return;
-        self->state.to_free.push_back(it->second.seq);
-        self->state.leases.erase(it);
-        kick(self);
-      },
+      [self](release_atom, request_id id, uint32_t epoch) { end_lease(self, id, epoch); },
       [self](cancel_atom, request_id id) {
         auto& st = self->state;
         for (auto it = st.queue.begin(); it != st.queue.end(); ++it) {

@@ -18,6 +18,23 @@ metrics::registry& reg(self_ptr self) { return *self->state.opts.request_ctx.met
 
 int32_t prompt_len(const router_state::entry& e) { return int32_t(e.spec.prompt.size()); }
 
+// Whether slot i of a pool holds a live worker.
+template <class Pool>
+bool alive(const Pool& pool, int32_t i) {
+  return i >= 0 && size_t(i) < pool.size() && pool[size_t(i)];
+}
+
+// Whether a pool has no live worker (restarting, degraded, or none joined yet).
+template <class Pool>
+bool none_alive(const Pool& pool) {
+  return std::none_of(pool.begin(), pool.end(), [](const auto& w) { return bool(w); });
+}
+
+// What the prefill-side pool is called in metrics and messages.
+const char* prefill_kind(self_ptr self) {
+  return self->state.opts.mode == serving_mode::colocated ? "colocated" : "prefill";
+}
+
 void set_state(self_ptr self, router_state::entry& e, request_state s) {
   e.state = s;
   self->send(e.req, state_atom::value, s);
@@ -190,7 +207,7 @@ void link_down(self_ptr self, size_t p, size_t d) {
 // Puts a request back at the front of the prefill queue (a new attempt from scratch).
 void requeue_front(self_ptr self, router_state::entry& e, request_id id) {
   auto& st = self->state;
-  if (e.decode_worker >= 0 && size_t(e.decode_worker) < st.decode.size() && st.decode[size_t(e.decode_worker)])
+  if (alive(st.decode, e.decode_worker))
     self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, id);  // give back its credits
   e.decode_worker = -1;
   e.prefill_worker = -1;
@@ -221,13 +238,12 @@ void migrate(self_ptr self, request_id id) {
   e.migrating = true;
   // A lease its prefill worker may still hold for it (prefilled, waiting for a transfer) ends.
   const int32_t p = e.prefill_worker;
-  if (st.opts.mode == serving_mode::disaggregated && p >= 0 && size_t(p) < st.prefill.size() && st.prefill[size_t(p)] &&
-      st.prefill_gen[size_t(p)] == e.prefill_gen)
+  if (st.opts.mode == serving_mode::disaggregated && alive(st.prefill, p) && st.prefill_gen[size_t(p)] == e.prefill_gen)
     self->send(st.prefill[size_t(p)], release_atom::value, id);
   // Credits it holds on a live decode worker (a failed transfer) go back; a dead worker's
   // died with it.
   const int32_t d = e.decode_worker;
-  if (d >= 0 && size_t(d) < st.decode.size() && st.decode[size_t(d)] && st.decode_gen[size_t(d)] == e.decode_gen)
+  if (alive(st.decode, d) && st.decode_gen[size_t(d)] == e.decode_gen)
     self->send(st.decode[size_t(d)], cancel_atom::value, id);
   e.decode_worker = -1;
   e.prefill_worker = -1;
@@ -279,7 +295,7 @@ void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) 
     }
   }
   reg(self).get_counter("tandem_restarts_total", "Worker restarts by kind",
-                        {{"kind", prefill_side ? (st.opts.mode == serving_mode::colocated ? "colocated" : "prefill") : "decode"}})
+                        {{"kind", prefill_side ? prefill_kind(self) : "decode"}})
       .inc();
   // Requests the dead worker held. Not decoding yet (queued there, mid-prefill, or KV under its
   // lease): nothing was lost that a new prefill cannot redo, so they go back to the front of the
@@ -311,8 +327,7 @@ void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) 
   for (auto id : moved) migrate(self, id);
   // A pool left with no worker is restarting (a supervisor restarts at once) or degraded
   // (past its restart intensity: it stays empty). Look again soon; what is stranded then ends.
-  auto empty = [](const auto& pool) { return std::none_of(pool.begin(), pool.end(), [](const auto& w) { return bool(w); }); };
-  if (prefill_side ? empty(st.prefill) : empty(st.decode))
+  if (prefill_side ? none_alive(st.prefill) : none_alive(st.decode))
     self->delayed_send(self, std::chrono::seconds(2), stranded_atom::value);
   // The replacement may have joined already and sits idle: hand it the requeued work now.
   dispatch_prefill(self);
@@ -327,10 +342,9 @@ void forget(self_ptr self, request_id id, request_state end, double tpot_ms) {
   auto& e = it->second;
   if (tpot_ms > 0) st.tpot.add(tpot_ms);
   if (end != request_state::finished) {  // the workers still hold it: free it there
-    if (e.prefill_worker >= 0 && size_t(e.prefill_worker) < st.prefill.size() && st.prefill[size_t(e.prefill_worker)])
+    if (alive(st.prefill, e.prefill_worker))
       self->send(st.prefill[size_t(e.prefill_worker)], cancel_atom::value, id);
-    if (e.decode_worker >= 0 && size_t(e.decode_worker) < st.decode.size() && st.decode[size_t(e.decode_worker)])
-      self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, id);
+    if (alive(st.decode, e.decode_worker)) self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, id);
   }
   if (auto q = std::find(st.prefill_queue.begin(), st.prefill_queue.end(), id); q != st.prefill_queue.end()) {
     st.prefill_queue.erase(q);
@@ -343,6 +357,12 @@ void forget(self_ptr self, request_id id, request_state end, double tpot_ms) {
   dispatch_decode(self);
 }
 
+void count_stall(self_ptr self, const char* kind) {
+  reg(self).get_counter("tandem_stalls_detected_total", "Actors found alive but not progressing, and restarted",
+                        {{"kind", kind}})
+      .inc();
+}
+
 // A worker that is alive but not progressing is treated as dead: killed, so that its
 // supervisor restarts it and its requests are recovered as for any failure.
 void stalled(self_ptr self, const caf::actor_addr& addr, const caf::actor& worker) {
@@ -350,9 +370,7 @@ void stalled(self_ptr self, const caf::actor_addr& addr, const caf::actor& worke
   auto it = st.watched.find(addr);
   if (it == st.watched.end()) return;
   const bool prefill = it->second.prefill_side;
-  reg(self).get_counter("tandem_stalls_detected_total", "Workers found alive but not progressing, and restarted",
-                        {{"kind", prefill ? (st.opts.mode == serving_mode::colocated ? "colocated" : "prefill") : "decode"}})
-      .inc();
+  count_stall(self, prefill ? prefill_kind(self) : "decode");
   caf::anon_send_exit(worker, caf::exit_reason::kill);
 }
 
@@ -398,9 +416,7 @@ void heartbeat(self_ptr self) {
                 [self, p, d, link](caf::error&) {
                   auto& st = self->state;
                   if (p >= st.links.size() || d >= st.links[p].size() || st.links[p][d] != link) return;  // gone already
-                  reg(self).get_counter("tandem_stalls_detected_total", "Workers found alive but not progressing, and restarted",
-                                        {{"kind", "kv_link"}})
-                      .inc();
+                  count_stall(self, "kv_link");
                   st.link_slots.erase(link.address());
                   caf::anon_send_exit(link, caf::exit_reason::kill);
                   link_down(self, p, d);
@@ -453,10 +469,8 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         // A pool whose every worker is down (restarting, or degraded past its restart
         // intensity) cannot serve: say so now (HTTP 503) rather than queue without bound. Before
         // any worker has joined (start-up) requests queue.
-        auto all_down = [](const auto& pool) {
-          return !pool.empty() && std::none_of(pool.begin(), pool.end(), [](const auto& w) { return bool(w); });
-        };
-        const char* down = all_down(st.prefill) ? (st.opts.mode == serving_mode::colocated ? "colocated" : "prefill")
+        auto all_down = [](const auto& pool) { return !pool.empty() && none_alive(pool); };
+        const char* down = all_down(st.prefill) ? prefill_kind(self)
                            : st.opts.mode == serving_mode::disaggregated && all_down(st.decode) ? "decode"
                                                                                                   : nullptr;
         if (down) {
@@ -543,7 +557,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         if (finished) {  // done in prefill (stop token or one token): decode credits back
           if (auto q = std::find(st.decode_queue.begin(), st.decode_queue.end(), id); q != st.decode_queue.end())
             st.decode_queue.erase(q);
-          if (e.decode_worker >= 0 && size_t(e.decode_worker) < st.decode.size() && st.decode[size_t(e.decode_worker)])
+          if (alive(st.decode, e.decode_worker))
             self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, id);
           e.decode_worker = -1;
           e.decode_claimed = false;
@@ -722,11 +736,10 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         // A pool still empty seconds after its last worker died will not come back (degraded):
         // the requests that need it end with an error (HTTP 503) instead of waiting forever.
         auto& st = self->state;
-        auto empty = [](const auto& pool) { return std::none_of(pool.begin(), pool.end(), [](const auto& w) { return bool(w); }); };
-        const bool no_prefill = empty(st.prefill);
-        const bool no_decode = st.opts.mode == serving_mode::disaggregated && empty(st.decode);
+        const bool no_prefill = none_alive(st.prefill);
+        const bool no_decode = st.opts.mode == serving_mode::disaggregated && none_alive(st.decode);
         if (!no_prefill && !no_decode) return;
-        const std::string pool = no_decode ? "decode" : st.opts.mode == serving_mode::colocated ? "colocated" : "prefill";
+        const std::string pool = no_decode ? "decode" : prefill_kind(self);
         for (auto& [id, e] : st.requests) {
           // Without prefill workers, only requests already past prefill can still finish.
           if (!no_decode && e.state != request_state::queued && !e.migrating) continue;

@@ -34,9 +34,8 @@ struct worker_engine {
   uint64_t steps = 0;      // steps started
   uint64_t finished = 0;   // steps whose result came back (progress, as heartbeats report it)
   std::shared_ptr<fault_injector> faults;
-  std::shared_ptr<metrics::registry> metrics;
   std::shared_ptr<std::atomic<bool>> stopping = std::make_shared<std::atomic<bool>>(false);
-  worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults), metrics(o.metrics) {
+  worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults) {
     engine_options eo;
     eo.n_threads = o.n_threads;
     eo.block_size = o.block_size;
@@ -61,8 +60,6 @@ struct worker_engine {
     caf::weak_actor_ptr weak = caf::actor_cast<caf::weak_actor_ptr>(self);
     // Fault injection: this step hangs before it computes (the actor stays responsive).
     const auto stall = faults && faults->take(fault_kind::stall) ? faults->stall_duration() : std::chrono::milliseconds(0);
-    if (stall.count() > 0 && metrics)
-      metrics->get_counter("tandem_faults_injected_total", "Faults injected by kind", {{"kind", "stall"}}).inc();
     runner->post([e, weak, stall, stop = stopping, w = std::move(work)]() mutable {
       for (auto until = std::chrono::steady_clock::now() + stall; std::chrono::steady_clock::now() < until && !*stop;)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));

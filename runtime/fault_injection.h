@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
+
+#include "runtime/metrics.h"
 
 namespace tandem {
 
@@ -19,15 +22,32 @@ enum class fault_kind : uint8_t {
   stall_link,    // a KV link blocks (stops answering) for the stall duration
 };
 
+inline const char* to_string(fault_kind k) {
+  switch (k) {
+    case fault_kind::corrupt_kv: return "corrupt_kv";
+    case fault_kind::drop_kv: return "drop_kv";
+    case fault_kind::fail_alloc: return "fail_alloc";
+    case fault_kind::stall: return "stall";
+    case fault_kind::delay_kv: return "delay_kv";
+    case fault_kind::stall_link: return "stall_link";
+  }
+  return "?";
+}
+
 class fault_injector {
  public:
+  // Faults taken are counted here: tandem_faults_injected_total{kind}.
+  explicit fault_injector(std::shared_ptr<metrics::registry> metrics = nullptr) : metrics_(std::move(metrics)) {}
   void arm(fault_kind k, int count) { slot(k).fetch_add(std::max(0, count)); }
   // Takes one armed fault of this kind; false when none is armed.
   bool take(fault_kind k) {
     auto& s = slot(k);
     int n = s.load();
     while (n > 0)
-      if (s.compare_exchange_weak(n, n - 1)) return true;
+      if (s.compare_exchange_weak(n, n - 1)) {
+        if (metrics_) metrics_->get_counter("tandem_faults_injected_total", "Faults injected by kind", {{"kind", to_string(k)}}).inc();
+        return true;
+      }
     return false;
   }
   int armed(fault_kind k) const { return const_cast<fault_injector*>(this)->slot(k).load(); }
@@ -39,17 +59,17 @@ class fault_injector {
   std::atomic<int>& slot(fault_kind k) { return slots_[static_cast<size_t>(k)]; }
   std::atomic<int> slots_[6] = {0, 0, 0, 0, 0, 0};
   std::atomic<int64_t> stall_ms_{5000};
+  std::shared_ptr<metrics::registry> metrics_;
 };
 
 inline bool parse_fault_kind(const std::string& s, fault_kind& out) {
-  if (s == "corrupt_kv") out = fault_kind::corrupt_kv;
-  else if (s == "drop_kv") out = fault_kind::drop_kv;
-  else if (s == "fail_alloc") out = fault_kind::fail_alloc;
-  else if (s == "stall") out = fault_kind::stall;
-  else if (s == "delay_kv") out = fault_kind::delay_kv;
-  else if (s == "stall_link") out = fault_kind::stall_link;
-  else return false;
-  return true;
+  for (auto k : {fault_kind::corrupt_kv, fault_kind::drop_kv, fault_kind::fail_alloc, fault_kind::stall, fault_kind::delay_kv,
+                 fault_kind::stall_link})
+    if (s == to_string(k)) {
+      out = k;
+      return true;
+    }
+  return false;
 }
 
 }  // namespace tandem
