@@ -106,8 +106,12 @@ void apply(self_ptr self, step_result& r) {
     s.last = a.generated.back();
     s.in_step = true;
     s.cancelled = st.cancelled_importing.erase(id) > 0;
-    self->send(s.req, state_atom::value, request_state::decoding);
-    self->send(st.router, state_atom::value, id, request_state::decoding);
+    // Cancelled while it imported (it was moved on, or it ended): it does not decode here, and
+    // saying it does would tell the router a stale "decoding" after it has requeued it.
+    if (!s.cancelled) {
+      self->send(s.req, state_atom::value, request_state::decoding);
+      self->send(st.router, state_atom::value, id, request_state::decoding);
+    }
     st.active.emplace(id, std::move(s));
   }
   st.importing.clear();
