@@ -157,6 +157,7 @@ struct pipeline::impl {
     worker_options o;
     o.index = index;
     o.n_threads = cfg.threads_per_worker;
+    o.matmul = cfg.matmul;
     o.block_size = cfg.block_size;
     o.kv_blocks = cfg.kv_blocks_per_worker;
     o.kv_memory_bytes = cfg.kv_memory_bytes_per_worker;
@@ -207,7 +208,7 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
     std::vector<caf::actor> pools;
     auto add_pool = [&](const std::string& kind, int n, worker_spawner spawner) {
       pools.push_back(root->spawn(pool_supervisor,
-                                  pool_options{kind, n, 5, std::chrono::milliseconds(10000), ip->metrics},
+                                  pool_options{kind, n, ip->cfg.max_worker_restarts, ip->cfg.restart_window, ip->metrics},
                                   std::move(spawner)));
     };
     if (ip->cfg.mode == serving_mode::disaggregated) {

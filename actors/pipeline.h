@@ -30,6 +30,10 @@ struct pipeline_config {
   int decode_workers = 1;
   int colocated_workers = 1;
   int threads_per_worker = 1;
+  // batch_invariant: recovery by re-prefill is exact for every weight type (a token's logits do
+  // not depend on its batch); fastest: GEMM prefill, 2-4x the prefill throughput, but a
+  // recovered greedy request may differ after a near-tie (kernels/cpu/matmul.h).
+  kernels::cpu::matmul_mode matmul = kernels::cpu::matmul_mode::batch_invariant;
   int32_t kv_blocks_per_worker = 0;         // 0: from kv_memory_bytes_per_worker
   int64_t kv_memory_bytes_per_worker = 256ll << 20;
   int32_t block_size = 16;
@@ -46,6 +50,11 @@ struct pipeline_config {
   // A request whose worker dies while it decodes migrates (prefilled again with the tokens sent
   // so far, then decoding goes on elsewhere) at most this many times.
   int32_t max_migrations = 3;
+  // Each pool restarts its workers (one for one) at most this many times per window; past that
+  // the pool is degraded (tandem_pool_degraded, /health), the requests that need it end with
+  // worker_failed (HTTP 503) and new ones are refused.
+  int32_t max_worker_restarts = 5;
+  std::chrono::milliseconds restart_window{10000};
   // The router is restarted (with the pools below it; requests rejoin it) at most this many
   // times in 10 s; past that the pipeline is degraded and requests end with an error.
   int32_t max_router_restarts = 3;

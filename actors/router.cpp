@@ -466,13 +466,13 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
       [self](submit_atom, request_spec& spec, subscriber_actor& sub, uint64_t seq) {
         auto& st = self->state;
         if (st.opts.submits_taken) st.opts.submits_taken->store(seq);
-        // A pool whose every worker is down (restarting, or degraded past its restart
-        // intensity) cannot serve: say so now (HTTP 503) rather than queue without bound. Before
-        // any worker has joined (start-up) requests queue.
-        auto all_down = [](const auto& pool) { return !pool.empty() && none_alive(pool); };
-        const char* down = all_down(st.prefill) ? prefill_kind(self)
-                           : st.opts.mode == serving_mode::disaggregated && all_down(st.decode) ? "decode"
-                                                                                                  : nullptr;
+        // A pool that stayed empty (degraded past its restart intensity) cannot serve: say so
+        // now (HTTP 503) rather than queue without bound. One that is restarting (its
+        // supervisor restarts a worker at once) or not joined yet (start-up) queues requests.
+        auto gone = [](const auto& pool, bool flagged) { return flagged && none_alive(pool); };
+        const char* down = gone(st.prefill, st.prefill_gone) ? prefill_kind(self)
+                           : st.opts.mode == serving_mode::disaggregated && gone(st.decode, st.decode_gone) ? "decode"
+                                                                                                             : nullptr;
         if (down) {
           reg(self).get_counter("tandem_rejections_total", "Requests refused by admission control",
                                 {{"reason", "no_healthy_worker"}})
@@ -480,7 +480,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
           request_event err = make_event(event_kind::error);
           err.id = spec.id;
           err.code = errc::worker_failed;
-          err.message = std::string("no healthy ") + down + " worker: the pool is restarting or degraded";
+          err.message = std::string("no healthy ") + down + " worker: the pool failed past its restart intensity";
           err.retry_after_ms = 1000;
           self->send(sub, std::move(err));
           return;
@@ -664,6 +664,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
           st.links.resize(size_t(index) + 1, std::vector<kv_link_actor>(st.decode.size()));
         }
         st.prefill[size_t(index)] = w;
+        st.prefill_gone = false;
         st.watched[w.address()] = {index, true, ++st.prefill_gen[size_t(index)], 0, steady::now()};
         st.prefill_load[size_t(index)] = {index, true, 0, 0};
         self->monitor(w);
@@ -684,6 +685,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         }
         // A restart may announce itself before the old worker's down message arrives here.
         st.decode[size_t(index)] = w;
+        st.decode_gone = false;
         st.watched[w.address()] = {index, false, ++st.decode_gen[size_t(index)], 0, steady::now()};
         st.decode_load[size_t(index)] = {index, true, 0, 0, 0, 0};
         self->monitor(w);
@@ -739,6 +741,8 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         const bool no_prefill = none_alive(st.prefill);
         const bool no_decode = st.opts.mode == serving_mode::disaggregated && none_alive(st.decode);
         if (!no_prefill && !no_decode) return;
+        st.prefill_gone = st.prefill_gone || no_prefill;
+        st.decode_gone = st.decode_gone || no_decode;
         const std::string pool = no_decode ? "decode" : prefill_kind(self);
         for (auto& [id, e] : st.requests) {
           // Without prefill workers, only requests already past prefill can still finish.

@@ -79,6 +79,9 @@ struct router_state {
   std::deque<request_id> prefill_queue, decode_queue;
   int64_t prefill_queue_tokens = 0;
   bool reserving = false;                           // a decode reservation is in flight
+  // A pool found still empty seconds after its last worker died (degraded: no restart comes):
+  // submits that need it are refused at once. A worker joining clears it.
+  bool prefill_gone = false, decode_gone = false;
   std::vector<steady::time_point> prefill_busy_since;
   ewma prefill_rate{0.3}, tpot{0.2}, decode_admits{0.3};
   steady::time_point last_admit;

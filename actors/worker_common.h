@@ -14,6 +14,7 @@ namespace tandem {
 struct worker_options {
   int32_t index = 0;
   int n_threads = 1;
+  kernels::cpu::matmul_mode matmul = kernels::cpu::matmul_mode::batch_invariant;
   int32_t block_size = 16;
   int32_t kv_blocks = 0;              // 0: as many as kv_memory_bytes holds
   int64_t kv_memory_bytes = 256ll << 20;
@@ -38,6 +39,7 @@ struct worker_engine {
   worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults) {
     engine_options eo;
     eo.n_threads = o.n_threads;
+    eo.matmul = o.matmul;
     eo.block_size = o.block_size;
     eo.n_kv_blocks = o.kv_blocks;
     eo.kv_memory_bytes = o.kv_memory_bytes;

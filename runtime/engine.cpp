@@ -133,7 +133,7 @@ status engine::forward(std::span<const batch_entry> batch, std::vector<float>& l
     for (size_t i = 0; i < rows.size(); ++i)
       cpu::rms_norm(s.x.data() + int64_t(rows[i]) * c.dim, model_->output_norm().data(),
                     s.xn.data() + int64_t(i) * c.dim, 1, c.dim, c.rms_eps);
-    cpu::matmul(model_->output(), s.xn.data(), int64_t(rows.size()), logits.data(), pool_threads_);
+    cpu::matmul(model_->output(), s.xn.data(), int64_t(rows.size()), logits.data(), pool_threads_, opts_.matmul);
   }
   return {};
 }
@@ -175,7 +175,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   auto matmuls = [&](const float* x, std::initializer_list<std::pair<const kernels::weight_view*, float*>> mats) {
     const int threads = pool_threads_.size();
     if (T != 1 || threads == 1) {
-      for (auto [w, y] : mats) cpu::matmul(*w, x, T, y, pool_threads_);
+      for (auto [w, y] : mats) cpu::matmul(*w, x, T, y, pool_threads_, opts_.matmul);
       return;
     }
     s.slices.clear();
@@ -194,7 +194,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
       kernels::weight_view part = *t.w;
       part.data = static_cast<const uint8_t*>(t.w->data) + t.r0 * kernels::row_bytes(t.w->type, t.w->cols);
       part.rows = t.r1 - t.r0;
-      cpu::matmul(part, x, 1, t.y + t.r0, *s.solo[size_t(p)]);
+      cpu::matmul(part, x, 1, t.y + t.r0, *s.solo[size_t(p)], opts_.matmul);
     });
   };
 
@@ -265,7 +265,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
                             c.head_dim, scale, s.attn.data() + q_off, q_dim);
     });
 
-    cpu::matmul(w.wo, s.attn.data(), T, s.proj.data(), pool_threads_);
+    cpu::matmul(w.wo, s.attn.data(), T, s.proj.data(), pool_threads_, opts_.matmul);
     cpu::add_inplace(s.x.data(), s.proj.data(), T * c.dim);
 
     rms_norm(w.ffn_norm);
@@ -274,7 +274,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
       const int64_t o = r0 * c.ffn_dim;
       cpu::silu_mul_fast(s.gate.data() + o, s.up.data() + o, s.gate.data() + o, (r1 - r0) * c.ffn_dim);
     });
-    cpu::matmul(w.w_down, s.gate.data(), T, s.proj.data(), pool_threads_);
+    cpu::matmul(w.w_down, s.gate.data(), T, s.proj.data(), pool_threads_, opts_.matmul);
     cpu::add_inplace(s.x.data(), s.proj.data(), T * c.dim);
   }
 }

@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/matmul.h"
 #include "kernels/thread_pool.h"
 #include "runtime/errors.h"
 #include "runtime/kv_cache.h"
@@ -28,6 +29,9 @@ struct engine_options {
   // KV pool size: n_kv_blocks if > 0, else as many blocks as kv_memory_bytes holds.
   int32_t n_kv_blocks = 0;
   int64_t kv_memory_bytes = 256ll << 20;
+  // batch_invariant (the default): a token's logits do not depend on the batch it is computed
+  // in, so recovery by re-prefill is exact (kernels/cpu/matmul.h); fastest: GEMM prefill.
+  kernels::cpu::matmul_mode matmul = kernels::cpu::matmul_mode::batch_invariant;
 };
 
 struct batch_entry {

@@ -408,3 +408,51 @@ TEST(Sampler, FrequenciesFollowTheDistribution) {
   const sampling_params nucleus{.temperature = 1.0f, .top_k = 0, .top_p = 0.6f, .seed = 7};
   for (int i = 0; i < 100; ++i) EXPECT_EQ(sample(logits, nucleus, uint64_t(i)), 2);
 }
+
+// What recovery relies on: a request moved to another worker is prefilled again with its
+// prompt plus the tokens it already produced, and must go on exactly as if nothing happened.
+// So a token's logits may not depend on the path that computed them (one prefill of many
+// rows, or one decode step in a batch of any size): bitwise equal, not merely close.
+class BatchInvariance : public ::testing::TestWithParam<kernels::dtype> {};
+
+TEST_P(BatchInvariance, RePrefillEqualsDecodeBitwise) {
+  auto m = model::load(synth_file("tiny", GetParam()));
+  const int V = m->config().n_vocab;
+  engine eng(m, engine_options{.n_threads = 2, .n_kv_blocks = 128});
+  const auto prompt = some_tokens(60, V, 3);
+  // Decoded in a batch with other sequences, as a decode worker does.
+  std::vector<seq_id> seqs;
+  std::vector<token_id> next;
+  std::vector<float> logits;
+  for (int i = 0; i < 20; ++i) {
+    seqs.push_back(eng.create_sequence());
+    ASSERT_TRUE(eng.prefill(seqs.back(), i == 0 ? prompt : some_tokens(20 + i, V, 100 + i), logits).ok());
+    next.push_back(argmax(logits.data(), V));
+  }
+  std::vector<token_id> generated = {next[0]};
+  std::vector<std::vector<float>> decode_logits;
+  for (int step = 0; step < 6; ++step) {
+    const size_t batch = step % 2 == 0 ? seqs.size() : 3;  // above and below any kernel crossover
+    std::vector<float> l;
+    ASSERT_TRUE(eng.decode(std::span(seqs).first(batch), std::span(next).first(batch), l).ok());
+    decode_logits.emplace_back(l.begin(), l.begin() + V);
+    for (size_t i = 0; i < batch; ++i) next[i] = argmax(l.data() + i * size_t(V), V);
+    generated.push_back(next[0]);
+  }
+  // Prefilled again with every token so far: the next token's logits are the decode step's.
+  for (size_t n = 1; n <= decode_logits.size(); ++n) {
+    std::vector<token_id> again = prompt;
+    again.insert(again.end(), generated.begin(), generated.begin() + std::ptrdiff_t(n));
+    const seq_id s = eng.create_sequence();
+    std::vector<float> l;
+    ASSERT_TRUE(eng.prefill(s, again, l).ok());
+    for (int v = 0; v < V; ++v)
+      ASSERT_EQ(l[size_t(v)], decode_logits[n - 1][size_t(v)]) << "after " << n << " tokens, logit " << v;
+    ASSERT_TRUE(eng.free_sequence(s).ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WeightTypes, BatchInvariance,
+                         ::testing::Values(kernels::dtype::f32, kernels::dtype::f16, kernels::dtype::bf16,
+                                           kernels::dtype::q8_0),
+                         [](const auto& info) { return std::string(kernels::to_string(info.param)); });

@@ -86,9 +86,10 @@ std::vector<isa> supported_levels() {
   return out;
 }
 
-std::vector<float> run(isa level, const problem& p, tk::thread_pool& pool) {
+std::vector<float> run(isa level, const problem& p, tk::thread_pool& pool,
+                       cpu::matmul_mode mode = cpu::matmul_mode::fastest) {
   std::vector<float> y(size_t(p.m * p.rows), -12345.0f);
-  cpu::detail::matmul_with_isa(level, p.view(), p.x.data(), p.m, y.data(), pool);
+  cpu::detail::matmul_with_isa(level, p.view(), p.x.data(), p.m, y.data(), pool, mode);
   return y;
 }
 
@@ -124,6 +125,7 @@ TEST_P(matmul_test, matches_reference_on_every_isa_and_thread_count) {
                      " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
         const std::vector<float> y1 = run(level, p, pool_of(1));
         EXPECT_LE(worst_error(p, y1), tolerance(t, level, m));
+        EXPECT_LE(worst_error(p, run(level, p, pool_of(2), cpu::matmul_mode::batch_invariant)), tolerance(t, level, 1));
         for (int threads : {2, 3}) {
           const std::vector<float> yn = run(level, p, pool_of(threads));
           for (size_t j = 0; j < yn.size(); ++j)  // same kernels, same order: rounding only
@@ -143,6 +145,29 @@ TEST_P(matmul_test, dispatched_path_agrees_with_scalar) {
     for (size_t j = 0; j < ys.size(); ++j)
       ASSERT_LE(std::fabs(double(ys[j]) - yd[j]), tol * p.mag[j] + 1e-30)
           << "m=" << m << ", j=" << j;
+  }
+}
+
+// matmul_mode::batch_invariant: a row's result is bitwise the same whatever else is in the
+// batch (m = 1, a decode batch, a prefill) and however many threads run it.
+TEST_P(matmul_test, batch_invariant_rows_do_not_depend_on_the_batch) {
+  const tk::dtype t = GetParam();
+  const problem big = make_problem(t, 70, 300, 768, 4242);
+  for (isa level : supported_levels()) {
+    SCOPED_TRACE(cpu::detail::isa_label(level));
+    const auto all = run(level, big, pool_of(2), cpu::matmul_mode::batch_invariant);
+    for (int64_t m : {1, 2, 3, 5, 8, 9, 17, 33}) {
+      for (int64_t i0 : {int64_t(0), big.m - m}) {  // the first and the last rows of the batch
+        for (int threads : {1, 3}) {
+          // The same weights in place (a kernel may align its loads to their addresses).
+          std::vector<float> y(size_t(m * big.rows));
+          cpu::detail::matmul_with_isa(level, big.view(), big.x.data() + i0 * big.cols, m, y.data(), pool_of(threads),
+                                       cpu::matmul_mode::batch_invariant);
+          for (int64_t j = 0; j < m * big.rows; ++j)
+            ASSERT_EQ(y[size_t(j)], all[size_t(i0 * big.rows + j)]) << "m=" << m << " i0=" << i0 << " j=" << j;
+        }
+      }
+    }
   }
 }
 
@@ -184,8 +209,8 @@ TEST(matmul, q8_0_rows_must_be_whole_blocks) {
 TEST(matmul, concurrent_callers_with_separate_pools) {
   const problem a = make_problem(tk::dtype::q8_0, 2, 200, 768, 11);
   const problem b = make_problem(tk::dtype::bf16, 40, 150, 512, 12);
-  const std::vector<float> ya = run(cpu::detail::best_isa(), a, pool_of(1));
-  const std::vector<float> yb = run(cpu::detail::best_isa(), b, pool_of(1));
+  const std::vector<float> ya = run(cpu::detail::best_isa(), a, pool_of(1), cpu::matmul_mode::batch_invariant);
+  const std::vector<float> yb = run(cpu::detail::best_isa(), b, pool_of(1), cpu::matmul_mode::batch_invariant);
   auto hammer = [](const problem& p, const std::vector<float>& expect, bool* ok) {
     tk::thread_pool pool(2);
     std::vector<float> y(expect.size());

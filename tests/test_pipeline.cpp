@@ -471,3 +471,32 @@ TEST(Pipeline, ClientLeavingDuringRecoveryFreesEverything) {
     EXPECT_EQ(p.stats().live_connections, 0);
   }
 }
+
+// Past its restart intensity a pool stays empty (degraded): what waits for it ends with
+// worker_failed instead of hanging, new requests are refused at once, the metrics say so. A
+// restart within the intensity only delays requests.
+TEST(Pipeline, PoolPastItsRestartIntensityIsDegradedAndRefuses) {
+  pipeline_config cfg;
+  cfg.loaded_model = tiny();
+  cfg.max_worker_restarts = 1;
+  cfg.restart_window = 60000ms;
+  pipeline p(cfg);
+  auto kill_decode = [&p] {  // a worker not joined yet (start-up, restart) is tried again
+    std::string name;
+    for (int i = 0; i < 300 && (name = p.kill("decode", 0)).empty(); ++i) std::this_thread::sleep_for(10ms);
+    return name;
+  };
+  ASSERT_EQ(kill_decode(), "decode-0");  // restarted: within the intensity
+  auto during = p.submit({.prompt_tokens = prompt_of(20, 1, 300), .max_tokens = 8, .ignore_eos = true});
+  EXPECT_EQ(during.wait(30s).error, errc::ok);  // queued while it restarted, then served
+  ASSERT_EQ(kill_decode(), "decode-0");  // the second death: past the intensity, no restart
+  auto waiting = p.submit({.prompt_tokens = prompt_of(20, 2, 300), .max_tokens = 8, .ignore_eos = true});
+  const auto r = waiting.wait(30s);
+  EXPECT_EQ(r.error, errc::worker_failed) << r.message;
+  auto later = p.submit({.prompt_tokens = prompt_of(20, 3, 300), .max_tokens = 8, .ignore_eos = true});
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r2 = later.wait(30s);
+  EXPECT_EQ(r2.error, errc::worker_failed) << r2.message;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "refused at once, not after the stranded delay";
+  EXPECT_EQ(p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "decode"}}).value(), 1);
+}

@@ -20,6 +20,7 @@ struct bench_opts {
   std::string preset = "bench-76m", model;
   std::vector<std::string> dtypes = {"f32", "bf16", "q8_0"};
   std::vector<int> threads = {1, 2};
+  std::vector<std::string> matmul = {"batch-invariant", "fastest"};
   int prompt_tokens = 512, decode_tokens = 128, repeats = 2;
   bool json = false;
 };
@@ -96,9 +97,11 @@ int run_bench(const bench_opts& o) {
     std::vector<token_id> prompt(size_t(o.prompt_tokens));
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = token_id((i * 7919 + 13) % size_t(c.n_vocab));
 
-    for (int t : o.threads) {
+    for (int t : o.threads)
+    for (const auto& mode : o.matmul) {
       engine_options eo;
       eo.n_threads = t;
+      eo.matmul = parse_matmul_mode(mode);
       eo.n_kv_blocks = (o.prompt_tokens + o.decode_tokens) / eo.block_size + 2;
       engine eng(m, eo);
       double best_prefill = 1e30, best_decode = 1e30;
@@ -124,7 +127,7 @@ int run_bench(const bench_opts& o) {
       const double decode_flops = D * (tc.matmul_flops + tc.head_flops + attn_flops(c, mean_ctx));
       const double decode_bytes = D * (tc.weight_bytes + tc.head_bytes + kv_token_bytes * mean_ctx);
       nlohmann::json r = {
-          {"model", c.name}, {"dtype", dt_name}, {"threads", t}, {"isa", kernels::cpu::isa_name()},
+          {"model", c.name}, {"dtype", dt_name}, {"threads", t}, {"matmul", mode}, {"isa", kernels::cpu::isa_name()},
           {"prompt_tokens", o.prompt_tokens}, {"decode_tokens", o.decode_tokens},
           {"prefill_tokens_per_s", P / best_prefill}, {"prefill_gflops", prefill_flops / best_prefill / 1e9},
           {"prefill_pct_of_fma_peak", 100.0 * prefill_flops / best_prefill / 1e9 / peak[t].first},
@@ -133,7 +136,7 @@ int run_bench(const bench_opts& o) {
           {"decode_pct_of_read_bw", 100.0 * decode_bytes / best_decode / 1e9 / peak[t].second},
           {"weight_bytes", m->weight_bytes()}};
       results.push_back(r);
-      spdlog::info("{} x{}: prefill {:.0f} tok/s ({:.1f} GFLOP/s), decode {:.1f} tok/s ({:.1f} GB/s)", dt_name, t,
+      spdlog::info("{} x{} {}: prefill {:.0f} tok/s ({:.1f} GFLOP/s), decode {:.1f} tok/s ({:.1f} GB/s)", dt_name, t, mode,
                    double(r["prefill_tokens_per_s"]), double(r["prefill_gflops"]), double(r["decode_tokens_per_s"]),
                    double(r["decode_gbs"]));
     }
@@ -142,11 +145,12 @@ int run_bench(const bench_opts& o) {
     std::cout << nlohmann::json{{"peaks", peaks}, {"results", results}}.dump(2) << "\n";
     return 0;
   }
-  std::printf("\n%-6s %3s | %12s %9s %7s | %11s %9s %8s %7s\n", "dtype", "thr", "prefill t/s", "GFLOP/s",
+  std::printf("\n%-6s %3s %-15s | %12s %9s %7s | %11s %9s %8s %7s\n", "dtype", "thr", "matmul", "prefill t/s", "GFLOP/s",
               "%peak", "decode t/s", "GFLOP/s", "GB/s", "%bw");
   for (const auto& r : results)
-    std::printf("%-6s %3d | %12.1f %9.1f %6.1f%% | %11.1f %9.2f %8.2f %6.1f%%\n",
-                std::string(r["dtype"]).c_str(), int(r["threads"]), double(r["prefill_tokens_per_s"]),
+    std::printf("%-6s %3d %-15s | %12.1f %9.1f %6.1f%% | %11.1f %9.2f %8.2f %6.1f%%\n",
+                std::string(r["dtype"]).c_str(), int(r["threads"]), std::string(r["matmul"]).c_str(),
+                double(r["prefill_tokens_per_s"]),
                 double(r["prefill_gflops"]), double(r["prefill_pct_of_fma_peak"]), double(r["decode_tokens_per_s"]),
                 double(r["decode_gflops"]), double(r["decode_gbs"]), double(r["decode_pct_of_read_bw"]));
   for (auto& [t, p] : peak)
@@ -177,6 +181,10 @@ void add_bench(CLI::App& app) {
   k->add_option("--prompt-tokens", o->prompt_tokens, "Prefill prompt length")->check(CLI::Range(1, 1 << 20));
   k->add_option("--decode-tokens", o->decode_tokens, "Decode steps for one sequence")->check(CLI::Range(1, 1 << 20));
   k->add_option("--repeats", o->repeats, "Runs per configuration; the best is reported")->check(CLI::Range(1, 100));
+  k->add_option("--matmul", o->matmul,
+                "Matmul modes to run: batch-invariant (the default: exact recovery) and/or fastest (GEMM prefill)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"batch-invariant", "fastest"}));
   k->add_flag("--json", o->json, "Print results as JSON");
   k->callback([o] { run_bench(*o); });
 }

@@ -22,6 +22,19 @@ std::string resolve_model_path(const std::string& flag) {
   return path;
 }
 
+CLI::Option* add_matmul_option(CLI::App* cmd, std::string& value) {
+  return cmd
+      ->add_option("--matmul", value,
+                   "batch-invariant: a token's logits do not depend on its batch, so recovery by re-prefill is "
+                   "exact; fastest: GEMM prefill (2-4x faster prefill, recovered outputs may differ at near-ties)")
+      ->check(CLI::IsMember({"batch-invariant", "fastest"}))
+      ->capture_default_str();
+}
+
+kernels::cpu::matmul_mode parse_matmul_mode(const std::string& value) {
+  return value == "fastest" ? kernels::cpu::matmul_mode::fastest : kernels::cpu::matmul_mode::batch_invariant;
+}
+
 namespace {
 
 void inspect(const std::string& path, bool json) {

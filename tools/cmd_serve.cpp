@@ -12,7 +12,8 @@ namespace tandem::cli {
 namespace {
 
 struct serve_options {
-  std::string model, model_name, mode = "disaggregated", host = "127.0.0.1", api_key, admin_key, kv_transport = "local";
+  std::string model, model_name, mode = "disaggregated", host = "127.0.0.1", api_key, admin_key, kv_transport = "local",
+              matmul = "batch-invariant";
   int port = 8080, prefill_workers = 1, decode_workers = 1, colocated_workers = 1, threads = 1, io_threads = 2;
   int32_t kv_blocks = 0, chunk = 256, token_budget = 512, max_batch = 64;
   int32_t max_queue = 256, max_requests_per_connection = 32;
@@ -28,6 +29,7 @@ int run_serve(const serve_options& o) {
   cfg.decode_workers = o.decode_workers;
   cfg.colocated_workers = o.colocated_workers;
   cfg.threads_per_worker = o.threads;
+  cfg.matmul = parse_matmul_mode(o.matmul);
   cfg.kv_blocks_per_worker = o.kv_blocks;
   cfg.chunk_size = o.chunk;
   cfg.prefill_token_budget = o.token_budget;
@@ -78,6 +80,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--decode-workers", o->decode_workers, "Decode workers (disaggregated)")->check(CLI::Range(1, 256));
   cmd->add_option("--colocated-workers", o->colocated_workers, "Workers (colocated)")->check(CLI::Range(1, 256));
   cmd->add_option("-t,--threads", o->threads, "Compute threads per worker")->check(CLI::Range(1, 1024));
+  add_matmul_option(cmd, o->matmul);
   cmd->add_option("--kv-blocks", o->kv_blocks, "KV blocks per worker (default: 256 MiB worth)")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--token-budget", o->token_budget, "Tokens per worker step")->check(CLI::Range(1, 1 << 20));

@@ -3,6 +3,8 @@
 // returns the process exit code when run.
 #include <CLI/CLI.hpp>
 
+#include "kernels/cpu/matmul.h"
+
 namespace tandem::cli {
 
 void add_generate(CLI::App& app);
@@ -13,5 +15,9 @@ void add_chaos(CLI::App& app);
 
 // Resolves --model: the given path, or the built-in default synthetic model (made on first use).
 std::string resolve_model_path(const std::string& flag);
+
+// --matmul batch-invariant|fastest on `cmd` (kernels/cpu/matmul.h says what each costs).
+CLI::Option* add_matmul_option(CLI::App* cmd, std::string& value);
+kernels::cpu::matmul_mode parse_matmul_mode(const std::string& value);
 
 }  // namespace tandem::cli

@@ -200,8 +200,8 @@ void prefill_blas(const weight_view& w, const float* x, int64_t m, float* y, thr
   }
 }
 
-void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
-  if (m > decode_max_m(isa::scalar, w.type)) {
+void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool, bool gemm) {
+  if (gemm) {
     prefill_blas(w, x, m, y, pool, &dequantize_row);
     return;
   }
@@ -214,12 +214,12 @@ void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, th
     xq = q;
   }
   pool.parallel_for(w.rows, decode_grain(w, pool.size()), [&](int64_t r0, int64_t r1, int) {
-    decode_rows_scalar(w, x, xq, m, y, r0, r1);
+    for_cache_tiles(w, r0, r1, [&](int64_t t0, int64_t t1) { decode_rows_scalar(w, x, xq, m, y, t0, t1); });
   });
 }
 
 void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m, float* y,
-                     thread_pool& pool) {
+                     thread_pool& pool, matmul_mode mode) {
   if (!isa_supported(level))
     throw std::invalid_argument(std::string("matmul: this CPU lacks ") + isa_label(level));
   if (w.type == dtype::q8_0 && w.cols % q8_0_block != 0)  // a q8_0 row is whole blocks
@@ -229,18 +229,19 @@ void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m,
     std::fill(y, y + m * w.rows, 0.0f);
     return;
   }
+  const bool gemm = mode == matmul_mode::fastest && m > decode_max_m(level, w.type);
   switch (level) {
-    case isa::scalar: return matmul_scalar(w, x, m, y, pool);
-    case isa::avx2: return matmul_avx2(w, x, m, y, pool);
-    case isa::avx512: return matmul_avx512(w, x, m, y, pool, false);
-    case isa::avx512_bf16: return matmul_avx512(w, x, m, y, pool, true);
+    case isa::scalar: return matmul_scalar(w, x, m, y, pool, gemm);
+    case isa::avx2: return matmul_avx2(w, x, m, y, pool, gemm);
+    case isa::avx512: return matmul_avx512(w, x, m, y, pool, false, gemm);
+    case isa::avx512_bf16: return matmul_avx512(w, x, m, y, pool, true, gemm);
   }
 }
 
 }  // namespace detail
 
-void matmul(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
-  detail::matmul_with_isa(detail::best_isa(), w, x, m, y, pool);
+void matmul(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool, matmul_mode mode) {
+  detail::matmul_with_isa(detail::best_isa(), w, x, m, y, pool, mode);
 }
 
 const char* isa_name() {

@@ -53,7 +53,10 @@ inline float load1(const uint8_t* row, int64_t c) {
 // Rows [r0, r1) of f32/f16/bf16 W against M input rows. x: [M, k], y: [M, n] (n = w.rows).
 template <dtype T, int M>
 void decode_float(const weight_view& w, const float* x, float* y, int64_t r0, int64_t r1) {
-  constexpr int U = std::max(1, 8 / M);  // M*U independent FMA chains hide the FMA latency
+  // Two FMA chains per input whatever M is: a row's sum is then computed in the same order in
+  // a batch of any size (matmul_mode::batch_invariant); M*2 chains hide the FMA latency from
+  // M = 2 on, and M = 1 waits on memory anyway.
+  constexpr int U = 2;
   const int64_t k = w.cols, n = w.rows;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = row_ptr(w, r);
@@ -190,8 +193,8 @@ void quantize_x_q8_avx2(const float* x, int64_t n, int8_t* q, float* d) {
   }
 }
 
-void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
-  if (m > decode_max_m(isa::avx2, w.type)) {
+void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool, bool gemm) {
+  if (gemm) {
     prefill_blas(w, x, m, y, pool, &dequant_avx2);
     return;
   }
@@ -199,15 +202,15 @@ void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thre
   switch (w.type) {
     case dtype::f32:
       return pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
-        decode_float_rows<dtype::f32>(w, x, m, y, r0, r1);
+        for_cache_tiles(w, r0, r1, [&](int64_t t0, int64_t t1) { decode_float_rows<dtype::f32>(w, x, m, y, t0, t1); });
       });
     case dtype::f16:
       return pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
-        decode_float_rows<dtype::f16>(w, x, m, y, r0, r1);
+        for_cache_tiles(w, r0, r1, [&](int64_t t0, int64_t t1) { decode_float_rows<dtype::f16>(w, x, m, y, t0, t1); });
       });
     case dtype::bf16:
       return pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
-        decode_float_rows<dtype::bf16>(w, x, m, y, r0, r1);
+        for_cache_tiles(w, r0, r1, [&](int64_t t0, int64_t t1) { decode_float_rows<dtype::bf16>(w, x, m, y, t0, t1); });
       });
     case dtype::q8_0: {
       // x quantized once per call (the calling thread's scratch; workers only read it).
@@ -217,7 +220,7 @@ void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thre
       auto* xq = reinterpret_cast<int8_t*>(buf + m * nb * 4);  // [m, k]
       for (int64_t i = 0; i < m; ++i) quantize_x_q8_avx2(x + i * k, k, xq + i * k, xd + i * nb);
       return pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
-        decode_q8_rows(w, xq, xd, m, y, r0, r1);
+        for_cache_tiles(w, r0, r1, [&](int64_t t0, int64_t t1) { decode_q8_rows(w, xq, xd, m, y, t0, t1); });
       });
     }
   }

@@ -46,7 +46,9 @@ inline __m512 load16(const uint8_t* row, int64_t c, __mmask16 mask = 0xffff) {
 // as fast as vdpbf16ps at these m, since decode waits on memory either way.
 template <dtype T, int M>
 void decode_float(const weight_view& w, const float* x, float* y, int64_t r0, int64_t r1) {
-  constexpr int U = std::max(1, 8 / M);  // M*U independent FMA chains hide the FMA latency
+  // Two FMA chains per input whatever M is, so that a row's sum is computed in the same order
+  // in a batch of any size (matmul_mode::batch_invariant).
+  constexpr int U = 2;
   constexpr int64_t esize = T == dtype::f32 ? 4 : 2;
   const int64_t k = w.cols, n = w.rows;
   for (int64_t r = r0; r < r1; ++r) {
@@ -182,13 +184,17 @@ void decode(const weight_view& w, const float* x, int64_t m, float* y, thread_po
     const auto kern = w.type == dtype::f32   ? &decode_float_rows<dtype::f32>
                       : w.type == dtype::f16 ? &decode_float_rows<dtype::f16>
                                              : &decode_float_rows<dtype::bf16>;
-    return rows([&](int64_t r0, int64_t r1) { kern(w, x, m, y, r0, r1); });
+    return rows([&](int64_t r0, int64_t r1) {
+      for_cache_tiles(w, r0, r1, [&](int64_t t0, int64_t t1) { kern(w, x, m, y, t0, t1); });
+    });
   }
   // q8_0: x is quantized once per call into the calling thread's scratch; workers only read it.
   void* buf = thread_scratch(scratch_x, q8_pairs::bytes(m, k) + size_t(m) * sizeof(q8_pairs));
   auto* xs = reinterpret_cast<q8_pairs*>(static_cast<uint8_t*>(buf) + q8_pairs::bytes(m, k));
   for (int64_t i = 0; i < m; ++i) xs[i] = q8_pairs(buf, i, x + i * k, k);
-  rows([&](int64_t r0, int64_t r1) { decode_q8_rows(w, xs, m, y, r0, r1); });
+  rows([&](int64_t r0, int64_t r1) {
+    for_cache_tiles(w, r0, r1, [&](int64_t t0, int64_t t1) { decode_q8_rows(w, xs, m, y, t0, t1); });
+  });
 }
 
 // ---------------------------------------------------------------- prefill GEMM
@@ -444,11 +450,11 @@ void prefill(const weight_view& w, const float* x, int64_t m, float* y, thread_p
 }  // namespace
 
 void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
-                   bool vnni_bf16) {
-  if (m > decode_max_m(vnni_bf16 ? isa::avx512_bf16 : isa::avx512, w.type))
+                   bool vnni_bf16, bool gemm) {
+  if (gemm)
     prefill(w, x, m, y, pool, vnni_bf16);
   else if (w.type == dtype::q8_0 && !vnni_bf16)  // no VNNI: the AVX2 integer kernel
-    matmul_avx2(w, x, m, y, pool);
+    matmul_avx2(w, x, m, y, pool, false);
   else
     decode(w, x, m, y, pool);
 }

@@ -29,17 +29,19 @@ bool isa_supported(isa level);
 // The same contract as cpu::matmul on a chosen ISA level (tests compare levels through this).
 // Throws std::invalid_argument if the CPU lacks `level`.
 void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m, float* y,
-                     thread_pool& pool);
+                     thread_pool& pool, matmul_mode mode = matmul_mode::batch_invariant);
 
 // Batches of up to this many input rows take the decode (GEMV-like) path on `level`; larger
 // ones the GEMM path. Measured on the bench-76m shapes with weights out of cache (matmul.cpp).
 int64_t decode_max_m(isa level, dtype t);
 
 // ---- per-ISA entry points; call only after checking the CPU supports the level ----
-void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool);
-void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool);
+// `gemm`: m is past decode_max_m and the mode is `fastest`; otherwise the decode kernels run
+// (tiled by cache_tile_rows), whose per-row arithmetic does not depend on m.
+void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool, bool gemm);
+void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool, bool gemm);
 void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
-                   bool vnni_bf16);
+                   bool vnni_bf16, bool gemm);
 
 // Quantizes n floats of x (n % 32 == 0) to int8 q[n] and one f32 scale per 32 in d[n / 32],
 // as ggml's quantize_row_q8_0 (but the scale is not rounded to f16). AVX2: the VNNI kernel
@@ -68,6 +70,15 @@ void prefill_blas(const weight_view& w, const float* x, int64_t m, float* y, thr
 // Rows per parallel_for grain for the decode path on `threads` threads: equal slices, each big
 // enough that waking a thread pays off.
 int64_t decode_grain(const weight_view& w, int threads);
+
+// Runs kern(t0, t1) over [r0, r1) in tiles of weight rows small enough (~256 KiB) to stay in
+// L2 while a kernel passes over them once per chunk of input rows: the decode kernels then
+// serve a prefill without streaming every weight from memory once per chunk.
+template <class F>
+void for_cache_tiles(const weight_view& w, int64_t r0, int64_t r1, F&& kern) {
+  const int64_t tile = (int64_t(1) << 18) / row_bytes(w.type, w.cols) + 1;
+  for (int64_t t = r0; t < r1; t += tile) kern(t, t + tile < r1 ? t + tile : r1);
+}
 
 // Calls f(std::integral_constant<int, c>{}) for a runtime 1 <= c <= N: kernels are templates on
 // their row counts so that their accumulator arrays stay in registers.

@@ -34,7 +34,11 @@ struct chaos_case {
   int workers;       // per pool
   std::string pool;  // the kind killed (pipeline::kill), or a fault armed (corrupt_kv, ...)
   int kills;         // kills, or faults armed
+  int32_t chunk = 32;  // prefill chunk size (tandem serve's default is 256: one step per prompt)
 };
+
+// "mixed" kills one of these each time (as `tandem chaos --kill random` does).
+const std::vector<std::string> mixed_kinds = {"decode", "prefill", "kv_link"};
 
 bool is_fault(const std::string& k) {
   fault_kind f;
@@ -74,7 +78,7 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   cfg.mode = c.mode;
   cfg.prefill_workers = cfg.decode_workers = cfg.colocated_workers = c.workers;
   cfg.kv_blocks_per_worker = 160;
-  cfg.chunk_size = 32;
+  cfg.chunk_size = c.chunk;
   cfg.max_migrations = c.kills + 1;  // even a request hit by every kill finishes
   cfg.max_router_restarts = 4 * c.kills + 1;  // extra kills (below) must not degrade it
   // A stalled step hangs 3 s; it is noticed after 300 ms without progress.
@@ -93,7 +97,7 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   for (int i = 0; i < 64; ++i) {
     job j;
     // Prompt + output stay within the context (256); killing prefill workers wants long prompts.
-    const bool long_prompts = c.pool == "prefill" || c.pool == "kv_link" || c.pool == "drop_kv" || c.pool == "delay_kv" ||
+    const bool long_prompts = c.pool == "prefill" || c.pool == "mixed" || c.pool == "kv_link" || c.pool == "drop_kv" || c.pool == "delay_kv" ||
                               c.pool == "stall_link";
     const int len = long_prompts ? 100 + int(rng() % 100) : 4 + int(rng() % 60);
     for (int t = 0; t < len; ++t) j.prompt.push_back(token_id(3 + rng() % uint64_t(vocab - 3)));
@@ -131,6 +135,7 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   // The killer: `kills` times, after a random pause, a random actor of the kind (or, for a
   // fault kind, one more fault armed).
   int killed = 0;
+  std::map<std::string, int> kills_by_kind;
   std::set<request_id> killed_requests;  // these end with an error; every other one finishes
   auto effects = [&] {
     double n = 0;
@@ -157,9 +162,11 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
       continue;
     }
     const int index = c.pool == "request" || c.pool == "router" ? -1 : int(rng() % uint64_t(c.workers));
+    // Mixed: each kind in turn (from a seeded start), so no pool passes its restart intensity.
+    const std::string kind = c.pool == "mixed" ? mixed_kinds[(seed + uint64_t(k)) % mixed_kinds.size()] : c.pool;
     // An actor just killed may still be restarting: try another moment.
     std::string name;
-    for (int attempt = 0; attempt < 400 && (name = p.kill(c.pool, index)).empty(); ++attempt) {
+    for (int attempt = 0; attempt < 400 && (name = p.kill(kind, index)).empty(); ++attempt) {
       if (c.pool == "request" && all_done()) break;  // none left: every request ended already
       std::this_thread::sleep_for(5ms);
     }
@@ -167,7 +174,7 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
       ASSERT_GE(killed, 3) << "the requests ended before the test could kill them";
       break;
     }
-    ASSERT_FALSE(name.empty()) << c.pool << " " << index << " never came back to be killed (kill " << k << ")\n" << p.metrics().to_prometheus().substr(0, 3000);
+    ASSERT_FALSE(name.empty()) << kind << " " << index << " never came back to be killed (kill " << k << ")\n" << p.metrics().to_prometheus().substr(0, 3000);
     ++killed;
     if (c.pool == "request") {
       killed_requests.insert(request_id(std::stoull(name.substr(name.find('-') + 1))));
@@ -175,8 +182,9 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
     }
     // The kill has been seen (and the restart counted) before the next one, so that no kill
     // lands on an actor already dead.
-    auto& restarts = p.metrics().get_counter("tandem_restarts_total", "", {{"kind", c.pool}});
-    for (int i = 0; i < 1000 && restarts.value() < killed; ++i) std::this_thread::sleep_for(1ms);
+    ++kills_by_kind[kind];
+    auto& restarts = p.metrics().get_counter("tandem_restarts_total", "", {{"kind", kind}});
+    for (int i = 0; i < 1000 && restarts.value() < kills_by_kind[kind]; ++i) std::this_thread::sleep_for(1ms);
   }
   bool all_ended = false;
   {
@@ -249,8 +257,8 @@ TEST_P(Chaos, KilledWorkersLoseNothing) {
   if (c.pool != "request" && c.pool != "fail_alloc" && c.pool != "delay_kv") {
     EXPECT_GT(migrations + reprefills + retries + rejoins, 0) << "the faults hit no request: the test proved nothing";
   }
-  if (!is_fault(c.pool) && c.pool != "request") {
-    const std::string restarts = "tandem_restarts_total{kind=\"" + c.pool + "\"} " + std::to_string(killed);
+  for (const auto& [kind, n] : kills_by_kind) {
+    const std::string restarts = "tandem_restarts_total{kind=\"" + kind + "\"} " + std::to_string(n);
     EXPECT_NE(prom.find(restarts), std::string::npos) << "expected " << restarts;
   }
 }
@@ -270,5 +278,7 @@ INSTANTIATE_TEST_SUITE_P(Kinds, Chaos,
                                            chaos_case{"stall_2x2", serving_mode::disaggregated, 2, "stall", 3},
                                            chaos_case{"stall_colocated", serving_mode::colocated, 2, "stall", 3},
                                            chaos_case{"delay_kv_2x2", serving_mode::disaggregated, 2, "delay_kv", 6},
-                                           chaos_case{"stall_link_2x2", serving_mode::disaggregated, 2, "stall_link", 2}),
+                                           chaos_case{"stall_link_2x2", serving_mode::disaggregated, 2, "stall_link", 2},
+                                           chaos_case{"mixed_1x1", serving_mode::disaggregated, 1, "mixed", 6, 256},
+                                           chaos_case{"mixed_2x2", serving_mode::disaggregated, 2, "mixed", 8, 256}),
                          [](const auto& info) { return info.param.name; });
