@@ -184,6 +184,12 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   register_error_category(im.sys_cfg);
   im.sys = std::make_unique<caf::actor_system>(im.sys_cfg);
 
+  // Weight memory, for the duplication factor (resident bytes across all workers / one copy):
+  // every worker of this process computes from the one read-only mapping of the model file.
+  const double weights = double(im.mdl->weight_bytes());
+  im.metrics->get_gauge("tandem_model_weight_bytes", "Bytes of one copy of the model's weights").set(weights);
+  im.metrics->get_gauge("tandem_weight_resident_bytes", "Bytes of weights resident for all workers (shared copies counted once)")
+      .set(weights);
   router_options ro;
   ro.mode = im.cfg.mode;
   ro.admission = im.cfg.admission;

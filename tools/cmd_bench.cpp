@@ -164,6 +164,7 @@ int run_bench(const bench_opts& o) {
 void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks that print figures");
   bench->require_subcommand(1);
+  add_bench_serve(bench);
   auto o = std::make_shared<bench_opts>();
   auto* k = bench->add_subcommand(
       "kernels", "Prefill and decode throughput of the engine on a synthetic model, with this machine's "

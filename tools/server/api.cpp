@@ -125,12 +125,8 @@ std::optional<api_error> parse_messages(const json& b, const served_model& m, ap
   return std::nullopt;
 }
 
-}  // namespace
-
-std::optional<api_error> parse_completion(const json& b, const served_model& m, api_request& out) {
-  if (auto e = parse_common(b, m, out, true)) return e;
-  if (!b.contains("prompt")) return bad("'prompt' is required", "prompt");
-  const auto& p = b["prompt"];
+// A prompt as text, as a one-element array of text, or as token ids.
+std::optional<api_error> parse_prompt(const json& p, api_request& out) {
   if (p.is_string()) {
     out.gen.prompt = p.get<std::string>();
   } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
@@ -142,6 +138,14 @@ std::optional<api_error> parse_completion(const json& b, const served_model& m, 
   }
   if (!valid_utf8(out.gen.prompt)) return bad("'prompt' is not valid UTF-8", "prompt");
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<api_error> parse_completion(const json& b, const served_model& m, api_request& out) {
+  if (auto e = parse_common(b, m, out, true)) return e;
+  if (!b.contains("prompt")) return bad("'prompt' is required", "prompt");
+  return parse_prompt(b["prompt"], out);
 }
 
 std::optional<api_error> parse_chat_completion(const json& b, const served_model& m, api_request& out) {
@@ -157,10 +161,8 @@ std::optional<api_error> parse_ws_generate(const json& f, const served_model& m,
   if (auto e = parse_common(f, m, out, false)) return e;
   if (!f.contains("temperature")) out.gen.sampling.temperature = 0.0f;  // greedy unless asked
   if (f.contains("messages")) return parse_messages(f, m, out);
-  if (!f.contains("prompt") || !f["prompt"].is_string()) return bad("'prompt' (a string) or 'messages' is required", "prompt");
-  out.gen.prompt = f["prompt"].get<std::string>();
-  if (!valid_utf8(out.gen.prompt)) return bad("'prompt' is not valid UTF-8", "prompt");
-  return std::nullopt;
+  if (!f.contains("prompt")) return bad("'prompt' (text or token ids) or 'messages' is required", "prompt");
+  return parse_prompt(f["prompt"], out);
 }
 
 api_error error_from(errc code, const std::string& message, double retry_after_ms) {

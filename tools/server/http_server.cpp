@@ -284,7 +284,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
         if (only(http::verb::get))
           send_json(http::status::ok,
                     {{"object", "list"},
-                     {"data", json::array({{{"id", srv_->mdl.id}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"}}})}});
+                     {"data", json::array({{{"id", srv_->mdl.id}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"},
+                                                 {"max_model_len", srv_->mdl.context_length}}})}});
         return;
       }
       if (path == "/v1/completions" || path == "/v1/chat/completions") {

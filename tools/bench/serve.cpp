@@ -1,0 +1,346 @@
+#include "tools/bench/serve.h"
+
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "tools/bench/client.h"
+
+namespace tandem::bench {
+namespace {
+
+using json = nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// Prometheus text: each sample's value summed over its label sets, by metric name.
+std::map<std::string, double> scrape(const endpoint& ep) {
+  std::map<std::string, double> out;
+  http_reply r;
+  try {
+    r = http_call(ep, "GET", "/metrics", "");
+  } catch (const std::exception&) {
+    return out;
+  }
+  if (r.status != 200) return out;
+  std::istringstream in(r.body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t name_end = line.find_first_of("{ ");
+    const size_t value_at = line.rfind(' ');
+    if (name_end == std::string::npos || value_at == std::string::npos || value_at + 1 >= line.size()) continue;
+    try {
+      out[line.substr(0, name_end)] += std::stod(line.substr(value_at + 1));
+    } catch (const std::exception&) {
+    }
+  }
+  return out;
+}
+
+// RAPL package energy counters (µJ), where the kernel exposes them (not in most VMs).
+struct rapl_reading {
+  std::vector<std::pair<double, double>> counters;  // (energy_uj, max_energy_range_uj)
+};
+std::optional<rapl_reading> read_rapl() {
+  namespace fs = std::filesystem;
+  const fs::path root = "/sys/class/powercap";
+  std::error_code ec;
+  if (!fs::exists(root, ec)) return std::nullopt;
+  rapl_reading r;
+  for (const auto& d : fs::directory_iterator(root, ec)) {
+    const std::string name = d.path().filename().string();
+    // Packages only ("intel-rapl:0"), not their sub-zones ("intel-rapl:0:0").
+    if (name.rfind("intel-rapl:", 0) != 0 || name.find(':', 11) != std::string::npos) continue;
+    double e = 0, range = 0;
+    std::ifstream fe(d.path() / "energy_uj"), fr(d.path() / "max_energy_range_uj");
+    if (!(fe >> e)) continue;  // present but unreadable (permissions): not available
+    fr >> range;
+    r.counters.emplace_back(e, range);
+  }
+  if (r.counters.empty()) return std::nullopt;
+  return r;
+}
+
+std::vector<int32_t> synthetic_prompt(const trace_entry& e, size_t index, const serve_options& o) {
+  std::vector<int32_t> p(size_t(e.prompt_tokens));
+  uint64_t x = o.seed * 0x9E3779B97F4A7C15ull + index;
+  for (auto& t : p) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 29;
+    t = 3 + int32_t(x % uint64_t(std::max(1, o.vocab)));
+  }
+  return p;
+}
+
+class progress_bar {
+ public:
+  progress_bar(bool on, size_t total) : on_(on), tty_(isatty(2) != 0), total_(total) {}
+  void show(size_t done, size_t failed, size_t inflight, double elapsed, bool last = false) {
+    if (!on_ || total_ == 0) return;
+    const size_t tenth = done * 10 / total_;
+    if (!tty_ && !last && tenth == last_tenth_) return;  // a log: a line per 10%
+    last_tenth_ = tenth;
+    const int width = 30, filled = int(double(width) * double(done) / double(total_));
+    std::fprintf(stderr, "%s[%.*s%.*s] %zu/%zu done, %zu failed, %zu in flight, %.1f s%s", tty_ ? "\r" : "", filled,
+                 "##############################", width - filled, "..............................", done, total_, failed,
+                 inflight, elapsed, tty_ && !last ? "" : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool on_, tty_;
+  size_t total_, last_tenth_ = size_t(-1);
+};
+
+}  // namespace
+
+served_info query_server(const serve_options& o) {
+  served_info s;
+  const endpoint ep = parse_url(o.url);
+  const http_reply r = http_call(ep, "GET", "/v1/models", o.api_key);
+  if (r.status != 200) throw std::runtime_error("GET /v1/models: HTTP " + std::to_string(r.status) + " " + r.body.substr(0, 200));
+  const json j = json::parse(r.body, nullptr, false);
+  if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty())
+    throw std::runtime_error("GET /v1/models: no model listed");
+  const json& m = j["data"][0];
+  s.model = m.value("id", "");
+  s.context_length = m.value("max_model_len", m.value("context_length", 0));
+  return s;
+}
+
+serve_report run_serve_bench(const serve_options& o, const std::vector<trace_entry>& trace) {
+  const endpoint ep = parse_url(o.url);
+  serve_report rep;
+  const size_t n = trace.size();
+  rep.outcomes.resize(n);
+  std::vector<stream_request> reqs(n);
+  for (size_t i = 0; i < n; ++i) {
+    reqs[i].model = o.model;
+    reqs[i].max_tokens = trace[i].output_tokens;
+    reqs[i].prompt_text = trace[i].prompt_text;
+    if (reqs[i].prompt_text.empty()) reqs[i].prompt_tokens = synthetic_prompt(trace[i], i, o);
+  }
+  const auto before = scrape(ep);
+  const auto rapl0 = read_rapl();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t finished = 0, failed = 0, inflight = 0;
+  auto record = [&](size_t i, double send_s, const stream_result& r) {
+    request_outcome out;
+    out.ok = r.ok;
+    out.send_s = send_s;
+    out.ttft_s = r.ttft_s;
+    out.e2e_s = r.e2e_s;
+    out.prompt_tokens = r.prompt_tokens > 0 ? r.prompt_tokens : int32_t(reqs[i].prompt_tokens.size());
+    out.output_tokens = r.output_tokens;
+    for (size_t k = 1; k < r.token_times_s.size(); ++k) out.itl_s.push_back(r.token_times_s[k] - r.token_times_s[k - 1]);
+    std::lock_guard<std::mutex> lk(mu);
+    rep.outcomes[i] = std::move(out);
+    if (!r.ok) {
+      ++failed;
+      ++rep.errors[r.error.substr(0, std::min<size_t>(80, r.error.find('\n')))];
+    }
+    ++finished;
+    --inflight;
+    cv.notify_all();
+  };
+
+  progress_bar bar(o.progress, n);
+  const auto t0 = clock_type::now();
+  std::unique_ptr<ws_client> ws;
+  if (o.api == "ws") ws = std::make_unique<ws_client>(ep, o.api_key);
+  // OpenAI: a pool of blocking clients; a request waits for a free one (counted as late).
+  std::deque<size_t> ready;
+  bool closing = false;
+  std::vector<std::thread> pool;
+  if (o.api != "ws") {
+    const size_t threads = std::min<size_t>(n, size_t(std::max(1, o.max_concurrency)));
+    for (size_t k = 0; k < threads; ++k)
+      pool.emplace_back([&] {
+        for (;;) {
+          size_t i;
+          {
+            std::unique_lock<std::mutex> lk(mu);
+            cv.wait(lk, [&] { return closing || !ready.empty(); });
+            if (ready.empty()) return;
+            i = ready.front();
+            ready.pop_front();
+          }
+          const double send_s = seconds_since(t0);
+          if (send_s > trace[i].arrival_s - trace.front().arrival_s + 0.05) {
+            std::lock_guard<std::mutex> lk(mu);
+            ++rep.arrivals_late;
+          }
+          record(i, send_s,
+                 openai_stream(ep, o.api_key, reqs[i], std::chrono::seconds(int64_t(o.request_timeout_s))));
+        }
+      });
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const auto at = t0 + std::chrono::duration_cast<clock_type::duration>(
+                             std::chrono::duration<double>(trace[i].arrival_s - trace.front().arrival_s));
+    for (;;) {  // sleep until the arrival, showing progress meanwhile
+      std::unique_lock<std::mutex> lk(mu);
+      bar.show(finished, failed, inflight, seconds_since(t0));
+      if (clock_type::now() >= at) break;
+      cv.wait_until(lk, std::min(at, clock_type::now() + std::chrono::milliseconds(250)));
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    ++inflight;
+    if (ws) {
+      const double send_s = seconds_since(t0);
+      ws->submit(reqs[i], [&record, i, send_s](stream_result r) { record(i, send_s, r); });
+    } else {
+      ready.push_back(i);
+      cv.notify_all();
+    }
+  }
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    while (finished < n) {
+      bar.show(finished, failed, inflight, seconds_since(t0));
+      cv.wait_for(lk, std::chrono::milliseconds(250));
+    }
+    closing = true;
+    cv.notify_all();
+    bar.show(finished, failed, inflight, seconds_since(t0), true);
+  }
+  for (auto& t : pool) t.join();
+  ws.reset();
+  const double duration = seconds_since(t0);
+  rep.figures = compute_figures(rep.outcomes, duration, o.slos);
+
+  const auto after = scrape(ep);
+  if (after.empty()) {
+    rep.server = "not available (no Prometheus /metrics)";
+  } else {
+    auto diff = [&](const std::string& k) {
+      auto a = after.find(k);
+      auto b = before.find(k);
+      return (a != after.end() ? a->second : 0.0) - (b != before.end() ? b->second : 0.0);
+    };
+    auto mean_ms = [&](const std::string& h) {
+      const double c = diff(h + "_count");
+      return c > 0 ? 1000.0 * diff(h + "_sum") / c : 0.0;
+    };
+    auto value = [&](const std::string& k) { auto a = after.find(k); return a != after.end() ? a->second : 0.0; };
+    const double one_copy = value("tandem_model_weight_bytes");
+    rep.server = {
+        {"kv_bytes_moved", diff("tandem_kv_link_bytes_total")},
+        {"kv_transfers", diff("tandem_kv_link_transfers_total")},
+        {"kv_transfer_ms_mean", mean_ms("tandem_request_kv_transfer_seconds")},
+        {"handoff_ms_mean", mean_ms("tandem_request_handoff_seconds")},
+        {"queue_wait_ms_mean", mean_ms("tandem_request_queue_prefill_seconds") + mean_ms("tandem_request_queue_decode_seconds")},
+        {"output_tokens", diff("tandem_output_tokens_total")},
+        {"prompt_tokens", diff("tandem_prompt_tokens_total")},
+        {"weight_bytes_per_worker", one_copy},
+        {"weight_duplication_factor", one_copy > 0 ? value("tandem_weight_resident_bytes") / one_copy : 0.0},
+        {"migrations", diff("tandem_migrations_total")},
+        {"restarts", diff("tandem_restarts_total")},
+    };
+  }
+  const auto rapl1 = read_rapl();
+  if (rapl0 && rapl1 && rapl0->counters.size() == rapl1->counters.size()) {
+    double joules = 0;
+    for (size_t k = 0; k < rapl0->counters.size(); ++k) {
+      double d = rapl1->counters[k].first - rapl0->counters[k].first;
+      if (d < 0) d += rapl0->counters[k].second;  // the counter wrapped
+      joules += d / 1e6;
+    }
+    rep.energy = {{"source", "RAPL (CPU packages, the whole machine)"},
+                  {"joules", joules},
+                  {"watts", joules / duration},
+                  {"joules_per_output_token", rep.figures.output_tokens > 0 ? joules / double(rep.figures.output_tokens) : 0.0}};
+  } else {
+    rep.energy = "not available (no readable RAPL counters under /sys/class/powercap)";
+  }
+  return rep;
+}
+
+json serve_report::to_json() const {
+  auto sum = [](const summary& s) {
+    return json{{"count", s.count}, {"mean", s.mean}, {"p50", s.p50}, {"p90", s.p90}, {"p99", s.p99}, {"max", s.max}};
+  };
+  const auto& f = figures;
+  return {{"duration_s", f.duration_s},
+          {"requests_sent", f.sent},
+          {"completed", f.completed},
+          {"failed", f.failed},
+          {"errors", errors},
+          {"arrivals_late", arrivals_late},
+          {"request_throughput", f.request_throughput},
+          {"prompt_tokens", f.prompt_tokens},
+          {"output_tokens", f.output_tokens},
+          {"prompt_tokens_per_s", f.prompt_tokens_per_s},
+          {"output_tokens_per_s", f.output_tokens_per_s},
+          {"ttft_s", sum(f.ttft_s)},
+          {"tpot_s", sum(f.tpot_s)},
+          {"itl_s", sum(f.itl_s)},
+          {"e2e_s", sum(f.e2e_s)},
+          {"slo_attainment", f.slo_attainment},
+          {"goodput", f.goodput},
+          {"server", server},
+          {"energy", energy}};
+}
+
+void print_report(const serve_report& r, const serve_options& o) {
+  const auto& f = r.figures;
+  std::printf("\n%-28s %12.2f s\n", "duration", f.duration_s);
+  std::printf("%-28s %12lld sent, %lld completed, %lld failed\n", "requests", (long long)f.sent, (long long)f.completed,
+              (long long)f.failed);
+  for (const auto& [e, c] : r.errors) std::printf("%-28s %12lld  %s\n", "  error", (long long)c, e.c_str());
+  if (r.arrivals_late > 0)
+    std::printf("%-28s %12lld (--max-concurrency %d was reached)\n", "arrivals sent late", (long long)r.arrivals_late,
+                o.max_concurrency);
+  std::printf("%-28s %12.3f req/s\n", "request throughput", f.request_throughput);
+  std::printf("%-28s %12.1f tok/s (%lld tokens)\n", "prompt throughput", f.prompt_tokens_per_s, (long long)f.prompt_tokens);
+  std::printf("%-28s %12.1f tok/s (%lld tokens)\n", "output throughput", f.output_tokens_per_s, (long long)f.output_tokens);
+  std::printf("\n%-10s %10s %10s %10s %10s %10s   (ms)\n", "", "mean", "p50", "p90", "p99", "max");
+  auto row = [](const char* name, const summary& s) {
+    std::printf("%-10s %10.1f %10.1f %10.1f %10.1f %10.1f\n", name, s.mean * 1e3, s.p50 * 1e3, s.p90 * 1e3, s.p99 * 1e3,
+                s.max * 1e3);
+  };
+  row("TTFT", f.ttft_s);
+  row("TPOT", f.tpot_s);
+  row("ITL", f.itl_s);
+  row("E2E", f.e2e_s);
+  std::string slos;
+  if (o.slos.ttft_s) slos += "TTFT <= " + std::to_string(int(*o.slos.ttft_s * 1e3)) + " ms ";
+  if (o.slos.tpot_s) slos += "TPOT <= " + std::to_string(int(*o.slos.tpot_s * 1e3)) + " ms";
+  std::printf("\n%-28s %12.3f req/s (%.1f%% of requests meet %s)\n", "goodput", f.goodput, 100.0 * f.slo_attainment,
+              slos.empty() ? "no SLO given" : slos.c_str());
+  if (r.server.is_object()) {
+    const auto& s = r.server;
+    std::printf("%-28s %12.1f MB in %.0f transfers, %.2f ms mean transfer, %.2f ms mean handoff\n", "KV moved",
+                double(s["kv_bytes_moved"]) / 1e6, double(s["kv_transfers"]), double(s["kv_transfer_ms_mean"]),
+                double(s["handoff_ms_mean"]));
+    std::printf("%-28s %12.2f ms mean (prefill + decode queues)\n", "queue wait", double(s["queue_wait_ms_mean"]));
+    std::printf("%-28s %12.1f MB per worker, duplication factor %.2f\n", "weights", double(s["weight_bytes_per_worker"]) / 1e6,
+                double(s["weight_duplication_factor"]));
+  } else {
+    std::printf("%-28s %s\n", "server metrics", std::string(r.server).c_str());
+  }
+  if (r.energy.is_object())
+    std::printf("%-28s %12.1f J, %.1f W, %.3f J per output token\n", "energy", double(r.energy["joules"]),
+                double(r.energy["watts"]), double(r.energy["joules_per_output_token"]));
+  else
+    std::printf("%-28s %s\n", "energy", std::string(r.energy).c_str());
+}
+
+}  // namespace tandem::bench

@@ -1,0 +1,112 @@
+// `tandem bench serve`: a trace against any OpenAI-compatible streaming endpoint (or tandem's
+// WebSocket protocol), with the serving figures and goodput under the given SLOs.
+#include <spdlog/spdlog.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "tools/bench/client.h"
+#include "tools/bench/serve.h"
+#include "runtime/errors.h"
+#include "tools/commands.h"
+
+namespace tandem::cli {
+namespace {
+
+struct serve_bench_opts {
+  bench::serve_options so;
+  std::string trace = "short", arrival = "poisson", out, save_trace;
+  int32_t requests = 100, max_context = 0;
+  double rate = 1.0, burstiness = 1.0, slo_ttft_ms = 0, slo_tpot_ms = 0;
+  bool json = false, no_progress = false;
+  CLI::Option* rate_given = nullptr;  // a file trace is rescaled to --rate only when it is given
+};
+
+// The trace: generated (short, long, mixed) for the server's context, or read from a file.
+std::vector<bench::trace_entry> build_trace(const serve_bench_opts& o, int32_t context) {
+  bench::workload w;
+  if (!bench::parse_workload(o.trace, w)) return bench::load_trace(o.trace);
+  bench::trace_options t;
+  t.kind = w;
+  t.requests = o.requests;
+  t.rate = o.rate;
+  t.arrival = o.arrival == "gamma" ? bench::arrival_kind::gamma : bench::arrival_kind::poisson;
+  t.burstiness = o.burstiness;
+  t.seed = o.so.seed;
+  t.max_context = o.max_context > 0 ? o.max_context : context;
+  return bench::make_trace(t);
+}
+
+int run(serve_bench_opts o) {
+  bench::parse_url(o.so.url);  // a bad URL fails before anything runs
+  const auto info = bench::query_server(o.so);
+  if (o.so.model.empty()) o.so.model = info.model;
+  if (o.slo_ttft_ms > 0) o.so.slos.ttft_s = o.slo_ttft_ms / 1e3;
+  if (o.slo_tpot_ms > 0) o.so.slos.tpot_s = o.slo_tpot_ms / 1e3;
+  o.so.progress = !o.no_progress && !o.json;
+  auto trace = build_trace(o, info.context_length);
+  bench::workload generated;
+  if (!bench::parse_workload(o.trace, generated) && o.rate_given && o.rate_given->count() > 0)
+    trace = bench::at_rate(std::move(trace), o.rate);
+  if (!o.save_trace.empty()) bench::save_trace(trace, o.save_trace);
+  if (trace.empty()) throw failure(errc::invalid_argument, "the trace has no request");
+  spdlog::info("{} requests ({} trace, {}) against {} ({}, model '{}', context {})", trace.size(), o.trace,
+               o.arrival == "gamma" ? "gamma arrivals, burstiness " + std::to_string(o.burstiness) : std::string("Poisson arrivals"),
+               o.so.url, o.so.api, o.so.model, info.context_length);
+  const auto rep = bench::run_serve_bench(o.so, trace);
+  nlohmann::json j = rep.to_json();
+  j["config"] = {{"url", o.so.url},   {"api", o.so.api},         {"model", o.so.model},   {"trace", o.trace},
+                 {"rate", o.rate},    {"arrival", o.arrival},    {"burstiness", o.burstiness},
+                 {"seed", o.so.seed}, {"slo_ttft_ms", o.slo_ttft_ms}, {"slo_tpot_ms", o.slo_tpot_ms}};
+  if (!o.out.empty()) {
+    std::ofstream f(o.out);
+    if (!f) throw failure(errc::invalid_argument, "cannot write '" + o.out + "'");
+    f << j.dump(2) << "\n";
+  }
+  if (o.json) std::cout << j.dump(2) << "\n";
+  else bench::print_report(rep, o.so);
+  return rep.figures.completed > 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void add_bench_serve(CLI::App* bench) {
+  auto o = std::make_shared<serve_bench_opts>();
+  auto* c = bench->add_subcommand(
+      "serve", "Replay an arrival trace against a streaming endpoint (OpenAI-compatible or tandem's WebSocket) and "
+               "report throughput, TTFT/TPOT/ITL/E2E, goodput under SLOs, KV movement and energy");
+  c->add_option("--url", o->so.url, "Server base URL")->capture_default_str();
+  c->add_option("--api", o->so.api, "openai (POST /v1/completions, streamed) or ws (tandem's /ws)")
+      ->check(CLI::IsMember({"openai", "ws"}))
+      ->capture_default_str();
+  c->add_option("--model", o->so.model, "Model id to ask for (default: the first /v1/models lists)");
+  c->add_option("--api-key", o->so.api_key, "Bearer token, if the server wants one");
+  c->add_option("--trace", o->trace, "short, long, mixed (generated), or a JSON Lines trace file")->capture_default_str();
+  c->add_option("--requests", o->requests, "Requests in a generated trace")->check(CLI::Range(1, 1000000))->capture_default_str();
+  o->rate_given = c->add_option("--rate", o->rate, "Mean arrival rate, requests per second (a trace file: rescaled to it)")
+                      ->check(CLI::PositiveNumber)
+                      ->capture_default_str();
+  c->add_option("--arrival", o->arrival, "poisson, or gamma (with --burstiness)")
+      ->check(CLI::IsMember({"poisson", "gamma"}))
+      ->capture_default_str();
+  c->add_option("--burstiness", o->burstiness, "Gamma shape: < 1 burstier than Poisson")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--seed", o->so.seed, "Trace and prompt seed")->capture_default_str();
+  c->add_option("--max-context", o->max_context, "Keep prompt + output within this (default: the server's context)")
+      ->check(CLI::Range(0, 1 << 24));
+  c->add_option("--vocab", o->so.vocab, "Synthetic prompts use token ids 3 .. 3+N-1")->check(CLI::Range(1, 1 << 24))->capture_default_str();
+  c->add_option("--slo-ttft", o->slo_ttft_ms, "TTFT SLO in ms (0: none)")->check(CLI::NonNegativeNumber);
+  c->add_option("--slo-tpot", o->slo_tpot_ms, "TPOT SLO in ms (0: none)")->check(CLI::NonNegativeNumber);
+  c->add_option("--max-concurrency", o->so.max_concurrency, "OpenAI clients at once (later arrivals wait, counted)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  c->add_option("--timeout", o->so.request_timeout_s, "Per-request timeout, seconds")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--out", o->out, "Also write the JSON results to this file");
+  c->add_option("--save-trace", o->save_trace, "Write the trace used as JSON Lines (replay it with --trace FILE)");
+  c->add_flag("--json", o->json, "Print the results as JSON instead of a table");
+  c->add_flag("--no-progress", o->no_progress, "No progress bar on stderr");
+  c->callback([o] {
+    if (const int rc = run(*o); rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace tandem::cli
