@@ -289,6 +289,44 @@ await check('tandem chaos: a soak with random kills loses nothing', async () => 
   assert.ok(r.kills >= 3 && r.requests_sent > 0, out.text);
 });
 
+// `tandem bench serve` against this server, through both clients: every figure present, and
+// consistent with what the server counted.
+await check('tandem bench serve: figures present and consistent (openai and ws)', async () => {
+  await waitReady();
+  for (const api of ['openai', 'ws']) {
+    const out = await new Promise((res, rej) => {
+      const p = spawn(tandem, ['bench', 'serve', '--url', base, '--api', api, '--requests', '12', '--rate', '40',
+                               '--trace', 'mixed', '--slo-ttft', '2000', '--slo-tpot', '200', '--json'],
+                      { stdio: ['ignore', 'pipe', 'inherit'] });
+      let text = '';
+      p.stdout.on('data', (d) => { text += d.toString(); });
+      p.on('exit', (code) => res({ code, text }));
+      p.on('error', rej);
+    });
+    assert.equal(out.code, 0, out.text);
+    const r = JSON.parse(out.text);
+    assert.equal(r.requests_sent, 12, api);
+    assert.equal(r.completed, 12, `${api}: ${JSON.stringify(r.errors)}`);
+    assert.equal(r.failed, 0);
+    // What the client counted is what the server counted over the same interval.
+    assert.equal(r.output_tokens, r.server.output_tokens, `${api}: output tokens`);
+    assert.equal(r.prompt_tokens, r.server.prompt_tokens, `${api}: prompt tokens`);
+    for (const k of ['ttft_s', 'tpot_s', 'itl_s', 'e2e_s']) {
+      const s = r[k];
+      assert.ok(s.count > 0 && s.mean > 0, `${api} ${k}: ${JSON.stringify(s)}`);
+      assert.ok(s.p50 <= s.p90 && s.p90 <= s.p99 && s.p99 <= s.max, `${api} ${k} percentiles in order`);
+    }
+    assert.equal(r.ttft_s.count, 12);
+    assert.ok(r.e2e_s.p50 >= r.ttft_s.p50);
+    assert.ok(r.request_throughput > 0 && r.output_tokens_per_s > 0 && r.prompt_tokens_per_s > 0);
+    assert.ok(r.goodput <= r.request_throughput + 1e-9 && r.slo_attainment >= 0 && r.slo_attainment <= 1);
+    assert.ok(r.server.kv_bytes_moved > 0 && r.server.kv_transfers >= 12, `${api}: KV moved`);
+    assert.equal(r.server.weight_duplication_factor, 1);
+    assert.ok(r.server.weight_bytes_per_worker > 0);
+    assert.ok(typeof r.energy === 'string' ? /not available/.test(r.energy) : r.energy.joules >= 0);
+  }
+});
+
 // Graceful shutdown: SIGTERM → exit 0.
 const exited = new Promise((res) => proc.on('exit', (code) => res(code)));
 proc.kill('SIGTERM');
