@@ -165,6 +165,7 @@ void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks that print figures");
   bench->require_subcommand(1);
   add_bench_serve(bench);
+  add_bench_compare(bench);
   auto o = std::make_shared<bench_opts>();
   auto* k = bench->add_subcommand(
       "kernels", "Prefill and decode throughput of the engine on a synthetic model, with this machine's "

@@ -5,7 +5,10 @@
 #include <fstream>
 #include <iostream>
 
+#include <filesystem>
+
 #include "tools/bench/client.h"
+#include "tools/bench/compare.h"
 #include "tools/bench/serve.h"
 #include "runtime/errors.h"
 #include "tools/commands.h"
@@ -68,7 +71,62 @@ int run(serve_bench_opts o) {
   return rep.figures.completed > 0 ? 0 : 1;
 }
 
+struct compare_opts {
+  bench::compare_options co;
+  double slo_ttft_ms = 0, slo_tpot_ms = 0;
+  std::string html, json_out, matmul;
+  bool no_progress = false;
+};
+
+int run_compare_cmd(compare_opts o) {
+  o.co.tandem_binary = std::filesystem::read_symlink("/proc/self/exe").string();
+  if (o.slo_ttft_ms > 0) o.co.slos.ttft_s = o.slo_ttft_ms / 1e3;
+  if (o.slo_tpot_ms > 0) o.co.slos.tpot_s = o.slo_tpot_ms / 1e3;
+  if (!o.co.slos.ttft_s && !o.co.slos.tpot_s) throw failure(errc::invalid_argument, "give --slo-ttft and/or --slo-tpot");
+  if (!o.matmul.empty()) o.co.extra_serve_args = {"--matmul", o.matmul};
+  o.co.progress = !o.no_progress;
+  bench::workload w;
+  if (!bench::parse_workload(o.co.trace, w)) (void)bench::load_trace(o.co.trace);  // a bad file fails before any server starts
+  const auto r = bench::run_compare(o.co);
+  bench::print_compare(r, o.co);
+  const std::string html = o.html.empty() ? "bench-compare-" + std::filesystem::path(o.co.trace).stem().string() + ".html" : o.html;
+  std::ofstream(html) << bench::html_report(r, o.co);
+  std::printf("report: %s\n", html.c_str());
+  if (!o.json_out.empty()) std::ofstream(o.json_out) << r.to_json(o.co).dump(2) << "\n";
+  return 0;
+}
+
 }  // namespace
+
+void add_bench_compare(CLI::App* bench) {
+  auto o = std::make_shared<compare_opts>();
+  auto* c = bench->add_subcommand(
+      "compare", "Run one trace against a colocated and a disaggregated tandem serve on the same cores, sweep the rate, "
+                 "find each one's highest rate holding the SLOs, write an HTML report and print a verdict");
+  c->add_option("--trace", o->co.trace, "short, long, mixed (generated), or a JSON Lines trace file")->capture_default_str();
+  c->add_option("--requests", o->co.requests, "Requests per run")->check(CLI::Range(1, 100000))->capture_default_str();
+  c->add_option("--rates", o->co.rates, "Rates to run, req/s (default: doubling from 0.25 until the SLOs are missed)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  c->add_option("--threads", o->co.total_threads, "Compute threads in all, the same for both modes")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  c->add_option("--slo-ttft", o->slo_ttft_ms, "TTFT SLO in ms")->check(CLI::NonNegativeNumber);
+  c->add_option("--slo-tpot", o->slo_tpot_ms, "TPOT SLO in ms")->check(CLI::NonNegativeNumber);
+  c->add_option("--attainment", o->co.attainment, "Fraction of requests that must meet the SLOs")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
+  c->add_option("--model", o->co.model, "Model file for both servers (default: the built-in default model)");
+  c->add_option("--seed", o->co.seed, "Trace seed")->capture_default_str();
+  c->add_option("--matmul", o->matmul, "Passed to both servers' --matmul")->check(CLI::IsMember({"batch-invariant", "fastest"}));
+  c->add_flag("--with-chaos", o->co.with_chaos, "Repeat each mode's best rate while killing a worker every 3 s");
+  c->add_option("--html", o->html, "Report file (default: bench-compare-TRACE.html)");
+  c->add_option("--json", o->json_out, "Also write every run's results as JSON to this file");
+  c->add_flag("--no-progress", o->no_progress, "No progress bars");
+  c->callback([o] {
+    if (const int rc = run_compare_cmd(*o); rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
 
 void add_bench_serve(CLI::App* bench) {
   auto o = std::make_shared<serve_bench_opts>();

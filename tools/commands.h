@@ -12,7 +12,8 @@ void add_model(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_chaos(CLI::App& app);
-void add_bench_serve(CLI::App* bench);  // `tandem bench serve` (cmd_bench_serve.cpp)
+void add_bench_serve(CLI::App* bench);    // `tandem bench serve` (cmd_bench_serve.cpp)
+void add_bench_compare(CLI::App* bench);  // `tandem bench compare` (cmd_bench_serve.cpp)
 
 // Resolves --model: the given path, or the built-in default synthetic model (made on first use).
 std::string resolve_model_path(const std::string& flag);

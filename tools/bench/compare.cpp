@@ -1,0 +1,289 @@
+#include "tools/bench/compare.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "tools/bench/client.h"
+
+namespace tandem::bench {
+namespace {
+
+using json = nlohmann::json;
+
+// A `tandem serve` child on a free port; its log goes to a temporary file. Stopped (SIGTERM,
+// then SIGKILL) when destroyed.
+class server_process {
+ public:
+  server_process(const std::string& bin, const std::vector<std::string>& args) {
+    log_ = (std::filesystem::temp_directory_path() / ("tandem-bench-" + std::to_string(getpid()) + "-" +
+                                                      std::to_string(counter_++) + ".log")).string();
+    std::vector<std::string> all = {bin, "serve"};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int null = open("/dev/null", O_RDWR);
+      if (fd >= 0) dup2(fd, 2);
+      if (null >= 0) {
+        dup2(null, 0);
+        dup2(null, 1);
+      }
+      execv(bin.c_str(), argv.data());
+      _exit(127);
+    }
+    static const std::regex re(R"(on http://([0-9.]+):(\d+))");
+    for (int i = 0; i < 1200; ++i) {  // up to 60 s (the default model may be made on first use)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::ifstream in(log_);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      std::smatch m;
+      const std::string text = ss.str();
+      if (std::regex_search(text, m, re)) {
+        url_ = "http://" + std::string(m[1]) + ":" + std::string(m[2]);
+        return;
+      }
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        throw std::runtime_error("tandem serve exited before serving:\n" + text.substr(text.size() > 2000 ? text.size() - 2000 : 0));
+      }
+    }
+    throw std::runtime_error("tandem serve did not start within 60 s (log: " + log_ + ")");
+  }
+  ~server_process() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status = 0;
+      for (int i = 0; i < 300 && waitpid(pid_, &status, WNOHANG) != pid_; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (waitpid(pid_, &status, WNOHANG) == 0) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+      }
+    }
+    std::error_code ec;
+    std::filesystem::remove(log_, ec);
+  }
+  const std::string& url() const { return url_; }
+
+ private:
+  static inline int counter_ = 0;
+  pid_t pid_ = -1;
+  std::string log_, url_;
+};
+
+const char* admin_key = "bench-compare";
+
+std::vector<std::string> serve_args(const compare_options& o, const std::string& mode) {
+  std::vector<std::string> a = {"--port", "0", "--admin-key", admin_key, "--max-queue", "100000"};
+  if (!o.model.empty()) a.insert(a.end(), {"--model", o.model});
+  const int t = std::max(1, o.total_threads);
+  if (mode == "colocated") {
+    a.insert(a.end(), {"--mode", "colocated", "--colocated-workers", "1", "--threads", std::to_string(t)});
+  } else {  // the same cores split between the pools
+    a.insert(a.end(), {"--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1", "--threads",
+                       std::to_string(std::max(1, t / 2))});
+  }
+  a.insert(a.end(), o.extra_serve_args.begin(), o.extra_serve_args.end());
+  return a;
+}
+
+bool holds(const serve_report& r, const compare_options& o) {
+  return r.figures.failed == 0 && r.figures.slo_attainment >= o.attainment;
+}
+
+// Every 3 s (5 restarts in 10 s would degrade a pool), a worker killed through /admin/kill.
+class killer {
+ public:
+  killer(const std::string& url, const std::string& kind) : ep_(parse_url(url)) {
+    t_ = std::thread([this, kind] {
+      while (!stop_.load()) {
+        for (int i = 0; i < 60 && !stop_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (stop_.load()) break;
+        try {
+          if (http_call(ep_, "POST", "/admin/kill", admin_key, json{{"kind", kind}}.dump()).status == 200) ++kills_;
+        } catch (const std::exception&) {
+        }
+      }
+    });
+  }
+  ~killer() {
+    stop_ = true;
+    t_.join();
+  }
+  int kills() const { return kills_.load(); }
+
+ private:
+  endpoint ep_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> kills_{0};
+  std::thread t_;
+};
+
+}  // namespace
+
+compare_result run_compare(const compare_options& o) {
+  compare_result res;
+  for (const std::string mode : {"colocated", "disaggregated"}) {
+    server_process srv(o.tandem_binary, serve_args(o, mode));
+    serve_options so;
+    so.url = srv.url();
+    so.slos = o.slos;
+    so.seed = o.seed;
+    so.progress = o.progress;
+    const served_info info = query_server(so);
+    so.model = info.model;
+    std::vector<trace_entry> base;
+    workload w;
+    if (parse_workload(o.trace, w)) {
+      trace_options t{.kind = w, .requests = o.requests, .rate = 1.0, .seed = o.seed, .max_context = info.context_length};
+      base = make_trace(t);
+    } else {
+      base = load_trace(o.trace);
+    }
+    {  // warm-up, not measured: the first requests of a fresh server pay page faults and spin-ups
+      serve_options quiet = so;
+      quiet.progress = false;
+      std::vector<trace_entry> warm(base.begin(), base.begin() + std::min<size_t>(base.size(), 4));
+      (void)run_serve_bench(quiet, at_rate(warm, 2.0));
+    }
+    double& best = mode == "colocated" ? res.best_colocated : res.best_disaggregated;
+    auto run_at = [&](double rate) {
+      spdlog::info("{}: {} requests at {:.3g} req/s", mode, base.size(), rate);
+      mode_run r{mode, rate, run_serve_bench(so, at_rate(base, rate))};
+      const bool ok = holds(r.report, o);
+      spdlog::info("{} at {:.3g} req/s: goodput {:.3f} req/s, {:.0f}% meet the SLOs{}", mode, rate, r.report.figures.goodput,
+                   100 * r.report.figures.slo_attainment, ok ? "" : " (missed)");
+      if (ok) best = std::max(best, rate);
+      res.runs.push_back(std::move(r));
+      return ok;
+    };
+    if (!o.rates.empty()) {
+      for (double r : o.rates) run_at(r);
+    } else {
+      // Doubling until the SLOs are missed, then the point halfway to it.
+      double rate = 0.25, missed = 0;
+      for (int i = 0; i < 9; ++i, rate *= 2)
+        if (!run_at(rate)) {
+          missed = rate;
+          break;
+        }
+      if (missed > 0 && best > 0) run_at(best * 1.5);
+    }
+    if (o.with_chaos && best > 0) {
+      spdlog::info("{}: again at {:.3g} req/s, a worker killed every 3 s", mode, best);
+      killer k(so.url, mode == "colocated" ? "colocated" : "random");
+      mode_run r{mode, best, run_serve_bench(so, at_rate(base, best))};
+      r.report.server["kills"] = k.kills();
+      res.chaos_runs.push_back(std::move(r));
+    }
+  }
+
+  // The verdict, and why: what colocated decode steps lose to prefill, and what the split costs.
+  auto at = [&](const std::string& mode, double rate) -> const mode_run* {
+    for (const auto& r : res.runs)
+      if (r.mode == mode && r.rate == rate) return &r;
+    return nullptr;
+  };
+  double common = 0;  // the highest rate both modes ran
+  for (const auto& r : res.runs)
+    if (r.mode == "colocated" && at("disaggregated", r.rate)) common = std::max(common, r.rate);
+  std::ostringstream v;
+  const double c = res.best_colocated, d = res.best_disaggregated;
+  std::string slos;
+  if (o.slos.ttft_s) slos += "TTFT <= " + std::to_string(int(*o.slos.ttft_s * 1e3)) + " ms";
+  if (o.slos.tpot_s) slos += std::string(slos.empty() ? "" : " and ") + "TPOT <= " + std::to_string(int(*o.slos.tpot_s * 1e3)) + " ms";
+  if (slos.empty()) slos = "no SLO";
+  char buf[512];
+  if (c == 0 && d == 0) {
+    std::snprintf(buf, sizeof buf, "neither mode holds %s for %.0f%% of requests at any rate tried", slos.c_str(), 100 * o.attainment);
+  } else if (d > c) {
+    std::snprintf(buf, sizeof buf, "disaggregated wins: it holds %s for %.0f%% of requests up to %.3g req/s, colocated up to %.3g req/s (%s)",
+                  slos.c_str(), 100 * o.attainment, d, c, c > 0 ? (std::to_string(d / c).substr(0, 4) + "x").c_str() : "colocated never does");
+  } else if (c > d) {
+    std::snprintf(buf, sizeof buf, "colocated wins: it holds %s for %.0f%% of requests up to %.3g req/s, disaggregated up to %.3g req/s (%s)",
+                  slos.c_str(), 100 * o.attainment, c, d, d > 0 ? (std::to_string(c / d).substr(0, 4) + "x").c_str() : "disaggregated never does");
+  } else {
+    std::snprintf(buf, sizeof buf, "a tie: both hold %s for %.0f%% of requests up to %.3g req/s", slos.c_str(), 100 * o.attainment, c);
+  }
+  v << buf;
+  if (const mode_run *cr = at("colocated", common), *dr = at("disaggregated", common); cr && dr) {
+    const auto& cf = cr->report.figures;
+    const auto& df = dr->report.figures;
+    const double handoff = dr->report.server.is_object() ? double(dr->report.server.value("handoff_ms_mean", 0.0)) : 0.0;
+    std::snprintf(buf, sizeof buf,
+                  ". Why, at %.3g req/s: colocated decode steps carry prefill chunks, TPOT p90 %.1f ms vs %.1f ms "
+                  "disaggregated (interference %+.1f ms per token); the split costs a KV handoff of %.2f ms per request "
+                  "(%.1f%% of the disaggregated mean TTFT, %.1f ms) and half the cores per phase (TTFT p90 %.1f ms vs %.1f ms colocated)",
+                  common, cf.tpot_s.p90 * 1e3, df.tpot_s.p90 * 1e3, (cf.tpot_s.p90 - df.tpot_s.p90) * 1e3, handoff,
+                  df.ttft_s.mean > 0 ? 100 * handoff / (df.ttft_s.mean * 1e3) : 0.0, df.ttft_s.mean * 1e3, df.ttft_s.p90 * 1e3,
+                  cf.ttft_s.p90 * 1e3);
+    v << buf;
+  }
+  res.verdict = v.str();
+  return res;
+}
+
+json compare_result::to_json(const compare_options& o) const {
+  json runs_j = json::array(), chaos_j = json::array();
+  for (const auto& r : runs) runs_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
+  for (const auto& r : chaos_runs) chaos_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
+  return {{"trace", o.trace},
+          {"requests_per_run", o.requests},
+          {"total_threads", o.total_threads},
+          {"slo_ttft_ms", o.slos.ttft_s ? *o.slos.ttft_s * 1e3 : 0.0},
+          {"slo_tpot_ms", o.slos.tpot_s ? *o.slos.tpot_s * 1e3 : 0.0},
+          {"attainment", o.attainment},
+          {"best_rate_colocated", best_colocated},
+          {"best_rate_disaggregated", best_disaggregated},
+          {"verdict", verdict},
+          {"runs", runs_j},
+          {"chaos_runs", chaos_j}};
+}
+
+void print_compare(const compare_result& r, const compare_options& o) {
+  std::printf("\n%-14s %8s | %9s %9s %6s | %9s %9s | %9s %9s | %8s\n", "mode", "req/s", "goodput", "thru", "SLO%",
+              "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "handoff");
+  auto row = [](const mode_run& m, const char* tag) {
+    const auto& f = m.report.figures;
+    const double handoff = m.report.server.is_object() ? double(m.report.server.value("handoff_ms_mean", 0.0)) : 0.0;
+    std::printf("%-14s %8.3g | %9.3f %9.3f %5.0f%% | %9.1f %9.1f | %9.2f %9.2f | %8.2f%s\n", m.mode.c_str(), m.rate, f.goodput,
+                f.request_throughput, 100 * f.slo_attainment, f.ttft_s.p50 * 1e3, f.ttft_s.p90 * 1e3, f.tpot_s.p50 * 1e3,
+                f.tpot_s.p90 * 1e3, handoff, tag);
+  };
+  for (const auto& m : r.runs) row(m, "");
+  for (const auto& m : r.chaos_runs) row(m, "  (killing a worker every 3 s)");
+  std::printf("(ms; goodput and throughput in req/s; SLO%%: requests meeting the SLOs; target %.0f%%)\n", 100 * o.attainment);
+  for (const auto& m : r.chaos_runs) {
+    const mode_run* calm = nullptr;
+    for (const auto& x : r.runs)
+      if (x.mode == m.mode && x.rate == m.rate) calm = &x;
+    if (!calm) continue;
+    std::printf("chaos, %s: %d kills; goodput %.3f -> %.3f req/s (%.0f%% lost); longest stall of a stream %.0f ms (%.0f ms without kills)\n",
+                m.mode.c_str(), int(m.report.server.value("kills", 0)), calm->report.figures.goodput, m.report.figures.goodput,
+                calm->report.figures.goodput > 0 ? 100 * (1 - m.report.figures.goodput / calm->report.figures.goodput) : 0.0,
+                m.report.figures.itl_s.max * 1e3, calm->report.figures.itl_s.max * 1e3);
+  }
+  std::printf("\nverdict: %s\n", r.verdict.c_str());
+}
+
+}  // namespace tandem::bench
