@@ -52,6 +52,12 @@ expect_error "preset" model synth --preset nope --out "$work/x.gguf"
 expect_error "context length" generate --model "$model" --prompt x -n 100000
 printf 'GGUF\3\0\0\0' >"$work/trunc.gguf"
 expect_error "truncated" model inspect "$work/trunc.gguf"
+expect_error "is not http" bench serve --url nope
+expect_error "connection refused" bench serve --url http://127.0.0.1:1 --requests 1
+echo '{"arrival_s": 0}' >"$work/bad.jsonl"
+expect_error "bad.jsonl:1: 'prompt'" bench compare --trace "$work/bad.jsonl" --slo-tpot 10
+expect_error "slo" bench compare --trace short
+expect_error "matmul" generate --model "$model" --prompt x --matmul slow
 
 # 5. Through the actor runtime: every concurrent request equals the lone-engine reference.
 for mode in disaggregated colocated; do
