@@ -14,12 +14,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <random>
-#include <regex>
 #include <set>
 #include <thread>
 
+#include "tools/bench/client.h"
+#include "tools/bench/stats.h"
 #include "tools/commands.h"
 
 namespace tandem::cli {
@@ -41,47 +43,15 @@ struct chaos_opts {
 };
 
 std::chrono::milliseconds parse_duration(const std::string& s, const char* flag) {
-  static const std::regex re(R"((\d+(?:\.\d+)?)(ms|s|m))");
-  std::smatch m;
-  if (!std::regex_match(s, m, re))
-    throw CLI::ValidationError(flag, "'" + s + "' is not a duration (e.g. 250ms, 2s, 1m)");
-  const double v = std::stod(m[1]);
-  const double ms = m[2] == "ms" ? v : m[2] == "s" ? v * 1000 : v * 60000;
-  return std::chrono::milliseconds(int64_t(ms));
-}
-
-struct endpoint {
-  std::string host, port;
-};
-
-endpoint parse_url(const std::string& url) {
-  static const std::regex re(R"((?:https?|wss?)://([^/:]+)(?::(\d+))?/?)");
-  std::smatch m;
-  if (!std::regex_match(url, m, re)) throw CLI::ValidationError("--url", "'" + url + "' is not http://HOST[:PORT]");
-  return {m[1], m[2].matched ? std::string(m[2]) : "80"};
-}
-
-// One HTTP request on a fresh connection (the admin calls are rare).
-http::response<http::string_body> http_call(const endpoint& ep, http::verb verb, const std::string& target,
-                                            const std::string& key, const std::string& body) {
-  asio::io_context ioc;
-  beast::tcp_stream s(ioc);
-  s.expires_after(std::chrono::seconds(15));
-  s.connect(tcp::resolver(ioc).resolve(ep.host, ep.port));
-  http::request<http::string_body> req{verb, target, 11};
-  req.set(http::field::host, ep.host);
-  if (!key.empty()) req.set(http::field::authorization, "Bearer " + key);
-  if (!body.empty()) {
-    req.set(http::field::content_type, "application/json");
-    req.body() = body;
+  try {
+    return bench::parse_duration(s);
+  } catch (const std::invalid_argument& e) {
+    throw CLI::ValidationError(flag, e.what());
   }
-  req.prepare_payload();
-  http::write(s, req);
-  beast::flat_buffer buf;
-  http::response<http::string_body> res;
-  http::read(s, buf, res);
-  return res;
 }
+
+using bench::endpoint;
+using bench::http_call;
 
 struct stream_state {
   int32_t next_index = 0;
@@ -122,10 +92,9 @@ class soak {
         std::this_thread::sleep_until(next);
         std::string name;
         try {
-          auto res = http_call(ep_, http::verb::post, "/admin/kill", o_.admin_key, json{{"kind", o_.kill}}.dump());
-          if (res.result() == http::status::unauthorized || res.result() == http::status::bad_request)
-            throw std::runtime_error("/admin/kill: " + res.body());
-          if (res.result() == http::status::ok) name = json::parse(res.body()).value("name", "");
+          auto res = http_call(ep_, "POST", "/admin/kill", o_.admin_key, json{{"kind", o_.kill}}.dump());
+          if (res.status == 401 || res.status == 400) throw std::runtime_error("/admin/kill: " + res.body);
+          if (res.status == 200) name = json::parse(res.body).value("name", "");
         } catch (const std::exception& e) {
           spdlog::error("kill failed: {}", e.what());
           continue;
@@ -255,9 +224,9 @@ class soak {
   int64_t leaked_blocks() {
     int64_t held = -1;
     for (int i = 0; i < 50; ++i) {
-      auto res = http_call(ep_, http::verb::get, "/admin/state", o_.admin_key, "");
-      if (res.result() != http::status::ok) throw std::runtime_error("/admin/state: " + res.body());
-      const json st = json::parse(res.body());
+      auto res = http_call(ep_, "GET", "/admin/state", o_.admin_key);
+      if (res.status != 200) throw std::runtime_error("/admin/state: " + res.body);
+      const json st = json::parse(res.body);
       held = 0;
       for (const auto& w : st.value("workers", json::array()))
         held += w.value("kv_total_blocks", 0) - w.value("kv_free_blocks", 0) + w.value("reserved_blocks", 0);
@@ -265,12 +234,6 @@ class soak {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     return held;
-  }
-
-  static double percentile(std::vector<double> v, double p) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    return v[std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5))];
   }
 
   int report() {
@@ -283,6 +246,7 @@ class soak {
       spdlog::error("could not read /admin/state: {}", e.what());
     }
     const double secs = std::chrono::duration<double>(clock_type::now() - start_).count();
+    const bench::summary rec = bench::summarize(t_.recovery_ms);
     json j = {{"seconds", secs},
               {"kills", t_.killed.size()},
               {"requests_sent", t_.sent},
@@ -296,10 +260,10 @@ class soak {
               {"leaked_blocks", leaked},
               {"recovery_ms",
                {{"count", t_.recovery_ms.size()},
-                {"p50", percentile(t_.recovery_ms, 0.5)},
-                {"p90", percentile(t_.recovery_ms, 0.9)},
-                {"p99", percentile(t_.recovery_ms, 0.99)},
-                {"max", percentile(t_.recovery_ms, 1.0)}}}};
+                {"p50", rec.p50},
+                {"p90", rec.p90},
+                {"p99", rec.p99},
+                {"max", rec.max}}}};
     const bool ok = lost == 0 && t_.duplicated == 0 && t_.skipped == 0 && t_.after_end == 0 && leaked == 0 && t_.sent > 0;
     j["ok"] = ok;
     if (o_.json_out) {
@@ -317,8 +281,7 @@ class soak {
                   "  events after end %lld   (must be 0)\n  leaked blocks    %lld   (must be 0)\n",
                   (long long)lost, (long long)t_.duplicated, (long long)t_.skipped, (long long)t_.after_end, (long long)leaked);
       std::printf("  recovery ms      p50 %.1f  p90 %.1f  p99 %.1f  max %.1f  (%zu kills with streams in flight)\n",
-                  percentile(t_.recovery_ms, 0.5), percentile(t_.recovery_ms, 0.9), percentile(t_.recovery_ms, 0.99),
-                  percentile(t_.recovery_ms, 1.0), t_.recovery_ms.size());
+                  rec.p50, rec.p90, rec.p99, rec.max, t_.recovery_ms.size());
       std::printf("  %s\n", ok ? "OK" : "FAILED");
     }
     return ok ? 0 : 1;
@@ -360,7 +323,13 @@ void add_chaos(CLI::App& app) {
     (void)parse_duration(o->every, "--every");
     (void)parse_duration(o->duration, "--for");
     (void)parse_duration(o->drain, "--drain");
-    soak s(*o, parse_url(o->url));
+    endpoint ep;
+    try {
+      ep = bench::parse_url(o->url);
+    } catch (const std::invalid_argument& e) {
+      throw CLI::ValidationError("--url", e.what());
+    }
+    soak s(*o, ep);
     if (const int rc = s.run(); rc != 0) throw CLI::RuntimeError(rc);
   });
 }
