@@ -30,17 +30,21 @@ struct mode_run {
   std::string mode;  // colocated | disaggregated
   double rate = 0;
   serve_report report;
+  bool held = false;  // the SLOs held for the attainment target
 };
 
 struct compare_result {
   std::vector<mode_run> runs;
   std::vector<mode_run> chaos_runs;
   double best_colocated = 0, best_disaggregated = 0;  // highest rate holding the SLOs (0: none)
+  double explained_rate = 0;  // where the verdict's "why" and the report's CDFs are taken
   std::string verdict;
   nlohmann::json to_json(const compare_options& o) const;
 };
 
 compare_result run_compare(const compare_options& o);
+// The lowest rate both modes ran at which exactly one holds the SLOs, else the highest both ran.
+double explained_rate(const compare_result& r);
 // The report: CDFs of TTFT and TPOT (at the highest rate both modes ran) and goodput vs rate.
 std::string html_report(const compare_result& r, const compare_options& o);
 void print_compare(const compare_result& r, const compare_options& o);

@@ -94,10 +94,7 @@ series cdf(const std::string& label, const std::string& color, std::vector<doubl
 
 std::string html_report(const compare_result& r, const compare_options& o) {
   const std::string colors[2] = {"#d62728", "#1f77b4"};  // colocated, disaggregated
-  double common = 0;
-  for (const auto& a : r.runs)
-    for (const auto& b : r.runs)
-      if (a.mode == "colocated" && b.mode == "disaggregated" && a.rate == b.rate) common = std::max(common, a.rate);
+  const double common = r.explained_rate;
   std::vector<series> ttft, tpot, good;
   for (int m = 0; m < 2; ++m) {
     const std::string mode = m == 0 ? "colocated" : "disaggregated";
