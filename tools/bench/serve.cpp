@@ -1,5 +1,6 @@
 #include "tools/bench/serve.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -75,6 +76,40 @@ std::optional<rapl_reading> read_rapl() {
   return r;
 }
 
+// NVML's total energy counters (mJ, Volta and later), summed over the GPUs, read through
+// dlopen so that the binary needs no NVIDIA library; nullopt where there is none.
+std::optional<double> read_nvml_mj() {
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return std::nullopt;
+  using init_fn = int (*)();
+  using count_fn = int (*)(unsigned*);
+  using handle_fn = int (*)(unsigned, void**);
+  using energy_fn = int (*)(void*, unsigned long long*);
+  auto init = reinterpret_cast<init_fn>(dlsym(lib, "nvmlInit_v2"));
+  auto shutdown = reinterpret_cast<init_fn>(dlsym(lib, "nvmlShutdown"));
+  auto count = reinterpret_cast<count_fn>(dlsym(lib, "nvmlDeviceGetCount_v2"));
+  auto handle = reinterpret_cast<handle_fn>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+  auto energy = reinterpret_cast<energy_fn>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
+  std::optional<double> total;
+  unsigned n = 0;
+  if (init && shutdown && count && handle && energy && init() == 0) {  // 0: NVML_SUCCESS
+    if (count(&n) == 0 && n > 0) {
+      double sum = 0;
+      bool all = true;
+      for (unsigned i = 0; i < n && all; ++i) {
+        void* dev = nullptr;
+        unsigned long long mj = 0;
+        all = handle(i, &dev) == 0 && energy(dev, &mj) == 0;
+        sum += double(mj);
+      }
+      if (all) total = sum;
+    }
+    shutdown();
+  }
+  dlclose(lib);
+  return total;
+}
+
 std::vector<int32_t> synthetic_prompt(const trace_entry& e, size_t index, const serve_options& o) {
   std::vector<int32_t> p(size_t(e.prompt_tokens));
   uint64_t x = o.seed * 0x9E3779B97F4A7C15ull + index;
@@ -137,6 +172,7 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
   }
   const auto before = scrape(ep);
   const auto rapl0 = read_rapl();
+  const auto nvml0 = read_nvml_mj();
 
   std::mutex mu;
   std::condition_variable cv;
@@ -256,6 +292,12 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
     };
   }
   const auto rapl1 = read_rapl();
+  const auto nvml1 = read_nvml_mj();
+  json gpu = "not available (no NVML)";
+  if (nvml0 && nvml1) {
+    const double j = (*nvml1 - *nvml0) / 1e3;
+    gpu = {{"source", "NVML (all GPUs)"}, {"joules", j}, {"watts", j / duration}};
+  }
   if (rapl0 && rapl1 && rapl0->counters.size() == rapl1->counters.size()) {
     double joules = 0;
     for (size_t k = 0; k < rapl0->counters.size(); ++k) {
@@ -263,13 +305,14 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
       if (d < 0) d += rapl0->counters[k].second;  // the counter wrapped
       joules += d / 1e6;
     }
-    rep.energy = {{"source", "RAPL (CPU packages, the whole machine)"},
+    rep.energy["cpu"] = {{"source", "RAPL (CPU packages, the whole machine)"},
                   {"joules", joules},
                   {"watts", joules / duration},
                   {"joules_per_output_token", rep.figures.output_tokens > 0 ? joules / double(rep.figures.output_tokens) : 0.0}};
   } else {
-    rep.energy = "not available (no readable RAPL counters under /sys/class/powercap)";
+    rep.energy = {{"cpu", "not available (no readable RAPL counters under /sys/class/powercap)"}};
   }
+  rep.energy["gpu"] = gpu;
   return rep;
 }
 
@@ -336,11 +379,14 @@ void print_report(const serve_report& r, const serve_options& o) {
   } else {
     std::printf("%-28s %s\n", "server metrics", std::string(r.server).c_str());
   }
-  if (r.energy.is_object())
-    std::printf("%-28s %12.1f J, %.1f W, %.3f J per output token\n", "energy", double(r.energy["joules"]),
-                double(r.energy["watts"]), double(r.energy["joules_per_output_token"]));
-  else
-    std::printf("%-28s %s\n", "energy", std::string(r.energy).c_str());
+  for (const char* part : {"cpu", "gpu"}) {
+    const auto& e = r.energy[part];
+    const std::string label = std::string("energy, ") + part;
+    if (e.is_object())
+      std::printf("%-28s %12.1f J, %.1f W\n", label.c_str(), double(e["joules"]), double(e["watts"]));
+    else
+      std::printf("%-28s %s\n", label.c_str(), std::string(e).c_str());
+  }
 }
 
 }  // namespace tandem::bench
