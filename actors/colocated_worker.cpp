@@ -84,7 +84,9 @@ void on_token(self_ptr self, colocated_worker_state::seq_entry& e, token_id tok)
   self->send(e.req, token_atom::value, e.generated, tok);
   ++e.generated;
   e.last = tok;
-  const bool context_full = e.spec.original_prompt_tokens() + e.generated >= self->state.we->eng->config().n_ctx;
+  // The next step feeds the last token at position prompt + generated - 1: full once that is
+  // past the last position (a one-token-early stop here once cut outputs short of a lone engine's).
+  const bool context_full = e.spec.original_prompt_tokens() + e.generated - 1 >= self->state.we->eng->config().n_ctx;
   if (e.generated >= e.spec.max_tokens || context_full) {
     self->send(e.req, done_atom::value, std::string("length"));
     drop(self, id);

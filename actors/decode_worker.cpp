@@ -73,8 +73,9 @@ void on_token(self_ptr self, decode_worker_state::active_seq& a, token_id tok) {
   self->send(a.req, token_atom::value, a.generated, tok);
   ++a.generated;
   a.last = tok;
-  // The context is full when the next step would place a token past it.
-  const bool context_full = a.spec.original_prompt_tokens() + a.generated >= self->state.we->eng->config().n_ctx;
+  // The next step feeds the last token at position prompt + generated - 1: full once that is
+  // past the last position (a one-token-early stop here once cut outputs short of a lone engine's).
+  const bool context_full = a.spec.original_prompt_tokens() + a.generated - 1 >= self->state.we->eng->config().n_ctx;
   if (a.generated >= a.spec.max_tokens || context_full) retire(self, id, "length");
 }
 

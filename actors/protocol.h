@@ -56,6 +56,7 @@ using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 using stranded_atom = caf::atom_constant<caf::atom("stranded")>;
+using orphan_atom = caf::atom_constant<caf::atom("orphan")>;
 
 // Result of a worker's compute step, produced on its compute thread.
 struct step_result;
@@ -185,6 +186,7 @@ using router_actor = caf::typed_actor<
     caf::replies_to<stats_atom>::with<std::vector<worker_stats>>,
     caf::reacts_to<heartbeat_atom>,                                   // its own timer: check liveness
     caf::reacts_to<stranded_atom>,                                    // its own timer: a pool stayed empty
+    caf::reacts_to<orphan_atom, request_id, uint32_t>,                // its own timer: a transfer whose sender died
     // Its own view, listing at most this many requests
     caf::replies_to<state_atom, int32_t>::with<router_view>>;
 

@@ -313,7 +313,14 @@ void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) 
       st.decode_queue.push_front(id);
       continue;
     }
-    if (prefill_side && e.transfer_started) continue;  // the link delivers the KV it already holds
+    if (prefill_side && e.transfer_started) {
+      // The link delivers the KV it already holds; but a failure (the link dies, or retires
+      // before it takes the transfer; the decode side refuses the set) would go to the dead
+      // worker, and no lease is left to ship from. Checked again soon: still transferring
+      // then, it is prefilled again.
+      self->delayed_send(self, std::chrono::seconds(2), orphan_atom::value, id, e.spec.epoch);
+      continue;
+    }
     if (prefill_side && e.state != request_state::decoding) {
       requeue.push_back(id);
       continue;
@@ -734,6 +741,14 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         return victim.second;
       },
       [self](heartbeat_atom) { heartbeat(self); },
+      [self](orphan_atom, request_id id, uint32_t epoch) {
+        auto it = self->state.requests.find(id);
+        if (it == self->state.requests.end()) return;
+        const auto& e = it->second;
+        if (e.spec.epoch != epoch || e.migrating || e.state != request_state::transferring) return;
+        reg(self).get_counter("tandem_orphaned_transfers_total", "KV transfers whose prefill worker died and that never arrived").inc();
+        migrate(self, id);  // a late arrival of that attempt finds no reservation and is refused
+      },
       [self](stranded_atom) {
         // A pool still empty seconds after its last worker died will not come back (degraded):
         // the requests that need it end with an error (HTTP 503) instead of waiting forever.

@@ -419,7 +419,7 @@ TEST_P(BatchInvariance, RePrefillEqualsDecodeBitwise) {
   auto m = model::load(synth_file("tiny", GetParam()));
   const int V = m->config().n_vocab;
   engine eng(m, engine_options{.n_threads = 2, .n_kv_blocks = 128});
-  const auto prompt = some_tokens(60, V, 3);
+  const auto prompt = some_tokens(200, V, 3);  // long enough that attention spans several key tiles
   // Decoded in a batch with other sequences, as a decode worker does.
   std::vector<seq_id> seqs;
   std::vector<token_id> next;
@@ -443,12 +443,15 @@ TEST_P(BatchInvariance, RePrefillEqualsDecodeBitwise) {
   for (size_t n = 1; n <= decode_logits.size(); ++n) {
     std::vector<token_id> again = prompt;
     again.insert(again.end(), generated.begin(), generated.begin() + std::ptrdiff_t(n));
-    const seq_id s = eng.create_sequence();
-    std::vector<float> l;
-    ASSERT_TRUE(eng.prefill(s, again, l).ok());
-    for (int v = 0; v < V; ++v)
-      ASSERT_EQ(l[size_t(v)], decode_logits[n - 1][size_t(v)]) << "after " << n << " tokens, logit " << v;
-    ASSERT_TRUE(eng.free_sequence(s).ok());
+    for (size_t chunk : {again.size(), size_t(32), size_t(7)}) {  // whole, or chunked as a worker does
+      const seq_id s = eng.create_sequence();
+      std::vector<float> l;
+      for (size_t i = 0; i < again.size(); i += chunk)
+        ASSERT_TRUE(eng.prefill(s, std::span(again).subspan(i, std::min(chunk, again.size() - i)), l).ok());
+      for (int v = 0; v < V; ++v)
+        ASSERT_EQ(l[size_t(v)], decode_logits[n - 1][size_t(v)]) << "after " << n << " tokens, chunk " << chunk << ", logit " << v;
+      ASSERT_TRUE(eng.free_sequence(s).ok());
+    }
   }
 }
 
