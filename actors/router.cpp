@@ -707,7 +707,12 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         if (size_t(index) < gens.size()) worker_down(self, index, prefill_side, gens[size_t(index)]);
       },
       [self](ship_atom, request_id id) {
-        if (auto it = self->state.requests.find(id); it != self->state.requests.end()) it->second.transfer_started = true;
+        // Only for the attempt that is transferring: a late one from an earlier attempt's lease
+        // (shipped just before the request was moved on) once marked a requeued request as
+        // handed over, and then a death of its new prefill worker did not requeue it.
+        auto it = self->state.requests.find(id);
+        if (it != self->state.requests.end() && it->second.state == request_state::transferring)
+          it->second.transfer_started = true;
       },
       [self](kill_atom, const std::string& kind, int32_t index) -> std::string {
         auto& st = self->state;
