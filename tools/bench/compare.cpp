@@ -139,19 +139,21 @@ class killer {
   std::thread t_;
 };
 
+// The measured (not chaos) run of `mode` at `rate`, if there is one.
+const mode_run* find_run(const compare_result& r, const std::string& mode, double rate) {
+  for (const auto& m : r.runs)
+    if (m.mode == mode && m.rate == rate) return &m;
+  return nullptr;
+}
+
 }  // namespace
 
 double explained_rate(const compare_result& r) {
   // The lowest rate both modes ran at which one holds the SLOs and the other does not (where the
   // verdict is decided); else the highest rate both ran.
-  auto find = [&](const std::string& mode, double rate) -> const mode_run* {
-    for (const auto& m : r.runs)
-      if (m.mode == mode && m.rate == rate) return &m;
-    return nullptr;
-  };
   double decisive = 0, highest = 0;
   for (const auto& c : r.runs) {
-    const mode_run* d = c.mode == "colocated" ? find("disaggregated", c.rate) : nullptr;
+    const mode_run* d = c.mode == "colocated" ? find_run(r, "disaggregated", c.rate) : nullptr;
     if (!d) continue;
     highest = std::max(highest, c.rate);
     if (c.held != d->held && (decisive == 0 || c.rate < decisive)) decisive = c.rate;
@@ -221,11 +223,6 @@ compare_result run_compare(const compare_options& o) {
   }
 
   // The verdict, and why: what colocated decode steps lose to prefill, and what the split costs.
-  auto at = [&](const std::string& mode, double rate) -> const mode_run* {
-    for (const auto& r : res.runs)
-      if (r.mode == mode && r.rate == rate) return &r;
-    return nullptr;
-  };
   res.explained_rate = explained_rate(res);
   std::ostringstream v;
   const double c = res.best_colocated, d = res.best_disaggregated;
@@ -254,7 +251,7 @@ compare_result run_compare(const compare_options& o) {
   }
   v << buf;
   const double common = res.explained_rate;
-  if (const mode_run *cr = at("colocated", common), *dr = at("disaggregated", common); cr && dr) {
+  if (const mode_run *cr = find_run(res, "colocated", common), *dr = find_run(res, "disaggregated", common); cr && dr) {
     const auto& cf = cr->report.figures;
     const auto& df = dr->report.figures;
     const double handoff = dr->report.server.is_object() ? double(dr->report.server.value("handoff_ms_mean", 0.0)) : 0.0;
@@ -302,9 +299,7 @@ void print_compare(const compare_result& r, const compare_options& o) {
   for (const auto& m : r.chaos_runs) row(m, "  (killing a worker every 3 s)");
   std::printf("(ms; goodput and throughput in req/s; SLO%%: requests meeting the SLOs; target %.0f%%)\n", 100 * o.attainment);
   for (const auto& m : r.chaos_runs) {
-    const mode_run* calm = nullptr;
-    for (const auto& x : r.runs)
-      if (x.mode == m.mode && x.rate == m.rate) calm = &x;
+    const mode_run* calm = find_run(r, m.mode, m.rate);
     if (!calm) continue;
     std::printf("chaos, %s: %d kills; goodput %.3f -> %.3f req/s (%.0f%% lost); longest stall of a stream %.0f ms (%.0f ms without kills)\n",
                 m.mode.c_str(), int(m.report.server.value("kills", 0)), calm->report.figures.goodput, m.report.figures.goodput,
