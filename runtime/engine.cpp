@@ -51,6 +51,8 @@ engine::engine(std::shared_ptr<const model> m, engine_options opts)
                                  .bytes_per_block()))),
       scratch_(std::make_unique<scratch>()) {
   if (opts.block_size <= 0) throw failure(errc::invalid_argument, "KV block size must be positive");
+  salt_ = tandem::prefix_salt(model_->identity(), pool_.layout(), kernels::dtype::f32, int32_t(opts.matmul));
+  if (opts.prefix_cache) prefix_ = std::make_unique<prefix_index>(pool_);
   scratch_->kptr.resize(size_t(pool_threads_.size()));
   for (int i = 0; i < pool_threads_.size(); ++i)
     scratch_->solo.push_back(std::make_unique<kernels::thread_pool>(1));
@@ -85,6 +87,79 @@ int32_t engine::blocks_needed(seq_id s, int32_t n_tokens) const {
   return std::max(0, div_up(len + n_tokens, opts_.block_size) - have);
 }
 
+int32_t engine::available_blocks() const {
+  return pool_.free_blocks() + (prefix_ ? prefix_->evictable() : 0);
+}
+
+bool engine::make_room(int32_t n) {
+  if (n <= pool_.free_blocks()) return true;
+  if (prefix_) prefix_->evict(n - pool_.free_blocks());
+  return n <= pool_.free_blocks();
+}
+
+int32_t engine::attach_prefix(seq_id s, std::span<const token_id> prompt) {
+  auto it = seqs_.find(s);
+  if (!prefix_ || it == seqs_.end() || it->second.n_tokens != 0 || prompt.empty()) return 0;
+  sequence& sq = it->second;
+  prefix_counts_.lookup_tokens += prompt.size();
+  // The last token stays to compute: its logits give the first output token.
+  const auto usable = prompt.first(prompt.size() - 1);
+  const auto keys = block_keys(salt_, usable, opts_.block_size);
+  const auto blocks = prefix_->match(keys);
+  for (block_id b : blocks) {
+    pool_.retain(b);
+    sq.blocks.push_back(b);
+  }
+  sq.n_tokens = int32_t(blocks.size()) * opts_.block_size;
+  sq.tokens.assign(prompt.begin(), prompt.begin() + sq.n_tokens);
+  sq.keys.assign(keys.begin(), keys.begin() + std::ptrdiff_t(blocks.size()));
+  prefix_counts_.hit_tokens += uint64_t(sq.n_tokens);
+  return sq.n_tokens;
+}
+
+int32_t engine::cached_prefix_tokens(std::span<const token_id> prompt) const {
+  if (!prefix_ || prompt.empty()) return 0;
+  const auto keys = block_keys(salt_, prompt.first(prompt.size() - 1), opts_.block_size);
+  return prefix_->count_cached(keys) * opts_.block_size;
+}
+
+prefix_cache_stats engine::prefix_stats() const {
+  prefix_cache_stats st = prefix_counts_;
+  if (prefix_) {
+    st.evicted_blocks = prefix_->evicted_total();
+    st.cached_blocks = prefix_->size();
+  }
+  return st;
+}
+
+std::vector<block_key> engine::sequence_keys(seq_id s) const {
+  auto it = seqs_.find(s);
+  if (it == seqs_.end() || !it->second.keyable) return {};
+  const sequence& sq = it->second;
+  std::vector<block_key> keys = sq.keys;
+  block_key parent = keys.empty() ? salt_ : keys.back();
+  const size_t bs = size_t(opts_.block_size);
+  for (size_t b = keys.size(); (b + 1) * bs <= size_t(sq.n_tokens) && (b + 1) * bs <= sq.tokens.size(); ++b) {
+    parent = next_block_key(parent, std::span(sq.tokens).subspan(b * bs, bs));
+    keys.push_back(parent);
+  }
+  return keys;
+}
+
+void engine::publish_full_blocks(sequence& sq) {
+  if (!prefix_ || !sq.keyable) return;
+  const size_t bs = size_t(opts_.block_size);
+  const size_t before = sq.keys.size();
+  block_key parent = sq.keys.empty() ? salt_ : sq.keys.back();
+  for (size_t b = before; (b + 1) * bs <= size_t(sq.n_tokens) && (b + 1) * bs <= sq.tokens.size(); ++b) {
+    parent = next_block_key(parent, std::span(sq.tokens).subspan(b * bs, bs));
+    sq.keys.push_back(parent);
+    // Already cached under this key (computed twice at once): this copy stays private.
+    if (prefix_->insert(parent, sq.blocks[b])) ++prefix_counts_.published_blocks;
+  }
+  if (sq.keys.size() != before) (void)prefix_->match(sq.keys);  // head first in recency
+}
+
 status engine::forward(std::span<const batch_entry> batch, std::vector<float>& logits, const layer_hook& after_layer) {
   const llama_config& c = config();
   const int32_t T = int32_t(batch.size());
@@ -110,7 +185,7 @@ status engine::forward(std::span<const batch_entry> batch, std::vector<float>& l
   }
   int32_t need = 0;
   for (auto& [s, n] : added) need += blocks_needed(s, n);
-  if (need > pool_.free_blocks())
+  if (!make_room(need))
     return {errc::out_of_kv_blocks, "batch needs " + std::to_string(need) + " KV blocks, " +
                                         std::to_string(pool_.free_blocks()) + " free"};
   for (auto& [s, n] : added) {
@@ -120,7 +195,14 @@ status engine::forward(std::span<const batch_entry> batch, std::vector<float>& l
 
   // The hook may export these positions before forward returns: count them in first.
   for (auto& [s, n] : added) seqs_.at(s).n_tokens += n;
+  for (int32_t t = 0; t < T; ++t) {
+    sequence& sq = *seqs[size_t(t)];
+    if (sq.keyable && int32_t(sq.tokens.size()) == pos[size_t(t)]) sq.tokens.push_back(batch[size_t(t)].token);
+    else sq.keyable = false;  // its earlier tokens are unknown: its blocks cannot be named
+  }
   run_layers(batch, pos, seqs, after_layer);
+  if (prefix_)
+    for (auto& [s, n] : added) publish_full_blocks(seqs_.at(s));
 
   // Logits only for the rows asked for: the output head is the largest matmul per token.
   std::vector<int32_t> rows;
@@ -337,14 +419,14 @@ status engine::export_kv(seq_id s, int32_t layer_begin, int32_t layer_end, int32
   return {};
 }
 
-status engine::import_kv(seq_id s, std::span<const kv_block_export> blocks) {
+status engine::import_kv(seq_id s, std::span<const kv_block_export> blocks, std::span<const token_id> tokens) {
   std::vector<const kv_block_export*> parts;
   parts.reserve(blocks.size());
   for (const auto& b : blocks) parts.push_back(&b);
-  return import_kv(s, std::span<const kv_block_export* const>(parts));
+  return import_kv(s, std::span<const kv_block_export* const>(parts), tokens);
 }
 
-status engine::import_kv(seq_id s, std::span<const kv_block_export* const> blocks) {
+status engine::import_kv(seq_id s, std::span<const kv_block_export* const> blocks, std::span<const token_id> tokens) {
   auto it = seqs_.find(s);
   if (it == seqs_.end()) return {errc::unknown_sequence, "sequence " + std::to_string(s) + " does not exist"};
   sequence& sq = it->second;
@@ -386,7 +468,7 @@ status engine::import_kv(seq_id s, std::span<const kv_block_export* const> block
       return {errc::incompatible_kv, which + " is partial but not the last: positions do not continue"};
     n_tokens = end;
   }
-  if (int32_t(cover.size()) > pool_.free_blocks())
+  if (!make_room(int32_t(cover.size())))
     return {errc::out_of_kv_blocks, "import needs " + std::to_string(cover.size()) + " KV blocks, " +
                                         std::to_string(pool_.free_blocks()) + " free"};
   for (const auto& layers : cover) {
@@ -400,6 +482,12 @@ status engine::import_kv(seq_id s, std::span<const kv_block_export* const> block
     sq.blocks.push_back(b);
   }
   sq.n_tokens = n_tokens;
+  if (int32_t(tokens.size()) >= n_tokens) {
+    sq.tokens.assign(tokens.begin(), tokens.begin() + n_tokens);
+    publish_full_blocks(sq);
+  } else {
+    sq.keyable = false;
+  }
   return {};
 }
 

@@ -18,6 +18,7 @@
 #include "runtime/errors.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
+#include "runtime/prefix_cache.h"
 
 namespace tandem {
 
@@ -32,6 +33,18 @@ struct engine_options {
   // batch_invariant (the default): a token's logits do not depend on the batch it is computed
   // in, so recovery by re-prefill is exact (kernels/cpu/matmul.h); fastest: GEMM prefill.
   kernels::cpu::matmul_mode matmul = kernels::cpu::matmul_mode::batch_invariant;
+  // Full blocks are named by content (runtime/prefix_cache.h) and kept after their sequence
+  // ends, until the pool needs them: a prompt that starts like an earlier one reuses them.
+  bool prefix_cache = false;
+};
+
+// What the prefix cache did so far (counters since the engine started, and its size now).
+struct prefix_cache_stats {
+  uint64_t hit_tokens = 0;      // prompt tokens attach_prefix found cached
+  uint64_t lookup_tokens = 0;   // prompt tokens attach_prefix was asked about
+  uint64_t published_blocks = 0;
+  uint64_t evicted_blocks = 0;
+  int32_t cached_blocks = 0;    // named blocks held now (in use or not)
 };
 
 struct batch_entry {
@@ -58,6 +71,21 @@ class engine {
   int32_t sequence_length(seq_id s) const;  // tokens in its KV cache; -1 if unknown
   // Blocks a sequence would need to grow by n tokens (0 if its last block has room).
   int32_t blocks_needed(seq_id s, int32_t n_tokens) const;
+  // Blocks a forward pass can take: free ones and cached ones no sequence holds (evicted on
+  // demand, least recently used first).
+  int32_t available_blocks() const;
+
+  // Prefix reuse (with engine_options::prefix_cache). Gives the empty sequence s the cached
+  // full blocks that start `prompt`, at most up to its last token (whose logits the caller
+  // needs computed): the tokens it now holds, a multiple of the block size (0 without a hit).
+  int32_t attach_prefix(seq_id s, std::span<const token_id> prompt);
+  // How many leading tokens of `prompt` attach_prefix would give now (recency untouched).
+  int32_t cached_prefix_tokens(std::span<const token_id> prompt) const;
+  bool prefix_cache_enabled() const { return prefix_ != nullptr; }
+  uint64_t prefix_salt() const { return salt_; }
+  prefix_cache_stats prefix_stats() const;
+  // Keys of the full blocks a sequence holds now (the tokens it was computed or imported with).
+  std::vector<block_key> sequence_keys(seq_id s) const;
 
   // Runs one forward pass over `batch`. Entries of one sequence must appear in order; each
   // entry takes the next position of its sequence. `logits` receives one row of n_vocab per
@@ -87,14 +115,24 @@ class engine {
   // must cover every layer of consecutive blocks from position 0 with one length per block.
   // Refuses a piece whose checksum, model or shape do not match, or an incomplete set
   // (checksum_mismatch / incompatible_kv), leaving s empty.
-  status import_kv(seq_id s, std::span<const kv_block_export> blocks);
-  status import_kv(seq_id s, std::span<const kv_block_export* const> blocks);
+  // `tokens`, when it covers the imported positions, names the blocks for the prefix cache.
+  status import_kv(seq_id s, std::span<const kv_block_export> blocks, std::span<const token_id> tokens = {});
+  status import_kv(seq_id s, std::span<const kv_block_export* const> blocks, std::span<const token_id> tokens = {});
 
  private:
   struct sequence {
     std::vector<block_id> blocks;
     int32_t n_tokens = 0;
+    // For the prefix cache: the tokens its KV holds (empty when unknown: an import without
+    // them), and the keys of its first keys.size() full blocks.
+    std::vector<token_id> tokens;
+    std::vector<block_key> keys;
+    bool keyable = true;
   };
+  // Names the sequence's newly full blocks in the prefix cache.
+  void publish_full_blocks(sequence& sq);
+  // Makes n blocks free, evicting unused cached ones if needed: false if it cannot.
+  bool make_room(int32_t n);
   // Attention for entries [first, first + n_tok) of a batch (one sequence, consecutive
   // positions) and one KV head; last_pos orders tasks by cost.
   struct attn_task {
@@ -108,6 +146,9 @@ class engine {
   engine_options opts_;
   kernels::thread_pool pool_threads_;
   kv_block_pool pool_;
+  uint64_t salt_ = 0;
+  std::unique_ptr<prefix_index> prefix_;  // after pool_: destroyed first, it holds pool blocks
+  prefix_cache_stats prefix_counts_;
   std::map<seq_id, sequence> seqs_;
   seq_id next_seq_ = 1;
   std::unique_ptr<scratch> scratch_;

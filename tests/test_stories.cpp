@@ -93,3 +93,33 @@ TEST_F(Stories, Greedy64TokensEqualReference) {
     EXPECT_EQ(m->tok().decode(out), ref.text);
   }
 }
+
+// Reuse on the real model: a second request that starts with the prompt and the first 40
+// reference tokens (the next turn of a conversation) is served from the cached blocks and
+// goes on exactly as the reference.
+TEST_F(Stories, PrefixReuseContinuesTheReferenceExactly) {
+  engine eng(m, engine_options{.n_threads = 2, .n_kv_blocks = 32, .prefix_cache = true});
+  auto run = [&](const std::vector<token_id>& prompt, int n, int32_t& reused) {
+    const seq_id s = eng.create_sequence();
+    reused = eng.attach_prefix(s, prompt);
+    std::vector<float> logits;
+    EXPECT_TRUE(eng.prefill(s, std::span(prompt).subspan(size_t(reused)), logits).ok());
+    std::vector<token_id> out;
+    for (int i = 0; i < n; ++i) {
+      const token_id t = sample(logits, sampling_params{.temperature = 0.0f}, uint64_t(i));
+      out.push_back(t);
+      EXPECT_TRUE(eng.decode(std::span(&s, 1), std::span(&t, 1), logits).ok());
+    }
+    EXPECT_TRUE(eng.free_sequence(s).ok());
+    return out;
+  };
+  int32_t reused = 0;
+  EXPECT_EQ(run(ref.prompt_ids, 64, reused), ref.greedy_ids);
+  EXPECT_EQ(reused, 0);
+  auto next = ref.prompt_ids;
+  next.insert(next.end(), ref.greedy_ids.begin(), ref.greedy_ids.begin() + 40);
+  const auto out = run(next, 24, reused);
+  EXPECT_EQ(reused, int32_t((next.size() - 1) / 16 * 16));
+  EXPECT_GT(reused, 0);
+  EXPECT_EQ(out, std::vector<token_id>(ref.greedy_ids.begin() + 40, ref.greedy_ids.end()));
+}
