@@ -26,6 +26,7 @@ void drop(self_ptr self, request_id id) {
   if (it->second.reserved) st.ledger->release(int64_t(id));
   st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), id), st.waiting.end());
   st.seqs.erase(it);
+  st.claims.release(id);
 }
 
 void kick(self_ptr self) {
@@ -52,6 +53,14 @@ void kick(self_ptr self) {
       if (!st.ledger->try_reserve(int64_t(id), total)) break;
       e.reserved = true;
     }
+    if (e.seq == 0 && st.we->eng->prefix_cache_enabled()) {
+      // Its cached prefix attached now (the engine is idle), or it waits for the prompt that
+      // is computing the block it needs next.
+      int32_t reused = 0;
+      e.seq = st.we->eng->start_prompt(id, e.spec.prompt, st.claims, reused);
+      if (e.seq == 0) continue;
+      e.prefilled = reused;
+    }
     pending.push_back({int64_t(id), int32_t(e.spec.prompt.size()), e.prefilled});
   }
   const auto plan = plan_colocated_step(running, pending, st.opts.token_budget, st.opts.chunk_size);
@@ -65,7 +74,10 @@ void kick(self_ptr self) {
     ci.export_kv = false;
     ci.sampling = e.spec.sampling;
     ci.first_index = e.spec.resumed;
-    if (e.prefilled == 0) self->send(e.req, state_atom::value, request_state::prefilling);
+    if (!e.announced) {
+      e.announced = true;
+      self->send(e.req, state_atom::value, request_state::prefilling);
+    }
     e.in_step = true;
     e.planned = c.length;
     work.chunks.push_back(std::move(ci));
@@ -98,6 +110,10 @@ void apply(self_ptr self, step_result& r) {
   st.we->busy = false;
   ++st.we->finished;
   record_step(st.opts, "colocated", r, int32_t(r.tokens.size()));
+  int64_t computed = 0;
+  for (const auto& [id, e] : st.seqs)
+    if (e.in_step && !e.decoding && r.error.ok()) computed += e.planned;
+  record_prefix_cache(st.opts, "colocated", *st.we->eng, st.prefix_last, computed);
   for (const auto& c : r.created_seqs)
     if (auto it = st.seqs.find(c.id); it != st.seqs.end()) it->second.seq = c.seq;
     else st.to_free.push_back(c.seq);
@@ -127,6 +143,7 @@ void apply(self_ptr self, step_result& r) {
     if (!e.decoding) {  // its prompt just completed: token 0
       e.decoding = true;
       st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), t.id), st.waiting.end());
+      st.claims.release(t.id);
       self->send(e.req, state_atom::value, request_state::decoding);
       self->send(st.router, state_atom::value, t.id, request_state::decoding);
     }
@@ -189,7 +206,7 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
         worker_stats s;
         s.name = "colocated-" + std::to_string(st.opts.index);
         s.kv_total_blocks = st.we->eng->kv_pool().total_blocks();
-        s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->kv_pool().free_blocks();
+        s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->available_blocks();
         s.reserved_blocks = st.ledger->reserved_blocks();
         s.active = int32_t(st.seqs.size());
         s.max_batch = st.opts.max_batch;

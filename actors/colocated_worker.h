@@ -24,6 +24,7 @@ struct colocated_worker_state {
     bool paused = false;
     bool in_step = false;
     bool cancelled = false;
+    bool announced = false;  // told its request it is prefilling
   };
   worker_options opts;
   router_actor router;
@@ -32,6 +33,8 @@ struct colocated_worker_state {
   std::deque<request_id> waiting;           // FIFO of prompts not fully prefilled
   std::map<request_id, seq_entry> seqs;     // every request this worker holds
   std::vector<seq_id> to_free;
+  prefix_claims claims;              // prompt blocks being computed, by request
+  prefix_cache_stats prefix_last;    // the engine's counters at the last report
   static inline const char* name = "colocated_worker";
 };
 

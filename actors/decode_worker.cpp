@@ -240,7 +240,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         worker_stats s;
         s.name = "decode-" + std::to_string(st.opts.index);
         s.kv_total_blocks = st.we->eng->kv_pool().total_blocks();
-        s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->kv_pool().free_blocks();
+        s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->available_blocks();
         s.reserved_blocks = st.ledger->reserved_blocks();
         s.active = int32_t(st.active.size() + st.arrivals.size() + st.importing.size());
         s.max_batch = st.opts.max_batch;

@@ -158,6 +158,7 @@ struct pipeline::impl {
     o.index = index;
     o.n_threads = cfg.threads_per_worker;
     o.matmul = cfg.matmul;
+    o.prefix_cache = cfg.prefix_cache;
     o.block_size = cfg.block_size;
     o.kv_blocks = cfg.kv_blocks_per_worker;
     o.kv_memory_bytes = cfg.kv_memory_bytes_per_worker;

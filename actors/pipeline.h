@@ -34,6 +34,9 @@ struct pipeline_config {
   // not depend on its batch); fastest: GEMM prefill, 2-4x the prefill throughput, but a
   // recovered greedy request may differ after a near-tie (kernels/cpu/matmul.h).
   kernels::cpu::matmul_mode matmul = kernels::cpu::matmul_mode::batch_invariant;
+  // Prefix reuse in prefill and colocated workers: a prompt that starts like an earlier one
+  // (whole blocks of it) takes that one's KV blocks instead of computing them again.
+  bool prefix_cache = true;
   int32_t kv_blocks_per_worker = 0;         // 0: from kv_memory_bytes_per_worker
   int64_t kv_memory_bytes_per_worker = 256ll << 20;
   int32_t block_size = 16;

@@ -22,35 +22,45 @@ void report_load(self_ptr self) {
 void fail_job(self_ptr self, prefill_worker_state::job& j, errc code, const std::string& msg) {
   self->send(j.req, fail_atom::value, code, msg);
   if (j.seq != 0) self->state.to_free.push_back(j.seq);
+  self->state.claims.release(j.spec.id);
 }
 
 // Plans the next step from the queue and posts it, if there is anything to do.
 void kick(self_ptr self) {
   auto& st = self->state;
   if (st.we->busy) return;
+  engine& eng = *st.we->eng;
+  // Prefix reuse: a prompt starts with its cached blocks attached (the engine is idle here),
+  // or waits while another prompt computes the block it needs next.
+  if (eng.prefix_cache_enabled())
+    for (auto& j : st.queue)
+      if (j.seq == 0) {
+        int32_t reused = 0;
+        j.seq = eng.start_prompt(j.spec.id, j.spec.prompt, st.claims, reused);
+        j.done = reused;
+      }
   std::vector<pending_prefill> pending;
-  for (const auto& j : st.queue) pending.push_back({int64_t(j.spec.id), int32_t(j.spec.prompt.size()), j.done});
+  for (const auto& j : st.queue)
+    if (j.seq != 0 || !eng.prefix_cache_enabled())
+      pending.push_back({int64_t(j.spec.id), int32_t(j.spec.prompt.size()), j.done});
   auto plan = plan_prefill_step(pending, st.opts.token_budget, st.opts.chunk_size);
 
   // Blocks are the limit the planner does not see: keep the chunks that fit the pool now;
   // what does not fit waits for leases to end.
-  engine& eng = *st.we->eng;
-  int32_t free = eng.kv_pool().free_blocks();
+  int32_t free = eng.available_blocks();
   step_work work;
   // Streamed pieces leave from the compute thread, straight to their link.
   auto streams = std::make_shared<std::map<request_id, std::pair<kv_link_actor, request_actor>>>();
   work.frees = std::move(st.to_free);
   st.to_free.clear();
-  for (seq_id s : work.frees) {  // freed before the forward pass: their blocks count
-    const int32_t len = eng.sequence_length(s);
-    free += len > 0 ? eng.blocks_needed(0, len) : 0;
-  }
+  for (seq_id s : work.frees) free += eng.blocks_freed_by(s);  // freed before the forward pass
   for (const auto& c : plan) {
     auto it = std::find_if(st.queue.begin(), st.queue.end(), [&](auto& j) { return int64_t(j.spec.id) == c.request; });
     if (it == st.queue.end()) continue;
     const int32_t need = it->seq == 0 ? eng.blocks_needed(0, c.length) : eng.blocks_needed(it->seq, c.length);
     if (need > free) {
-      if (st.leases.empty() && work.chunks.empty() && it->seq == 0 && eng.kv_pool().total_blocks() < need) {
+      if (st.leases.empty() && work.chunks.empty() && it->done == 0 &&
+          eng.kv_pool().total_blocks() < eng.blocks_needed(0, int32_t(it->spec.prompt.size()))) {
         fail_job(self, *it, errc::out_of_kv_blocks, "prompt needs more KV blocks than the prefill worker has");
         st.queue.erase(it);
       }
@@ -75,7 +85,10 @@ void kick(self_ptr self) {
     }
     it->in_step = true;
     it->planned = c.length;
-    if (it->done == 0) self->send(it->req, state_atom::value, request_state::prefilling);
+    if (!it->announced) {
+      it->announced = true;
+      self->send(it->req, state_atom::value, request_state::prefilling);
+    }
     work.chunks.push_back(std::move(ci));
   }
   if (work.chunks.empty() && work.frees.empty()) return;
@@ -164,6 +177,10 @@ void apply(self_ptr self, step_result& r) {
   st.we->busy = false;
   ++st.we->finished;
   record_step(st.opts, "prefill", r, int32_t(r.created_seqs.size()));
+  int64_t computed = 0;
+  for (const auto& j : st.queue)
+    if (j.in_step && r.error.ok()) computed += j.planned;
+  record_prefix_cache(st.opts, "prefill", *st.we->eng, st.prefix_last, computed);
   for (const auto& c : r.created_seqs)
     for (auto& j : st.queue)
       if (j.spec.id == c.id) j.seq = c.seq;
@@ -173,6 +190,7 @@ void apply(self_ptr self, step_result& r) {
       if (it->in_step) {
         if (it->cancelled) { if (it->seq != 0) st.to_free.push_back(it->seq); }
         else fail_job(self, *it, r.error.code(), r.error.message());
+        st.claims.release(it->spec.id);
         it = st.queue.erase(it);
       } else {
         ++it;
@@ -190,6 +208,7 @@ void apply(self_ptr self, step_result& r) {
     it->done += it->planned;
     if (it->cancelled) {
       st.to_free.push_back(it->seq);
+      st.claims.release(it->spec.id);
       it = st.queue.erase(it);
       continue;
     }
@@ -231,6 +250,7 @@ void apply(self_ptr self, step_result& r) {
     }
     self->send(st.router, prefilled_atom::value, id, st.opts.index, finished);
     if (!finished && it->link) start_transfer(self, id, it->link);
+    st.claims.release(id);
     it = st.queue.erase(it);
   }
   start_pending(self);
@@ -285,6 +305,7 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
             return;
           }
           if (it->seq != 0) st.to_free.push_back(it->seq);
+          st.claims.release(id);
           st.queue.erase(it);
           break;
         }
@@ -306,7 +327,7 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
         worker_stats s;
         s.name = "prefill-" + std::to_string(st.opts.index);
         s.kv_total_blocks = st.we->eng->kv_pool().total_blocks();
-        s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->kv_pool().free_blocks();
+        s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->available_blocks();
         s.active = int32_t(st.queue.size() + st.leases.size());
         s.steps = st.we->steps;
         s.busy = st.we->busy;

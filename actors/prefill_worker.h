@@ -23,6 +23,7 @@ struct prefill_worker_state {
     kv_link_actor link;
     int32_t stream_next = 0;
     bool stream_broken = false;  // the link changed while a streamed step was in flight
+    bool announced = false;      // told its request it is prefilling
   };
   struct lease {
     request_spec spec;
@@ -41,6 +42,8 @@ struct prefill_worker_state {
   std::deque<job> queue;
   std::map<request_id, lease> leases;
   std::vector<seq_id> to_free;
+  prefix_claims claims;              // prompt blocks being computed, by request
+  prefix_cache_stats prefix_last;    // the engine's counters at the last report
   static inline const char* name = "prefill_worker";
 };
 

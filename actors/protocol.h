@@ -66,7 +66,7 @@ using step_result_ptr = std::shared_ptr<step_result>;
 struct worker_stats {
   std::string name;
   int32_t kv_total_blocks = 0;
-  int32_t kv_free_blocks = 0;    // in the engine's pool
+  int32_t kv_free_blocks = 0;    // in the engine's pool: free, or held only by its prefix cache (evictable)
   int32_t reserved_blocks = 0;   // credits promised to admitted requests
   int32_t active = 0;            // sequences held
   int32_t max_batch = 0;

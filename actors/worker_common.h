@@ -23,6 +23,7 @@ struct worker_options {
   int32_t max_batch = 64;             // sequences decoding at once (decode, colocated)
   bool stream_kv = true;              // prefill: send KV layer group by layer group while computing
   int32_t stream_layer_group = 4;     // layers per streamed piece
+  bool prefix_cache = true;           // prefill, colocated: reuse cached prompt prefixes
   std::shared_ptr<metrics::registry> metrics;
   std::shared_ptr<fault_injector> faults;  // armed faults this worker can suffer
 };
@@ -43,6 +44,7 @@ struct worker_engine {
     eo.block_size = o.block_size;
     eo.n_kv_blocks = o.kv_blocks;
     eo.kv_memory_bytes = o.kv_memory_bytes;
+    eo.prefix_cache = o.prefix_cache;
     eng = std::make_unique<engine>(std::move(m), eo);
     runner = std::make_unique<compute_runner>();
   }
@@ -88,6 +90,32 @@ inline void record_step(const worker_options& o, const std::string& kind, const 
   o.metrics->get_counter("tandem_worker_busy_seconds_total", "Seconds spent computing (busy fraction: its rate)", l)
       .inc(r.ms / 1000.0);
   o.metrics->get_gauge("tandem_worker_kv_free_blocks", "Free KV blocks in the worker's pool", l).set(r.free_blocks);
+}
+
+// Prefix-cache metrics: the engine's counters since `last` (updated), and the prompt tokens the
+// step computed. Called on the actor thread between steps (the engine is idle).
+inline void record_prefix_cache(const worker_options& o, const std::string& kind, const engine& eng,
+                                prefix_cache_stats& last, int64_t computed_prompt_tokens) {
+  if (!o.metrics) return;
+  auto& m = *o.metrics;
+  m.get_counter("tandem_prompt_tokens_computed_total", "Prompt tokens run through the model (cached prefixes are not).")
+      .inc(double(computed_prompt_tokens));
+  if (!eng.prefix_cache_enabled()) return;
+  const prefix_cache_stats now = eng.prefix_stats();
+  m.get_counter("tandem_prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix cache.")
+      .inc(double(now.hit_tokens - last.hit_tokens));
+  m.get_counter("tandem_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.")
+      .inc(double(now.lookup_tokens - last.lookup_tokens));
+  m.get_counter("tandem_prefix_cache_published_blocks_total", "KV blocks named in a worker's prefix cache.")
+      .inc(double(now.published_blocks - last.published_blocks));
+  m.get_counter("tandem_prefix_cache_evicted_blocks_total", "Unused cached KV blocks evicted for room.")
+      .inc(double(now.evicted_blocks - last.evicted_blocks));
+  const metrics::labels l{{"worker", kind + "-" + std::to_string(o.index)}};
+  m.get_gauge("tandem_prefix_cache_blocks", "KV blocks a worker's prefix cache names now (in use or not).", l)
+      .set(now.cached_blocks);
+  m.get_gauge("tandem_prefix_cache_bytes", "Bytes of KV blocks a worker's prefix cache names now.", l)
+      .set(double(now.cached_blocks) * double(eng.kv_pool().layout().bytes_per_block()));
+  last = now;
 }
 
 }  // namespace tandem

@@ -117,6 +117,31 @@ int32_t engine::attach_prefix(seq_id s, std::span<const token_id> prompt) {
   return sq.n_tokens;
 }
 
+int32_t engine::blocks_freed_by(seq_id s) const {
+  auto it = seqs_.find(s);
+  if (it == seqs_.end()) return 0;
+  const sequence& sq = it->second;
+  int32_t n = 0;
+  for (size_t i = 0; i < sq.blocks.size(); ++i) {
+    const int32_t refs = pool_.ref_count(sq.blocks[i]);
+    const bool cached_here = prefix_ && i < sq.keys.size() && prefix_->block_of(sq.keys[i]) == sq.blocks[i];
+    if (refs == 1 || (refs == 2 && cached_here)) ++n;
+  }
+  return n;
+}
+
+seq_id engine::start_prompt(uint64_t id, std::span<const token_id> prompt, prefix_claims& claims, int32_t& reused) {
+  reused = 0;
+  if (!prefix_ || prompt.empty()) return create_sequence();
+  const auto keys = block_keys(salt_, prompt.first(prompt.size() - 1), opts_.block_size);
+  const int32_t cached = prefix_->count_cached(keys);
+  if (claims.blocked(id, keys, cached)) return 0;
+  const seq_id s = create_sequence();
+  reused = attach_prefix(s, prompt);
+  claims.claim(id, std::span(keys).subspan(size_t(reused / opts_.block_size)));
+  return s;
+}
+
 int32_t engine::cached_prefix_tokens(std::span<const token_id> prompt) const {
   if (!prefix_ || prompt.empty()) return 0;
   const auto keys = block_keys(salt_, prompt.first(prompt.size() - 1), opts_.block_size);

@@ -74,6 +74,9 @@ class engine {
   // Blocks a forward pass can take: free ones and cached ones no sequence holds (evicted on
   // demand, least recently used first).
   int32_t available_blocks() const;
+  // Blocks that become available when s is freed (those no other sequence shares).
+  int32_t blocks_freed_by(seq_id s) const;
+  int32_t block_size() const { return opts_.block_size; }
 
   // Prefix reuse (with engine_options::prefix_cache). Gives the empty sequence s the cached
   // full blocks that start `prompt`, at most up to its last token (whose logits the caller
@@ -86,6 +89,10 @@ class engine {
   prefix_cache_stats prefix_stats() const;
   // Keys of the full blocks a sequence holds now (the tokens it was computed or imported with).
   std::vector<block_key> sequence_keys(seq_id s) const;
+  // With the prefix cache: starts `prompt` on a new sequence with its cached prefix attached,
+  // unless another request (per `claims`) is computing its next uncached block: then 0, and
+  // the caller asks again later. `reused` gets the attached tokens; the rest is claimed by id.
+  seq_id start_prompt(uint64_t id, std::span<const token_id> prompt, prefix_claims& claims, int32_t& reused);
 
   // Runs one forward pass over `batch`. Entries of one sequence must appear in order; each
   // entry takes the next position of its sequence. `logits` receives one row of n_vocab per

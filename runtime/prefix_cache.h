@@ -53,6 +53,11 @@ class prefix_index {
   // Blocks only the cache holds (evictable now).
   int32_t evictable() const;
   int32_t size() const { return int32_t(entries_.size()); }
+  // The block cached under k, or -1.
+  block_id block_of(block_key k) const {
+    auto it = entries_.find(k);
+    return it == entries_.end() ? -1 : it->second.block;
+  }
   uint64_t evicted_total() const { return evicted_; }
   void clear();
 
@@ -65,6 +70,35 @@ class prefix_index {
   std::unordered_map<block_key, entry> entries_;
   std::list<block_key> lru_;  // front: most recently used
   uint64_t evicted_ = 0;
+};
+
+// Which request is computing which not-yet-cached blocks. A prompt whose next uncached block
+// another prompt is computing waits for it (it is cached when that one finishes) instead of
+// computing it too: a prefix shared by many requests arriving together is computed once.
+class prefix_claims {
+ public:
+  // The request that is computing keys[first_uncached], if any other than `id`.
+  bool blocked(uint64_t id, std::span<const block_key> keys, int32_t first_uncached) const {
+    if (first_uncached >= int32_t(keys.size())) return false;
+    auto it = owner_.find(keys[size_t(first_uncached)]);
+    return it != owner_.end() && it->second != id;
+  }
+  void claim(uint64_t id, std::span<const block_key> keys) {
+    for (block_key k : keys)
+      if (owner_.emplace(k, id).second) by_request_[id].push_back(k);
+  }
+  // The request finished (or left) its prompt: what it computed is cached or will not be.
+  void release(uint64_t id) {
+    auto it = by_request_.find(id);
+    if (it == by_request_.end()) return;
+    for (block_key k : it->second) owner_.erase(k);
+    by_request_.erase(it);
+  }
+  size_t size() const { return owner_.size(); }
+
+ private:
+  std::unordered_map<block_key, uint64_t> owner_;
+  std::unordered_map<uint64_t, std::vector<block_key>> by_request_;
 };
 
 }  // namespace tandem

@@ -500,3 +500,80 @@ TEST(Pipeline, PoolPastItsRestartIntensityIsDegradedAndRefuses) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "refused at once, not after the stranded delay";
   EXPECT_EQ(p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "decode"}}).value(), 1);
 }
+
+// Prefix reuse through the workers: requests that share a long prefix, sent together, compute
+// it once (the others wait for the blocks it makes, then take them), and every output is what
+// a lone engine gives, with the cache on or off.
+TEST(Pipeline, SharedPrefixIsComputedOnceAndOutputsAreUnchanged) {
+  auto m = tiny();
+  const int V = m->config().n_vocab;
+  const auto shared = prompt_of(160, 99, V);  // 10 full blocks
+  for (auto mode : {serving_mode::disaggregated, serving_mode::colocated})
+    for (bool cache : {true, false}) {
+      SCOPED_TRACE(std::string(to_string(mode)) + (cache ? " with" : " without") + " the prefix cache");
+      pipeline_config cfg;
+      cfg.loaded_model = m;
+      cfg.mode = mode;
+      cfg.prefix_cache = cache;
+      cfg.kv_blocks_per_worker = 256;
+      pipeline p(cfg);
+      std::vector<std::pair<std::vector<token_id>, sampling_params>> reqs;
+      std::vector<request_handle> hs;
+      for (int i = 0; i < 12; ++i) {
+        auto prompt = shared;
+        for (auto t : prompt_of(20, 200 + i, V)) prompt.push_back(t);
+        const auto sp = i % 2 == 0 ? sampling_params{.temperature = 0.0f}
+                                   : sampling_params{.temperature = 0.8f, .top_k = 40, .seed = uint64_t(7 + i)};
+        hs.push_back(p.submit({.prompt_tokens = prompt, .max_tokens = 8, .sampling = sp, .ignore_eos = true}));
+        reqs.emplace_back(std::move(prompt), sp);
+      }
+      for (size_t i = 0; i < hs.size(); ++i) {
+        const auto r = hs[i].wait(60s);
+        ASSERT_EQ(r.error, errc::ok) << r.message;
+        EXPECT_EQ(r.tokens, alone(*m, reqs[i].first, 8, reqs[i].second, true)) << "request " << i;
+      }
+      const double computed = p.metrics().get_counter("tandem_prompt_tokens_computed_total", "").value();
+      if (cache) {
+        // The first computes 180 tokens; each of the other 11 takes the 160 shared ones.
+        EXPECT_EQ(computed, 180 + 11 * 20);
+        EXPECT_EQ(p.metrics().get_counter("tandem_prefix_cache_hit_tokens_total", "").value(), 11 * 160);
+      } else {
+        EXPECT_EQ(computed, 12 * 180);
+      }
+      expect_no_leaks(p);
+    }
+}
+
+// The next turn of a conversation (prompt, answer, new message) reuses the earlier turn's
+// prompt in either mode, and its answer too where it was decoded (colocated).
+TEST(Pipeline, NextTurnReusesTheEarlierTurn) {
+  auto m = tiny();
+  const int V = m->config().n_vocab;
+  for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
+    SCOPED_TRACE(std::string(to_string(mode)));
+    pipeline_config cfg;
+    cfg.loaded_model = m;
+    cfg.mode = mode;
+    pipeline p(cfg);
+    auto turn = prompt_of(100, 5, V);
+    double hits_before = 0;
+    size_t prev_len = 0;
+    for (int k = 0; k < 3; ++k) {
+      const sampling_params greedy{.temperature = 0.0f};
+      const auto r = p.submit({.prompt_tokens = turn, .max_tokens = 20, .sampling = greedy, .ignore_eos = true}).wait(60s);
+      ASSERT_EQ(r.error, errc::ok) << r.message;
+      EXPECT_EQ(r.tokens, alone(*m, turn, 20, greedy, true)) << "turn " << k;
+      const double hits = p.metrics().get_counter("tandem_prefix_cache_hit_tokens_total", "").value();
+      // The earlier turn's KV: its prompt, and in colocated mode the 19 answer tokens decoded
+      // after the first (the last one is never fed back); whole blocks of it.
+      if (k > 0) {
+        EXPECT_EQ(hits - hits_before, double((mode == serving_mode::colocated ? prev_len + 19 : prev_len) / 16 * 16));
+      }
+      hits_before = hits;
+      prev_len = turn.size();
+      turn.insert(turn.end(), r.tokens.begin(), r.tokens.end());
+      for (auto t : prompt_of(10, 50 + k, V)) turn.push_back(t);
+    }
+    expect_no_leaks(p);
+  }
+}

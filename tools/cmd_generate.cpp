@@ -33,7 +33,7 @@ struct generate_opts {
   int32_t kv_blocks = 0;
   int32_t token_budget = 512;
   std::string kv_transport = "local";
-  bool no_stream_kv = false;
+  bool no_stream_kv = false, no_prefix_cache = false;
 };
 
 using clock_type = std::chrono::steady_clock;
@@ -163,6 +163,7 @@ int run_pipeline(const generate_opts& o) {
   cfg.colocated_token_budget = o.token_budget;
   cfg.kv_transport = o.kv_transport;
   cfg.stream_kv = !o.no_stream_kv;
+  cfg.prefix_cache = !o.no_prefix_cache;
   const auto t0 = clock_type::now();
   pipeline p(cfg);
   spdlog::info("{} pipeline: {} workers x {} thread(s); {} requests", o.mode,
@@ -235,6 +236,8 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--kv-blocks", o->kv_blocks, "KV blocks per worker (with --mode; default: 256 MiB worth)")
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--token-budget", o->token_budget, "Tokens per worker step (with --mode)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
+                "Compute every prompt in full (with --mode; default: reuse blocks of prompts that start alike)");
   cmd->add_flag("--no-stream-kv", o->no_stream_kv,
                 "Send each prompt's KV after its prefill instead of layer group by layer group during it");
   cmd->add_option("--kv-transport", o->kv_transport, "KV link path (with --mode disaggregated)")

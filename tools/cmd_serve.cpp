@@ -19,6 +19,7 @@ struct serve_options {
   int32_t max_queue = 256, max_requests_per_connection = 32;
   double ttft_budget_ms = 0, tpot_budget_ms = 0, grace_s = 10;
   size_t max_body = 1 << 20, max_frame = 1 << 20;
+  bool no_prefix_cache = false;
 };
 
 int run_serve(const serve_options& o) {
@@ -30,6 +31,7 @@ int run_serve(const serve_options& o) {
   cfg.colocated_workers = o.colocated_workers;
   cfg.threads_per_worker = o.threads;
   cfg.matmul = parse_matmul_mode(o.matmul);
+  cfg.prefix_cache = !o.no_prefix_cache;
   cfg.kv_blocks_per_worker = o.kv_blocks;
   cfg.chunk_size = o.chunk;
   cfg.prefill_token_budget = o.token_budget;
@@ -81,6 +83,8 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--colocated-workers", o->colocated_workers, "Workers (colocated)")->check(CLI::Range(1, 256));
   cmd->add_option("-t,--threads", o->threads, "Compute threads per worker")->check(CLI::Range(1, 1024));
   add_matmul_option(cmd, o->matmul);
+  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
+                "Compute every prompt in full (default: reuse the KV blocks of prompts that start alike)");
   cmd->add_option("--kv-blocks", o->kv_blocks, "KV blocks per worker (default: 256 MiB worth)")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--token-budget", o->token_budget, "Tokens per worker step")->check(CLI::Range(1, 1 << 20));
