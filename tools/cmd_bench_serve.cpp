@@ -23,13 +23,37 @@ struct serve_bench_opts {
   double rate = 1.0, burstiness = 1.0, slo_ttft_ms = 0, slo_tpot_ms = 0;
   bool json = false, no_progress = false;
   CLI::Option* rate_given = nullptr;  // a file trace is rescaled to --rate only when it is given
+  bench::trace_options shape;         // --prefix-tokens, --prefix-groups, --conversations, --turns
+  CLI::Option *requests_given = nullptr, *prefix_tokens_given = nullptr, *prefix_groups_given = nullptr,
+              *conversations_given = nullptr, *turns_given = nullptr;
 };
 
-// The trace: generated (short, long, mixed) for the server's context, or read from a file.
+bool given(const CLI::Option* opt) { return opt && opt->count() > 0; }
+
+// A flag that shapes one generated trace is an error with any other: it would be ignored.
+void check_trace_flags(const serve_bench_opts& o) {
+  bench::workload w;
+  const bool generated = bench::parse_workload(o.trace, w);
+  const bool prefix = generated && w == bench::workload::shared_prefix, multiturn = generated && w == bench::workload::multiturn;
+  if (!prefix && (given(o.prefix_tokens_given) || given(o.prefix_groups_given)))
+    throw failure(errc::invalid_argument, "--prefix-tokens and --prefix-groups shape --trace system-prompt only");
+  if (!multiturn && (given(o.conversations_given) || given(o.turns_given)))
+    throw failure(errc::invalid_argument, "--conversations and --turns shape --trace multiturn only");
+  if (multiturn && given(o.requests_given))
+    throw failure(errc::invalid_argument, "--trace multiturn sends --conversations x --turns requests; --requests does not apply");
+  // The OpenAI API streams text: the next turn could not resend the exact tokens produced.
+  if (multiturn && o.so.api != "ws")
+    throw failure(errc::invalid_argument,
+                  "multiturn needs --api ws: the OpenAI streaming API returns text, not token ids, and each turn's prompt "
+                  "must carry the exact tokens the previous turn produced");
+}
+
+// The trace: generated (short, long, mixed, system-prompt, multiturn) for the server's context,
+// or read from a file.
 std::vector<bench::trace_entry> build_trace(const serve_bench_opts& o, int32_t context) {
   bench::workload w;
   if (!bench::parse_workload(o.trace, w)) return bench::load_trace(o.trace);
-  bench::trace_options t;
+  bench::trace_options t = o.shape;
   t.kind = w;
   t.requests = o.requests;
   t.rate = o.rate;
@@ -37,20 +61,25 @@ std::vector<bench::trace_entry> build_trace(const serve_bench_opts& o, int32_t c
   t.burstiness = o.burstiness;
   t.seed = o.so.seed;
   t.max_context = o.max_context > 0 ? o.max_context : context;
-  return bench::make_trace(t);
+  try {
+    return bench::make_trace(t);
+  } catch (const std::invalid_argument& e) {  // e.g. a context too small for the turns asked
+    throw failure(errc::invalid_argument, e.what());
+  }
 }
 
 int run(serve_bench_opts o) {
-  bench::parse_url(o.so.url);  // a bad URL fails before anything runs
+  bench::parse_url(o.so.url);  // a bad URL or flag fails before anything runs
+  check_trace_flags(o);
   const auto info = bench::query_server(o.so);
   if (o.so.model.empty()) o.so.model = info.model;
   if (o.slo_ttft_ms > 0) o.so.slos.ttft_s = o.slo_ttft_ms / 1e3;
   if (o.slo_tpot_ms > 0) o.so.slos.tpot_s = o.slo_tpot_ms / 1e3;
   o.so.progress = !o.no_progress && !o.json;
   auto trace = build_trace(o, info.context_length);
-  bench::workload generated;
-  if (!bench::parse_workload(o.trace, generated) && o.rate_given && o.rate_given->count() > 0)
-    trace = bench::at_rate(std::move(trace), o.rate);
+  bench::workload kind;
+  const bool generated = bench::parse_workload(o.trace, kind);
+  if (!generated && given(o.rate_given)) trace = bench::at_rate(std::move(trace), o.rate);
   if (!o.save_trace.empty()) bench::save_trace(trace, o.save_trace);
   if (trace.empty()) throw failure(errc::invalid_argument, "the trace has no request");
   spdlog::info("{} requests ({} trace, {}) against {} ({}, model '{}', context {})", trace.size(), o.trace,
@@ -61,6 +90,13 @@ int run(serve_bench_opts o) {
   j["config"] = {{"url", o.so.url},   {"api", o.so.api},         {"model", o.so.model},   {"trace", o.trace},
                  {"rate", o.rate},    {"arrival", o.arrival},    {"burstiness", o.burstiness},
                  {"seed", o.so.seed}, {"slo_ttft_ms", o.slo_ttft_ms}, {"slo_tpot_ms", o.slo_tpot_ms}};
+  if (generated && kind == bench::workload::shared_prefix) {
+    j["config"]["prefix_tokens"] = o.shape.prefix_tokens;
+    j["config"]["prefix_groups"] = o.shape.prefix_groups;
+  } else if (generated && kind == bench::workload::multiturn) {
+    j["config"]["conversations"] = o.shape.conversations;
+    j["config"]["turns"] = o.shape.turns;
+  }
   if (!o.out.empty()) {
     std::ofstream f(o.out);
     if (!f) throw failure(errc::invalid_argument, "cannot write '" + o.out + "'");
@@ -139,8 +175,29 @@ void add_bench_serve(CLI::App* bench) {
       ->capture_default_str();
   c->add_option("--model", o->so.model, "Model id to ask for (default: the first /v1/models lists)");
   c->add_option("--api-key", o->so.api_key, "Bearer token, if the server wants one");
-  c->add_option("--trace", o->trace, "short, long, mixed (generated), or a JSON Lines trace file")->capture_default_str();
-  c->add_option("--requests", o->requests, "Requests in a generated trace")->check(CLI::Range(1, 1000000))->capture_default_str();
+  c->add_option("--trace", o->trace,
+                "short, long, mixed, system-prompt (a shared prefix), multiturn (conversations resending their history; "
+                "--api ws) (generated), or a JSON Lines trace file")
+      ->capture_default_str();
+  o->requests_given = c->add_option("--requests", o->requests, "Requests in a generated trace")
+                          ->check(CLI::Range(1, 1000000))
+                          ->capture_default_str();
+  o->prefix_tokens_given =
+      c->add_option("--prefix-tokens", o->shape.prefix_tokens,
+                    "system-prompt: shared prefix length in tokens (a prefix cache reuses whole 16-token blocks)")
+          ->check(CLI::Range(1, 1 << 24))
+          ->capture_default_str();
+  o->prefix_groups_given = c->add_option("--prefix-groups", o->shape.prefix_groups,
+                                         "system-prompt: distinct shared prefixes, each request picks one")
+                               ->check(CLI::Range(1, 1 << 20))
+                               ->capture_default_str();
+  o->conversations_given =
+      c->add_option("--conversations", o->shape.conversations, "multiturn: conversations (first turns arrive at --rate)")
+          ->check(CLI::Range(1, 100000))
+          ->capture_default_str();
+  o->turns_given = c->add_option("--turns", o->shape.turns, "multiturn: turns per conversation")
+                       ->check(CLI::Range(1, 1000))
+                       ->capture_default_str();
   o->rate_given = c->add_option("--rate", o->rate, "Mean arrival rate, requests per second (a trace file: rescaled to it)")
                       ->check(CLI::PositiveNumber)
                       ->capture_default_str();

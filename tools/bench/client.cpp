@@ -160,6 +160,11 @@ struct ws_client::impl {
   };
   std::map<std::string, pending> inflight;
   uint64_t next_id = 0;
+  // Keeps the I/O thread running after the connection failed, so that a later submit (a
+  // conversation's next turn, sent when the one before ends) is answered with `broken`
+  // rather than never run.
+  asio::executor_work_guard<asio::io_context::executor_type> keep{ioc.get_executor()};
+  std::string broken;  // why the connection is unusable; empty while it works
   std::thread io;
 
   void write_next() {
@@ -173,6 +178,7 @@ struct ws_client::impl {
     });
   }
   void fail_all(const std::string& why) {
+    if (broken.empty()) broken = why;
     auto all = std::move(inflight);
     inflight.clear();
     for (auto& [id, p] : all) {
@@ -198,7 +204,12 @@ struct ws_client::impl {
     const std::string type = f.value("type", "");
     if (type == "token") {
       p.r.token_times_s.push_back(since(p.sent));
-      if (f.value("token", -1) >= 0) ++p.r.output_tokens;
+      // -1: text held back for a stop string, carried by a frame of its own, no new token.
+      const int64_t id = f.contains("token") && f["token"].is_number_integer() ? f["token"].get<int64_t>() : -1;
+      if (id >= 0) {
+        ++p.r.output_tokens;
+        p.r.output_token_ids.push_back(int32_t(id));
+      }
       return;
     }
     if (type != "done" && type != "error") return;
@@ -240,6 +251,7 @@ ws_client::~ws_client() {
     beast::get_lowest_layer(i.ws).socket().shutdown(tcp::socket::shutdown_both, ec);
     beast::get_lowest_layer(i.ws).close();
   });
+  i.keep.reset();  // run() returns once the close's handlers are done
   if (i.io.joinable()) i.io.join();
 }
 
@@ -248,6 +260,11 @@ void ws_client::submit(const stream_request& r, std::function<void(stream_result
             {"temperature", 0},   {"ignore_eos", true}};
   asio::post(impl_->ioc, [this, f = std::move(f), done = std::move(done)]() mutable {
     auto& i = *impl_;
+    if (!i.broken.empty()) {
+      stream_result r;
+      r.error = i.broken;
+      return done(std::move(r));
+    }
     const std::string id = "b" + std::to_string(i.next_id++);
     f["id"] = id;
     i.inflight[id] = {clock_type::now(), {}, std::move(done)};

@@ -41,6 +41,9 @@ struct stream_result {
   double ttft_s = 0, e2e_s = 0;       // from the send
   std::vector<double> token_times_s;  // each streamed token's arrival, from the send
   int32_t prompt_tokens = 0, output_tokens = 0;  // as the server counted them
+  // Each generated token's id, in order: only tandem's WebSocket sends them (OpenAI's SSE
+  // streams text), and a multi-turn conversation resends them in the next turn's prompt.
+  std::vector<int32_t> output_token_ids;
 };
 
 // POST /v1/completions with stream and usage, ignore_eos and temperature 0 (the output length

@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -110,16 +111,54 @@ std::optional<double> read_nvml_mj() {
   return total;
 }
 
-std::vector<int32_t> synthetic_prompt(const trace_entry& e, size_t index, const serve_options& o) {
-  std::vector<int32_t> p(size_t(e.prompt_tokens));
-  uint64_t x = o.seed * 0x9E3779B97F4A7C15ull + index;
-  for (auto& t : p) {
+// Token ids from a stream that `x` starts; each id is a step of a 64-bit mixer. Appends n.
+void append_tokens(std::vector<int32_t>& to, size_t n, uint64_t x, int32_t vocab) {
+  for (size_t k = 0; k < n; ++k) {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
     x ^= x >> 29;
-    t = 3 + int32_t(x % uint64_t(std::max(1, o.vocab)));
+    to.push_back(3 + int32_t(x % uint64_t(std::max(1, vocab))));
   }
-  return p;
+}
+
+// A request's own stream: unchanged from before shared prefixes, so the older traces still
+// send the same prompts.
+uint64_t request_stream(uint64_t seed, size_t index) { return seed * 0x9E3779B97F4A7C15ull + index; }
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// A prefix group's stream: from (seed, group) only, and hashed so that it does not start where
+// a request's stream (seed * golden + index) does.
+uint64_t group_stream(uint64_t seed, int32_t group) {
+  return splitmix64(splitmix64(seed) ^ (0x7072656669780000ull + uint64_t(uint32_t(group))));
+}
+
+constexpr size_t no_turn = size_t(-1);
+
+// For each entry, the entry of its conversation's previous turn (no_turn for none), checking
+// that every turn k > 0 comes after turn k-1 in the (arrival-ordered) trace.
+std::vector<size_t> previous_turns(const std::vector<trace_entry>& trace) {
+  std::vector<size_t> prev(trace.size(), no_turn);
+  std::map<int32_t, size_t> last;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const auto& e = trace[i];
+    if (e.conversation < 0) continue;
+    const auto it = last.find(e.conversation);
+    if (e.turn > 0) {
+      if (it == last.end() || trace[it->second].turn != e.turn - 1)
+        throw std::invalid_argument("conversation " + std::to_string(e.conversation) + ": turn " + std::to_string(e.turn) +
+                                    " does not follow turn " + std::to_string(e.turn - 1) + " in the trace");
+      if (!e.prompt_text.empty()) throw std::invalid_argument("a conversation's turns need token-id prompts, not text");
+      prev[i] = it->second;
+    }
+    last[e.conversation] = i;
+  }
+  return prev;
 }
 
 class progress_bar {
@@ -144,6 +183,26 @@ class progress_bar {
 
 }  // namespace
 
+std::vector<int32_t> synthetic_prompt(const trace_entry& e, size_t index, const serve_options& o) {
+  const size_t total = size_t(std::max(0, e.prompt_tokens));
+  const size_t shared = e.prefix_group >= 0 ? std::min(total, size_t(std::max(0, e.prefix_tokens))) : 0;
+  std::vector<int32_t> p;
+  p.reserve(total);
+  if (shared > 0) append_tokens(p, shared, group_stream(o.seed, e.prefix_group), o.vocab);
+  append_tokens(p, total - shared, request_stream(o.seed, index), o.vocab);
+  return p;
+}
+
+std::vector<int32_t> next_turn_prompt(const std::vector<int32_t>& previous_prompt, const std::vector<int32_t>& previous_output,
+                                      const trace_entry& e, size_t index, const serve_options& o) {
+  std::vector<int32_t> p;
+  p.reserve(previous_prompt.size() + previous_output.size() + size_t(std::max(0, e.new_tokens)));
+  p.insert(p.end(), previous_prompt.begin(), previous_prompt.end());
+  p.insert(p.end(), previous_output.begin(), previous_output.end());
+  append_tokens(p, size_t(std::max(0, e.new_tokens)), request_stream(o.seed, index), o.vocab);
+  return p;
+}
+
 served_info query_server(const serve_options& o) {
   served_info s;
   const endpoint ep = parse_url(o.url);
@@ -163,12 +222,22 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
   serve_report rep;
   const size_t n = trace.size();
   rep.outcomes.resize(n);
+  rep.trace_shared_share = shared_prefix_share(trace);
+  const std::vector<size_t> prev = previous_turns(trace);
+  std::vector<char> needed(n, 0);  // a later turn resends this entry's output
+  for (size_t p : prev)
+    if (p != no_turn) needed[p] = 1;
+  if (o.api != "ws" && std::find(needed.begin(), needed.end(), 1) != needed.end())
+    throw std::invalid_argument(
+        "multiturn needs --api ws: the OpenAI streaming API returns text, not token ids, and a turn's prompt must carry "
+        "the exact tokens the previous turn produced");
   std::vector<stream_request> reqs(n);
   for (size_t i = 0; i < n; ++i) {
     reqs[i].model = o.model;
     reqs[i].max_tokens = trace[i].output_tokens;
     reqs[i].prompt_text = trace[i].prompt_text;
-    if (reqs[i].prompt_text.empty()) reqs[i].prompt_tokens = synthetic_prompt(trace[i], i, o);
+    // A later turn's prompt is built when the turn before it finishes.
+    if (reqs[i].prompt_text.empty() && prev[i] == no_turn) reqs[i].prompt_tokens = synthetic_prompt(trace[i], i, o);
   }
   const auto before = scrape(ep);
   const auto rapl0 = read_rapl();
@@ -177,7 +246,20 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
   std::mutex mu;
   std::condition_variable cv;
   size_t finished = 0, failed = 0, inflight = 0;
-  auto record = [&](size_t i, double send_s, const stream_result& r) {
+  enum : char { pending, succeeded, unsuccessful };
+  std::vector<char> state(n, pending);
+  std::vector<std::vector<int32_t>> outputs(n);  // token ids, kept while a later turn needs them
+  auto finish_locked = [&](size_t i, request_outcome out, const std::string& error) {
+    rep.outcomes[i] = std::move(out);
+    state[i] = rep.outcomes[i].ok ? succeeded : unsuccessful;
+    if (!rep.outcomes[i].ok) {
+      ++failed;
+      ++rep.errors[error.substr(0, std::min<size_t>(80, error.find('\n')))];
+    }
+    ++finished;
+    cv.notify_all();
+  };
+  auto record = [&](size_t i, double send_s, stream_result r) {
     request_outcome out;
     out.ok = r.ok;
     out.send_s = send_s;
@@ -187,14 +269,9 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
     out.output_tokens = r.output_tokens;
     for (size_t k = 1; k < r.token_times_s.size(); ++k) out.itl_s.push_back(r.token_times_s[k] - r.token_times_s[k - 1]);
     std::lock_guard<std::mutex> lk(mu);
-    rep.outcomes[i] = std::move(out);
-    if (!r.ok) {
-      ++failed;
-      ++rep.errors[r.error.substr(0, std::min<size_t>(80, r.error.find('\n')))];
-    }
-    ++finished;
+    if (needed[i]) outputs[i] = std::move(r.output_token_ids);
     --inflight;
-    cv.notify_all();
+    finish_locked(i, std::move(out), r.error);
   };
 
   progress_bar bar(o.progress, n);
@@ -228,27 +305,54 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
         }
       });
   }
-  for (size_t i = 0; i < n; ++i) {
-    const auto at = t0 + std::chrono::duration_cast<clock_type::duration>(
-                             std::chrono::duration<double>(trace[i].arrival_s - trace.front().arrival_s));
-    for (;;) {  // sleep until the arrival, showing progress meanwhile
-      std::unique_lock<std::mutex> lk(mu);
-      bar.show(finished, failed, inflight, seconds_since(t0));
-      if (clock_type::now() >= at) break;
-      cv.wait_until(lk, std::min(at, clock_type::now() + std::chrono::milliseconds(250)));
-    }
-    std::lock_guard<std::mutex> lk(mu);
-    ++inflight;
-    if (ws) {
-      const double send_s = seconds_since(t0);
-      ws->submit(reqs[i], [&record, i, send_s](stream_result r) { record(i, send_s, r); });
-    } else {
-      ready.push_back(i);
-      cv.notify_all();
-    }
-  }
+  auto arrival = [&](size_t i) {
+    return t0 + std::chrono::duration_cast<clock_type::duration>(
+                    std::chrono::duration<double>(trace[i].arrival_s - trace.front().arrival_s));
+  };
+  // Entries go out at their arrival; a later turn of a conversation at max(its arrival, the
+  // end of the turn before), which makes a conversation a closed loop.
+  size_t next = 0;              // the next entry to arrive
+  std::vector<size_t> waiting;  // arrived, waiting for the previous turn, in arrival order
   {
     std::unique_lock<std::mutex> lk(mu);
+    for (;;) {
+      bar.show(finished, failed, inflight, seconds_since(t0));
+      const auto now = clock_type::now();
+      while (next < n && arrival(next) <= now) waiting.push_back(next++);
+      for (size_t w = 0; w < waiting.size();) {
+        const size_t i = waiting[w], p = prev[i];
+        if (p != no_turn && state[p] == pending) {
+          ++w;
+          continue;
+        }
+        waiting.erase(waiting.begin() + std::ptrdiff_t(w));
+        if (p != no_turn) {
+          if (state[p] == unsuccessful) {  // its history is incomplete: counted as failed, not sent
+            request_outcome out;
+            out.send_s = seconds_since(t0);
+            finish_locked(i, std::move(out),
+                          "not sent: turn " + std::to_string(trace[p].turn) + " of its conversation failed");
+            continue;
+          }
+          reqs[i].prompt_tokens = next_turn_prompt(reqs[p].prompt_tokens, outputs[p], trace[i], i, o);
+          std::vector<int32_t>().swap(outputs[p]);
+        }
+        ++inflight;
+        if (ws) {
+          const double send_s = seconds_since(t0);
+          ws->submit(reqs[i], [&record, i, send_s](stream_result r) { record(i, send_s, std::move(r)); });
+        } else {
+          ready.push_back(i);
+          cv.notify_all();
+        }
+      }
+      if (next >= n && waiting.empty()) break;
+      // Until the next arrival, a finished request (which may release a turn), or 250 ms for
+      // the progress bar.
+      auto until = now + std::chrono::milliseconds(250);
+      if (next < n) until = std::min(until, arrival(next));
+      cv.wait_until(lk, until);
+    }
     while (finished < n) {
       bar.show(finished, failed, inflight, seconds_since(t0));
       cv.wait_for(lk, std::chrono::milliseconds(250));
@@ -277,6 +381,12 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
     };
     auto value = [&](const std::string& k) { auto a = after.find(k); return a != after.end() ? a->second : 0.0; };
     const double one_copy = value("tandem_model_weight_bytes");
+    // The prefix cache's counters, null where the server does not export them (another server,
+    // or a tandem without the cache): "not reported", never a made-up 0.
+    auto reported = [&](const std::string& k) { return after.count(k) ? json(diff(k)) : json(nullptr); };
+    const json hit = reported("tandem_prefix_cache_hit_tokens_total");
+    const double prompt = diff("tandem_prompt_tokens_total");
+    const json hit_ratio = hit.is_number() && prompt > 0 ? json(hit.get<double>() / prompt) : json(nullptr);
     rep.server = {
         {"kv_bytes_moved", diff("tandem_kv_link_bytes_total")},
         {"kv_transfers", diff("tandem_kv_link_transfers_total")},
@@ -284,7 +394,10 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
         {"handoff_ms_mean", mean_ms("tandem_request_handoff_seconds")},
         {"queue_wait_ms_mean", mean_ms("tandem_request_queue_prefill_seconds") + mean_ms("tandem_request_queue_decode_seconds")},
         {"output_tokens", diff("tandem_output_tokens_total")},
-        {"prompt_tokens", diff("tandem_prompt_tokens_total")},
+        {"prompt_tokens", prompt},
+        {"prefix_cache_hit_tokens", hit},
+        {"prefix_cache_hit_ratio", hit_ratio},
+        {"prompt_tokens_computed", reported("tandem_prompt_tokens_computed_total")},
         {"weight_bytes_per_worker", one_copy},
         {"weight_duplication_factor", one_copy > 0 ? value("tandem_weight_resident_bytes") / one_copy : 0.0},
         {"migrations", diff("tandem_migrations_total")},
@@ -337,6 +450,7 @@ json serve_report::to_json() const {
           {"itl_s", sum(f.itl_s)},
           {"e2e_s", sum(f.e2e_s)},
           {"slo_attainment", f.slo_attainment},
+          {"trace_shared_prefix_share", trace_shared_share},
           {"goodput", f.goodput},
           {"server", server},
           {"energy", energy}};
@@ -354,6 +468,8 @@ void print_report(const serve_report& r, const serve_options& o) {
   std::printf("%-28s %12.3f req/s\n", "request throughput", f.request_throughput);
   std::printf("%-28s %12.1f tok/s (%lld tokens)\n", "prompt throughput", f.prompt_tokens_per_s, (long long)f.prompt_tokens);
   std::printf("%-28s %12.1f tok/s (%lld tokens)\n", "output throughput", f.output_tokens_per_s, (long long)f.output_tokens);
+  if (r.trace_shared_share > 0)  // what the trace offers a prefix cache: the hit ratio's ceiling
+    std::printf("%-28s %11.1f%% of prompt tokens (trace)\n", "shared prefix", 100.0 * r.trace_shared_share);
   std::printf("\n%-10s %10s %10s %10s %10s %10s   (ms)\n", "", "mean", "p50", "p90", "p99", "max");
   auto row = [](const char* name, const summary& s) {
     std::printf("%-10s %10.1f %10.1f %10.1f %10.1f %10.1f\n", name, s.mean * 1e3, s.p50 * 1e3, s.p90 * 1e3, s.p99 * 1e3,
@@ -376,6 +492,16 @@ void print_report(const serve_report& r, const serve_options& o) {
     std::printf("%-28s %12.2f ms mean (prefill + decode queues)\n", "queue wait", double(s["queue_wait_ms_mean"]));
     std::printf("%-28s %12.1f MB per worker, duplication factor %.2f\n", "weights", double(s["weight_bytes_per_worker"]) / 1e6,
                 double(s["weight_duplication_factor"]));
+    auto count_or_not = [&](const char* label, const json& v) {
+      if (v.is_number()) std::printf("%-28s %12.0f tokens\n", label, double(v));
+      else std::printf("%-28s %12s\n", label, "not reported");
+    };
+    count_or_not("prefix-cache hit tokens", s["prefix_cache_hit_tokens"]);
+    if (s["prefix_cache_hit_ratio"].is_number())
+      std::printf("%-28s %11.1f%% of prompt tokens\n", "hit ratio", 100.0 * double(s["prefix_cache_hit_ratio"]));
+    else
+      std::printf("%-28s %12s\n", "hit ratio", "not reported");
+    count_or_not("prompt tokens computed", s["prompt_tokens_computed"]);
   } else {
     std::printf("%-28s %s\n", "server metrics", std::string(r.server).c_str());
   }

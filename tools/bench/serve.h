@@ -5,7 +5,9 @@
 // prints it; `tandem bench compare` runs it per mode and rate.
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +37,7 @@ struct serve_report {
   nlohmann::json server;                  // from /metrics: KV moved, transfer, queue, weights
   nlohmann::json energy;                  // RAPL joules and watts, or "not available"
   int64_t arrivals_late = 0;              // sends delayed past their arrival by the concurrency cap
+  double trace_shared_share = 0;          // shared_prefix_share of the trace run: the cache's best case
   nlohmann::json to_json() const;
 };
 
@@ -45,6 +48,19 @@ struct served_info {
 };
 served_info query_server(const serve_options& o);
 
+// A synthetic prompt's token ids for trace entry `index` (exactly e.prompt_tokens of them, from
+// [3, 3 + vocab)): with a prefix group, the first e.prefix_tokens come from (seed, group) and so
+// are the same in every request of the group; the rest come from (seed, index), the request's own.
+std::vector<int32_t> synthetic_prompt(const trace_entry& e, size_t index, const serve_options& o);
+// Turn k > 0 of a conversation (entry `index`): turn k-1's prompt, the token ids it produced,
+// then e.new_tokens ids of its own from (seed, index).
+std::vector<int32_t> next_turn_prompt(const std::vector<int32_t>& previous_prompt, const std::vector<int32_t>& previous_output,
+                                      const trace_entry& e, size_t index, const serve_options& o);
+
+// Runs the trace: each entry sent at its arrival, a conversation's turn k not before turn k-1
+// has finished (its prompt is built then; a failed turn fails the rest of its conversation
+// unsent). Throws std::invalid_argument for a trace the chosen API cannot run (turns after a
+// first need --api ws, the one that returns token ids) or whose turns are out of order.
 serve_report run_serve_bench(const serve_options& o, const std::vector<trace_entry>& trace);
 void print_report(const serve_report& r, const serve_options& o);
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <random>
 #include <stdexcept>
 
@@ -48,21 +50,143 @@ bool parse_workload(const std::string& s, workload& out) {
   if (s == "short") out = workload::short_prompts;
   else if (s == "long") out = workload::long_prompts;
   else if (s == "mixed") out = workload::mixed;
+  else if (s == "system-prompt") out = workload::shared_prefix;
+  else if (s == "multiturn") out = workload::multiturn;
   else return false;
   return true;
 }
+
+namespace {
+
+// By arrival; ties by turn, so that a conversation's turns arriving together stay in turn order
+// (the runner sends turn k only after turn k-1). Stable: other ties keep the file's order.
+void sort_by_arrival(std::vector<trace_entry>& t, std::vector<int>* lines = nullptr) {
+  std::vector<size_t> order(t.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return t[a].arrival_s < t[b].arrival_s || (t[a].arrival_s == t[b].arrival_s && t[a].turn < t[b].turn);
+  });
+  std::vector<trace_entry> sorted;
+  sorted.reserve(t.size());
+  std::vector<int> sorted_lines;
+  for (size_t i : order) {
+    sorted.push_back(std::move(t[i]));
+    if (lines) sorted_lines.push_back((*lines)[i]);
+  }
+  t = std::move(sorted);
+  if (lines) *lines = std::move(sorted_lines);
+}
+
+// Shrinks `parts` (each >= 1) until their sum is at most `budget` (>= parts.size()): scaled
+// together, so that the trace keeps its proportions, then the largest trimmed by the rounding.
+void fit_within(std::vector<int32_t>& parts, int64_t budget) {
+  int64_t sum = 0;
+  for (int32_t p : parts) sum += p;
+  if (sum <= budget) return;
+  const double k = double(budget) / double(sum);
+  sum = 0;
+  for (auto& p : parts) {
+    p = std::max(1, int32_t(double(p) * k));
+    sum += p;
+  }
+  while (sum > budget) {  // at most parts.size() rounds: only the max(1, ...) can overshoot
+    --*std::max_element(parts.begin(), parts.end());
+    --sum;
+  }
+}
+
+std::vector<trace_entry> make_shared_prefix(const trace_options& o, rng& r, const std::function<double()>& gap) {
+  if (o.prefix_tokens < 1) throw std::invalid_argument("a system-prompt trace needs prefix_tokens >= 1");
+  if (o.prefix_groups < 1) throw std::invalid_argument("a system-prompt trace needs prefix_groups >= 1");
+  int32_t prefix = o.prefix_tokens, suffix_lo = 64, suffix_hi = 192, out_lo = 16, out_hi = 48;
+  if (o.max_context > 0) {
+    // The output gives way first, as in the other traces; then prefix and question shrink
+    // together, the same for every request (a group keeps one prefix) and keeping the share.
+    out_hi = std::min(out_hi, std::max(1, o.max_context / 4));
+    out_lo = std::min(out_lo, out_hi);
+    const int64_t budget = int64_t(o.max_context) - out_hi - 1;  // prompt tokens that always fit
+    if (budget < 2)
+      throw std::invalid_argument("a context of " + std::to_string(o.max_context) + " tokens is too small for a system-prompt trace");
+    std::vector<int32_t> parts = {prefix, suffix_hi};
+    fit_within(parts, budget);
+    if (parts[1] < suffix_hi) suffix_lo = std::max(1, int32_t(int64_t(suffix_lo) * parts[1] / suffix_hi));
+    prefix = parts[0];
+    suffix_hi = parts[1];
+  }
+  std::vector<trace_entry> t;
+  double at = 0;
+  for (int32_t i = 0; i < o.requests; ++i) {
+    trace_entry e;
+    if (i > 0) at += gap();
+    e.arrival_s = at;
+    e.prefix_group = r.between(0, o.prefix_groups - 1);  // drawn even for one group: same stream
+    e.prefix_tokens = prefix;
+    e.prompt_tokens = prefix + r.between(suffix_lo, suffix_hi);
+    e.output_tokens = r.between(out_lo, out_hi);
+    t.push_back(std::move(e));
+  }
+  return t;
+}
+
+std::vector<trace_entry> make_multiturn(const trace_options& o, rng& r, const std::function<double()>& gap) {
+  if (o.conversations < 1 || o.turns < 1)
+    throw std::invalid_argument("a multiturn trace needs conversations >= 1 and turns >= 1");
+  if (int64_t(o.conversations) * o.turns > 10'000'000)
+    throw std::invalid_argument("a multiturn trace of more than 10 million turns");
+  // The last turn holds the whole conversation: opening, every output and every new message.
+  // The smallest one (a token each) must fit, prompt + output below the context as elsewhere.
+  if (o.max_context > 0 && int64_t(o.max_context) - 1 < 2 * int64_t(o.turns))
+    throw std::invalid_argument("a context of " + std::to_string(o.max_context) + " tokens cannot hold " +
+                                std::to_string(o.turns) + " turns (a conversation's last turn carries all of them)");
+  std::vector<trace_entry> t;
+  t.reserve(size_t(o.conversations) * size_t(o.turns));
+  double start = 0;
+  for (int32_t c = 0; c < o.conversations; ++c) {
+    if (c > 0) start += gap();  // first turns follow the arrival process
+    // parts: opening, then each turn's output, then each later turn's new message.
+    std::vector<int32_t> parts;
+    parts.push_back(r.between(256, 512));
+    for (int32_t k = 0; k < o.turns; ++k) parts.push_back(r.between(16, 48));
+    for (int32_t k = 1; k < o.turns; ++k) parts.push_back(r.between(32, 96));
+    // Assuming each turn produced at most its output_tokens, the last turn then fits.
+    if (o.max_context > 0) fit_within(parts, int64_t(o.max_context) - 1);
+    double at = start;
+    int32_t prompt = 0, prev_out = 0;
+    for (int32_t k = 0; k < o.turns; ++k) {
+      trace_entry e;
+      if (k > 0) at += gap();  // think time, drawn like the gaps: mean 1/rate
+      e.arrival_s = at;
+      e.conversation = c;
+      e.turn = k;
+      e.new_tokens = k == 0 ? parts[0] : parts[size_t(o.turns + k)];
+      prompt += prev_out + e.new_tokens;
+      e.prompt_tokens = prompt;
+      e.output_tokens = prev_out = parts[size_t(1 + k)];
+      t.push_back(std::move(e));
+    }
+  }
+  sort_by_arrival(t);
+  return t;
+}
+
+}  // namespace
 
 std::vector<trace_entry> make_trace(const trace_options& o) {
   if (o.requests < 0 || !(o.rate > 0) || !(o.burstiness > 0))
     throw std::invalid_argument("a trace needs requests >= 0, rate > 0 and burstiness > 0");
   rng r(o.seed);
+  // A gap between arrivals with mean 1/rate.
+  const std::function<double()> gap = [&] {
+    return o.arrival == arrival_kind::poisson ? r.exponential(o.rate) : r.gamma(o.burstiness) / (o.rate * o.burstiness);
+  };
+  if (o.kind == workload::shared_prefix) return make_shared_prefix(o, r, gap);
+  if (o.kind == workload::multiturn) return make_multiturn(o, r, gap);
   std::vector<trace_entry> t;
   double at = 0;
   for (int32_t i = 0; i < o.requests; ++i) {
     trace_entry e;
-    // The first request arrives at 0; each gap has mean 1/rate.
-    if (i > 0)
-      at += o.arrival == arrival_kind::poisson ? r.exponential(o.rate) : r.gamma(o.burstiness) / (o.rate * o.burstiness);
+    // The first request arrives at 0.
+    if (i > 0) at += gap();
     e.arrival_s = at;
     const bool long_one = o.kind == workload::long_prompts || (o.kind == workload::mixed && r.uniform() < 0.25);
     if (long_one) {
@@ -85,10 +209,13 @@ std::vector<trace_entry> load_trace(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read trace file '" + path + "'");
   std::vector<trace_entry> t;
+  std::vector<int> lines;  // each entry's line, for the checks across entries below
   std::string line;
+  constexpr int64_t too_big = int64_t(1) << 24;
+  auto where_at = [&](int n, const std::string& what) { return path + ":" + std::to_string(n) + ": " + what; };
   for (int n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto where = [&](const std::string& what) { return path + ":" + std::to_string(n) + ": " + what; };
+    auto where = [&](const std::string& what) { return where_at(n, what); };
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw std::runtime_error(where("not a JSON object"));
     trace_entry e;
@@ -98,18 +225,68 @@ std::vector<trace_entry> load_trace(const std::string& path) {
     if (j.contains("prompt") && j["prompt"].is_string() && !j["prompt"].get<std::string>().empty()) {
       e.prompt_text = j["prompt"].get<std::string>();
     } else if (j.contains("prompt_tokens") && j["prompt_tokens"].is_number_integer() && j["prompt_tokens"].get<int64_t>() > 0 &&
-               j["prompt_tokens"].get<int64_t>() < (int64_t(1) << 24)) {
+               j["prompt_tokens"].get<int64_t>() < too_big) {
       e.prompt_tokens = int32_t(j["prompt_tokens"].get<int64_t>());
     } else {
       throw std::runtime_error(where("'prompt' (text) or 'prompt_tokens' (a positive integer) is required"));
     }
     if (!j.contains("output_tokens") || !j["output_tokens"].is_number_integer() || j["output_tokens"].get<int64_t>() < 1 ||
-        j["output_tokens"].get<int64_t>() >= (int64_t(1) << 24))
+        j["output_tokens"].get<int64_t>() >= too_big)
       throw std::runtime_error(where("'output_tokens' (a positive integer) is required"));
     e.output_tokens = int32_t(j["output_tokens"].get<int64_t>());
+    // The optional prefix-cache keys: absent (or null) keeps the default. Shared prefixes and
+    // conversation histories are built from token ids, so they need prompt_tokens.
+    if (!e.prompt_text.empty())
+      for (const char* key : {"prefix_group", "prefix_tokens", "conversation", "turn", "new_tokens"})
+        if (j.contains(key) && !j[key].is_null())
+          throw std::runtime_error(where("'" + std::string(key) + "' needs 'prompt_tokens', not 'prompt' text (shared prefixes and conversations are token ids)"));
+    auto optional_int = [&](const char* key, int64_t lo, int64_t hi, int32_t& to) {
+      if (!j.contains(key) || j[key].is_null()) return false;
+      const auto& v = j[key];
+      if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+        throw std::runtime_error(where("'" + std::string(key) + "' must be an integer in " + std::to_string(lo) + ".." +
+                                       std::to_string(hi)));
+      to = int32_t(v.get<int64_t>());
+      return true;
+    };
+    const bool group = optional_int("prefix_group", 0, too_big, e.prefix_group);
+    const bool prefix = optional_int("prefix_tokens", 1, std::max(1, e.prompt_tokens), e.prefix_tokens);
+    const bool conversation = optional_int("conversation", 0, too_big, e.conversation);
+    const bool turn = optional_int("turn", 0, too_big, e.turn);
+    const bool fresh = optional_int("new_tokens", 1, std::max(1, e.prompt_tokens), e.new_tokens);
+    if (group != prefix) throw std::runtime_error(where("'prefix_group' and 'prefix_tokens' go together"));
+    if ((turn || fresh) && !conversation) throw std::runtime_error(where("'turn' and 'new_tokens' need 'conversation'"));
+    if (conversation) {
+      if (e.turn == 0 && fresh && e.new_tokens != e.prompt_tokens)
+        throw std::runtime_error(where("turn 0's 'new_tokens' must equal 'prompt_tokens' (its whole prompt is new)"));
+      if (e.turn == 0) e.new_tokens = e.prompt_tokens;
+      if (e.turn > 0 && !fresh) throw std::runtime_error(where("a turn after the first needs 'new_tokens'"));
+      if (e.turn > 0 && group) throw std::runtime_error(where("'prefix_group' belongs on turn 0 (later turns start with its prompt)"));
+    }
     t.push_back(std::move(e));
+    lines.push_back(n);
   }
-  std::stable_sort(t.begin(), t.end(), [](const auto& a, const auto& b) { return a.arrival_s < b.arrival_s; });
+  sort_by_arrival(t, &lines);
+  // Each conversation's turns in order, each one's prompt its predecessor's history plus its
+  // new tokens: the runner builds it so, and the context bound was checked on these lengths.
+  std::map<int32_t, size_t> last;  // conversation -> its latest turn's entry
+  for (size_t i = 0; i < t.size(); ++i) {
+    const auto& e = t[i];
+    if (e.conversation < 0) continue;
+    const auto it = last.find(e.conversation);
+    const int32_t expected = it == last.end() ? 0 : t[it->second].turn + 1;
+    if (e.turn != expected)
+      throw std::runtime_error(where_at(lines[i], "conversation " + std::to_string(e.conversation) + ": turn " + std::to_string(e.turn) +
+                                                      " where turn " + std::to_string(expected) +
+                                                      " comes next by arrival (each turn follows the one before)"));
+    if (e.turn > 0) {
+      const auto& p = t[it->second];
+      if (int64_t(p.prompt_tokens) + p.output_tokens + e.new_tokens != e.prompt_tokens)
+        throw std::runtime_error(where_at(lines[i], "'prompt_tokens' must be turn " + std::to_string(p.turn) + "'s prompt_tokens + output_tokens + this turn's new_tokens (" +
+                                                        std::to_string(int64_t(p.prompt_tokens) + p.output_tokens + e.new_tokens) + ")"));
+    }
+    last[e.conversation] = i;
+  }
   return t;
 }
 
@@ -120,8 +297,18 @@ void save_trace(const std::vector<trace_entry>& t, const std::string& path) {
     nlohmann::json j = {{"arrival_s", e.arrival_s}, {"output_tokens", e.output_tokens}};
     if (e.prompt_text.empty()) j["prompt_tokens"] = e.prompt_tokens;
     else j["prompt"] = e.prompt_text;
+    if (e.prefix_group >= 0) {
+      j["prefix_group"] = e.prefix_group;
+      j["prefix_tokens"] = e.prefix_tokens;
+    }
+    if (e.conversation >= 0) {
+      j["conversation"] = e.conversation;
+      j["turn"] = e.turn;
+      j["new_tokens"] = e.new_tokens;
+    }
     out << j.dump() << "\n";
   }
+  if (!out) throw std::runtime_error("cannot write trace file '" + path + "'");
 }
 
 std::vector<trace_entry> at_rate(std::vector<trace_entry> t, double rate) {
@@ -131,6 +318,17 @@ std::vector<trace_entry> at_rate(std::vector<trace_entry> t, double rate) {
   const double now = double(t.size() - 1) / span, k = now / rate, first = t.front().arrival_s;
   for (auto& e : t) e.arrival_s = (e.arrival_s - first) * k;
   return t;
+}
+
+double shared_prefix_share(const std::vector<trace_entry>& t) {
+  double shared = 0, all = 0;
+  for (const auto& e : t) {
+    if (!e.prompt_text.empty()) continue;  // its token count is the server's to know
+    all += e.prompt_tokens;
+    if (e.conversation >= 0 && e.turn > 0) shared += e.prompt_tokens - e.new_tokens;  // the history
+    else if (e.prefix_group >= 0) shared += e.prefix_tokens;
+  }
+  return all > 0 ? shared / all : 0.0;
 }
 
 }  // namespace tandem::bench
