@@ -1,5 +1,6 @@
 #include "actors/pipeline.h"
 
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -179,6 +180,9 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   if (im.cfg.prefill_workers < 1 || im.cfg.decode_workers < 1 || im.cfg.colocated_workers < 1 ||
       im.cfg.threads_per_worker < 1 || im.cfg.block_size < 1 || im.cfg.max_batch < 1)
     throw failure(errc::invalid_argument, "worker counts, threads, block size and batch size must be positive");
+  if (!(im.cfg.route_overlap_weight >= 0 && im.cfg.route_load_weight >= 0) ||
+      !std::isfinite(im.cfg.route_overlap_weight) || !std::isfinite(im.cfg.route_load_weight))
+    throw failure(errc::invalid_argument, "routing weights must be finite and not negative");
   im.mdl = im.cfg.loaded_model ? im.cfg.loaded_model
                         : model::load(im.cfg.model_path.empty() ? default_model_path() : im.cfg.model_path);
   im.sys_cfg.set("scheduler.max-threads", std::max(1, im.cfg.scheduler_threads));
@@ -202,7 +206,17 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   ro.kv_transport = im.cfg.kv_transport;
   ro.max_migrations = std::max(0, im.cfg.max_migrations);
   ro.admission_policy_impl = im.cfg.admission_policy_impl;
-  ro.prefill_policy = im.cfg.prefill_policy;
+  ro.prefill_policy = im.cfg.prefill_policy
+                          ? im.cfg.prefill_policy
+                          : std::make_shared<prefill_placement>(im.cfg.route_overlap_weight, im.cfg.route_load_weight);
+  if (im.cfg.prefix_cache) {
+    ro.prefix_salt = engine_prefix_salt(*im.mdl, im.cfg.block_size, im.cfg.matmul);
+    const llama_config& mc = im.mdl->config();
+    const int64_t block_bytes = kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, im.cfg.block_size}.bytes_per_block();
+    ro.prefix_capacity_blocks = im.cfg.kv_blocks_per_worker > 0
+                                    ? im.cfg.kv_blocks_per_worker
+                                    : int32_t(std::max<int64_t>(1, im.cfg.kv_memory_bytes_per_worker / block_bytes));
+  }
   ro.decode_policy = im.cfg.decode_policy;
   ro.request_ctx = {im.mdl, im.metrics, im.live, {}, im.routers};
   ro.faults = im.faults;

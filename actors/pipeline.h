@@ -37,6 +37,10 @@ struct pipeline_config {
   // Prefix reuse in prefill and colocated workers: a prompt that starts like an earlier one
   // (whole blocks of it) takes that one's KV blocks instead of computing them again.
   bool prefix_cache = true;
+  // KV-aware prefill placement (runtime/policy.h): a worker's cost is
+  // load_weight * its queued tokens + overlap_weight * the prompt tokens it lacks cached.
+  double route_overlap_weight = 1.0;
+  double route_load_weight = 1.0;
   int32_t kv_blocks_per_worker = 0;         // 0: from kv_memory_bytes_per_worker
   int64_t kv_memory_bytes_per_worker = 256ll << 20;
   int32_t block_size = 16;

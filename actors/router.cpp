@@ -58,13 +58,26 @@ void dispatch_prefill(self_ptr self) {
     const request_id id = st.prefill_queue.front();
     auto& e = st.requests.at(id);
     std::vector<prefill_worker_load> eligible = st.prefill_load;
-    for (size_t i = 0; i < eligible.size(); ++i)
+    // The blocks a worker could reuse: the prompt's full blocks before its last token.
+    std::vector<block_key> keys;
+    if (st.prefixes && !e.spec.prompt.empty())
+      keys = block_keys(st.opts.prefix_salt, std::span(e.spec.prompt).first(e.spec.prompt.size() - 1),
+                        st.opts.block_size);
+    for (size_t i = 0; i < eligible.size(); ++i) {
       if (!st.prefill[i] || eligible[i].queued_tokens >= st.opts.dispatch_tokens) eligible[i].alive = false;
+      if (st.prefixes) eligible[i].cached_tokens = st.prefixes->overlap(int32_t(i), keys) * st.opts.block_size;
+    }
     const int32_t w = st.opts.prefill_policy->choose(eligible, prompt_len(e));
     if (w < 0) break;  // every worker is full: the request waits here, where admission sees it
     st.prefill_queue.pop_front();
     st.prefill_queue_tokens -= prompt_len(e);
-    st.prefill_load[size_t(w)].queued_tokens += prompt_len(e);
+    const int32_t cached = eligible[size_t(w)].cached_tokens;
+    if (st.prefixes) {
+      st.prefixes->record(w, keys);
+      reg(self).get_counter("tandem_router_prefix_routed_tokens_total",
+                            "Prompt tokens sent to a worker believed to have them cached.").inc(cached);
+    }
+    st.prefill_load[size_t(w)].queued_tokens += std::max(1, prompt_len(e) - cached);
     ++st.prefill_load[size_t(w)].queued_requests;
     e.prefill_worker = w;
     e.prefill_gen = st.prefill_gen[size_t(w)];
@@ -437,6 +450,8 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
   self->state.opts = std::move(opts);
   if (!self->state.opts.admission_policy_impl) self->state.opts.admission_policy_impl = std::make_shared<admission_policy>();
   if (!self->state.opts.prefill_policy) self->state.opts.prefill_policy = std::make_shared<prefill_placement>();
+  if (self->state.opts.prefix_salt != 0)
+    self->state.prefixes = std::make_unique<prefix_view>(self->state.opts.prefix_capacity_blocks);
   if (!self->state.opts.decode_policy) self->state.opts.decode_policy = std::make_shared<decode_placement>();
   // Messages a worker sent before dying arrive before its down message (same sender), so what
   // worker_down sees of its requests is final.
@@ -674,6 +689,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         st.prefill_gone = false;
         st.watched[w.address()] = {index, true, ++st.prefill_gen[size_t(index)], 0, steady::now()};
         st.prefill_load[size_t(index)] = {index, true, 0, 0};
+        if (st.prefixes) st.prefixes->forget(index);  // a new worker: an empty cache
         self->monitor(w);
         if (st.opts.mode == serving_mode::disaggregated)
           for (size_t d = 0; d < st.decode.size(); ++d)

@@ -10,6 +10,7 @@
 #include "actors/kv_link.h"
 #include "actors/pipeline.h"
 #include "actors/request.h"
+#include "runtime/prefix_view.h"
 
 namespace tandem {
 
@@ -33,6 +34,10 @@ struct router_options {
   std::shared_ptr<const admission_policy> admission_policy_impl;
   std::shared_ptr<const prefill_placement> prefill_policy;
   std::shared_ptr<const decode_placement> decode_policy;
+  // KV-aware placement: the workers' prefix caches as the router models them (prefix_view).
+  // prefix_salt 0: off (no prefix cache, or not the engines' salt).
+  uint64_t prefix_salt = 0;
+  int32_t prefix_capacity_blocks = 0;  // blocks one worker's cache can hold (its pool)
   request_context request_ctx;
   // The root's count of submits this router has taken (it forwards them again past it if the
   // router dies).
@@ -58,6 +63,7 @@ struct router_state {
   router_options opts;
   std::vector<prefill_worker_actor> prefill;        // prefill or colocated workers
   std::vector<prefill_worker_load> prefill_load;
+  std::unique_ptr<prefix_view> prefixes;            // with opts.prefix_salt
   std::vector<decode_worker_actor> decode;
   std::vector<decode_worker_load> decode_load;
   std::vector<std::vector<kv_link_actor>> links;    // [prefill][decode]

@@ -36,6 +36,12 @@ void grow(std::vector<float>& v, int64_t n) {
 int32_t div_up(int32_t a, int32_t b) { return (a + b - 1) / b; }
 }  // namespace
 
+uint64_t engine_prefix_salt(const model& m, int32_t block_size, kernels::cpu::matmul_mode matmul) {
+  const llama_config& c = m.config();
+  return prefix_salt(m.identity(), kv_layout{c.n_layer, c.n_kv_head, c.head_dim, block_size}, kernels::dtype::f32,
+                     int32_t(matmul));
+}
+
 engine::engine(std::shared_ptr<const model> m, engine_options opts)
     : model_(std::move(m)),
       opts_(opts),
@@ -51,7 +57,7 @@ engine::engine(std::shared_ptr<const model> m, engine_options opts)
                                  .bytes_per_block()))),
       scratch_(std::make_unique<scratch>()) {
   if (opts.block_size <= 0) throw failure(errc::invalid_argument, "KV block size must be positive");
-  salt_ = tandem::prefix_salt(model_->identity(), pool_.layout(), kernels::dtype::f32, int32_t(opts.matmul));
+  salt_ = engine_prefix_salt(*model_, opts.block_size, opts.matmul);
   if (opts.prefix_cache) prefix_ = std::make_unique<prefix_index>(pool_);
   scratch_->kptr.resize(size_t(pool_threads_.size()));
   for (int i = 0; i < pool_threads_.size(); ++i)

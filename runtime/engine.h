@@ -47,6 +47,10 @@ struct prefix_cache_stats {
   int32_t cached_blocks = 0;    // named blocks held now (in use or not)
 };
 
+// The prefix-cache salt of engines of this model with these options: equal salts mean equal
+// block keys name equal bytes (the router computes keys with it too).
+uint64_t engine_prefix_salt(const model& m, int32_t block_size, kernels::cpu::matmul_mode matmul);
+
 struct batch_entry {
   seq_id seq = 0;
   token_id token = 0;

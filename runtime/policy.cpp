@@ -105,16 +105,23 @@ admission_decision admission_policy::decide(const admission_config& config, cons
   return admitted;
 }
 
-int32_t prefill_placement::choose(std::span<const prefill_worker_load> workers, int32_t) const {
+int32_t prefill_placement::choose(std::span<const prefill_worker_load> workers, int32_t prompt_tokens) const {
+  auto cost = [&](const prefill_worker_load& w) {
+    const double uncached = std::max(0, prompt_tokens - std::clamp(w.cached_tokens, 0, std::max(prompt_tokens, 0)));
+    return load_weight_ * double(w.queued_tokens) + overlap_weight_ * uncached;
+  };
   int32_t best = -1;
+  double best_cost = 0;
   for (size_t i = 0; i < workers.size(); ++i) {
     const auto& w = workers[i];
     if (!w.alive) continue;
+    const double c = cost(w);
     // Strict comparisons keep the lowest index on a full tie.
-    if (best < 0 || w.queued_tokens < workers[size_t(best)].queued_tokens ||
-        (w.queued_tokens == workers[size_t(best)].queued_tokens &&
-         w.queued_requests < workers[size_t(best)].queued_requests))
+    if (best < 0 || c < best_cost ||
+        (c == best_cost && w.queued_requests < workers[size_t(best)].queued_requests)) {
       best = int32_t(i);
+      best_cost = c;
+    }
   }
   return best;
 }

@@ -90,6 +90,9 @@ struct prefill_worker_load {
   bool alive = true;
   int64_t queued_tokens = 0;
   int32_t queued_requests = 0;
+  // Filled by the router per request: leading prompt tokens this worker is believed to have
+  // cached (the router's prefix view), so they need not be computed there.
+  int32_t cached_tokens = 0;
 };
 
 struct decode_worker_load {
@@ -103,10 +106,21 @@ struct decode_worker_load {
 
 class prefill_placement {
  public:
+  // KV-aware placement (as Dynamo's KV router): the cost of a worker is
+  //   load_weight * queued_tokens + overlap_weight * (prompt_tokens - cached_tokens),
+  // the prompt tokens it must compute before this request's first token, its queue first.
+  // Both 1: the estimate of time to first token in tokens. A larger overlap_weight follows the
+  // cache harder (fewer recomputed prefixes, more queueing); a larger load_weight spreads load.
+  explicit prefill_placement(double overlap_weight = 1.0, double load_weight = 1.0)
+      : overlap_weight_(overlap_weight), load_weight_(load_weight) {}
   virtual ~prefill_placement() = default;
   // Index into `workers` of the chosen one, or -1 if none is alive.
-  // Default: least queued tokens, ties → fewest queued requests → lowest index.
+  // Default: least cost (above); without cached tokens that is least queued tokens. Ties →
+  // fewest queued requests → lowest index.
   virtual int32_t choose(std::span<const prefill_worker_load> workers, int32_t prompt_tokens) const;
+
+ private:
+  double overlap_weight_, load_weight_;
 };
 
 class decode_placement {

@@ -577,3 +577,44 @@ TEST(Pipeline, NextTurnReusesTheEarlierTurn) {
     expect_no_leaks(p);
   }
 }
+
+// KV-aware routing: with two prefill workers and two prompt families, each family's requests
+// go where its prefix is cached, so each prefix is computed once in all. (The weight 4 makes
+// the cached prefix outweigh any queue these twelve requests can build; at 1, a family
+// member may rightly go to an idle worker rather than queue behind its own family.)
+TEST(Pipeline, RequestsGoWhereTheirPrefixIsCached) {
+  auto m = tiny();
+  const int V = m->config().n_vocab;
+  for (double overlap_weight : {4.0, 0.0}) {
+    SCOPED_TRACE("overlap weight " + std::to_string(overlap_weight));
+    pipeline_config cfg;
+    cfg.loaded_model = m;
+    cfg.prefill_workers = 2;
+    cfg.decode_workers = 1;
+    cfg.route_overlap_weight = overlap_weight;
+    cfg.kv_blocks_per_worker = 256;
+    pipeline p(cfg);
+    std::vector<request_handle> hs;
+    std::vector<std::vector<token_id>> prompts;
+    for (int i = 0; i < 12; ++i) {
+      auto prompt = prompt_of(160, 300 + i % 2, V);  // family i % 2: 10 shared blocks
+      for (auto t : prompt_of(20, 400 + i, V)) prompt.push_back(t);
+      hs.push_back(p.submit({.prompt_tokens = prompt, .max_tokens = 4, .sampling = {.temperature = 0.0f}, .ignore_eos = true}));
+      prompts.push_back(std::move(prompt));
+      std::this_thread::sleep_for(5ms);
+    }
+    for (size_t i = 0; i < hs.size(); ++i) {
+      const auto r = hs[i].wait(60s);
+      ASSERT_EQ(r.error, errc::ok) << r.message;
+      EXPECT_EQ(r.tokens, alone(*m, prompts[i], 4, {.temperature = 0.0f}, true));
+    }
+    const double computed = p.metrics().get_counter("tandem_prompt_tokens_computed_total", "").value();
+    if (overlap_weight > 0) {
+      EXPECT_EQ(computed, 2 * 180 + 10 * 20);  // one full prompt per family, suffixes for the rest
+      EXPECT_EQ(p.metrics().get_counter("tandem_router_prefix_routed_tokens_total", "").value(), 10 * 160);
+    } else {
+      EXPECT_GE(computed, 2 * 180 + 10 * 20);  // load alone: families may land on both workers
+    }
+    expect_no_leaks(p);
+  }
+}

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "runtime/policy.h"
+#include "runtime/prefix_view.h"
 
 using namespace tandem;
 
@@ -545,3 +546,32 @@ TEST(Ewma, ConvergesAndRejectsBadWeights) {
 }
 
 }  // namespace
+
+// KV-aware placement: cached prompt tokens count against a worker's queue.
+TEST(PrefillPlacement, CachedPrefixWeighsAgainstLoad) {
+  // Worker 0 has 1000 of the 1200 prompt tokens cached but 300 queued; worker 1 is idle.
+  const std::vector<prefill_worker_load> w = {{0, true, 300, 2, 1000}, {1, true, 0, 0, 0}};
+  EXPECT_EQ(prefill_placement().choose(w, 1200), 0);           // 300 + 200 < 0 + 1200
+  EXPECT_EQ(prefill_placement(1.0, 5.0).choose(w, 1200), 1);   // 1500 + 200 > 1200: load wins
+  EXPECT_EQ(prefill_placement(0.0, 1.0).choose(w, 1200), 1);   // cache ignored: least queued
+  // Cached tokens past the prompt (a stale view) count as the whole prompt, no more: the
+  // queues decide (50 vs 10), not a negative cost.
+  const std::vector<prefill_worker_load> stale = {{0, true, 50, 0, 5000}, {1, true, 10, 0, 200}};
+  EXPECT_EQ(prefill_placement().choose(stale, 100), 1);
+}
+
+TEST(PrefixView, FollowsWhatWasSentWithinEachWorkersCapacity) {
+  prefix_view v(4);
+  const std::vector<block_key> a = {1, 2, 3}, b = {1, 2, 7, 8};
+  v.record(0, a);
+  EXPECT_EQ(v.overlap(0, a), 3);
+  EXPECT_EQ(v.overlap(0, b), 2);  // leading keys only
+  EXPECT_EQ(v.overlap(1, a), 0);
+  EXPECT_EQ(v.overlap(9, a), 0);  // a worker never seen
+  v.record(0, b);                 // 1 2 7 8 recent, 3 the oldest: out at capacity 4
+  EXPECT_EQ(v.size(0), 4);
+  EXPECT_EQ(v.overlap(0, a), 2);
+  EXPECT_EQ(v.overlap(0, b), 4);
+  v.forget(0);
+  EXPECT_EQ(v.overlap(0, b), 0);
+}

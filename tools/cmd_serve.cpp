@@ -20,6 +20,7 @@ struct serve_options {
   double ttft_budget_ms = 0, tpot_budget_ms = 0, grace_s = 10;
   size_t max_body = 1 << 20, max_frame = 1 << 20;
   bool no_prefix_cache = false;
+  double route_overlap_weight = 1.0, route_load_weight = 1.0;
 };
 
 int run_serve(const serve_options& o) {
@@ -32,6 +33,8 @@ int run_serve(const serve_options& o) {
   cfg.threads_per_worker = o.threads;
   cfg.matmul = parse_matmul_mode(o.matmul);
   cfg.prefix_cache = !o.no_prefix_cache;
+  cfg.route_overlap_weight = o.route_overlap_weight;
+  cfg.route_load_weight = o.route_load_weight;
   cfg.kv_blocks_per_worker = o.kv_blocks;
   cfg.chunk_size = o.chunk;
   cfg.prefill_token_budget = o.token_budget;
@@ -85,6 +88,11 @@ void add_serve(CLI::App& app) {
   add_matmul_option(cmd, o->matmul);
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
                 "Compute every prompt in full (default: reuse the KV blocks of prompts that start alike)");
+  cmd->add_option("--route-overlap-weight", o->route_overlap_weight,
+                  "Prefill placement: weight of the prompt tokens a worker lacks cached (docs/architecture.md)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--route-load-weight", o->route_load_weight, "Prefill placement: weight of a worker's queued tokens")
+      ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--kv-blocks", o->kv_blocks, "KV blocks per worker (default: 256 MiB worth)")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--token-budget", o->token_budget, "Tokens per worker step")->check(CLI::Range(1, 1 << 20));
