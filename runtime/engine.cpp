@@ -136,6 +136,28 @@ int32_t engine::blocks_freed_by(seq_id s) const {
   return n;
 }
 
+int32_t engine::cache_blocks(std::span<const block_key> keys, std::span<const kv_block_export> blocks) {
+  if (!prefix_) return 0;
+  const kv_layout& lay = pool_.layout();
+  int32_t n = 0;
+  for (size_t i = 0; i < keys.size() && i < blocks.size(); ++i, ++n) {
+    if (prefix_->block_of(keys[i]) >= 0) continue;
+    const kv_block_export& e = blocks[i];
+    const bool ok = e.request == keys[i] && e.checksum == e.compute_checksum() && e.model_id == model_->identity() &&
+                    e.dtype == kernels::dtype::f32 && e.block_size == lay.block_size && e.n_kv_head == lay.n_kv_head &&
+                    e.head_dim == lay.head_dim && e.layer_begin == 0 && e.layer_end == lay.n_layer &&
+                    e.pos_begin % lay.block_size == 0 && e.pos_end - e.pos_begin == lay.block_size &&
+                    int64_t(e.payload.size()) == lay.floats_per_block();
+    if (!ok || !make_room(1)) break;
+    const block_id b = pool_.allocate();
+    std::memcpy(pool_.block_data(b), e.payload.data(), e.payload.size() * sizeof(float));
+    prefix_->insert(keys[i], b);
+    pool_.release(b);  // only the cache holds it until a sequence attaches it
+  }
+  if (n > 0) (void)prefix_->match(keys.first(size_t(n)));
+  return n;
+}
+
 seq_id engine::start_prompt(uint64_t id, std::span<const token_id> prompt, prefix_claims& claims, int32_t& reused) {
   reused = 0;
   if (!prefix_ || prompt.empty()) return create_sequence();

@@ -91,6 +91,11 @@ class engine {
   bool prefix_cache_enabled() const { return prefix_ != nullptr; }
   uint64_t prefix_salt() const { return salt_; }
   prefix_cache_stats prefix_stats() const;
+  // Adds full blocks fetched from elsewhere (a KV store) to the prefix cache: blocks[i] is the
+  // block named keys[i], tagged with that key under its checksum. Each is checked as import_kv
+  // checks (checksum, model, layout, one whole block); the first refused ends the run. Returns
+  // how many are cached now (added or already there).
+  int32_t cache_blocks(std::span<const block_key> keys, std::span<const kv_block_export> blocks);
   // Keys of the full blocks a sequence holds now (the tokens it was computed or imported with).
   std::vector<block_key> sequence_keys(seq_id s) const;
   // With the prefix cache: starts `prompt` on a new sequence with its cached prefix attached,
