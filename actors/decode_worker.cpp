@@ -22,6 +22,11 @@ void retire(self_ptr self, request_id id, const std::string& reason) {
   auto it = st.active.find(id);
   if (it == st.active.end()) return;
   if (!reason.empty()) self->send(it->second.req, done_atom::value, reason);
+  // A finished answer's blocks (past the prompt's, which its prefill worker published) go to
+  // the host store: the conversation's next turn starts with all of it. Only between steps.
+  if (!st.we->busy && it->second.seq != 0)
+    publish_to_store(st.opts, *st.we->eng, it->second.seq,
+                     int32_t(it->second.spec.prompt.size()) / st.we->eng->block_size());
   st.to_free.push_back(it->second.seq);
   st.ledger->release(int64_t(id));
   st.active.erase(it);
@@ -50,6 +55,7 @@ void kick(self_ptr self) {
     im.index = int32_t(a.generated.size());
     im.sampling = a.spec.sampling;
     im.kv_tokens = int32_t(a.spec.prompt.size());
+    if (st.opts.store) im.tokens = a.spec.prompt;  // its answer's blocks can then be named and published
     work.imports.push_back(std::move(im));
   }
   st.importing = std::move(st.arrivals);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "actors/colocated_worker.h"
+#include "actors/kv_store.h"
 #include "actors/connection.h"
 #include "actors/decode_worker.h"
 #include "actors/error.h"
@@ -152,6 +153,8 @@ struct pipeline::impl {
   std::shared_ptr<router_directory> routers = std::make_shared<router_directory>();
   std::shared_ptr<fault_injector> faults = std::make_shared<fault_injector>(metrics);  // counts the faults met
   root_actor root;
+  std::shared_ptr<kv_store_directory> store;  // with a store: which one is current
+  caf::actor store_pool;                      // its supervisor
   std::atomic<request_id> next_id{1};
 
   worker_options worker_opts(int32_t index, int32_t budget) const {
@@ -160,6 +163,7 @@ struct pipeline::impl {
     o.n_threads = cfg.threads_per_worker;
     o.matmul = cfg.matmul;
     o.prefix_cache = cfg.prefix_cache;
+    o.store = store;
     o.block_size = cfg.block_size;
     o.kv_blocks = cfg.kv_blocks_per_worker;
     o.kv_memory_bytes = cfg.kv_memory_bytes_per_worker;
@@ -254,6 +258,22 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
     }
     return pools;
   };
+  if (im.cfg.prefix_cache && im.cfg.kv_store_memory_bytes > 0) {
+    // One store for the host, supervised apart from the router: a router restart keeps it, and
+    // its own death brings a fresh empty one (requests compute what they cannot fetch).
+    kv_store_options so{im.cfg.kv_store_memory_bytes, im.cfg.kv_store_disk_path, im.cfg.kv_store_disk_bytes};
+    if (!so.disk_path.empty()) kv_block_store probe(so);  // a bad disk path is the caller's error, now
+    im.store = std::make_shared<kv_store_directory>();
+    auto dir = im.store;
+    auto metrics = im.metrics;
+    im.store_pool = im.sys->spawn(
+        pool_supervisor, pool_options{"kv_store", 1, im.cfg.max_worker_restarts, im.cfg.restart_window, im.metrics},
+        [dir, so, metrics](caf::event_based_actor* self, int32_t) {
+          auto s = self->spawn<caf::monitored>(kv_store_behavior, so, metrics);
+          dir->set(s);
+          return caf::actor_cast<caf::actor>(s);
+        });
+  }
   root_options rto;
   rto.router = std::move(ro);
   rto.pools = spawn_pools;
@@ -273,6 +293,9 @@ pipeline::~pipeline() {
   // error (no router will come); ~actor_system waits for every actor and compute thread.
   caf::anon_send_exit(im.root, caf::exit_reason::user_shutdown);
   im.root = nullptr;
+  if (im.store_pool) caf::anon_send_exit(im.store_pool, caf::exit_reason::user_shutdown);
+  im.store_pool = nullptr;
+  if (im.store) im.store->set(kv_store_actor{});
   im.sys.reset();
 }
 
@@ -456,10 +479,16 @@ std::string pipeline::kill(const std::string& kind_or_name, int index) {
   }
   if (kind_or_name.rfind("request-", 0) == 0 && number(kind_or_name, 8, kind_or_name.size(), a))
     return kill_request(request_id(a)) ? kind_or_name : std::string();
+  if (kind_or_name == "kv_store") {
+    auto s = im.store ? im.store->get() : kv_store_actor{};
+    if (!s) return {};
+    caf::anon_send_exit(s, caf::exit_reason::kill);
+    return "kv_store";
+  }
   static const std::vector<std::string> kinds = {"prefill", "decode", "colocated", "kv_link", "request", "router", "random"};
   if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
     throw failure(errc::invalid_argument,
-                  "unknown kind '" + kind + "' (prefill, decode, colocated, kv_link, request, router, random, or a name such as decode-1)");
+                  "unknown kind '" + kind + "' (prefill, decode, colocated, kv_link, kv_store, request, router, random, or a name such as decode-1)");
   std::string what = kind;
   if (kind == "random") {
     // Any kind this pipeline has; the router rarely (one in 20: it restarts everything below it).

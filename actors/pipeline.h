@@ -37,6 +37,12 @@ struct pipeline_config {
   // Prefix reuse in prefill and colocated workers: a prompt that starts like an earlier one
   // (whole blocks of it) takes that one's KV blocks instead of computing them again.
   bool prefix_cache = true;
+  // The host KV store (actors/kv_store.h), with the prefix cache: finished prompts and answers
+  // publish their full blocks; prompts fetch what their worker lacks. Memory budget (0: no
+  // store) and an optional disk tier (a file of this size at this path, removed at exit).
+  int64_t kv_store_memory_bytes = 512ll << 20;
+  std::string kv_store_disk_path;
+  int64_t kv_store_disk_bytes = 0;
   // KV-aware prefill placement (runtime/policy.h): a worker's cost is
   // load_weight * its queued tokens + overlap_weight * the prompt tokens it lacks cached.
   double route_overlap_weight = 1.0;

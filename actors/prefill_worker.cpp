@@ -13,7 +13,8 @@ void report_load(self_ptr self) {
   l.worker = st.opts.index;
   l.alive = true;
   for (const auto& j : st.queue) {
-    l.queued_tokens += int64_t(j.spec.prompt.size()) - j.done;
+    // A prompt waiting for blocks another is computing will not compute them itself.
+    l.queued_tokens += int64_t(j.spec.prompt.size()) - std::max(j.done, j.seq == 0 ? j.expected_reuse : 0);
     ++l.queued_requests;
   }
   self->send(st.router, load_atom::value, l);
@@ -25,6 +26,40 @@ void fail_job(self_ptr self, prefill_worker_state::job& j, errc code, const std:
   self->state.claims.release(j.spec.id);
 }
 
+void kick(self_ptr self);
+
+// Asks the host store for the blocks of j's prompt this worker lacks: true while it asks.
+bool ask_store(self_ptr self, prefill_worker_state::job& j) {
+  const engine& eng = *self->state.we->eng;
+  j.fetch = 2;
+  const auto& p = j.spec.prompt;
+  if (p.empty()) return false;
+  auto keys = block_keys(eng.prefix_salt(), std::span(p).first(p.size() - 1), eng.block_size());
+  const size_t cached = size_t(eng.cached_prefix_tokens(p) / eng.block_size());
+  if (cached >= keys.size()) return false;
+  // Another prompt computes (or fetches) its next block: it waits for that one instead. Else it
+  // claims what it lacks, so prompts like it wait for this one rather than fetch or compute.
+  const uint64_t id0 = j.spec.id;
+  if (self->state.claims.blocked(id0, keys, int32_t(cached))) return false;
+  self->state.claims.claim(id0, std::span(keys).subspan(cached));
+  keys.erase(keys.begin(), keys.begin() + std::ptrdiff_t(cached));
+  const request_id id = j.spec.id;
+  const bool asked = fetch_from_store(self, self->state.opts, std::move(keys),
+                                      [self, id](const std::vector<block_key>& asked_keys, kv_blocks_ptr blocks) {
+                                        for (auto& q : self->state.queue)
+                                          if (q.spec.id == id && q.fetch == 1) {
+                                            q.fetch = 2;
+                                            if (blocks && !blocks->empty()) {
+                                              q.fetched = std::move(blocks);
+                                              q.fetched_keys = asked_keys;
+                                            }
+                                          }
+                                        kick(self);
+                                      });
+  if (asked) j.fetch = 1;
+  return asked;
+}
+
 // Plans the next step from the queue and posts it, if there is anything to do.
 void kick(self_ptr self) {
   auto& st = self->state;
@@ -33,12 +68,19 @@ void kick(self_ptr self) {
   // Prefix reuse: a prompt starts with its cached blocks attached (the engine is idle here),
   // or waits while another prompt computes the block it needs next.
   if (eng.prefix_cache_enabled())
-    for (auto& j : st.queue)
-      if (j.seq == 0) {
-        int32_t reused = 0;
-        j.seq = eng.start_prompt(j.spec.id, j.spec.prompt, st.claims, reused);
-        j.done = reused;
+    for (auto& j : st.queue) {
+      if (j.seq != 0) continue;
+      if (j.fetched) {
+        (void)eng.cache_blocks(j.fetched_keys, *j.fetched);
+        j.fetched = nullptr;
       }
+      if (j.fetch == 0 && ask_store(self, j)) continue;
+      if (j.fetch == 1) continue;  // waiting for the store's answer
+      int32_t reused = 0;
+      j.seq = eng.start_prompt(j.spec.id, j.spec.prompt, st.claims, reused);
+      if (j.seq == 0) j.expected_reuse = reused;  // waits for another prompt's blocks
+      else j.done = j.reused = reused;
+    }
   std::vector<pending_prefill> pending;
   for (const auto& j : st.queue)
     if (j.seq != 0 || !eng.prefix_cache_enabled())
@@ -229,6 +271,9 @@ void apply(self_ptr self, step_result& r) {
       if (last) self->send(it->req, done_atom::value, std::string("length"));
     }
     const bool finished = eog || last;
+    // The blocks it computed (not those it started with) go to the host store for others.
+    if (st.we->eng->prefix_cache_enabled())
+      publish_to_store(st.opts, *st.we->eng, it->seq, it->reused / st.we->eng->block_size());
     if (finished) {
       st.to_free.push_back(it->seq);
     } else {

@@ -57,6 +57,9 @@ using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 using stranded_atom = caf::atom_constant<caf::atom("stranded")>;
 using orphan_atom = caf::atom_constant<caf::atom("orphan")>;
+using publish_atom = caf::atom_constant<caf::atom("publish")>;
+using lookup_atom = caf::atom_constant<caf::atom("lookup")>;
+using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
 
 // Result of a worker's compute step, produced on its compute thread.
 struct step_result;
@@ -139,6 +142,12 @@ using decode_worker_actor = caf::typed_actor<
     caf::reacts_to<load_atom>>;                                        // report your load to the router
 
 // Moves one request's KV from a prefill worker to one decode worker through a transport.
+// The host's KV store (actors/kv_store.h): full blocks by prefix key (runtime/prefix_cache.h).
+using kv_store_actor = caf::typed_actor<
+    caf::reacts_to<publish_atom, std::vector<uint64_t>, kv_blocks_ptr>,          // keys[i] names blocks[i]
+    caf::replies_to<lookup_atom, std::vector<uint64_t>>::with<int32_t>,          // leading keys held
+    caf::replies_to<fetch_atom, std::vector<uint64_t>>::with<kv_blocks_ptr>>;    // the verified leading run
+
 using kv_link_actor = caf::typed_actor<
     caf::replies_to<transfer_atom, request_spec, request_actor, kv_blocks_ptr, std::vector<token_id>>::with<bool>,
     // A piece streamed while prefill runs (id, epoch, the request for its transfer metrics);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "actors/compute_runner.h"
+#include "actors/kv_store.h"
 #include "actors/protocol.h"
 #include "runtime/engine.h"
 #include "runtime/fault_injection.h"
@@ -24,6 +25,10 @@ struct worker_options {
   bool stream_kv = true;              // prefill: send KV layer group by layer group while computing
   int32_t stream_layer_group = 4;     // layers per streamed piece
   bool prefix_cache = true;           // prefill, colocated: reuse cached prompt prefixes
+  // The host KV store (null: none): prompts fetch their cached prefix from it, and finished
+  // prompts and answers publish their full blocks to it.
+  std::shared_ptr<kv_store_directory> store;
+  std::chrono::milliseconds store_timeout{1000};  // a fetch not answered by then is given up
   std::shared_ptr<metrics::registry> metrics;
   std::shared_ptr<fault_injector> faults;  // armed faults this worker can suffer
 };
@@ -90,6 +95,44 @@ inline void record_step(const worker_options& o, const std::string& kind, const 
   o.metrics->get_counter("tandem_worker_busy_seconds_total", "Seconds spent computing (busy fraction: its rate)", l)
       .inc(r.ms / 1000.0);
   o.metrics->get_gauge("tandem_worker_kv_free_blocks", "Free KV blocks in the worker's pool", l).set(r.free_blocks);
+}
+
+// Sends the full blocks of s from block `from_block` on to the host store (fire and forget).
+// The engine must be idle (actor thread, between steps).
+inline void publish_to_store(const worker_options& o, const engine& eng, seq_id s, int32_t from_block) {
+  if (!o.store) return;
+  auto store = o.store->get();
+  if (!store) return;
+  auto keys = eng.sequence_keys(s);
+  if (from_block < 0 || int32_t(keys.size()) <= from_block) return;
+  auto blocks = std::make_shared<std::vector<kv_block_export>>();
+  if (!eng.export_kv(s, 0, eng.config().n_layer, from_block * eng.block_size(), *blocks).ok()) return;
+  keys.erase(keys.begin(), keys.begin() + from_block);
+  if (blocks->size() < keys.size()) return;
+  blocks->resize(keys.size());  // the full blocks: a partial last one has no key
+  caf::anon_send(store, publish_atom::value, std::vector<uint64_t>(keys.begin(), keys.end()),
+                 kv_blocks_ptr(std::move(blocks)));
+}
+
+// Asks the host store for the blocks named by `keys`; `done(keys, blocks)` runs on the actor
+// with what came (null: no store answer in time, or the store died). False: no store to ask.
+template <class Self, class Done>
+bool fetch_from_store(Self self, const worker_options& o, std::vector<block_key> keys, Done done) {
+  if (!o.store || keys.empty()) return false;
+  auto store = o.store->get();
+  if (!store) return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto observe = [metrics = o.metrics, t0] {
+    if (metrics)
+      metrics->get_histogram("tandem_kv_store_fetch_seconds", "Time to fetch a prompt's cached blocks from the KV store",
+                             metrics::latency_seconds_buckets())
+          .observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
+  std::vector<uint64_t> ask(keys.begin(), keys.end());
+  self->request(store, o.store_timeout, fetch_atom::value, std::move(ask))
+      .then([keys, done, observe](kv_blocks_ptr& b) mutable { observe(); done(keys, std::move(b)); },
+            [keys, done](caf::error&) mutable { done(keys, nullptr); });
+  return true;
 }
 
 // Prefix-cache metrics: the engine's counters since `last` (updated), and the prompt tokens the

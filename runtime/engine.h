@@ -100,7 +100,8 @@ class engine {
   std::vector<block_key> sequence_keys(seq_id s) const;
   // With the prefix cache: starts `prompt` on a new sequence with its cached prefix attached,
   // unless another request (per `claims`) is computing its next uncached block: then 0, and
-  // the caller asks again later. `reused` gets the attached tokens; the rest is claimed by id.
+  // the caller asks again later. `reused` gets the attached tokens (when it waits: those it
+  // will find, cached or being computed); the rest is claimed by id.
   seq_id start_prompt(uint64_t id, std::span<const token_id> prompt, prefix_claims& claims, int32_t& reused);
 
   // Runs one forward pass over `batch`. Entries of one sequence must appear in order; each

@@ -83,6 +83,12 @@ class prefix_claims {
     auto it = owner_.find(keys[size_t(first_uncached)]);
     return it != owner_.end() && it->second != id;
   }
+  // Leading keys from `from` on that some request is computing (what a waiting prompt will find).
+  int32_t claimed_run(std::span<const block_key> keys, int32_t from) const {
+    int32_t n = 0;
+    for (size_t i = size_t(std::max(from, 0)); i < keys.size() && owner_.count(keys[i]); ++i) ++n;
+    return n;
+  }
   void claim(uint64_t id, std::span<const block_key> keys) {
     for (block_key k : keys)
       if (owner_.emplace(k, id).second) by_request_[id].push_back(k);

@@ -20,7 +20,7 @@ step_result run_step(engine& eng, step_work work) {
     for (const auto& piece : im.kv)
       if (piece)
         for (const auto& b : *piece) parts.push_back(&b);
-    status st = eng.import_kv(s, parts);
+    status st = eng.import_kv(s, parts, im.tokens);
     if (st.ok() && im.kv_tokens >= 0 && eng.sequence_length(s) != im.kv_tokens)
       st = {errc::incompatible_kv, "the KV set covers " + std::to_string(eng.sequence_length(s)) + " positions, not " +
                                        std::to_string(im.kv_tokens) + ": it is incomplete"};

@@ -25,6 +25,7 @@ struct step_work {
     int32_t index = 0;        // the index of the token this step samples
     sampling_params sampling;
     int32_t kv_tokens = -1;   // positions the set must cover (-1: unchecked); a lost tail is caught here
+    std::vector<token_id> tokens;  // the tokens the set holds, if known: names its blocks (prefix keys)
   };
   std::vector<import_item> imports;
   struct chunk_item {         // part of a prompt

@@ -545,7 +545,7 @@ TEST(Pipeline, SharedPrefixIsComputedOnceAndOutputsAreUnchanged) {
 }
 
 // The next turn of a conversation (prompt, answer, new message) reuses the earlier turn's
-// prompt in either mode, and its answer too where it was decoded (colocated).
+// prompt and answer in either mode.
 TEST(Pipeline, NextTurnReusesTheEarlierTurn) {
   auto m = tiny();
   const int V = m->config().n_vocab;
@@ -554,6 +554,7 @@ TEST(Pipeline, NextTurnReusesTheEarlierTurn) {
     pipeline_config cfg;
     cfg.loaded_model = m;
     cfg.mode = mode;
+    cfg.kv_blocks_per_worker = 256;
     pipeline p(cfg);
     auto turn = prompt_of(100, 5, V);
     double hits_before = 0;
@@ -564,10 +565,11 @@ TEST(Pipeline, NextTurnReusesTheEarlierTurn) {
       ASSERT_EQ(r.error, errc::ok) << r.message;
       EXPECT_EQ(r.tokens, alone(*m, turn, 20, greedy, true)) << "turn " << k;
       const double hits = p.metrics().get_counter("tandem_prefix_cache_hit_tokens_total", "").value();
-      // The earlier turn's KV: its prompt, and in colocated mode the 19 answer tokens decoded
-      // after the first (the last one is never fed back); whole blocks of it.
+      // The earlier turn's KV, whole blocks of it: its prompt and the 19 answer tokens decoded
+      // after the first (the last one is never fed back). Disaggregated, the answer's blocks
+      // come from the host store, where its decode worker published them.
       if (k > 0) {
-        EXPECT_EQ(hits - hits_before, double((mode == serving_mode::colocated ? prev_len + 19 : prev_len) / 16 * 16));
+        EXPECT_EQ(hits - hits_before, double((prev_len + 19) / 16 * 16));
       }
       hits_before = hits;
       prev_len = turn.size();
@@ -615,6 +617,89 @@ TEST(Pipeline, RequestsGoWhereTheirPrefixIsCached) {
     } else {
       EXPECT_GE(computed, 2 * 180 + 10 * 20);  // load alone: families may land on both workers
     }
+    expect_no_leaks(p);
+  }
+}
+
+namespace {
+// Sends prompts to prefill workers in turn, whatever they hold: what one worker computed
+// reaches the other only through the host store.
+class round_robin : public prefill_placement {
+ public:
+  int32_t choose(std::span<const prefill_worker_load> w, int32_t) const override {
+    for (size_t tries = 0; tries < w.size(); ++tries) {
+      const size_t i = next_++ % w.size();
+      if (w[i].alive) return int32_t(i);
+    }
+    return -1;
+  }
+
+ private:
+  mutable size_t next_ = 0;
+};
+}  // namespace
+
+TEST(Pipeline, HostStoreServesPrefixesToOtherWorkers) {
+  auto m = tiny();
+  const int V = m->config().n_vocab;
+  for (bool store : {true, false}) {
+    SCOPED_TRACE(store ? "with the store" : "without");
+    pipeline_config cfg;
+    cfg.loaded_model = m;
+    cfg.prefill_workers = 2;
+    cfg.prefill_policy = std::make_shared<round_robin>();
+    cfg.kv_store_memory_bytes = store ? 64ll << 20 : 0;
+    cfg.kv_blocks_per_worker = 256;
+    pipeline p(cfg);
+    for (int i = 0; i < 6; ++i) {
+      auto prompt = prompt_of(160, 77, V);
+      for (auto t : prompt_of(20, 500 + i, V)) prompt.push_back(t);
+      const auto r = p.submit({.prompt_tokens = prompt, .max_tokens = 4, .sampling = {.temperature = 0.0f}, .ignore_eos = true})
+                         .wait(60s);
+      ASSERT_EQ(r.error, errc::ok) << r.message;
+      EXPECT_EQ(r.tokens, alone(*m, prompt, 4, {.temperature = 0.0f}, true)) << "request " << i;
+    }
+    const double computed = p.metrics().get_counter("tandem_prompt_tokens_computed_total", "").value();
+    // With the store, worker 1's first prompt fetches the 160 tokens worker 0 computed.
+    EXPECT_EQ(computed, store ? 180 + 5 * 20 : 2 * 180 + 4 * 20);
+    if (store) {
+      EXPECT_GT(p.metrics().get_counter("tandem_kv_store_blocks_total", "", {{"event", "fetched"}}).value(), 0);
+    }
+    expect_no_leaks(p);
+  }
+}
+
+// Killing the store while requests fetch from it and publish to it loses nothing: fetches
+// that get no answer compute instead, a fresh store takes over, outputs stay exact.
+TEST(Pipeline, KillingTheHostStoreLosesNoRequest) {
+  auto m = tiny();
+  const int V = m->config().n_vocab;
+  for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
+    SCOPED_TRACE(std::string(to_string(mode)));
+    pipeline_config cfg;
+    cfg.loaded_model = m;
+    cfg.mode = mode;
+    cfg.prefill_workers = 2;
+    cfg.colocated_workers = 2;
+    cfg.prefill_policy = std::make_shared<round_robin>();
+    cfg.kv_blocks_per_worker = 256;
+    pipeline p(cfg);
+    std::vector<std::pair<std::vector<token_id>, request_handle>> reqs;
+    int kills = 0;
+    for (int i = 0; i < 40; ++i) {
+      auto prompt = prompt_of(96, 600 + i % 3, V);
+      for (auto t : prompt_of(10 + i % 7, 700 + i, V)) prompt.push_back(t);
+      auto h = p.submit({.prompt_tokens = prompt, .max_tokens = 6, .sampling = {.temperature = 0.0f}, .ignore_eos = true});
+      reqs.emplace_back(std::move(prompt), std::move(h));
+      if (i % 8 == 4) kills += p.kill("kv_store") == "kv_store";
+      std::this_thread::sleep_for(2ms);
+    }
+    for (auto& [prompt, h] : reqs) {
+      const auto r = h.wait(60s);
+      ASSERT_EQ(r.error, errc::ok) << r.message;
+      EXPECT_EQ(r.tokens, alone(*m, prompt, 6, {.temperature = 0.0f}, true));
+    }
+    EXPECT_GE(kills, 4);
     expect_no_leaks(p);
   }
 }

@@ -21,6 +21,8 @@ struct serve_options {
   size_t max_body = 1 << 20, max_frame = 1 << 20;
   bool no_prefix_cache = false;
   double route_overlap_weight = 1.0, route_load_weight = 1.0;
+  int64_t kv_store_mib = 512, kv_store_disk_mib = 0;
+  std::string kv_store_disk;
 };
 
 int run_serve(const serve_options& o) {
@@ -35,6 +37,11 @@ int run_serve(const serve_options& o) {
   cfg.prefix_cache = !o.no_prefix_cache;
   cfg.route_overlap_weight = o.route_overlap_weight;
   cfg.route_load_weight = o.route_load_weight;
+  cfg.kv_store_memory_bytes = o.kv_store_mib << 20;
+  cfg.kv_store_disk_path = o.kv_store_disk;
+  cfg.kv_store_disk_bytes = o.kv_store_disk_mib << 20;
+  if (!o.kv_store_disk.empty() && o.kv_store_disk_mib <= 0)
+    throw CLI::ValidationError("--kv-store-disk", "needs --kv-store-disk-mib > 0 (the size of the disk tier)");
   cfg.kv_blocks_per_worker = o.kv_blocks;
   cfg.chunk_size = o.chunk;
   cfg.prefill_token_budget = o.token_budget;
@@ -91,6 +98,12 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--route-overlap-weight", o->route_overlap_weight,
                   "Prefill placement: weight of the prompt tokens a worker lacks cached (docs/architecture.md)")
       ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--kv-store-mib", o->kv_store_mib,
+                  "Host KV store memory for published prefix blocks, MiB (0: no store)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  cmd->add_option("--kv-store-disk", o->kv_store_disk, "Disk tier file for the KV store (made at start, removed at exit)");
+  cmd->add_option("--kv-store-disk-mib", o->kv_store_disk_mib, "Size of the KV store's disk tier, MiB")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   cmd->add_option("--route-load-weight", o->route_load_weight, "Prefill placement: weight of a worker's queued tokens")
       ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--kv-blocks", o->kv_blocks, "KV blocks per worker (default: 256 MiB worth)")->check(CLI::Range(0, 1 << 24));

@@ -1,0 +1,43 @@
+#pragma once
+// The host's KV store actor: runtime/kv_store.h behind messages. Prefill workers publish the
+// full blocks of each prompt they compute, decode workers those of each answer; prefill and
+// colocated workers fetch the blocks a prompt starts with before computing it, so a prefix
+// computed once anywhere in the process is computed nowhere else. It is supervised apart from
+// the router: when it dies a fresh, empty one replaces it, and until then (and for whatever it
+// does not hold) requests compute their prompts themselves.
+#include <memory>
+#include <mutex>
+
+#include "actors/protocol.h"
+#include "runtime/kv_store.h"
+
+namespace tandem {
+
+struct kv_store_state {
+  std::unique_ptr<kv_block_store> store;
+  std::shared_ptr<metrics::registry> metrics;
+  kv_store_stats reported;  // counters as last exported
+  static inline const char* name = "kv_store";
+};
+
+kv_store_actor::behavior_type kv_store_behavior(kv_store_actor::stateful_pointer<kv_store_state> self,
+                                                kv_store_options opts, std::shared_ptr<metrics::registry> metrics);
+
+// Which store is current (workers look it up for each use: a restarted store is a new actor).
+class kv_store_directory {
+ public:
+  kv_store_actor get() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return current_;
+  }
+  void set(kv_store_actor s) {
+    std::lock_guard<std::mutex> lk(mu_);
+    current_ = std::move(s);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  kv_store_actor current_;
+};
+
+}  // namespace tandem
