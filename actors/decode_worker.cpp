@@ -51,11 +51,17 @@ void kick(self_ptr self) {
     step_work::import_item im;
     im.id = a.spec.id;
     im.kv = a.kv;
-    im.last = a.generated.back();
-    im.index = int32_t(a.generated.size());
     im.sampling = a.spec.sampling;
-    im.kv_tokens = int32_t(a.spec.prompt.size());
-    if (st.opts.store) im.tokens = a.spec.prompt;  // its answer's blocks can then be named and published
+    if (a.feed.empty()) {
+      im.last = a.generated.back();
+      im.index = int32_t(a.generated.size());
+      im.kv_tokens = int32_t(a.spec.prompt.size());
+    } else {
+      im.feed = a.feed;
+      im.index = 0;
+      im.kv_tokens = a.kv_tokens;
+    }
+    if (st.opts.store || !a.feed.empty()) im.tokens = a.spec.prompt;  // its blocks can be named and published
     work.imports.push_back(std::move(im));
   }
   st.importing = std::move(st.arrivals);
@@ -110,7 +116,16 @@ void apply(self_ptr self, step_result& r) {
     s.req = a.req;
     s.seq = im->seq;
     s.generated = int32_t(a.generated.size());
-    s.last = a.generated.back();
+    s.last = a.feed.empty() ? a.generated.back() : a.feed.back();
+    if (!a.feed.empty() && st.opts.metrics) {  // a prompt served from the store: its cache figures
+      auto& mr = *st.opts.metrics;
+      mr.get_counter("tandem_prompt_tokens_computed_total", "Prompt tokens run through the model (cached prefixes are not).")
+          .inc(double(a.feed.size()));
+      mr.get_counter("tandem_prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix cache.")
+          .inc(double(a.kv_tokens));
+      mr.get_counter("tandem_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.")
+          .inc(double(s.spec.prompt.size()));
+    }
     s.in_step = true;
     s.cancelled = st.cancelled_importing.erase(id) > 0;
     // Cancelled while it imported (it was moved on, or it ended): it does not decode here, and
@@ -198,6 +213,44 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         auto rp = self->make_response_promise<bool>();
         st.arrivals.push_back({std::move(spec), std::move(req), std::move(pieces), std::move(generated), rp});
         kick(self);
+        return rp;
+      },
+      [self](fetch_atom, request_spec& spec, request_actor& req) -> caf::result<bool> {
+        auto& st = self->state;
+        const request_id id = spec.id;
+        auto same = [&](const auto& a) { return a.spec.id == id; };
+        if (st.active.count(id) || std::any_of(st.arrivals.begin(), st.arrivals.end(), same) ||
+            std::any_of(st.importing.begin(), st.importing.end(), same))
+          return true;  // already here
+        if (!st.ledger->holds(int64_t(id)) || spec.prompt.size() < 2) return false;
+        const engine& eng = *st.we->eng;  // salt and block size: fixed at construction
+        const int32_t bs = eng.block_size();
+        auto keys = block_keys(eng.prefix_salt(), std::span(spec.prompt).first(spec.prompt.size() - 1), bs);
+        const size_t want = keys.size();
+        auto rp = self->make_response_promise<bool>();
+        auto sp = std::make_shared<request_spec>(std::move(spec));
+        const bool asked = fetch_from_store(
+            self, st.opts, std::move(keys),
+            [self, sp, req, rp, want, bs](const std::vector<block_key>&, kv_blocks_ptr blocks) mutable {
+              auto& st = self->state;
+              const size_t have = blocks ? blocks->size() : 0;
+              // Missing more than two blocks (evicted since the router looked, or the store
+              // died): a prefill worker computes it, not this worker's decode steps.
+              if (!st.ledger->holds(int64_t(sp->id)) || have + 2 < want) {
+                rp.deliver(false);
+                return;
+              }
+              decode_worker_state::arrival a;
+              a.spec = *sp;
+              a.req = req;
+              if (have > 0) a.kv.push_back(std::move(blocks));
+              a.kv_tokens = int32_t(have) * bs;
+              a.feed.assign(sp->prompt.begin() + a.kv_tokens, sp->prompt.end());
+              a.promise = rp;
+              st.arrivals.push_back(std::move(a));
+              kick(self);
+            });
+        if (!asked) rp.deliver(false);
         return rp;
       },
       [self](kv_piece_atom, request_id id, uint32_t epoch, kv_blocks_ptr& kv) {

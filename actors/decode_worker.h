@@ -27,6 +27,10 @@ struct decode_worker_state {
     std::vector<kv_blocks_ptr> kv;  // streamed pieces, then the closing transfer's blocks
     std::vector<token_id> generated;
     caf::typed_response_promise<bool> promise;
+    // Sent straight here (prompt in the host store): the prompt's tail to compute after the
+    // fetched blocks, which cover kv_tokens positions. Empty for a transfer from prefill.
+    std::vector<token_id> feed;
+    int32_t kv_tokens = 0;
   };
   worker_options opts;
   router_actor router;

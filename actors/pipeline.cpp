@@ -274,6 +274,7 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
           return caf::actor_cast<caf::actor>(s);
         });
   }
+  ro.store = im.store;
   root_options rto;
   rto.router = std::move(ro);
   rto.pools = spawn_pools;

@@ -132,6 +132,10 @@ using request_actor = caf::typed_actor<
 using decode_worker_actor = caf::typed_actor<
     caf::replies_to<reserve_atom, request_id, int32_t>::with<bool>,   // credits for max total tokens
     caf::replies_to<arrive_atom, request_spec, request_actor, kv_blocks_ptr, std::vector<token_id>>::with<bool>,
+    // A prompt whose full blocks are all in the host store, sent here directly (credits already
+    // reserved): fetch them, compute the tail, decode. false: the store no longer has them
+    // (the router then sends it to a prefill worker).
+    caf::replies_to<fetch_atom, request_spec, request_actor>::with<bool>,
     // Part of a request's KV streamed ahead of its arrival (id, epoch): staged, never decoded
     // alone; arrive() completes the set.
     caf::reacts_to<kv_piece_atom, request_id, uint32_t, kv_blocks_ptr>,

@@ -52,11 +52,63 @@ void dispatch_decode(self_ptr self);
 // Sends queued prompts to workers with room, chosen by the prefill placement policy. In
 // disaggregated mode a dispatched prompt also queues for decode credits right away: reserved
 // before its prefill ends, its KV streams to the decode worker while it is being computed.
+void dispatch_prefill(self_ptr self);
+
+// Full blocks of a prompt before its last token (what a cache can hold for it).
+int32_t usable_full_tokens(const router_state& st, const router_state::entry& e) {
+  if (e.spec.prompt.empty()) return 0;
+  return int32_t(e.spec.prompt.size() - 1) / st.opts.block_size * st.opts.block_size;
+}
+
+// Asks the host store how much of a new prompt it holds (the router's metadata query).
+void ask_store(self_ptr self, request_id id) {
+  auto& st = self->state;
+  auto& e = st.requests.at(id);
+  if (!st.opts.store || st.opts.mode != serving_mode::disaggregated || e.spec.resumed != 0 ||
+      usable_full_tokens(st, e) == 0)
+    return;
+  auto store = st.opts.store->get();
+  if (!store) return;
+  auto keys = block_keys(st.opts.prefix_salt, std::span(e.spec.prompt).first(e.spec.prompt.size() - 1),
+                         st.opts.block_size);
+  e.store_asking = true;
+  auto done = [self, id](int32_t blocks) {
+    auto it = self->state.requests.find(id);
+    if (it == self->state.requests.end() || !it->second.store_asking) return;
+    it->second.store_asking = false;
+    it->second.store_tokens = blocks * self->state.opts.block_size;
+    dispatch_prefill(self);
+  };
+  self->request(store, std::chrono::seconds(1), lookup_atom::value, std::vector<uint64_t>(keys.begin(), keys.end()))
+      .then([done](int32_t n) { done(n); }, [done](caf::error&) { done(0); });
+}
+
 void dispatch_prefill(self_ptr self) {
   auto& st = self->state;
   while (!st.prefill_queue.empty()) {
     const request_id id = st.prefill_queue.front();
     auto& e = st.requests.at(id);
+    if (e.store_asking) break;  // first come, first served: wait for the store's answer
+    if (st.opts.mode == serving_mode::disaggregated && !e.direct_tried && e.spec.resumed == 0 &&
+        e.store_tokens > 0 && e.store_tokens >= usable_full_tokens(st, e)) {
+      // Its whole prompt (but the tail) is in the host store: a decode worker fetches it and
+      // computes the tail; no prefill worker, no KV link.
+      st.prefill_queue.pop_front();
+      st.prefill_queue_tokens -= prompt_len(e);
+      e.direct = true;
+      e.prefill_worker = -1;
+      ++e.spec.epoch;
+      e.dispatched = steady::now();
+      e.transfer_retries = 0;
+      if (!e.decode_claimed) {
+        e.decode_claimed = true;
+        st.decode_queue.push_back(id);
+      }
+      reg(self).get_counter("tandem_router_direct_to_decode_total",
+                            "Requests sent straight to a decode worker: their prompt's blocks were in the host store")
+          .inc();
+      continue;
+    }
     std::vector<prefill_worker_load> eligible = st.prefill_load;
     // The blocks a worker could reuse: the prompt's full blocks before its last token.
     std::vector<block_key> keys;
@@ -93,6 +145,31 @@ void dispatch_prefill(self_ptr self) {
   }
   update_queue_gauges(self);
   if (st.opts.mode == serving_mode::disaggregated) dispatch_decode(self);
+}
+
+void requeue_front(self_ptr self, router_state::entry& e, request_id id);
+
+// A direct request's decode worker fetches its blocks from the store; if it cannot (they
+// left the store, or the store died), the request goes to a prefill worker after all.
+void direct_to_decode(self_ptr self, request_id id, int32_t d) {
+  auto& st = self->state;
+  auto& e = st.requests.at(id);
+  const uint32_t epoch = e.spec.epoch;
+  self->request(st.decode[size_t(d)], std::chrono::seconds(30), fetch_atom::value, e.spec, e.req)
+      .then(
+          [self, id, epoch](bool ok) {
+            auto it = self->state.requests.find(id);
+            if (ok || it == self->state.requests.end()) return;
+            auto& e = it->second;
+            if (!e.direct || e.spec.epoch != epoch || e.state == request_state::decoding) return;
+            e.direct_tried = true;
+            reg(self).get_counter("tandem_router_direct_fallbacks_total",
+                                  "Direct-to-decode requests prefilled after all (blocks gone from the store)")
+                .inc();
+            requeue_front(self, e, id);
+            dispatch_prefill(self);
+          },
+          [](caf::error&) {});  // the decode worker died: its down message requeues the request
 }
 
 // Reserves credits on the chosen decode worker, then tells the prefill worker to ship the KV
@@ -142,7 +219,9 @@ void dispatch_decode(self_ptr self) {
               st.last_admit = now;
               const int32_t p = e.prefill_worker;
               e.decode_gen = st.decode_gen[size_t(d)];
-              if (p >= 0 && size_t(p) < st.prefill.size() && st.prefill[size_t(p)] && st.links[size_t(p)][size_t(d)])
+              if (e.direct) {
+                direct_to_decode(self, id, d);
+              } else if (p >= 0 && size_t(p) < st.prefill.size() && st.prefill[size_t(p)] && st.links[size_t(p)][size_t(d)])
                 self->send(st.prefill[size_t(p)], ship_atom::value, id, st.links[size_t(p)][size_t(d)]);
               else if (e.state == request_state::transferring)
                 self->send(e.req, fail_atom::value, errc::worker_failed,
@@ -220,6 +299,7 @@ void link_down(self_ptr self, size_t p, size_t d) {
 // Puts a request back at the front of the prefill queue (a new attempt from scratch).
 void requeue_front(self_ptr self, router_state::entry& e, request_id id) {
   auto& st = self->state;
+  e.direct = false;
   if (alive(st.decode, e.decode_worker))
     self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, id);  // give back its credits
   e.decode_worker = -1;
@@ -534,6 +614,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         st.prefill_queue_tokens += prompt_len(e);
         st.requests.emplace(id, std::move(e));
         st.prefill_queue.push_back(id);
+        ask_store(self, id);
         dispatch_prefill(self);
       },
       [self](rejoin_atom, request_spec& spec, std::vector<token_id>& generated, request_actor& req) {

@@ -10,6 +10,7 @@
 #include "actors/kv_link.h"
 #include "actors/pipeline.h"
 #include "actors/request.h"
+#include "actors/kv_store.h"
 #include "runtime/prefix_view.h"
 
 namespace tandem {
@@ -38,6 +39,9 @@ struct router_options {
   // prefix_salt 0: off (no prefix cache, or not the engines' salt).
   uint64_t prefix_salt = 0;
   int32_t prefix_capacity_blocks = 0;  // blocks one worker's cache can hold (its pool)
+  // The host KV store, if any: a prompt whose full blocks are all in it goes straight to a
+  // decode worker (disaggregated mode), which fetches them and computes only the tail.
+  std::shared_ptr<kv_store_directory> store;
   request_context request_ctx;
   // The root's count of submits this router has taken (it forwards them again past it if the
   // router dies).
@@ -59,6 +63,10 @@ struct router_state {
     bool migrating = false;        // asking its actor for the tokens so far
     int32_t transfer_retries = 0;  // of the current prefill attempt's KV transfer
     steady::time_point dispatched;
+    bool store_asking = false;     // waiting for the store's answer on its prompt's blocks
+    int32_t store_tokens = 0;      // prompt tokens whose blocks the store holds (at that answer)
+    bool direct = false;           // sent straight to decode (the store holds its prompt)
+    bool direct_tried = false;     // ... and that failed once: prefill it
   };
   router_options opts;
   std::vector<prefill_worker_actor> prefill;        // prefill or colocated workers

@@ -30,7 +30,11 @@ step_result run_step(engine& eng, step_work work) {
       continue;
     }
     r.imports.push_back({im.id, s, {}});
-    batch.push_back({s, im.last, true});
+    if (im.feed.empty()) {
+      batch.push_back({s, im.last, true});
+    } else {
+      for (size_t i = 0; i < im.feed.size(); ++i) batch.push_back({s, im.feed[i], i + 1 == im.feed.size()});
+    }
     rows.push_back({im.id, im.index, &im.sampling});
   }
   for (auto& d : work.decodes) {

@@ -26,6 +26,9 @@ struct step_work {
     sampling_params sampling;
     int32_t kv_tokens = -1;   // positions the set must cover (-1: unchecked); a lost tail is caught here
     std::vector<token_id> tokens;  // the tokens the set holds, if known: names its blocks (prefix keys)
+    // Instead of `last`: several tokens to compute after the set (a prompt's tail when its
+    // cached blocks came from the host store); the last one's logits are sampled.
+    std::vector<token_id> feed;
   };
   std::vector<import_item> imports;
   struct chunk_item {         // part of a prompt

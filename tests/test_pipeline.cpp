@@ -703,3 +703,77 @@ TEST(Pipeline, KillingTheHostStoreLosesNoRequest) {
     expect_no_leaks(p);
   }
 }
+
+// A prompt whose full blocks are all in the host store goes straight to a decode worker, which
+// fetches them and computes only the tail: no prefill worker, no KV link; the output is what a
+// lone engine gives. With the store emptied (killed) it takes the prefill path again.
+TEST(Pipeline, WholePromptInTheStoreGoesStraightToDecode) {
+  auto m = tiny();
+  const int V = m->config().n_vocab;
+  pipeline_config cfg;
+  cfg.loaded_model = m;
+  cfg.kv_blocks_per_worker = 256;
+  pipeline p(cfg);
+  const auto direct = [&] { return p.metrics().get_counter("tandem_router_direct_to_decode_total", "").value(); };
+  const auto computed = [&] { return p.metrics().get_counter("tandem_prompt_tokens_computed_total", "").value(); };
+  const sampling_params greedy{.temperature = 0.0f}, seeded{.temperature = 0.9f, .top_k = 30, .seed = 5};
+  const auto prompt = prompt_of(103, 21, V);  // 6 full blocks before the last token, a 7-token tail
+  for (int i = 0; i < 2; ++i) {
+    const auto& sp = i == 0 ? greedy : seeded;
+    const auto r = p.submit({.prompt_tokens = prompt, .max_tokens = 12, .sampling = sp, .ignore_eos = true}).wait(60s);
+    ASSERT_EQ(r.error, errc::ok) << r.message;
+    EXPECT_EQ(r.tokens, alone(*m, prompt, 12, sp, true));
+    EXPECT_EQ(r.timings.kv_bytes > 0, i == 0);  // the direct one moved no KV over a link
+  }
+  // The first computed all 103 prompt tokens on the prefill worker; the second only the tail,
+  // on the decode worker.
+  EXPECT_EQ(direct(), 1);
+  EXPECT_EQ(computed(), 103 + 7);
+  // The next turn of that conversation is not whole in the store: prefill path.
+  auto longer = prompt;
+  for (auto t : prompt_of(30, 22, V)) longer.push_back(t);
+  const auto r2 = p.submit({.prompt_tokens = longer, .max_tokens = 5, .sampling = greedy, .ignore_eos = true}).wait(60s);
+  ASSERT_EQ(r2.error, errc::ok) << r2.message;
+  EXPECT_EQ(r2.tokens, alone(*m, longer, 5, greedy, true));
+  EXPECT_EQ(direct(), 1);
+  // A new, empty store: the same prompt is prefilled again (and is exact).
+  ASSERT_EQ(p.kill("kv_store"), "kv_store");
+  std::this_thread::sleep_for(50ms);
+  const auto r3 = p.submit({.prompt_tokens = prompt, .max_tokens = 12, .sampling = greedy, .ignore_eos = true}).wait(60s);
+  ASSERT_EQ(r3.error, errc::ok) << r3.message;
+  EXPECT_EQ(r3.tokens, alone(*m, prompt, 12, greedy, true));
+  expect_no_leaks(p);
+}
+
+// Direct-to-decode requests under decode kills and store kills: each either finishes exactly
+// or recovers (reserved again, fetched again, or prefilled); nothing leaks.
+TEST(Pipeline, DirectRequestsSurviveDecodeAndStoreKills) {
+  auto m = tiny();
+  const int V = m->config().n_vocab;
+  pipeline_config cfg;
+  cfg.loaded_model = m;
+  cfg.decode_workers = 2;
+  cfg.kv_blocks_per_worker = 256;
+  pipeline p(cfg);
+  const sampling_params greedy{.temperature = 0.0f};
+  std::vector<std::vector<token_id>> prompts;
+  for (int f = 0; f < 3; ++f) {  // put three prompts in the store
+    prompts.push_back(prompt_of(70 + 16 * f, 40 + f, V));
+    ASSERT_EQ(p.submit({.prompt_tokens = prompts.back(), .max_tokens = 2, .sampling = greedy, .ignore_eos = true}).wait(60s).error,
+              errc::ok);
+  }
+  std::vector<std::pair<int, request_handle>> hs;
+  for (int i = 0; i < 30; ++i) {
+    hs.emplace_back(i % 3, p.submit({.prompt_tokens = prompts[size_t(i % 3)], .max_tokens = 10, .sampling = greedy, .ignore_eos = true}));
+    if (i % 10 == 3) p.kill("decode", i % 2);
+    if (i == 17) p.kill("kv_store");
+    std::this_thread::sleep_for(3ms);
+  }
+  for (auto& [f, h] : hs) {
+    const auto r = h.wait(60s);
+    ASSERT_EQ(r.error, errc::ok) << r.message;
+    EXPECT_EQ(r.tokens, alone(*m, prompts[size_t(f)], 10, greedy, true));
+  }
+  EXPECT_GT(p.metrics().get_counter("tandem_router_direct_to_decode_total", "").value(), 0);
+  expect_no_leaks(p);
+}

@@ -296,7 +296,10 @@ await check('tandem bench serve: figures present and consistent (openai and ws)'
   for (const api of ['openai', 'ws']) {
     const out = await new Promise((res, rej) => {
       const p = spawn(tandem, ['bench', 'serve', '--url', base, '--api', api, '--requests', '12', '--rate', '40',
-                               '--trace', 'mixed', '--slo-ttft', '2000', '--slo-tpot', '200', '--json'],
+                               '--trace', 'mixed', '--slo-ttft', '2000', '--slo-tpot', '200', '--json',
+                               // other prompts for the second run: the same ones would come from the
+                               // prefix cache (and go straight to decode), moving no KV over a link
+                               '--seed', api === 'openai' ? '1' : '2'],
                       { stdio: ['ignore', 'pipe', 'inherit'] });
       let text = '';
       p.stdout.on('data', (d) => { text += d.toString(); });
@@ -321,6 +324,8 @@ await check('tandem bench serve: figures present and consistent (openai and ws)'
     assert.ok(r.request_throughput > 0 && r.output_tokens_per_s > 0 && r.prompt_tokens_per_s > 0);
     assert.ok(r.goodput <= r.request_throughput + 1e-9 && r.slo_attainment >= 0 && r.slo_attainment <= 1);
     assert.ok(r.server.kv_bytes_moved > 0 && r.server.kv_transfers >= 12, `${api}: KV moved`);
+    assert.ok(r.server.prompt_tokens_computed > 0 && r.server.prompt_tokens_computed <= r.server.prompt_tokens,
+              `${api}: prompt tokens computed ${r.server.prompt_tokens_computed}`);
     assert.equal(r.server.weight_duplication_factor, 1);
     assert.ok(r.server.weight_bytes_per_worker > 0);
     for (const part of ['cpu', 'gpu'])  // a measurement, or said to be missing: never made up
