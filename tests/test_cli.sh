@@ -58,6 +58,10 @@ echo '{"arrival_s": 0}' >"$work/bad.jsonl"
 expect_error "bad.jsonl:1: 'prompt'" bench compare --trace "$work/bad.jsonl" --slo-tpot 10
 expect_error "slo" bench compare --trace short
 expect_error "matmul" generate --model "$model" --prompt x --matmul slow
+expect_error "kv-store-disk-mib" serve --model "$model" --port 0 --kv-store-disk "$work/tier.bin"
+expect_error "cannot open /nonexistent/tier.bin" serve --model "$model" --port 0 --kv-store-disk /nonexistent/tier.bin --kv-store-disk-mib 4
+expect_error "route-load-weight" serve --model "$model" --port 0 --route-load-weight -1
+expect_error "multiturn needs --api ws" bench serve --url http://127.0.0.1:1 --trace multiturn
 
 # 5. Through the actor runtime: every concurrent request equals the lone-engine reference.
 for mode in disaggregated colocated; do
