@@ -219,6 +219,14 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
         const request_id id = spec.id;
         colocated_worker_state::seq_entry e;
         e.generated = spec.resumed;  // a migrated request goes on from there
+        // Its load counts only what it will compute: blocks others here are computing it waits
+        // for (the engine's own cache is read only between steps).
+        if (st.we->eng->prefix_cache_enabled() && spec.prompt.size() > 1) {
+          const engine& eng = *st.we->eng;
+          const auto keys =
+              block_keys(eng.prefix_salt(), std::span(spec.prompt).first(spec.prompt.size() - 1), eng.block_size());
+          e.expected_reuse = st.claims.claimed_run(keys, 0, spec.id) * eng.block_size();
+        }
         e.spec = std::move(spec);
         e.req = std::move(req);
         st.seqs.emplace(id, std::move(e));

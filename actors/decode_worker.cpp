@@ -125,6 +125,7 @@ void apply(self_ptr self, step_result& r) {
           .inc(double(a.kv_tokens));
       mr.get_counter("tandem_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.")
           .inc(double(s.spec.prompt.size()));
+      update_prefix_hit_ratio(mr);
     }
     s.in_step = true;
     s.cancelled = st.cancelled_importing.erase(id) > 0;

@@ -310,7 +310,17 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
   self->state.we = std::make_unique<worker_engine>(std::move(m), self->state.opts);
   return {
       [self](prefill_atom, request_spec& spec, request_actor& req) {
-        self->state.queue.push_back({std::move(spec), std::move(req)});
+        auto& st = self->state;
+        st.queue.push_back({std::move(spec), std::move(req)});
+        auto& j = st.queue.back();
+        // A prompt whose blocks others here are computing will not compute them: its load says
+        // so from the start (the engine's own cache is read only between steps).
+        if (st.we->eng->prefix_cache_enabled() && j.spec.prompt.size() > 1) {
+          const engine& eng = *st.we->eng;
+          const auto keys = block_keys(eng.prefix_salt(), std::span(j.spec.prompt).first(j.spec.prompt.size() - 1),
+                                       eng.block_size());
+          j.expected_reuse = st.claims.claimed_run(keys, 0, j.spec.id) * eng.block_size();
+        }
         kick(self);
         report_load(self);
       },

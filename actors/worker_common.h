@@ -135,6 +135,16 @@ bool fetch_from_store(Self self, const worker_options& o, std::vector<block_key>
   return true;
 }
 
+// tandem_prefix_cache_hit_ratio: prompt tokens served from a cache over those looked up, all
+// workers, since start (the counters' ratio, as a gauge for dashboards without PromQL).
+inline void update_prefix_hit_ratio(metrics::registry& m) {
+  const double hits = m.get_counter("tandem_prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix cache.").value();
+  const double lookups =
+      m.get_counter("tandem_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.").value();
+  m.get_gauge("tandem_prefix_cache_hit_ratio", "Prompt tokens served from a prefix cache / prompt tokens looked up, since start")
+      .set(lookups > 0 ? hits / lookups : 0.0);
+}
+
 // Prefix-cache metrics: the engine's counters since `last` (updated), and the prompt tokens the
 // step computed. Called on the actor thread between steps (the engine is idle).
 inline void record_prefix_cache(const worker_options& o, const std::string& kind, const engine& eng,
@@ -158,6 +168,7 @@ inline void record_prefix_cache(const worker_options& o, const std::string& kind
       .set(now.cached_blocks);
   m.get_gauge("tandem_prefix_cache_bytes", "Bytes of KV blocks a worker's prefix cache names now.", l)
       .set(double(now.cached_blocks) * double(eng.kv_pool().layout().bytes_per_block()));
+  update_prefix_hit_ratio(m);
   last = now;
 }
 

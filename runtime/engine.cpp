@@ -164,7 +164,7 @@ seq_id engine::start_prompt(uint64_t id, std::span<const token_id> prompt, prefi
   const auto keys = block_keys(salt_, prompt.first(prompt.size() - 1), opts_.block_size);
   const int32_t cached = prefix_->count_cached(keys);
   if (claims.blocked(id, keys, cached)) {
-    reused = (cached + claims.claimed_run(keys, cached)) * opts_.block_size;
+    reused = (cached + claims.claimed_run(keys, cached, id)) * opts_.block_size;
     return 0;
   }
   const seq_id s = create_sequence();

@@ -83,10 +83,14 @@ class prefix_claims {
     auto it = owner_.find(keys[size_t(first_uncached)]);
     return it != owner_.end() && it->second != id;
   }
-  // Leading keys from `from` on that some request is computing (what a waiting prompt will find).
-  int32_t claimed_run(std::span<const block_key> keys, int32_t from) const {
+  // Keys from `from` on that requests other than `id` are computing, up to the first that none
+  // is: what a prompt waiting for them will find.
+  int32_t claimed_run(std::span<const block_key> keys, int32_t from, uint64_t id) const {
     int32_t n = 0;
-    for (size_t i = size_t(std::max(from, 0)); i < keys.size() && owner_.count(keys[i]); ++i) ++n;
+    for (size_t i = size_t(std::max(from, 0)); i < keys.size(); ++i, ++n) {
+      auto it = owner_.find(keys[i]);
+      if (it == owner_.end() || it->second == id) break;
+    }
     return n;
   }
   void claim(uint64_t id, std::span<const block_key> keys) {

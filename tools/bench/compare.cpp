@@ -188,12 +188,18 @@ compare_result run_compare(const compare_options& o) {
       serve_options quiet = so;
       quiet.progress = false;
       std::vector<trace_entry> warm(base.begin(), base.begin() + std::min<size_t>(base.size(), 4));
-      (void)run_serve_bench(quiet, at_rate(warm, 2.0));
+      quiet.seed = o.seed + 0x5eed;  // prompts of its own: the servers' prefix caches must not
+      (void)run_serve_bench(quiet, at_rate(warm, 2.0));  // serve the measured runs' prompts
     }
+    uint64_t run_index = 0;
     double& best = mode == "colocated" ? res.best_colocated : res.best_disaggregated;
     auto run_at = [&](double rate) {
       spdlog::info("{}: {} requests at {:.3g} req/s", mode, base.size(), rate);
-      mode_run r{mode, rate, run_serve_bench(so, at_rate(base, rate))};
+      // Every rate replays the same lengths and arrivals with new prompt contents: replaying the
+      // same prompts would measure the prefix cache, not the modes.
+      serve_options run_so = so;
+      run_so.seed = o.seed + 1000 * ++run_index;
+      mode_run r{mode, rate, run_serve_bench(run_so, at_rate(base, rate))};
       const bool ok = r.held = holds(r.report, o);
       spdlog::info("{} at {:.3g} req/s: goodput {:.3f} req/s, {:.0f}% meet the SLOs{}", mode, rate, r.report.figures.goodput,
                    100 * r.report.figures.slo_attainment, ok ? "" : " (missed)");
