@@ -309,7 +309,7 @@ void add_chaos(CLI::App& app) {
   auto* cmd = app.add_subcommand("chaos", "Soak a running server while killing its actors; report what was lost (nothing, if it works)");
   cmd->add_option("--url", o->url, "The server (http://HOST:PORT)");
   cmd->add_option("--kill", o->kill, "What to kill")
-      ->check(CLI::IsMember({"prefill", "decode", "colocated", "kv_link", "request", "router", "random"}));
+      ->check(CLI::IsMember({"prefill", "decode", "colocated", "kv_link", "request", "router", "kv_store", "random"}));
   cmd->add_option("--every", o->every, "Time between kills (250ms, 2s, 1m)");
   cmd->add_option("--for", o->duration, "How long to send requests and kill");
   cmd->add_option("--drain", o->drain, "After that, how long to wait for the requests in flight");
