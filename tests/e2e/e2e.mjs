@@ -207,6 +207,7 @@ await check('chromium: chat page streams an answer; dashboard shows the workers'
     assert.match(tree, /\d+ connection actors, \d+ request actors/);
     assert.match(tree, /prefill pool supervisor: restarts \d+/);
     assert.match(tree, /decode-0: (busy|idle), \d+ sequences/);
+    assert.match(tree, /KV store: [\d.]+ MiB in memory, [\d.]+ MiB on disk; prefix-cache hit ratio [\d.]+%/);
     assert.ok(names.some((n) => n.startsWith('prefill')) && names.some((n) => n.startsWith('decode')), names.join(','));
   } finally {
     await browser.close();

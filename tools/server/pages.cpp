@@ -116,6 +116,12 @@ function show(s) {
   t += '├─ ' + s.live_connections + ' connection actors, ' + s.live_requests + ' request actors, ' + s.in_flight +
     ' requests in flight over the network\n';
   t += '├─ KV links: ' + r.kv_links + ' (' + r.retiring_kv_links + ' retiring)\n';
+  const gauge = (n, tier) => { for (const g of ((s.metrics || {}).gauges || {})[n] || []) if (!tier || g.labels.tier === tier) return g.value; return null; };
+  const mib = (b) => ((b || 0) / 1048576).toFixed(1) + ' MiB';
+  if (gauge('tandem_kv_store_bytes', 'memory') !== null)
+    t += '├─ KV store: ' + mib(gauge('tandem_kv_store_bytes', 'memory')) + ' in memory, ' + mib(gauge('tandem_kv_store_bytes', 'disk')) +
+      ' on disk' + (degraded.kv_store ? ', DEGRADED' : '') + '; prefix-cache hit ratio ' +
+      (100 * (gauge('tandem_prefix_cache_hit_ratio') || 0)).toFixed(1) + '%\n';
   const kinds = Object.keys(pools);
   kinds.forEach((k, i) => {
     const lastPool = i + 1 === kinds.length;
@@ -140,7 +146,7 @@ function show(s) {
   const m = [];
   const walk = (o, p) => { for (const [k, v] of Object.entries(o || {})) { if (v !== null && typeof v === 'object') walk(v, p + k + '.'); else m.push([p + k, v]); } };
   walk(s.metrics, '');
-  mrows.innerHTML = m.filter(([k]) => /queue|restart|reject|requests_total|kv_link|degraded/.test(k)).slice(0, 60)
+  mrows.innerHTML = m.filter(([k]) => /queue|restart|reject|requests_total|kv_link|degraded|prefix|kv_store|direct/.test(k)).slice(0, 80)
     .map(([k, v]) => '<tr><td>' + esc(k) + '</td><td>' + esc(v) + '</td></tr>').join('');
   document.getElementById('updated').textContent = 'updated ' + new Date().toLocaleTimeString();
 }
