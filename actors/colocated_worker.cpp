@@ -12,7 +12,7 @@ void report_load(self_ptr self) {
   l.alive = true;
   for (auto id : st.waiting) {
     const auto& e = st.seqs.at(id);
-    l.queued_tokens += int64_t(e.spec.prompt.size()) - std::max(e.prefilled, e.seq == 0 ? e.expected_reuse : 0);
+    l.queued_tokens += int64_t(e.spec.prompt.size()) - std::max(e.prefilled, e.seq == 0 ? e.reuse.expected_reuse : 0);
     ++l.queued_requests;
   }
   self->send(st.router, load_atom::value, l);
@@ -24,7 +24,7 @@ void drop(self_ptr self, request_id id) {
   if (it == st.seqs.end()) return;
   // Its blocks past those it started with go to the host store (only between steps).
   if (!st.we->busy && it->second.seq != 0 && st.we->eng->prefix_cache_enabled())
-    publish_to_store(st.opts, *st.we->eng, it->second.seq, it->second.reused / st.we->eng->block_size());
+    publish_to_store(st.opts, *st.we->eng, it->second.seq, it->second.reuse.reused / st.we->eng->block_size());
   if (it->second.seq != 0) st.to_free.push_back(it->second.seq);
   if (it->second.reserved) st.ledger->release(int64_t(id));
   st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), id), st.waiting.end());
@@ -33,38 +33,6 @@ void drop(self_ptr self, request_id id) {
 }
 
 void kick(self_ptr self);
-
-// Asks the host store for the blocks of e's prompt this worker lacks: true while it asks.
-bool ask_store(self_ptr self, colocated_worker_state::seq_entry& e) {
-  const engine& eng = *self->state.we->eng;
-  e.fetch = 2;
-  const auto& p = e.spec.prompt;
-  if (p.empty()) return false;
-  auto keys = block_keys(eng.prefix_salt(), std::span(p).first(p.size() - 1), eng.block_size());
-  const size_t cached = size_t(eng.cached_prefix_tokens(p) / eng.block_size());
-  if (cached >= keys.size()) return false;
-  // Another prompt computes (or fetches) its next block: it waits for that one instead. Else it
-  // claims what it lacks, so prompts like it wait for this one rather than fetch or compute.
-  const uint64_t id0 = e.spec.id;
-  if (self->state.claims.blocked(id0, keys, int32_t(cached))) return false;
-  self->state.claims.claim(id0, std::span(keys).subspan(cached));
-  keys.erase(keys.begin(), keys.begin() + std::ptrdiff_t(cached));
-  const request_id id = e.spec.id;
-  const bool asked = fetch_from_store(self, self->state.opts, std::move(keys),
-                                      [self, id](const std::vector<block_key>& asked_keys, kv_blocks_ptr blocks) {
-                                        auto it = self->state.seqs.find(id);
-                                        if (it != self->state.seqs.end() && it->second.fetch == 1) {
-                                          it->second.fetch = 2;
-                                          if (blocks && !blocks->empty()) {
-                                            it->second.fetched = std::move(blocks);
-                                            it->second.fetched_keys = asked_keys;
-                                          }
-                                        }
-                                        kick(self);
-                                      });
-  if (asked) e.fetch = 1;
-  return asked;
-}
 
 void kick(self_ptr self) {
   auto& st = self->state;
@@ -91,21 +59,13 @@ void kick(self_ptr self) {
       e.reserved = true;
     }
     if (e.seq == 0 && st.we->eng->prefix_cache_enabled()) {
-      // Its cached prefix attached now (the engine is idle), after asking the host store for
-      // what this worker lacks; or it waits for the prompt computing the block it needs next.
-      if (e.fetched) {
-        (void)st.we->eng->cache_blocks(e.fetched_keys, *e.fetched);
-        e.fetched = nullptr;
-      }
-      if (e.fetch == 0 && ask_store(self, e)) continue;
-      if (e.fetch == 1) continue;
-      int32_t reused = 0;
-      e.seq = st.we->eng->start_prompt(id, e.spec.prompt, st.claims, reused);
-      if (e.seq == 0) {
-        e.expected_reuse = reused;  // waits for another prompt's blocks
-        continue;
-      }
-      e.prefilled = e.reused = reused;
+      auto find = [self](uint64_t rid) -> prompt_reuse* {
+        auto it = self->state.seqs.find(rid);
+        return it == self->state.seqs.end() ? nullptr : &it->second.reuse;
+      };
+      e.seq = start_with_prefix(self, st.opts, *st.we->eng, st.claims, e.spec, e.reuse, find, kick);
+      if (e.seq == 0) continue;
+      e.prefilled = e.reuse.reused;
     }
     pending.push_back({int64_t(id), int32_t(e.spec.prompt.size()), e.prefilled});
   }
@@ -219,14 +179,7 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
         const request_id id = spec.id;
         colocated_worker_state::seq_entry e;
         e.generated = spec.resumed;  // a migrated request goes on from there
-        // Its load counts only what it will compute: blocks others here are computing it waits
-        // for (the engine's own cache is read only between steps).
-        if (st.we->eng->prefix_cache_enabled() && spec.prompt.size() > 1) {
-          const engine& eng = *st.we->eng;
-          const auto keys =
-              block_keys(eng.prefix_salt(), std::span(spec.prompt).first(spec.prompt.size() - 1), eng.block_size());
-          e.expected_reuse = st.claims.claimed_run(keys, 0, spec.id) * eng.block_size();
-        }
+        e.reuse.expected_reuse = expected_reuse_at_arrival(*st.we->eng, st.claims, spec);
         e.spec = std::move(spec);
         e.req = std::move(req);
         st.seqs.emplace(id, std::move(e));

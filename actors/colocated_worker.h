@@ -25,12 +25,7 @@ struct colocated_worker_state {
     bool in_step = false;
     bool cancelled = false;
     bool announced = false;  // told its request it is prefilling
-    // The host store, asked once before the prompt starts (0 not asked, 1 asking, 2 done).
-    int8_t fetch = 0;
-    kv_blocks_ptr fetched;
-    std::vector<block_key> fetched_keys;
-    int32_t reused = 0;      // prompt tokens it started with from the cache
-    int32_t expected_reuse = 0;  // while waiting for another prompt's blocks: what it will reuse
+    prompt_reuse reuse;      // what it has of the prefix cache and the host store
   };
   worker_options opts;
   router_actor router;

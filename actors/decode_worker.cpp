@@ -117,16 +117,8 @@ void apply(self_ptr self, step_result& r) {
     s.seq = im->seq;
     s.generated = int32_t(a.generated.size());
     s.last = a.feed.empty() ? a.generated.back() : a.feed.back();
-    if (!a.feed.empty() && st.opts.metrics) {  // a prompt served from the store: its cache figures
-      auto& mr = *st.opts.metrics;
-      mr.get_counter("tandem_prompt_tokens_computed_total", "Prompt tokens run through the model (cached prefixes are not).")
-          .inc(double(a.feed.size()));
-      mr.get_counter("tandem_prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix cache.")
-          .inc(double(a.kv_tokens));
-      mr.get_counter("tandem_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.")
-          .inc(double(s.spec.prompt.size()));
-      update_prefix_hit_ratio(mr);
-    }
+    if (!a.feed.empty() && st.opts.metrics)  // a prompt served from the store: its cache figures
+      count_prefix_use(*st.opts.metrics, double(a.feed.size()), double(a.kv_tokens), double(s.spec.prompt.size()));
     s.in_step = true;
     s.cancelled = st.cancelled_importing.erase(id) > 0;
     // Cancelled while it imported (it was moved on, or it ended): it does not decode here, and
@@ -226,7 +218,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         if (!st.ledger->holds(int64_t(id)) || spec.prompt.size() < 2) return false;
         const engine& eng = *st.we->eng;  // salt and block size: fixed at construction
         const int32_t bs = eng.block_size();
-        auto keys = block_keys(eng.prefix_salt(), std::span(spec.prompt).first(spec.prompt.size() - 1), bs);
+        auto keys = prompt_block_keys(eng.prefix_salt(), spec.prompt, bs);
         const size_t want = keys.size();
         auto rp = self->make_response_promise<bool>();
         auto sp = std::make_shared<request_spec>(std::move(spec));

@@ -14,7 +14,7 @@ void report_load(self_ptr self) {
   l.alive = true;
   for (const auto& j : st.queue) {
     // A prompt waiting for blocks another is computing will not compute them itself.
-    l.queued_tokens += int64_t(j.spec.prompt.size()) - std::max(j.done, j.seq == 0 ? j.expected_reuse : 0);
+    l.queued_tokens += int64_t(j.spec.prompt.size()) - std::max(j.done, j.seq == 0 ? j.reuse.expected_reuse : 0);
     ++l.queued_requests;
   }
   self->send(st.router, load_atom::value, l);
@@ -28,38 +28,6 @@ void fail_job(self_ptr self, prefill_worker_state::job& j, errc code, const std:
 
 void kick(self_ptr self);
 
-// Asks the host store for the blocks of j's prompt this worker lacks: true while it asks.
-bool ask_store(self_ptr self, prefill_worker_state::job& j) {
-  const engine& eng = *self->state.we->eng;
-  j.fetch = 2;
-  const auto& p = j.spec.prompt;
-  if (p.empty()) return false;
-  auto keys = block_keys(eng.prefix_salt(), std::span(p).first(p.size() - 1), eng.block_size());
-  const size_t cached = size_t(eng.cached_prefix_tokens(p) / eng.block_size());
-  if (cached >= keys.size()) return false;
-  // Another prompt computes (or fetches) its next block: it waits for that one instead. Else it
-  // claims what it lacks, so prompts like it wait for this one rather than fetch or compute.
-  const uint64_t id0 = j.spec.id;
-  if (self->state.claims.blocked(id0, keys, int32_t(cached))) return false;
-  self->state.claims.claim(id0, std::span(keys).subspan(cached));
-  keys.erase(keys.begin(), keys.begin() + std::ptrdiff_t(cached));
-  const request_id id = j.spec.id;
-  const bool asked = fetch_from_store(self, self->state.opts, std::move(keys),
-                                      [self, id](const std::vector<block_key>& asked_keys, kv_blocks_ptr blocks) {
-                                        for (auto& q : self->state.queue)
-                                          if (q.spec.id == id && q.fetch == 1) {
-                                            q.fetch = 2;
-                                            if (blocks && !blocks->empty()) {
-                                              q.fetched = std::move(blocks);
-                                              q.fetched_keys = asked_keys;
-                                            }
-                                          }
-                                        kick(self);
-                                      });
-  if (asked) j.fetch = 1;
-  return asked;
-}
-
 // Plans the next step from the queue and posts it, if there is anything to do.
 void kick(self_ptr self) {
   auto& st = self->state;
@@ -67,20 +35,18 @@ void kick(self_ptr self) {
   engine& eng = *st.we->eng;
   // Prefix reuse: a prompt starts with its cached blocks attached (the engine is idle here),
   // or waits while another prompt computes the block it needs next.
-  if (eng.prefix_cache_enabled())
-    for (auto& j : st.queue) {
-      if (j.seq != 0) continue;
-      if (j.fetched) {
-        (void)eng.cache_blocks(j.fetched_keys, *j.fetched);
-        j.fetched = nullptr;
+  if (eng.prefix_cache_enabled()) {
+    auto find = [self](uint64_t id) -> prompt_reuse* {
+      for (auto& q : self->state.queue)
+        if (q.spec.id == id) return &q.reuse;
+      return nullptr;
+    };
+    for (auto& j : st.queue)
+      if (j.seq == 0) {
+        j.seq = start_with_prefix(self, st.opts, eng, st.claims, j.spec, j.reuse, find, kick);
+        if (j.seq != 0) j.done = j.reuse.reused;
       }
-      if (j.fetch == 0 && ask_store(self, j)) continue;
-      if (j.fetch == 1) continue;  // waiting for the store's answer
-      int32_t reused = 0;
-      j.seq = eng.start_prompt(j.spec.id, j.spec.prompt, st.claims, reused);
-      if (j.seq == 0) j.expected_reuse = reused;  // waits for another prompt's blocks
-      else j.done = j.reused = reused;
-    }
+  }
   std::vector<pending_prefill> pending;
   for (const auto& j : st.queue)
     if (j.seq != 0 || !eng.prefix_cache_enabled())
@@ -273,7 +239,7 @@ void apply(self_ptr self, step_result& r) {
     const bool finished = eog || last;
     // The blocks it computed (not those it started with) go to the host store for others.
     if (st.we->eng->prefix_cache_enabled())
-      publish_to_store(st.opts, *st.we->eng, it->seq, it->reused / st.we->eng->block_size());
+      publish_to_store(st.opts, *st.we->eng, it->seq, it->reuse.reused / st.we->eng->block_size());
     if (finished) {
       st.to_free.push_back(it->seq);
     } else {
@@ -313,14 +279,7 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
         auto& st = self->state;
         st.queue.push_back({std::move(spec), std::move(req)});
         auto& j = st.queue.back();
-        // A prompt whose blocks others here are computing will not compute them: its load says
-        // so from the start (the engine's own cache is read only between steps).
-        if (st.we->eng->prefix_cache_enabled() && j.spec.prompt.size() > 1) {
-          const engine& eng = *st.we->eng;
-          const auto keys = block_keys(eng.prefix_salt(), std::span(j.spec.prompt).first(j.spec.prompt.size() - 1),
-                                       eng.block_size());
-          j.expected_reuse = st.claims.claimed_run(keys, 0, j.spec.id) * eng.block_size();
-        }
+        j.reuse.expected_reuse = expected_reuse_at_arrival(*st.we->eng, st.claims, j.spec);
         kick(self);
         report_load(self);
       },

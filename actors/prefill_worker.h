@@ -24,13 +24,7 @@ struct prefill_worker_state {
     int32_t stream_next = 0;
     bool stream_broken = false;  // the link changed while a streamed step was in flight
     bool announced = false;      // told its request it is prefilling
-    // The host store: asked once for the prompt's blocks before it starts (0 not asked,
-    // 1 asking, 2 answered or nothing to ask); what came is cached when the engine is idle.
-    int8_t fetch = 0;
-    kv_blocks_ptr fetched;
-    std::vector<block_key> fetched_keys;
-    int32_t reused = 0;          // prompt tokens it started with from the cache
-    int32_t expected_reuse = 0;  // while waiting for another prompt's blocks: what it will reuse
+    prompt_reuse reuse;          // what it has of the prefix cache and the host store
   };
   struct lease {
     request_spec spec;

@@ -69,8 +69,7 @@ void ask_store(self_ptr self, request_id id) {
     return;
   auto store = st.opts.store->get();
   if (!store) return;
-  auto keys = block_keys(st.opts.prefix_salt, std::span(e.spec.prompt).first(e.spec.prompt.size() - 1),
-                         st.opts.block_size);
+  const auto keys = prompt_block_keys(st.opts.prefix_salt, e.spec.prompt, st.opts.block_size);
   e.store_asking = true;
   auto done = [self, id](int32_t blocks) {
     auto it = self->state.requests.find(id);
@@ -110,11 +109,9 @@ void dispatch_prefill(self_ptr self) {
       continue;
     }
     std::vector<prefill_worker_load> eligible = st.prefill_load;
-    // The blocks a worker could reuse: the prompt's full blocks before its last token.
+    // The blocks a worker could reuse.
     std::vector<block_key> keys;
-    if (st.prefixes && !e.spec.prompt.empty())
-      keys = block_keys(st.opts.prefix_salt, std::span(e.spec.prompt).first(e.spec.prompt.size() - 1),
-                        st.opts.block_size);
+    if (st.prefixes) keys = prompt_block_keys(st.opts.prefix_salt, e.spec.prompt, st.opts.block_size);
     for (size_t i = 0; i < eligible.size(); ++i) {
       if (!st.prefill[i] || eligible[i].queued_tokens >= st.opts.dispatch_tokens) eligible[i].alive = false;
       if (st.prefixes) eligible[i].cached_tokens = st.prefixes->overlap(int32_t(i), keys) * st.opts.block_size;

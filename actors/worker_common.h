@@ -135,14 +135,80 @@ bool fetch_from_store(Self self, const worker_options& o, std::vector<block_key>
   return true;
 }
 
-// tandem_prefix_cache_hit_ratio: prompt tokens served from a cache over those looked up, all
-// workers, since start (the counters' ratio, as a gauge for dashboards without PromQL).
-inline void update_prefix_hit_ratio(metrics::registry& m) {
-  const double hits = m.get_counter("tandem_prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix cache.").value();
-  const double lookups =
-      m.get_counter("tandem_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.").value();
+// Counts prompt tokens computed, served from a cache (hits) and looked up in one, and sets
+// tandem_prefix_cache_hit_ratio (hits / lookups, all workers, since start: the counters' ratio
+// as a gauge for dashboards without PromQL).
+inline void count_prefix_use(metrics::registry& m, double computed, double hits, double lookups) {
+  m.get_counter("tandem_prompt_tokens_computed_total", "Prompt tokens run through the model (cached prefixes are not).")
+      .inc(computed);
+  auto& h = m.get_counter("tandem_prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix cache.");
+  auto& l = m.get_counter("tandem_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.");
+  h.inc(hits);
+  l.inc(lookups);
   m.get_gauge("tandem_prefix_cache_hit_ratio", "Prompt tokens served from a prefix cache / prompt tokens looked up, since start")
-      .set(lookups > 0 ? hits / lookups : 0.0);
+      .set(l.value() > 0 ? h.value() / l.value() : 0.0);
+}
+
+// What a prompt on a prefill or colocated worker has of the prefix cache and the host store.
+struct prompt_reuse {
+  // The host store is asked once before the prompt starts: 0 not asked, 1 asking, 2 answered
+  // (or nothing to ask). What came is cached when the engine is idle.
+  int8_t fetch = 0;
+  kv_blocks_ptr fetched;
+  std::vector<block_key> fetched_keys;
+  int32_t reused = 0;          // prompt tokens it started with from the cache
+  int32_t expected_reuse = 0;  // while it waits for other prompts' blocks: what it will find
+};
+
+// On arrival, what a prompt will reuse of blocks other prompts here are computing: its load
+// counts only the rest from the start (the engine's own cache is read only between steps;
+// its salt and block size are fixed at construction).
+inline int32_t expected_reuse_at_arrival(const engine& eng, const prefix_claims& claims, const request_spec& spec) {
+  if (!eng.prefix_cache_enabled()) return 0;
+  const auto keys = prompt_block_keys(eng.prefix_salt(), spec.prompt, eng.block_size());
+  return claims.claimed_run(keys, 0, spec.id) * eng.block_size();
+}
+
+// Between steps (the engine is idle): starts `spec`'s prompt on a new sequence with its cached
+// prefix attached (r.reused), or returns 0 while it waits — for the host store, asked first
+// for the blocks this worker lacks, or for another prompt computing (or fetching) its next
+// block. A prompt that asks the store claims what it lacks, so prompts like it wait for this
+// one rather than fetch or compute the same. `find(id)` locates r again when the store
+// answers (null: the request left); `kick(self)` plans again then.
+template <class Self, class Find, class Kick>
+seq_id start_with_prefix(Self self, const worker_options& o, engine& eng, prefix_claims& claims,
+                         const request_spec& spec, prompt_reuse& r, Find find, Kick kick) {
+  if (r.fetched) {
+    (void)eng.cache_blocks(r.fetched_keys, *r.fetched);
+    r.fetched = nullptr;
+  }
+  if (r.fetch == 0) {
+    r.fetch = 2;
+    auto keys = prompt_block_keys(eng.prefix_salt(), spec.prompt, eng.block_size());
+    const size_t cached = size_t(eng.cached_prefix_tokens(spec.prompt) / eng.block_size());
+    if (cached < keys.size() && !claims.blocked(spec.id, keys, int32_t(cached))) {
+      claims.claim(spec.id, std::span(keys).subspan(cached));
+      keys.erase(keys.begin(), keys.begin() + std::ptrdiff_t(cached));
+      const uint64_t id = spec.id;
+      if (fetch_from_store(self, o, std::move(keys),
+                           [self, id, find, kick](const std::vector<block_key>& asked, kv_blocks_ptr blocks) {
+                             if (prompt_reuse* q = find(id); q && q->fetch == 1) {
+                               q->fetch = 2;
+                               if (blocks && !blocks->empty()) {
+                                 q->fetched = std::move(blocks);
+                                 q->fetched_keys = asked;
+                               }
+                             }
+                             kick(self);
+                           }))
+        r.fetch = 1;
+    }
+  }
+  if (r.fetch == 1) return 0;  // waiting for the store's answer
+  int32_t reused = 0;
+  const seq_id s = eng.start_prompt(spec.id, spec.prompt, claims, reused);
+  (s == 0 ? r.expected_reuse : r.reused) = reused;
+  return s;
 }
 
 // Prefix-cache metrics: the engine's counters since `last` (updated), and the prompt tokens the
@@ -151,14 +217,14 @@ inline void record_prefix_cache(const worker_options& o, const std::string& kind
                                 prefix_cache_stats& last, int64_t computed_prompt_tokens) {
   if (!o.metrics) return;
   auto& m = *o.metrics;
-  m.get_counter("tandem_prompt_tokens_computed_total", "Prompt tokens run through the model (cached prefixes are not).")
-      .inc(double(computed_prompt_tokens));
-  if (!eng.prefix_cache_enabled()) return;
+  if (!eng.prefix_cache_enabled()) {
+    m.get_counter("tandem_prompt_tokens_computed_total", "Prompt tokens run through the model (cached prefixes are not).")
+        .inc(double(computed_prompt_tokens));
+    return;
+  }
   const prefix_cache_stats now = eng.prefix_stats();
-  m.get_counter("tandem_prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix cache.")
-      .inc(double(now.hit_tokens - last.hit_tokens));
-  m.get_counter("tandem_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.")
-      .inc(double(now.lookup_tokens - last.lookup_tokens));
+  count_prefix_use(m, double(computed_prompt_tokens), double(now.hit_tokens - last.hit_tokens),
+                   double(now.lookup_tokens - last.lookup_tokens));
   m.get_counter("tandem_prefix_cache_published_blocks_total", "KV blocks named in a worker's prefix cache.")
       .inc(double(now.published_blocks - last.published_blocks));
   m.get_counter("tandem_prefix_cache_evicted_blocks_total", "Unused cached KV blocks evicted for room.")
@@ -168,7 +234,6 @@ inline void record_prefix_cache(const worker_options& o, const std::string& kind
       .set(now.cached_blocks);
   m.get_gauge("tandem_prefix_cache_bytes", "Bytes of KV blocks a worker's prefix cache names now.", l)
       .set(double(now.cached_blocks) * double(eng.kv_pool().layout().bytes_per_block()));
-  update_prefix_hit_ratio(m);
   last = now;
 }
 

@@ -108,9 +108,7 @@ int32_t engine::attach_prefix(seq_id s, std::span<const token_id> prompt) {
   if (!prefix_ || it == seqs_.end() || it->second.n_tokens != 0 || prompt.empty()) return 0;
   sequence& sq = it->second;
   prefix_counts_.lookup_tokens += prompt.size();
-  // The last token stays to compute: its logits give the first output token.
-  const auto usable = prompt.first(prompt.size() - 1);
-  const auto keys = block_keys(salt_, usable, opts_.block_size);
+  const auto keys = prompt_block_keys(salt_, prompt, opts_.block_size);
   const auto blocks = prefix_->match(keys);
   for (block_id b : blocks) {
     pool_.retain(b);
@@ -161,7 +159,7 @@ int32_t engine::cache_blocks(std::span<const block_key> keys, std::span<const kv
 seq_id engine::start_prompt(uint64_t id, std::span<const token_id> prompt, prefix_claims& claims, int32_t& reused) {
   reused = 0;
   if (!prefix_ || prompt.empty()) return create_sequence();
-  const auto keys = block_keys(salt_, prompt.first(prompt.size() - 1), opts_.block_size);
+  const auto keys = prompt_block_keys(salt_, prompt, opts_.block_size);
   const int32_t cached = prefix_->count_cached(keys);
   if (claims.blocked(id, keys, cached)) {
     reused = (cached + claims.claimed_run(keys, cached, id)) * opts_.block_size;
@@ -175,7 +173,7 @@ seq_id engine::start_prompt(uint64_t id, std::span<const token_id> prompt, prefi
 
 int32_t engine::cached_prefix_tokens(std::span<const token_id> prompt) const {
   if (!prefix_ || prompt.empty()) return 0;
-  const auto keys = block_keys(salt_, prompt.first(prompt.size() - 1), opts_.block_size);
+  const auto keys = prompt_block_keys(salt_, prompt, opts_.block_size);
   return prefix_->count_cached(keys) * opts_.block_size;
 }
 

@@ -28,6 +28,10 @@ std::vector<block_key> block_keys(uint64_t salt, std::span<const token_id> token
   return keys;
 }
 
+std::vector<block_key> prompt_block_keys(uint64_t salt, std::span<const token_id> prompt, int32_t block_size) {
+  return prompt.empty() ? std::vector<block_key>{} : block_keys(salt, prompt.first(prompt.size() - 1), block_size);
+}
+
 std::vector<block_id> prefix_index::match(std::span<const block_key> keys) {
   std::vector<block_id> blocks;
   for (block_key k : keys) {
