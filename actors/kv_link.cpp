@@ -3,6 +3,8 @@
 #include "transport/local/local_transport.h"
 #include "transport/shm/shm_transport.h"
 
+#include <spdlog/spdlog.h>
+
 #include <thread>
 
 namespace tandem {
@@ -75,6 +77,78 @@ kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const re
   return landed;
 }
 
+uint64_t payload_bytes(const std::vector<kv_block_export>& kv) {
+  uint64_t bytes = 0;
+  for (const auto& b : kv) bytes += b.payload.size() * sizeof(float);
+  return bytes;
+}
+
+// "channel": sends blocks to the decode process's receiver, which stages them at its decode
+// worker before acknowledging. Not waited for here (frames pipeline); settled() waits.
+void send_frame(kv_link_actor::stateful_pointer<kv_link_state> self, const request_actor& req, request_id id,
+                uint32_t epoch, kv_blocks_ptr kv) {
+  auto& st = self->state;
+  if (st.opts.faults && st.opts.faults->take(fault_kind::corrupt_kv)) {
+    auto damaged = std::make_shared<std::vector<kv_block_export>>(*kv);
+    for (auto& b : *damaged)
+      if (!b.payload.empty()) {
+        b.payload[b.payload.size() / 2] += 1.0f;  // the receiver's checksum check refuses it
+        break;
+      }
+    kv = std::move(damaged);
+  }
+  auto frame = std::make_shared<transport::kv_frame>();
+  frame->target = st.opts.target;
+  frame->request = id;
+  frame->epoch = epoch;
+  frame->blocks = kv;
+  const uint64_t bytes = payload_bytes(*kv);
+  st.unacked.push_back({st.sender->submit(std::move(frame)), id, req, bytes, steady::now()});
+}
+
+// Accounts for one acknowledged (or failed) frame; false if it failed.
+bool settle_frame(kv_link_actor::stateful_pointer<kv_link_state> self, const kv_link_state::unacked_frame& f,
+                  const transport::transfer_status& ts) {
+  auto& st = self->state;
+  if (ts.state != transport::transfer_state::done) {
+    spdlog::warn("kv_link {}: a frame failed: {}", st.opts.name, ts.error.to_string());
+    if (st.opts.metrics)
+      st.opts.metrics->get_counter("tandem_kv_link_failed_frames_total", "KV frames a link could not deliver",
+                                   {{"link", st.opts.name}})
+          .inc();
+    return false;
+  }
+  const double ms = std::chrono::duration<double, std::milli>(steady::now() - f.sent).count();
+  st.bytes += f.bytes;
+  self->send(f.req, kv_atom::value, f.bytes, ms);
+  if (st.opts.metrics)
+    st.opts.metrics->get_counter("tandem_kv_link_bytes_total", "Bytes of KV moved by a link", {{"link", st.opts.name}})
+        .inc(double(f.bytes));
+  return true;
+}
+
+// Forgets frames already acknowledged (without waiting), so a long stream holds few sets.
+void reap_frames(kv_link_actor::stateful_pointer<kv_link_state> self) {
+  auto& st = self->state;
+  std::vector<kv_link_state::unacked_frame> left;
+  for (auto& f : st.unacked) {
+    auto ts = st.sender->poll(f.id);
+    if (ts.state == transport::transfer_state::pending) left.push_back(std::move(f));
+    else if (!settle_frame(self, f, ts)) st.failed_frames.insert(f.request);  // shows at its closing transfer
+  }
+  st.unacked = std::move(left);
+}
+
+// Waits for every frame sent so far; false if any failed (the set at the decode worker is then
+// incomplete, and the transfer fails back to the prefill side's lease to be shipped again).
+bool settle_all(kv_link_actor::stateful_pointer<kv_link_state> self, request_id id) {
+  auto& st = self->state;
+  for (auto& f : st.unacked)
+    if (!settle_frame(self, f, st.sender->wait(f.id))) st.failed_frames.insert(f.request);
+  st.unacked.clear();
+  return st.failed_frames.erase(id) == 0;
+}
+
 // Hands landed blocks to the decode worker; its answer (complete, checksummed, imported) goes
 // back to the prefill side, whose lease ends on `true`.
 void forward(kv_link_actor::stateful_pointer<kv_link_state> self, request_spec spec, request_actor req,
@@ -111,14 +185,34 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
                                               decode_worker_actor decode, kv_link_options opts) {
   self->state.opts = std::move(opts);
   self->state.decode = std::move(decode);
-  if (self->state.opts.transport == "shm") self->state.transport = std::make_unique<transport::shm_transport>();
+  const bool channel = self->state.opts.transport == "channel";
+  if (channel)
+    self->state.sender = std::make_unique<transport::kv_sender>(
+        transport::sender_options{self->state.opts.kv_address, self->state.opts.channel_mode});
+  else if (self->state.opts.transport == "shm") self->state.transport = std::make_unique<transport::shm_transport>();
   else self->state.transport = std::make_unique<transport::local_transport>();
   return {
-      [self](transfer_atom, request_spec& spec, request_actor& req, kv_blocks_ptr& kv,
-             std::vector<token_id>& generated) -> caf::result<bool> {
+      [self, channel](transfer_atom, request_spec& spec, request_actor& req, kv_blocks_ptr& kv,
+                      std::vector<token_id>& generated) -> caf::result<bool> {
         auto& st = self->state;
         if (!kv) return false;
         maybe_stall(self);
+        if (channel) {
+          // The set (or, after a streamed prefill, its last blocks) goes as one more frame; once
+          // every frame is acknowledged it is staged at the decode worker, and the closing
+          // arrive (an empty set) completes it there.
+          if (!kv->empty() && !(st.opts.faults && st.opts.faults->take(fault_kind::drop_kv)))
+            send_frame(self, req, spec.id, spec.epoch, kv);
+          if (!settle_all(self, spec.id)) return false;
+          ++st.transfers;
+          if (st.opts.metrics)
+            st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", {{"link", st.opts.name}})
+                .inc();
+          auto rp = self->make_response_promise<bool>();
+          forward(self, std::move(spec), std::move(req), std::make_shared<const std::vector<kv_block_export>>(),
+                  std::move(generated), rp);
+          return rp;
+        }
         kv_blocks_ptr landed = move(self, req, kv);
         if (!landed) return false;
         ++st.transfers;
@@ -146,7 +240,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
         forward(self, std::move(h.spec), std::move(h.req), std::move(h.kv), std::move(h.generated), h.promise);
       },
       [](heartbeat_atom) { return true; },
-      [self](kv_piece_atom, request_id id, uint32_t epoch, request_actor& req, kv_blocks_ptr& kv) {
+      [self, channel](kv_piece_atom, request_id id, uint32_t epoch, request_actor& req, kv_blocks_ptr& kv) {
         if (!kv) return;
         if (self->state.opts.faults && self->state.opts.faults->take(fault_kind::drop_kv)) {
           return;  // lost in flight: the set is incomplete at arrival
@@ -154,6 +248,15 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
         // A piece that fails to move is simply not staged: the decode side then finds the set
         // incomplete at arrival and refuses it, so nothing decodes on partial KV.
         maybe_stall(self);
+        if (channel) {
+          reap_frames(self);
+          send_frame(self, req, id, epoch, kv);
+          if (auto& m = self->state.opts.metrics)
+            m->get_counter("tandem_kv_link_pieces_total", "KV pieces streamed by a link while prefill ran",
+                           {{"link", self->state.opts.name}})
+                .inc();
+          return;
+        }
         if (kv_blocks_ptr landed = move(self, req, kv)) {
           if (self->state.opts.faults && self->state.opts.faults->take(fault_kind::delay_kv)) {
             // It arrives late, possibly after the set was found incomplete (and shipped again whole).

@@ -4,10 +4,12 @@
 // complete, checksummed set and only then acknowledges; the reply ends the prefill side's lease.
 // Credits: the router reserved the blocks on the decode side before the link was asked.
 #include <map>
+#include <set>
 #include <memory>
 
 #include "actors/protocol.h"
 #include "runtime/fault_injection.h"
+#include "transport/channel.h"
 #include "transport/transport.h"
 
 namespace tandem {
@@ -15,8 +17,13 @@ namespace tandem {
 struct kv_link_options {
   std::string name;           // "p0->d1"
   // "handoff": in one process, hand the blocks over without copying; "local": copy through the
-  // in-process transport; "shm": through a shared-memory arena (the cross-process path).
+  // in-process transport; "shm": through a shared-memory arena in this process; "channel":
+  // to a decode worker in another process, over transport/channel.h (this link then lives in
+  // the prefill worker's process, and its decode worker's KV receiver stages what lands).
   std::string transport = "local";
+  std::string channel_mode = "auto";  // "channel": auto (shared memory on one host), tcp or shm
+  std::string kv_address;             // "channel": the decode process's KV receiver
+  int32_t target = 0;                 // "channel": the decode worker's index there
   std::shared_ptr<metrics::registry> metrics;
   std::shared_ptr<fault_injector> faults;  // armed faults this link can suffer (tests, tandem chaos)
 };
@@ -25,6 +32,17 @@ struct kv_link_state {
   kv_link_options opts;
   decode_worker_actor decode;
   std::unique_ptr<transport::kv_transport> transport;
+  // "channel": frames sent and not yet acknowledged (what they carried, for the accounting).
+  std::unique_ptr<transport::kv_sender> sender;
+  struct unacked_frame {
+    transport::transfer_id id;
+    request_id request;
+    request_actor req;
+    uint64_t bytes;
+    steady::time_point sent;
+  };
+  std::vector<unacked_frame> unacked;
+  std::set<request_id> failed_frames;  // requests with a frame that failed (seen while reaping)
   uint64_t transfers = 0, bytes = 0;
   int32_t in_flight = 0;   // transfers the decode worker has not answered yet
   bool retiring = false;   // a restart replaced this link: end once in_flight is 0

@@ -8,6 +8,9 @@
 #include <random>
 #include <thread>
 
+#include <caf/io/all.hpp>
+
+#include "actors/cluster.h"
 #include "actors/colocated_worker.h"
 #include "actors/kv_store.h"
 #include "actors/connection.h"
@@ -155,6 +158,8 @@ struct pipeline::impl {
   root_actor root;
   std::shared_ptr<kv_store_directory> store;  // with a store: which one is current
   caf::actor store_pool;                      // its supervisor
+  cluster_actor cluster;                      // a router process's members (cluster_port >= 0)
+  uint16_t cluster_port = 0;
   std::atomic<request_id> next_id{1};
 
   worker_options worker_opts(int32_t index, int32_t budget) const {
@@ -181,6 +186,14 @@ struct pipeline::impl {
 pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   auto& im = *impl_;
   im.cfg = std::move(cfg);
+  const bool cluster = im.cfg.cluster_port >= 0;
+  if (cluster && im.cfg.mode != serving_mode::disaggregated)
+    throw failure(errc::invalid_argument, "a router process for other processes' workers serves disaggregated only");
+  if (cluster && im.cfg.cluster_kv_transport != "auto" && im.cfg.cluster_kv_transport != "tcp" &&
+      im.cfg.cluster_kv_transport != "shm")
+    throw failure(errc::invalid_argument, "the KV transport between nodes is auto, tcp or shm (not '" +
+                                              im.cfg.cluster_kv_transport + "')");
+  if (cluster) im.cfg.prefill_workers = im.cfg.decode_workers = 1;  // not started: checked as valid only
   if (im.cfg.prefill_workers < 1 || im.cfg.decode_workers < 1 || im.cfg.colocated_workers < 1 ||
       im.cfg.threads_per_worker < 1 || im.cfg.block_size < 1 || im.cfg.max_batch < 1)
     throw failure(errc::invalid_argument, "worker counts, threads, block size and batch size must be positive");
@@ -191,6 +204,10 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
                         : model::load(im.cfg.model_path.empty() ? default_model_path() : im.cfg.model_path);
   im.sys_cfg.set("scheduler.max-threads", std::max(1, im.cfg.scheduler_threads));
   register_error_category(im.sys_cfg);
+  if (cluster) {
+    im.sys_cfg.load<caf::io::middleman>();
+    register_wire_types(im.sys_cfg);
+  }
   im.sys = std::make_unique<caf::actor_system>(im.sys_cfg);
 
   // Weight memory, for the duplication factor (resident bytes across all workers / one copy):
@@ -229,8 +246,9 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   // The pools for a router (the first, or one that replaced a dead one).
   auto mdl = im.mdl;
   impl* ip = impl_.get();
-  auto spawn_pools = [ip, mdl](caf::local_actor* root, router_actor router) {
+  auto spawn_pools = [ip, mdl, cluster](caf::local_actor* root, router_actor router) {
     std::vector<caf::actor> pools;
+    if (cluster) return pools;  // every worker is another process's (they join the cluster)
     auto add_pool = [&](const std::string& kind, int n, worker_spawner spawner) {
       pools.push_back(root->spawn(pool_supervisor,
                                   pool_options{kind, n, ip->cfg.max_worker_restarts, ip->cfg.restart_window, ip->metrics},
@@ -258,7 +276,7 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
     }
     return pools;
   };
-  if (im.cfg.prefix_cache && im.cfg.kv_store_memory_bytes > 0) {
+  if (im.cfg.prefix_cache && im.cfg.kv_store_memory_bytes > 0 && !cluster) {
     // One store for the host, supervised apart from the router: a router restart keeps it, and
     // its own death brings a fresh empty one (requests compute what they cannot fetch).
     kv_store_options so{im.cfg.kv_store_memory_bytes, im.cfg.kv_store_disk_path, im.cfg.kv_store_disk_bytes};
@@ -275,6 +293,24 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
         });
   }
   ro.store = im.store;
+  if (cluster) {
+    cluster_options co;
+    co.model_id = im.mdl->identity();
+    co.block_size = im.cfg.block_size;
+    co.matmul = im.cfg.matmul == kernels::cpu::matmul_mode::fastest ? "fastest" : "batch-invariant";
+    co.prefix_cache = im.cfg.prefix_cache;
+    co.stream_kv = im.cfg.stream_kv;
+    co.stream_layer_group = im.cfg.stream_layer_group;
+    co.prefill_token_budget = im.cfg.prefill_token_budget;
+    co.chunk_size = im.cfg.chunk_size;
+    co.max_batch = im.cfg.max_batch;
+    co.kv_transport = im.cfg.cluster_kv_transport;
+    co.heartbeat_timeout = std::max(std::chrono::milliseconds(50), im.cfg.heartbeat_timeout);
+    co.routers = im.routers;
+    co.metrics = im.metrics;
+    im.cluster = im.sys->spawn(cluster_behavior, std::move(co));
+    ro.cluster = im.cluster;
+  }
   root_options rto;
   rto.router = std::move(ro);
   rto.pools = spawn_pools;
@@ -286,6 +322,30 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   im.routers->set_gateway(caf::actor_cast<caf::actor>(im.root));
   for (int i = 0; i < 5000 && !im.routers->get(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (!im.routers->get()) throw failure(errc::io_error, "the router did not start");
+  if (cluster) {
+    auto port = im.sys->middleman().publish(im.cluster, uint16_t(im.cfg.cluster_port),
+                                            im.cfg.cluster_host.empty() ? nullptr : im.cfg.cluster_host.c_str(), true);
+    if (!port) {
+      const std::string why = im.sys->render(port.error());
+      caf::anon_send_exit(im.cluster, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(im.root, caf::exit_reason::user_shutdown);
+      throw failure(errc::io_error, "cannot listen for nodes on " + im.cfg.cluster_host + ":" +
+                                        std::to_string(im.cfg.cluster_port) + ": " + why);
+    }
+    im.cluster_port = *port;
+  }
+}
+
+uint16_t pipeline::cluster_port() const { return impl_->cluster_port; }
+
+std::string pipeline::cluster_nodes() {
+  auto& im = *impl_;
+  if (!im.cluster) return "[]";
+  std::string out = "[]";
+  caf::scoped_actor self{*im.sys};
+  self->request(im.cluster, std::chrono::seconds(2), nodes_atom::value)
+      .receive([&](std::string& nodes) { out = std::move(nodes); }, [](caf::error&) {});
+  return out;
 }
 
 pipeline::~pipeline() {
@@ -294,6 +354,8 @@ pipeline::~pipeline() {
   // error (no router will come); ~actor_system waits for every actor and compute thread.
   caf::anon_send_exit(im.root, caf::exit_reason::user_shutdown);
   im.root = nullptr;
+  if (im.cluster) caf::anon_send_exit(im.cluster, caf::exit_reason::user_shutdown);
+  im.cluster = nullptr;
   if (im.store_pool) caf::anon_send_exit(im.store_pool, caf::exit_reason::user_shutdown);
   im.store_pool = nullptr;
   if (im.store) im.store->set(kv_store_actor{});

@@ -75,6 +75,14 @@ struct pipeline_config {
   // progressing) is treated as failed and restarted. 0: not checked.
   std::chrono::milliseconds stall_timeout{30000};
   int scheduler_threads = 2;                // CAF threads for the actors (compute has its own)
+  // Several processes (actors/cluster.h, actors/node.h): >= 0 makes this a router process that
+  // publishes its cluster actor on this port (0: any free one, see cluster_port()) for prefill
+  // and decode processes to join (`tandem serve --role prefill|decode --join HOST:PORT`). Its
+  // workers are then all remote: the local worker counts are not used. Disaggregated only.
+  int cluster_port = -1;
+  std::string cluster_host = "127.0.0.1";
+  std::string cluster_kv_transport = "auto";  // links between nodes: auto (shm on one host), tcp, shm
+  std::chrono::milliseconds heartbeat_timeout{1500};  // a node silent this long is lost
   std::shared_ptr<const admission_policy> admission_policy_impl;  // replaceable policies
   std::shared_ptr<const prefill_placement> prefill_policy;
   std::shared_ptr<const decode_placement> decode_policy;
@@ -211,6 +219,10 @@ class pipeline {
   void inject(fault_kind kind, int count, std::chrono::milliseconds stall = std::chrono::milliseconds(5000));
   // The router failed past its restart intensity: nothing is served any more.
   bool degraded();
+  // A router process (cluster_port >= 0): the port nodes join at, and its members as JSON
+  // (role, name, device, workers, KV address, heartbeat age); 0 and "[]" otherwise.
+  uint16_t cluster_port() const;
+  std::string cluster_nodes();
 
   const model& get_model() const;
   metrics::registry& metrics();

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/wire.h"
 #include "runtime/errors.h"
 #include "runtime/request_types.h"
 #include "runtime/kv_cache.h"
@@ -60,6 +61,12 @@ using orphan_atom = caf::atom_constant<caf::atom("orphan")>;
 using publish_atom = caf::atom_constant<caf::atom("publish")>;
 using lookup_atom = caf::atom_constant<caf::atom("lookup")>;
 using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
+// Several processes (actors/cluster.h, actors/node.h)
+using hello_atom = caf::atom_constant<caf::atom("hello")>;
+using link_atom = caf::atom_constant<caf::atom("link")>;
+using nodes_atom = caf::atom_constant<caf::atom("nodes")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using lost_atom = caf::atom_constant<caf::atom("lost")>;
 
 // Result of a worker's compute step, produced on its compute thread.
 struct step_result;
@@ -78,6 +85,12 @@ struct worker_stats {
   bool busy = false;
   uint64_t finished_steps = 0;
 };
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_stats& x) {
+  return f(caf::meta::type_name("worker_stats"), x.name, x.kv_total_blocks, x.kv_free_blocks, x.reserved_blocks,
+           x.active, x.max_batch, x.steps, x.busy, x.finished_steps);
+}
 
 // The router's own view (for `state`): its queues, its links and the requests it tracks.
 struct router_view {
@@ -98,16 +111,8 @@ struct router_view {
 }  // namespace tandem
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::router_view)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::request_spec)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::request_event)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::kv_blocks_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::step_result_ptr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::prefill_worker_load)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::decode_worker_load)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::worker_stats)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<tandem::worker_stats>)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::request_state)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::errc)
 
 namespace tandem {
 
@@ -200,6 +205,8 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<heartbeat_atom>,                                   // its own timer: check liveness
     caf::reacts_to<stranded_atom>,                                    // its own timer: a pool stayed empty
     caf::reacts_to<orphan_atom, request_id, uint32_t>,                // its own timer: a transfer whose sender died
+    // its own timer: ask the cluster again for the link (prefill, decode) of this request number
+    caf::reacts_to<link_atom, int32_t, int32_t, uint64_t>,
     // Its own view, listing at most this many requests
     caf::replies_to<state_atom, int32_t>::with<router_view>>;
 

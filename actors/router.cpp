@@ -1,5 +1,7 @@
 #include "actors/router.h"
 
+#include <spdlog/spdlog.h>
+
 namespace tandem {
 
 std::string_view to_string(serving_mode m) {
@@ -220,6 +222,9 @@ void dispatch_decode(self_ptr self) {
                 direct_to_decode(self, id, d);
               } else if (p >= 0 && size_t(p) < st.prefill.size() && st.prefill[size_t(p)] && st.links[size_t(p)][size_t(d)])
                 self->send(st.prefill[size_t(p)], ship_atom::value, id, st.links[size_t(p)][size_t(d)]);
+              else if (p >= 0 && size_t(p) < st.prefill.size() && st.prefill[size_t(p)] &&
+                       st.link_asks.count({size_t(p), size_t(d)}))
+                e.awaiting_link = true;  // its link comes from the cluster: shipped then
               else if (e.state == request_state::transferring)
                 self->send(e.req, fail_atom::value, errc::worker_failed,
                            std::string("the prefill worker holding the request's KV is gone"));
@@ -262,6 +267,62 @@ load_snapshot snapshot(self_ptr self) {
   return s;
 }
 
+template <class Handle>
+bool is_remote(self_ptr self, const Handle& h) {
+  return h && h.node() != self->node();
+}
+
+// A message from a worker in another process that the router no longer counts as alive (its
+// node was declared lost while it was only cut off, and it speaks again): what it reports was
+// recovered elsewhere already. In one process a dead worker's messages all arrive before its
+// down message; across a partition they can come after it.
+bool from_lost_worker(self_ptr self) {
+  const auto& sender = self->current_sender();
+  return sender && sender->node() != self->node() &&
+         self->state.watched.count(caf::actor_cast<caf::actor_addr>(sender)) == 0 &&
+         self->state.all_links->count(caf::actor_cast<caf::actor_addr>(sender)) == 0;
+}
+
+// A link between workers of other processes lives in the prefill worker's process (its KV
+// never passes through here): the cluster asks that node to spawn it. Until it comes, requests
+// whose decode credits are held on that slot wait (awaiting_link); then they are shipped.
+void ask_link(self_ptr self, size_t p, size_t d) {
+  auto& st = self->state;
+  const uint64_t ask = st.next_link_ask++;
+  st.link_asks[{p, d}] = ask;
+  const uint32_t pg = st.prefill_gen[p], dg = st.decode_gen[d];
+  auto current = [self, p, d, ask, pg, dg] {
+    auto& st = self->state;
+    auto it = st.link_asks.find({p, d});
+    return it != st.link_asks.end() && it->second == ask && p < st.prefill.size() && d < st.decode.size() &&
+           st.prefill[p] && st.decode[d] && st.prefill_gen[p] == pg && st.decode_gen[d] == dg;
+  };
+  self->request(st.opts.cluster, std::chrono::seconds(10), link_atom::value, int32_t(p), int32_t(d), st.decode[d])
+      .then(
+          [self, p, d, current](kv_link_actor& link) {
+            auto& st = self->state;
+            if (!current()) {
+              caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
+              return;
+            }
+            st.link_asks.erase({p, d});
+            st.links[p][d] = link;
+            self->monitor(link);
+            st.link_slots[link.address()] = {p, d};
+            st.all_links->emplace(link.address(), caf::actor_cast<caf::actor>(link));
+            for (auto& [id, e] : st.requests)
+              if (e.awaiting_link && e.prefill_worker == int32_t(p) && e.decode_worker == int32_t(d)) {
+                e.awaiting_link = false;
+                self->send(st.prefill[p], ship_atom::value, id, link);
+              }
+          },
+          [self, p, d, ask, current](caf::error& e) {
+            if (!current()) return;
+            spdlog::warn("router: no KV link p{}->d{} yet ({}); asking again", p, d, to_string(e));
+            self->delayed_send(self, std::chrono::milliseconds(500), link_atom::value, int32_t(p), int32_t(d), ask);
+          });
+}
+
 // Links are monitored by the router and end with it; one that dies (or is killed) is replaced.
 // Towards
 // a dead decode worker a link has nothing left to do: stopped. From a dead prefill worker it
@@ -275,9 +336,17 @@ void open_link(self_ptr self, size_t p, size_t d, bool decode_side_replaced) {
     if (decode_side_replaced) caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
     else self->send(link, release_atom::value);
   }
+  link = nullptr;
+  st.link_asks.erase({p, d});
+  if (st.opts.cluster && (is_remote(self, st.prefill[p]) || is_remote(self, st.decode[d]))) {
+    ask_link(self, p, d);
+    return;
+  }
   link = self->spawn<caf::monitored>(kv_link_behavior, st.decode[d],
-                                     kv_link_options{"p" + std::to_string(p) + "->d" + std::to_string(d),
-                                                     st.opts.kv_transport, st.opts.request_ctx.metrics, st.opts.faults});
+                                     kv_link_options{.name = "p" + std::to_string(p) + "->d" + std::to_string(d),
+                                                     .transport = st.opts.kv_transport,
+                                                     .metrics = st.opts.request_ctx.metrics,
+                                                     .faults = st.opts.faults});
   st.link_slots[link.address()] = {p, d};
   st.all_links->emplace(link.address(), caf::actor_cast<caf::actor>(link));
 }
@@ -297,6 +366,7 @@ void link_down(self_ptr self, size_t p, size_t d) {
 void requeue_front(self_ptr self, router_state::entry& e, request_id id) {
   auto& st = self->state;
   e.direct = false;
+  e.awaiting_link = false;
   if (alive(st.decode, e.decode_worker))
     self->send(st.decode[size_t(e.decode_worker)], cancel_atom::value, id);  // give back its credits
   e.decode_worker = -1;
@@ -326,6 +396,7 @@ void migrate(self_ptr self, request_id id) {
   }
   ++e.migrations;
   e.migrating = true;
+  e.awaiting_link = false;
   // A lease its prefill worker may still hold for it (prefilled, waiting for a transfer) ends.
   const int32_t p = e.prefill_worker;
   if (st.opts.mode == serving_mode::disaggregated && alive(st.prefill, p) && st.prefill_gen[size_t(p)] == e.prefill_gen)
@@ -400,6 +471,7 @@ void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) 
       // Still prefilling, its KV streaming to the dead worker: reserve elsewhere; the new link
       // makes the prefill worker send everything again.
       e.decode_worker = -1;
+      e.awaiting_link = false;
       st.decode_queue.push_front(id);
       continue;
     }
@@ -634,6 +706,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         dispatch_prefill(self);
       },
       [self](prefilled_atom, request_id id, int32_t worker, bool finished) {
+        if (from_lost_worker(self)) return;
         auto& st = self->state;
         if (size_t(worker) < st.prefill_busy_since.size()) {
           // Service rate of the worker: prompt tokens over the time it has been busy with them.
@@ -696,6 +769,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         return true;
       },
       [self](state_atom, request_id id, request_state s) {
+        if (from_lost_worker(self)) return;
         // Decoding where the worker says: what worker_down will look for if that one dies.
         auto& st = self->state;
         auto it = st.requests.find(id);
@@ -712,6 +786,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         e.state = s;
       },
       [self](transfer_atom, request_id id, uint32_t epoch, kv_link_actor&) {
+        if (from_lost_worker(self)) return;
         // A transfer failed; its prefill worker still holds the KV under lease (it reports
         // only its latest try, so this is not stale there). Stale here: a later attempt
         // exists, or worker_down moved the request on already.
@@ -797,10 +872,43 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         self->send(w, load_atom::value);
       },
       [self](down_atom, int32_t index, bool prefill_side) {
-        auto& gens = prefill_side ? self->state.prefill_gen : self->state.decode_gen;
-        if (size_t(index) < gens.size()) worker_down(self, index, prefill_side, gens[size_t(index)]);
+        // A worker known dead without its down message (its node was lost: heartbeats
+        // stopped). Its later down message, if any, changes nothing; if it is alive behind a
+        // partition it is told to stop.
+        auto& st = self->state;
+        auto& gens = prefill_side ? st.prefill_gen : st.decode_gen;
+        if (size_t(index) >= gens.size()) return;
+        for (auto it = st.watched.begin(); it != st.watched.end(); ++it)
+          if (it->second.index == index && it->second.prefill_side == prefill_side && it->second.gen == gens[size_t(index)]) {
+            self->demonitor(it->first);
+            st.watched.erase(it);
+            break;
+          }
+        if (prefill_side && st.prefill[size_t(index)]) caf::anon_send_exit(st.prefill[size_t(index)], caf::exit_reason::kill);
+        if (!prefill_side && st.decode[size_t(index)]) caf::anon_send_exit(st.decode[size_t(index)], caf::exit_reason::kill);
+        // Its links (in the prefill processes) would wait on it until their timeouts: stopped.
+        for (size_t p = 0; p < st.links.size(); ++p) {
+          for (size_t k = 0; k < st.links[p].size(); ++k) {
+            if ((prefill_side ? p : k) != size_t(index) || !st.links[p][k]) continue;
+            auto l = st.links[p][k];
+            st.link_slots.erase(l.address());
+            st.retiring_links.emplace(l.address(), l);
+            caf::anon_send_exit(l, caf::exit_reason::kill);
+            st.links[p][k] = nullptr;
+          }
+        }
+        worker_down(self, index, prefill_side, gens[size_t(index)]);
+      },
+      [self](link_atom, int32_t p, int32_t d, uint64_t ask) {
+        auto& st = self->state;
+        auto it = st.link_asks.find({size_t(p), size_t(d)});
+        if (it == st.link_asks.end() || it->second != ask) return;  // answered, or asked anew since
+        if (size_t(p) < st.prefill.size() && size_t(d) < st.decode.size() && st.prefill[size_t(p)] &&
+            st.decode[size_t(d)] && !st.links[size_t(p)][size_t(d)])
+          ask_link(self, size_t(p), size_t(d));
       },
       [self](ship_atom, request_id id) {
+        if (from_lost_worker(self)) return;
         // Only for the attempt that is transferring: a late one from an earlier attempt's lease
         // (shipped just before the request was moved on) once marked a requeued request as
         // handed over, and then a death of its new prefill worker did not requeue it.

@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 
+#include "actors/cluster.h"
 #include "actors/kv_link.h"
 #include "actors/pipeline.h"
 #include "actors/request.h"
@@ -43,6 +44,9 @@ struct router_options {
   // decode worker (disaggregated mode), which fetches them and computes only the tail.
   std::shared_ptr<kv_store_directory> store;
   request_context request_ctx;
+  // Workers in other processes (actors/cluster.h): their KV links are spawned in the prefill
+  // worker's process, asked for through the cluster actor. Null: one process.
+  cluster_actor cluster;
   // The root's count of submits this router has taken (it forwards them again past it if the
   // router dies).
   std::shared_ptr<std::atomic<uint64_t>> submits_taken;
@@ -67,6 +71,7 @@ struct router_state {
     int32_t store_tokens = 0;      // prompt tokens whose blocks the store holds (at that answer)
     bool direct = false;           // sent straight to decode (the store holds its prompt)
     bool direct_tried = false;     // ... and that failed once: prefill it
+    bool awaiting_link = false;    // decode credits held, its link (another process's) still coming
   };
   router_options opts;
   std::vector<prefill_worker_actor> prefill;        // prefill or colocated workers
@@ -86,6 +91,10 @@ struct router_state {
   std::map<caf::actor_addr, watched_worker> watched;  // monitored workers, by address
   std::map<caf::actor_addr, kv_link_actor> retiring_links;  // replaced, finishing their transfers
   std::map<caf::actor_addr, std::pair<size_t, size_t>> link_slots;  // live links: [prefill][decode]
+  // Links asked of the cluster, by slot: the number of the latest ask (an answer to an older
+  // one is stale). Remote links come asynchronously; requests wait for theirs (awaiting_link).
+  std::map<std::pair<size_t, size_t>, uint64_t> link_asks;
+  uint64_t next_link_ask = 1;
   // Every link alive (live and retiring), shared with the exit hook that stops them.
   std::shared_ptr<std::map<caf::actor_addr, caf::actor>> all_links = std::make_shared<std::map<caf::actor_addr, caf::actor>>();
   std::map<request_id, entry> requests;

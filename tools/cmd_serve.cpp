@@ -1,8 +1,12 @@
 // tandem serve: the pipeline behind HTTP/1.1 + WebSocket (tools/server/).
 #include <spdlog/spdlog.h>
 
+#include <atomic>
+#include <csignal>
 #include <filesystem>
+#include <thread>
 
+#include "actors/node.h"
 #include "actors/pipeline.h"
 #include "runtime/model.h"
 #include "tools/commands.h"
@@ -23,10 +27,77 @@ struct serve_options {
   double route_overlap_weight = 1.0, route_load_weight = 1.0;
   int64_t kv_store_mib = 512, kv_store_disk_mib = 0;
   std::string kv_store_disk;
+  // Several processes
+  std::string role = "all", join, cluster_host = "127.0.0.1", node_transport = "auto", kv_listen = "127.0.0.1",
+              kv_advertise;
+  int cluster_port = 7070, kv_port = 0, workers = 1;
+  int64_t heartbeat_timeout_ms = 1500;
+  bool no_shm = false;
+  uint32_t announce_wire_version = 0;  // tests: a node announcing another version is refused
 };
 
+std::atomic<bool> stop_requested{false}, drop_requested{false};
+extern "C" void on_stop_signal(int) { stop_requested = true; }
+extern "C" void on_drop_signal(int) { drop_requested = true; }
+
+// --role prefill|decode: a worker process joined to a router (actors/node.h).
+int run_node(const serve_options& o) {
+  node_config nc;
+  nc.role = o.role;
+  const auto colon = o.join.rfind(':');
+  if (o.join.empty() || colon == std::string::npos || colon == 0)
+    throw CLI::ValidationError("--join", "needs HOST:PORT, the router's --cluster-port");
+  nc.join_host = o.join.substr(0, colon);
+  try {
+    const int port = std::stoi(o.join.substr(colon + 1));
+    if (port < 1 || port > 65535) throw std::out_of_range("port");
+    nc.join_port = uint16_t(port);
+  } catch (const std::exception&) {
+    throw CLI::ValidationError("--join", "'" + o.join + "' has no valid port");
+  }
+  nc.model_path = resolve_model_path(o.model);
+  nc.workers = o.workers;
+  nc.threads_per_worker = o.threads;
+  nc.kv_blocks_per_worker = o.kv_blocks;
+  nc.kv_listen_host = o.kv_listen;
+  nc.kv_port = uint16_t(o.kv_port);
+  nc.kv_advertise_host = o.kv_advertise;
+  nc.allow_shm = !o.no_shm;
+  nc.announce_wire_version = o.announce_wire_version;
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_drop_signal);  // fault injection: close the KV receiver's connections
+  node n(nc);
+  std::string workers;
+  for (int32_t i : n.indices()) workers += (workers.empty() ? "" : ",") + std::to_string(i);
+  spdlog::info("{} node joined {} with workers {}{}", o.role, o.join, workers,
+               n.kv_port() ? " (KV receiver on port " + std::to_string(n.kv_port()) + ")" : "");
+  std::fflush(stderr);
+  std::thread watcher([&n] {
+    while (!stop_requested) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (drop_requested.exchange(false)) n.drop_kv_connections();
+    }
+    n.stop();
+  });
+  const bool stopped = n.run();
+  stop_requested = true;
+  watcher.join();
+  spdlog::info(stopped ? "stopped" : "leaving: the router is gone");
+  return stopped ? 0 : 1;
+}
+
 int run_serve(const serve_options& o) {
+  if (o.role == "prefill" || o.role == "decode") return run_node(o);
+  if (!o.join.empty()) throw CLI::ValidationError("--join", "is for --role prefill or decode");
   pipeline_config cfg;
+  if (o.role == "router") {
+    if (o.mode != "disaggregated") throw CLI::ValidationError("--role router", "serves disaggregated mode only");
+    cfg.cluster_port = o.cluster_port;
+    cfg.cluster_host = o.cluster_host;
+    cfg.cluster_kv_transport = o.node_transport;
+    cfg.heartbeat_timeout = std::chrono::milliseconds(o.heartbeat_timeout_ms);
+  }
   cfg.model_path = resolve_model_path(o.model);
   cfg.mode = o.mode == "colocated" ? serving_mode::colocated : serving_mode::disaggregated;
   cfg.prefill_workers = o.prefill_workers;
@@ -73,6 +144,9 @@ int run_serve(const serve_options& o) {
   server::http_server srv(p, sm, sc);
   spdlog::info("serving model '{}' ({} mode, chat format {}) on http://{}:{} (WebSocket: /ws)", sm.id, o.mode,
                to_string(sm.chat), o.host, srv.port());
+  if (o.role == "router")
+    spdlog::info("router: prefill and decode nodes join at {}:{} (tandem serve --role prefill|decode --join ...)",
+                 o.cluster_host, p.cluster_port());
   std::fflush(stderr);
   srv.run();
   spdlog::info("stopped");
@@ -129,6 +203,27 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--io-threads", o->io_threads, "Network threads")->check(CLI::Range(1, 256));
   cmd->add_option("--grace-seconds", o->grace_s, "On SIGINT/SIGTERM, how long in-flight requests may finish")
       ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--role", o->role,
+                  "all: one process (default); router: HTTP/WebSocket, admission and routing for workers that join "
+                  "it; prefill or decode: a worker process that joins a router (--join)")
+      ->check(CLI::IsMember({"all", "router", "prefill", "decode"}));
+  cmd->add_option("--join", o->join, "prefill/decode: the router's HOST:PORT (its --cluster-port)");
+  cmd->add_option("--cluster-port", o->cluster_port, "router: port nodes join at (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--cluster-host", o->cluster_host, "router: address nodes join at (default loopback)");
+  cmd->add_option("--node-transport", o->node_transport,
+                  "router: KV path between nodes: auto (shared memory on one host, else TCP), tcp or shm")
+      ->check(CLI::IsMember({"auto", "tcp", "shm"}));
+  cmd->add_option("--heartbeat-timeout-ms", o->heartbeat_timeout_ms,
+                  "router: a node silent this long is lost and its requests recovered")
+      ->check(CLI::Range(int64_t(50), int64_t(600000)));
+  cmd->add_option("--workers", o->workers, "prefill/decode: workers in this process")->check(CLI::Range(1, 256));
+  cmd->add_option("--kv-listen", o->kv_listen, "decode: address the KV receiver binds (default loopback)");
+  cmd->add_option("--kv-port", o->kv_port, "decode: KV receiver port (0: any free port)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--kv-advertise", o->kv_advertise, "decode: address senders reach the KV receiver at (default --kv-listen)");
+  cmd->add_flag("--no-shm", o->no_shm, "decode: never offer shared memory to senders (TCP only)");
+  cmd->add_option("--announce-wire-version", o->announce_wire_version, "tests: join announcing this wire version")
+      ->group("");
   cmd->callback([o] {
     const int rc = run_serve(*o);
     if (rc != 0) throw CLI::RuntimeError(rc);

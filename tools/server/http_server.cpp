@@ -318,6 +318,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
               {"workers", {{"prefill", prefill}, {"decode", decode}, {"colocated", colocated}}},
               {"degraded_pools", degraded},
               {"live_requests", st.live_requests}};
+    if (srv_->pipe.cluster_port() != 0) {  // a router process: its members (other processes)
+      j["cluster_port"] = srv_->pipe.cluster_port();
+      j["nodes"] = json::parse(srv_->pipe.cluster_nodes(), nullptr, false);
+    }
     send_json(ready ? http::status::ok : http::status::service_unavailable, j);
   }
 
@@ -405,6 +409,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
               {"retiring_kv_links", st.retiring_kv_links}}},
             {"in_flight", s.in_flight.load()},
             {"workers", workers},
+            {"nodes", json::parse(s.pipe.cluster_nodes(), nullptr, false)},
             {"metrics", json::parse(s.pipe.metrics().to_json(), nullptr, false)}};
   }
 

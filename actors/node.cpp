@@ -1,0 +1,356 @@
+#include "actors/node.h"
+
+#include <caf/io/all.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "actors/cluster.h"
+#include "actors/decode_worker.h"
+#include "actors/error.h"
+#include "actors/kv_link.h"
+#include "actors/kv_store.h"
+#include "actors/prefill_worker.h"
+#include "actors/supervisor.h"
+#include "kernels/cpu/matmul.h"
+#include "runtime/synth.h"
+#include "transport/channel.h"
+
+namespace tandem {
+namespace {
+
+using json = nlohmann::json;
+
+// What the agent and the node's main thread share: the events that end run()'s wait, the
+// decode workers the KV receiver delivers to, and the links spawned here (stopped with it).
+struct node_shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool lost = false, gone = false, stopping = false;
+  std::string gone_reason;
+  std::atomic<uint64_t> node_id{0};
+  std::atomic<int64_t> heartbeat_ms{300};
+  std::map<int32_t, decode_worker_actor> decodes;  // by global index
+  std::vector<caf::actor> links;
+  std::string kv_mode = "auto";
+  std::shared_ptr<metrics::registry> metrics;
+  std::shared_ptr<fault_injector> faults;
+
+  void signal(bool node_lost, const std::string& why = {}) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (node_lost) lost = true;
+    else {
+      gone = true;
+      gone_reason = why;
+    }
+    cv.notify_all();
+  }
+};
+
+struct node_agent_state {
+  std::shared_ptr<node_shared> shared;
+  cluster_actor cluster;
+  static inline const char* name = "node_agent";
+};
+
+node_actor::behavior_type node_agent(node_actor::stateful_pointer<node_agent_state> self,
+                                     std::shared_ptr<node_shared> shared, cluster_actor cluster) {
+  self->state.shared = std::move(shared);
+  self->state.cluster = cluster;
+  self->monitor(cluster);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    if (dm.source == self->state.cluster.address())
+      self->state.shared->signal(false, "the router went away (" + to_string(dm.reason) + ")");
+  });
+  self->set_error_handler([](caf::error&) {});
+  return {
+      [self](link_atom, int32_t p, decode_worker_actor& decode, const std::string& address, int32_t target,
+             const std::string& name) -> kv_link_actor {
+        auto& sh = *self->state.shared;
+        kv_link_options o;
+        o.name = name;
+        o.transport = "channel";
+        o.channel_mode = sh.kv_mode;
+        o.kv_address = address;
+        o.target = target;
+        o.metrics = sh.metrics;
+        o.faults = sh.faults;
+        // Detached: a link waits for its frames' acknowledgements on its own thread.
+        auto link = self->home_system().spawn<caf::detached>(kv_link_behavior, std::move(decode), std::move(o));
+        std::lock_guard<std::mutex> lk(sh.mu);
+        std::erase_if(sh.links, [](const caf::actor& a) { return !a || a->getf(caf::abstract_actor::is_terminated_flag); });
+        sh.links.push_back(caf::actor_cast<caf::actor>(link));
+        spdlog::debug("node: link {} from prefill worker {} to {}", name, p, address);
+        return link;
+      },
+      [self](lost_atom) { self->state.shared->signal(true); },
+      [self](tick_atom) {
+        auto& st = self->state;
+        const uint64_t id = st.shared->node_id.load();
+        const auto every = std::chrono::milliseconds(st.shared->heartbeat_ms.load());
+        self->request(st.cluster, every * 4, heartbeat_atom::value, id)
+            .then([self](bool member) {
+                    if (!member) self->state.shared->signal(true);
+                  },
+                  [](caf::error&) {});  // not answered in time: the router decides, not us
+        self->delayed_send(self, every, tick_atom::value);
+      },
+  };
+}
+
+std::string default_name() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return std::string(host) + ":" + std::to_string(::getpid());
+}
+
+}  // namespace
+
+struct node::impl {
+  node_config cfg;
+  std::shared_ptr<const model> mdl;
+  std::shared_ptr<node_shared> shared = std::make_shared<node_shared>();
+  caf::actor_system_config sys_cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  cluster_actor cluster;
+  node_actor agent;
+  caf::actor pool, store_pool;
+  std::shared_ptr<kv_store_directory> store;
+  std::unique_ptr<transport::kv_receiver> receiver;
+  std::vector<int32_t> indices;
+  json welcome;
+  uint64_t rejoins = 0;
+  bool ticking = false;
+
+  worker_options worker_opts(int32_t index) const {
+    worker_options o;
+    o.index = index;
+    o.n_threads = cfg.threads_per_worker;
+    o.matmul = welcome.value("matmul", "batch-invariant") == "fastest" ? kernels::cpu::matmul_mode::fastest
+                                                                      : kernels::cpu::matmul_mode::batch_invariant;
+    o.prefix_cache = welcome.value("prefix_cache", true);
+    o.store = o.prefix_cache ? store : nullptr;
+    o.block_size = welcome.value("block_size", 16);
+    o.kv_blocks = cfg.kv_blocks_per_worker;
+    o.kv_memory_bytes = cfg.kv_memory_bytes_per_worker;
+    o.token_budget = cfg.role == "prefill" ? welcome.value("prefill_token_budget", 512) : 0;
+    o.chunk_size = welcome.value("chunk_size", 256);
+    o.stream_kv = welcome.value("stream_kv", true);
+    o.stream_layer_group = welcome.value("stream_layer_group", 4);
+    o.max_batch = welcome.value("max_batch", 64);
+    o.metrics = shared->metrics;
+    o.faults = shared->faults;
+    return o;
+  }
+
+  int64_t kv_blocks() const {
+    const llama_config& mc = mdl->config();
+    const int64_t block_bytes = kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, 16}.bytes_per_block();
+    return cfg.kv_blocks_per_worker > 0 ? cfg.kv_blocks_per_worker
+                                        : std::max<int64_t>(1, cfg.kv_memory_bytes_per_worker / block_bytes);
+  }
+
+  std::string kv_address() const {
+    if (!receiver) return "";
+    if (cfg.kv_advertise_host.empty()) return receiver->address();
+    return "tcp://" + cfg.kv_advertise_host + ":" + std::to_string(receiver->port()) + ";host=" + transport::host_identity();
+  }
+
+  // Hello, welcome, then the pool (its workers join the router themselves).
+  void join() {
+    json hello{{"role", cfg.role},
+               {"name", cfg.name},
+               {"host", transport::host_identity()},
+               {"device", std::string("cpu (") + kernels::cpu::isa_name() + ", " +
+                              std::to_string(cfg.threads_per_worker) + " threads per worker)"},
+               {"workers", cfg.workers},
+               {"threads", cfg.threads_per_worker},
+               {"kv_blocks", kv_blocks()},
+               {"model_id", mdl->identity()},
+               {"block_size", 16},
+               {"kv_address", kv_address()}};
+    const uint32_t version = cfg.announce_wire_version ? cfg.announce_wire_version : wire_version;
+    caf::scoped_actor self{*sys};
+    router_actor router;
+    status refused;
+    self->request(cluster, std::chrono::seconds(10), hello_atom::value, version, hello.dump(),
+                  caf::actor_cast<caf::actor>(agent))
+        .receive(
+            [&](std::string& w, router_actor& r) {
+              welcome = json::parse(w, nullptr, false);
+              router = std::move(r);
+            },
+            [&](caf::error& e) { refused = from_caf_error(e); });
+    if (!refused.ok()) throw failure(refused.code(), "the router refused this node: " + refused.message());
+    if (!welcome.is_object() || !router) throw failure(errc::io_error, "the router's welcome is malformed");
+    indices = welcome.value("indices", std::vector<int32_t>{});
+    if (int(indices.size()) != cfg.workers) throw failure(errc::io_error, "the router gave the wrong number of indices");
+    shared->node_id = welcome.value("node", uint64_t(0));
+    shared->kv_mode = welcome.value("kv_transport", "auto");
+    shared->heartbeat_ms = welcome.value("heartbeat_ms", 300);
+    if (!ticking) caf::anon_send(agent, tick_atom::value);  // its heartbeats go on across rejoins
+    ticking = true;
+
+    auto mdl_copy = mdl;
+    impl* ip = this;
+    const bool prefill = cfg.role == "prefill";
+    pool = sys->spawn(pool_supervisor, pool_options{cfg.role, cfg.workers, 5, std::chrono::milliseconds(10000), shared->metrics},
+                      [ip, mdl_copy, router, prefill](caf::event_based_actor* self, int32_t i) -> caf::actor {
+                        const int32_t global = ip->indices[size_t(i)];
+                        if (prefill) {
+                          auto w = self->spawn<caf::monitored>(prefill_worker_behavior, mdl_copy, ip->worker_opts(global), router);
+                          self->send(router, join_atom::value, global, w);
+                          return caf::actor_cast<caf::actor>(w);
+                        }
+                        auto w = self->spawn<caf::monitored>(decode_worker_behavior, mdl_copy, ip->worker_opts(global), router);
+                        {
+                          std::lock_guard<std::mutex> lk(ip->shared->mu);
+                          ip->shared->decodes[global] = w;
+                        }
+                        self->send(router, join_atom::value, global, w);
+                        return caf::actor_cast<caf::actor>(w);
+                      });
+    spdlog::info("node: joined as {} node {} with workers {}", cfg.role, shared->node_id.load(), json(indices).dump());
+  }
+
+  void start();  // the receiver or store, the connection to the router, the agent; then join()
+
+  void shutdown() {
+    stop_workers();
+    if (agent) caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+    agent = nullptr;
+    if (store_pool) caf::anon_send_exit(store_pool, caf::exit_reason::user_shutdown);
+    store_pool = nullptr;
+    receiver.reset();
+    cluster = nullptr;
+    sys.reset();
+  }
+
+  void stop_workers() {
+    if (pool) caf::anon_send_exit(pool, caf::exit_reason::user_shutdown);
+    pool = nullptr;
+    std::vector<caf::actor> links;
+    {
+      std::lock_guard<std::mutex> lk(shared->mu);
+      links.swap(shared->links);
+      shared->decodes.clear();
+    }
+    for (auto& l : links) caf::anon_send_exit(l, caf::exit_reason::user_shutdown);
+  }
+};
+
+node::node(node_config cfg) : impl_(std::make_unique<impl>()) {
+  auto& im = *impl_;
+  im.cfg = std::move(cfg);
+  if (im.cfg.role != "prefill" && im.cfg.role != "decode")
+    throw failure(errc::invalid_argument, "a node's role is prefill or decode (not '" + im.cfg.role + "')");
+  if (im.cfg.workers < 1 || im.cfg.threads_per_worker < 1)
+    throw failure(errc::invalid_argument, "workers and threads per worker must be positive");
+  if (im.cfg.join_port == 0) throw failure(errc::invalid_argument, "--join needs HOST:PORT of the router's cluster port");
+  if (im.cfg.name.empty()) im.cfg.name = default_name();
+  im.mdl = im.cfg.loaded_model ? im.cfg.loaded_model
+                               : model::load(im.cfg.model_path.empty() ? default_model_path() : im.cfg.model_path);
+  im.shared->metrics = std::make_shared<metrics::registry>();
+  im.shared->faults = std::make_shared<fault_injector>(im.shared->metrics);
+  im.sys_cfg.set("scheduler.max-threads", std::max(1, im.cfg.scheduler_threads));
+  im.sys_cfg.load<caf::io::middleman>();
+  register_error_category(im.sys_cfg);
+  register_wire_types(im.sys_cfg);
+  im.sys = std::make_unique<caf::actor_system>(im.sys_cfg);
+  try {
+    im.start();
+  } catch (...) {
+    im.shutdown();  // else ~actor_system would wait for the actors started so far forever
+    throw;
+  }
+}
+
+void node::impl::start() {
+  auto& im = *this;
+  if (im.cfg.role == "decode") {
+    transport::receiver_options ro;
+    ro.bind_host = im.cfg.kv_listen_host;
+    ro.port = im.cfg.kv_port;
+    ro.allow_shm = im.cfg.allow_shm;
+    auto shared = im.shared;
+    im.receiver = std::make_unique<transport::kv_receiver>(ro, [shared](transport::kv_frame&& f) {
+      decode_worker_actor w;
+      {
+        std::lock_guard<std::mutex> lk(shared->mu);
+        if (auto it = shared->decodes.find(f.target); it != shared->decodes.end()) w = it->second;
+      }
+      // Staged there before the frame is acknowledged, so the link's closing arrive (sent after
+      // the acknowledgement) always finds it.
+      if (w && f.blocks) caf::anon_send(w, kv_piece_atom::value, request_id(f.request), f.epoch, kv_blocks_ptr(f.blocks));
+    });
+  } else {
+    // A prefill node's own host store: its workers reuse each other's computed prefixes.
+    kv_store_options so{512ll << 20, "", 0};
+    im.store = std::make_shared<kv_store_directory>();
+    auto dir = im.store;
+    auto metrics = im.shared->metrics;
+    im.store_pool = im.sys->spawn(pool_supervisor, pool_options{"kv_store", 1, 5, std::chrono::milliseconds(10000), metrics},
+                                  [dir, so, metrics](caf::event_based_actor* self, int32_t) {
+                                    auto s = self->spawn<caf::monitored>(kv_store_behavior, so, metrics);
+                                    dir->set(s);
+                                    return caf::actor_cast<caf::actor>(s);
+                                  });
+  }
+  auto c = im.sys->middleman().remote_actor<cluster_actor>(im.cfg.join_host, im.cfg.join_port);
+  if (!c)
+    throw failure(errc::io_error, "cannot reach the router at " + im.cfg.join_host + ":" + std::to_string(im.cfg.join_port) +
+                                      ": " + im.sys->render(c.error()));
+  im.cluster = *c;
+  im.agent = im.sys->spawn(node_agent, im.shared, im.cluster);
+  im.join();
+}
+
+node::~node() { impl_->shutdown(); }
+
+bool node::run() {
+  auto& im = *impl_;
+  for (;;) {
+    std::unique_lock<std::mutex> lk(im.shared->mu);
+    im.shared->cv.wait(lk, [&] { return im.shared->lost || im.shared->gone || im.shared->stopping; });
+    if (im.shared->stopping) return true;
+    if (im.shared->gone) {
+      spdlog::error("node: {}", im.shared->gone_reason);
+      return false;
+    }
+    im.shared->lost = false;
+    lk.unlock();
+    spdlog::warn("node: the router declared this node lost; stopping its workers and joining again");
+    im.stop_workers();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ++im.rejoins;
+    try {
+      im.join();
+    } catch (const failure& f) {
+      spdlog::error("node: joining again failed: {}", f.what());
+      return false;
+    }
+  }
+}
+
+void node::stop() {
+  std::lock_guard<std::mutex> lk(impl_->shared->mu);
+  impl_->shared->stopping = true;
+  impl_->shared->cv.notify_all();
+}
+
+const std::vector<int32_t>& node::indices() const { return impl_->indices; }
+uint16_t node::kv_port() const { return impl_->receiver ? impl_->receiver->port() : 0; }
+uint64_t node::rejoins() const { return impl_->rejoins; }
+
+void node::drop_kv_connections() {
+  if (!impl_->receiver) return;
+  impl_->receiver->drop_connections();
+  spdlog::warn("node: dropped the KV connections (fault injection)");
+}
+
+}  // namespace tandem

@@ -1,0 +1,82 @@
+#pragma once
+// What crosses a process boundary (CAF 0.17's middleman): the inspect() overloads of every
+// message type a worker in another process exchanges with the router and the request actors,
+// and the wire version. Included by protocol.h before any message is made, so that every
+// translation unit sees the same (serializable) definition of each type.
+//
+// KV payloads never travel this way: a KV link moves them over transport/channel.h, and the
+// control messages that mention a KV set carry it empty. kv_blocks_ptr is still serializable
+// (its payloads included) so that a message is never silently emptied on the wire.
+#include <caf/error.hpp>
+#include <caf/none.hpp>
+#include <utility>
+
+#include <caf/meta/load_callback.hpp>
+#include <caf/meta/type_name.hpp>
+
+#include <memory>
+#include <vector>
+
+#include "runtime/kv_cache.h"
+#include "runtime/policy.h"
+#include "runtime/request_types.h"
+#include "runtime/sampler.h"
+
+namespace caf {
+class actor_system_config;
+}
+
+namespace tandem {
+
+// Bumped whenever a message type that crosses processes changes shape or meaning. A peer
+// with another version is refused at join time (actors/cluster.h), before any such message.
+constexpr uint32_t wire_version = 1;
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
+  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.seed);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, request_spec& x) {
+  return f(caf::meta::type_name("request_spec"), x.id, x.prompt, x.max_tokens, x.sampling, x.ignore_eos, x.epoch,
+           x.resumed);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, prefill_worker_load& x) {
+  return f(caf::meta::type_name("prefill_worker_load"), x.worker, x.alive, x.queued_tokens, x.queued_requests,
+           x.cached_tokens);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, decode_worker_load& x) {
+  return f(caf::meta::type_name("decode_worker_load"), x.worker, x.alive, x.free_blocks, x.total_blocks,
+           x.batch_size, x.max_batch);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_block_export& x) {
+  return f(caf::meta::type_name("kv_block_export"), x.model_id, x.layer_begin, x.layer_end, x.pos_begin, x.pos_end,
+           x.dtype, x.block_size, x.n_kv_head, x.head_dim, x.request, x.epoch, x.checksum, x.payload);
+}
+
+// A shared, immutable set: written as (present, blocks), read into a fresh set.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, std::shared_ptr<const std::vector<kv_block_export>>& x) {
+  bool present = x != nullptr;
+  std::vector<kv_block_export> blocks;
+  if constexpr (Inspector::reads_state) {
+    if (x) blocks = *x;
+  }
+  return f(caf::meta::type_name("kv_blocks"), present, blocks, caf::meta::load_callback([&]() -> caf::error {
+             x = present ? std::make_shared<const std::vector<kv_block_export>>(std::move(blocks)) : nullptr;
+             return caf::none;
+           }));
+}
+
+// Announces every type above (and the handles and containers the messages hold) to an actor
+// system, under the same names on every side, as CAF 0.17's middleman requires.
+void register_wire_types(caf::actor_system_config& cfg);
+
+}  // namespace tandem

@@ -1,0 +1,364 @@
+// Several processes on loopback: `tandem serve --role router` with prefill and decode
+// processes joined to it (actors/cluster.h, actors/node.h), KV over TCP or shared memory
+// (transport/channel.h). Outputs must equal one engine's alone, also when a process is killed
+// with SIGKILL mid-stream, stopped (a partition: its sockets stay open, nothing comes back), or
+// its KV sockets are closed; a node of another wire version is refused.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "test_models.h"
+#include "tools/bench/client.h"
+
+using namespace tandem;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string tandem_bin = TANDEM_BINARY;
+
+// A child process running the tandem binary; its output goes to a log file.
+class child {
+ public:
+  child(const std::string& name, std::vector<std::string> args) : log_(log_dir() / (name + ".log")) {
+    std::filesystem::remove(log_);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log_.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(tandem_bin.c_str()));
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(tandem_bin.c_str(), argv.data());
+      _exit(127);
+    }
+  }
+  ~child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGCONT);
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  void signal(int sig) { ::kill(pid_, sig); }
+  // Waits for the exit; returns the exit code (128 + signal if killed), -1 on timeout.
+  int wait(std::chrono::milliseconds timeout) {
+    for (auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        reaped_ = true;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return -1;
+  }
+  void kill9() {
+    ::kill(pid_, SIGKILL);
+    wait(10s);
+  }
+  std::string log() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // Waits until the log matches `re`; returns the first group.
+  std::string wait_for(const std::string& re, std::chrono::milliseconds timeout = 60s) {
+    const std::regex r(re);
+    for (auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
+      std::smatch m;
+      const std::string text = log();
+      if (std::regex_search(text, m, r)) return m.size() > 1 ? m[1].str() : m[0].str();
+      int st = 0;
+      if (!reaped_ && ::waitpid(pid_, &st, WNOHANG) == pid_) reaped_ = true;
+      if (reaped_) break;
+      std::this_thread::sleep_for(20ms);
+    }
+    ADD_FAILURE() << "log " << log_ << " never matched '" << re << "':\n" << log();
+    return "";
+  }
+
+ private:
+  static std::filesystem::path log_dir() {
+    const auto d = std::filesystem::temp_directory_path() / ("tandem-cluster-logs-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(d);
+    return d;
+  }
+  std::filesystem::path log_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+std::string model_file() {
+  (void)testing_support::tiny_model("cluster");  // makes the file once
+  return (std::filesystem::temp_directory_path() / "tandem-test-models" / "cluster-tiny-f32.gguf").string();
+}
+
+struct job {
+  std::vector<int32_t> prompt;
+  int32_t max_tokens;
+};
+
+std::vector<job> jobs(int n, int32_t max_tokens) {
+  std::vector<job> out;
+  for (int i = 0; i < n; ++i) {
+    job j;
+    j.prompt.push_back(1);
+    for (int k = 0; k < 5 + (i * 7) % 40; ++k) j.prompt.push_back(3 + (i * 31 + k * 17) % 250);
+    j.max_tokens = max_tokens - (i % 3) * 5;
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// A router with prefill and decode processes on loopback.
+class cluster {
+ public:
+  cluster(int prefill, int decode, const std::string& transport, std::vector<std::string> router_extra = {}) {
+    std::vector<std::string> args = {"serve", "--role", "router", "--model", model_file(), "--port", "0",
+                                     "--cluster-port", "0", "--node-transport", transport, "--admin-key", "k",
+                                     "--heartbeat-timeout-ms", "1000"};
+    args.insert(args.end(), router_extra.begin(), router_extra.end());
+    router = std::make_unique<child>("router", args);
+    http_port = router->wait_for(R"(on http://127\.0\.0\.1:(\d+))");
+    cluster_port = router->wait_for(R"(nodes join at 127\.0\.0\.1:(\d+))");
+    for (int i = 0; i < prefill; ++i) add("prefill");
+    for (int i = 0; i < decode; ++i) add("decode");
+    wait_members(prefill + decode);
+  }
+  void add(const std::string& role, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"serve", "--role", role, "--join", "127.0.0.1:" + cluster_port, "--model", model_file()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto c = std::make_unique<child>(role + std::to_string(nodes.size()), args);
+    const std::string idx = c->wait_for(R"(node joined \S+ with workers (\d+))");
+    nodes.push_back({role, idx.empty() ? -1 : std::stoi(idx), std::move(c)});
+  }
+  json get(const std::string& target) {
+    const auto r = bench::http_call({"127.0.0.1", http_port}, "GET", target, "k");
+    json j = json::parse(r.body, nullptr, false);
+    return j.is_discarded() ? json::object() : j;
+  }
+  // Until /health lists n members and serves.
+  void wait_members(size_t n, std::chrono::milliseconds timeout = 30s) {
+    json h;
+    for (auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
+      h = get("/health");
+      if ((n == 0 || h.value("status", "") == "ok") && h.contains("nodes") && h["nodes"].size() == n) return;
+      std::this_thread::sleep_for(50ms);
+    }
+    ADD_FAILURE() << "the cluster never had " << n << " members: " << h.dump() << "\n" << router->log();
+  }
+  // Until a request is decoding on decode worker `index` (or the timeout).
+  bool wait_decoding_on(int index, std::chrono::milliseconds timeout = 20s) {
+    for (auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
+      const json s = get("/admin/state");
+      if (s.contains("router"))
+        for (const auto& r : s["router"]["listed"])
+          if (r.value("state", "") == "decoding" && r.value("decode_worker", "") == "decode-" + std::to_string(index))
+            return true;
+      std::this_thread::sleep_for(5ms);
+    }
+    return false;
+  }
+  bool wait_prefilling_on(int index, std::chrono::milliseconds timeout = 20s) {
+    for (auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
+      const json s = get("/admin/state");
+      if (s.contains("router"))
+        for (const auto& r : s["router"]["listed"])
+          if (r.value("state", "") == "queued" && r.value("prefill_worker", "") == "prefill-" + std::to_string(index))
+            return true;
+      std::this_thread::sleep_for(2ms);
+    }
+    return false;
+  }
+
+  struct member {
+    std::string role;
+    int index;
+    std::unique_ptr<child> proc;
+  };
+  std::unique_ptr<child> router;
+  std::vector<member> nodes;
+  std::string http_port, cluster_port;
+};
+
+// Streams every job over one WebSocket; `during` runs while they stream.
+std::vector<bench::stream_result> run_jobs(cluster& c, const std::vector<job>& js,
+                                           const std::function<void()>& during = [] {}) {
+  bench::ws_client ws({"127.0.0.1", c.http_port}, "");
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<bench::stream_result> out(js.size());
+  size_t done = 0;
+  for (size_t i = 0; i < js.size(); ++i) {
+    bench::stream_request r;
+    r.prompt_tokens = js[i].prompt;
+    r.max_tokens = js[i].max_tokens;
+    ws.submit(r, [&, i](bench::stream_result res) {
+      std::lock_guard<std::mutex> lk(mu);
+      out[i] = std::move(res);
+      ++done;
+      cv.notify_all();
+    });
+  }
+  during();
+  std::unique_lock<std::mutex> lk(mu);
+  EXPECT_TRUE(cv.wait_for(lk, 120s, [&] { return done == js.size(); })) << done << " of " << js.size() << " finished";
+  return out;
+}
+
+void expect_exact(const std::vector<job>& js, const std::vector<bench::stream_result>& got) {
+  auto m = testing_support::tiny_model("cluster");
+  for (size_t i = 0; i < js.size(); ++i) {
+    ASSERT_TRUE(got[i].ok) << "request " << i << ": " << got[i].error;
+    const auto want = testing_support::alone(*m, js[i].prompt, js[i].max_tokens, sampling_params{.temperature = 0}, true);
+    EXPECT_EQ(got[i].output_token_ids, std::vector<int32_t>(want.begin(), want.end())) << "request " << i;
+  }
+}
+
+int shm_rings() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    n += e.path().filename().string().rfind("tandem", 0) == 0;
+  return n;
+}
+
+}  // namespace
+
+class ClusterTransport : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Cluster, ClusterTransport, ::testing::Values("tcp", "shm"));
+
+TEST_P(ClusterTransport, OutputsEqualOneEngineAcrossProcesses) {
+  cluster c(1, 2, GetParam());
+  const auto js = jobs(12, 40);
+  expect_exact(js, run_jobs(c, js));
+  // The router sees the other processes' workers (the dashboard's view) and they did the work.
+  const json s = c.get("/admin/state");
+  ASSERT_TRUE(s.contains("workers"));
+  int decoders = 0, steps = 0;
+  for (const auto& w : s["workers"])
+    if (w.value("name", "").rfind("decode", 0) == 0) {
+      ++decoders;
+      steps += w.value("steps", 0);
+    }
+  EXPECT_EQ(decoders, 2) << s["workers"].dump();
+  EXPECT_GT(steps, 0) << s["workers"].dump();
+  EXPECT_EQ(s["nodes"].size(), 3u);
+}
+
+TEST_P(ClusterTransport, DecodeProcessKilledMidStreamLosesNothing) {
+  cluster c(1, 2, GetParam());
+  const auto js = jobs(10, 120);
+  const int victim = c.nodes[1].index;  // the first decode process
+  bool seen = false;
+  const auto got = run_jobs(c, js, [&] {
+    seen = c.wait_decoding_on(victim);
+    c.nodes[1].proc->kill9();
+  });
+  EXPECT_TRUE(seen) << "no request was decoding on decode-" << victim << " before the kill";
+  expect_exact(js, got);
+  c.wait_members(2);
+}
+
+TEST(Cluster, PrefillProcessKilledRequestsArePrefilledElsewhere) {
+  cluster c(2, 1, "auto");
+  // Long prompts keep the prefill workers busy long enough to be caught at it.
+  std::vector<job> js;
+  for (int i = 0; i < 8; ++i) {
+    job j;
+    j.prompt.push_back(1);
+    for (int k = 0; k < 180; ++k) j.prompt.push_back(3 + (i * 13 + k * 7) % 250);
+    j.max_tokens = 30;
+    js.push_back(std::move(j));
+  }
+  const int victim = c.nodes[0].index;
+  bool seen = false;
+  const auto got = run_jobs(c, js, [&] {
+    seen = c.wait_prefilling_on(victim);
+    c.nodes[0].proc->kill9();
+  });
+  EXPECT_TRUE(seen) << "no request was on prefill-" << victim << " before the kill";
+  expect_exact(js, got);
+  const json m = c.get("/health");
+  EXPECT_EQ(m["nodes"].size(), 2u);
+}
+
+TEST(Cluster, StoppedDecodeProcessIsLostByHeartbeatAndRejoins) {
+  // SIGSTOP: the process's sockets stay open but nothing answers, as behind a partition. Only
+  // the heartbeats can tell; its requests must finish elsewhere, exactly.
+  cluster c(1, 2, "tcp");
+  const auto js = jobs(8, 120);
+  const int victim = c.nodes[1].index;
+  const auto got = run_jobs(c, js, [&] {
+    c.wait_decoding_on(victim);
+    c.nodes[1].proc->signal(SIGSTOP);
+  });
+  expect_exact(js, got);
+  c.nodes[1].proc->signal(SIGCONT);
+  // Told it was lost, it stops its workers and joins again as a new member.
+  c.nodes[1].proc->wait_for("joining again");
+  c.wait_members(3);
+  const auto again = jobs(6, 30);
+  expect_exact(again, run_jobs(c, again));
+}
+
+TEST(Cluster, ClosedKvConnectionsAreRetried) {
+  // SIGUSR1 makes a decode process close its KV receiver's connections (fault injection):
+  // transfers in flight fail back to the prefill side's lease and are shipped again.
+  cluster c(1, 1, "tcp");
+  const auto js = jobs(10, 60);
+  std::atomic<bool> stop{false};
+  const auto got = run_jobs(c, js, [&] {
+    for (int i = 0; i < 20; ++i) {
+      c.nodes[1].proc->signal(SIGUSR1);
+      std::this_thread::sleep_for(15ms);
+    }
+  });
+  expect_exact(js, got);
+  EXPECT_NE(c.nodes[1].proc->log().find("dropped the KV connections"), std::string::npos) << c.nodes[1].proc->log();
+}
+
+TEST(Cluster, NodeOfAnotherWireVersionIsRefused) {
+  cluster c(0, 0, "auto");
+  child n("bad-version", {"serve", "--role", "decode", "--join", "127.0.0.1:" + c.cluster_port, "--model", model_file(),
+                          "--announce-wire-version", "999"});
+  EXPECT_NE(n.wait(30s), 0);
+  EXPECT_NE(n.log().find("wire version 999"), std::string::npos) << n.log();
+  EXPECT_EQ(c.get("/health")["nodes"].size(), 0u);
+}
+
+TEST(Cluster, NodeOfAnotherModelIsRefused) {
+  cluster c(0, 0, "auto");
+  const auto other = std::filesystem::temp_directory_path() / "tandem-test-models" / "cluster-other-tiny-f32.gguf";
+  if (!std::filesystem::exists(other)) synthesize_model(find_synth_preset("tiny"), kernels::dtype::f32, other.string(), 77);
+  child n("other-model", {"serve", "--role", "prefill", "--join", "127.0.0.1:" + c.cluster_port, "--model", other.string()});
+  EXPECT_NE(n.wait(30s), 0);
+  EXPECT_NE(n.log().find("another model"), std::string::npos) << n.log();
+}
+
+TEST(Cluster, NoSharedMemoryLeftBehind) {
+  const int before = shm_rings();
+  {
+    cluster c(1, 1, "shm");
+    const auto js = jobs(4, 20);
+    expect_exact(js, run_jobs(c, js));
+    c.nodes[1].proc->kill9();  // the receiver side dies holding a ring
+    c.nodes[0].proc->kill9();
+  }
+  EXPECT_LE(shm_rings(), before);
+}
