@@ -21,11 +21,11 @@ struct kv_link_options {
   // to a decode worker in another process, over transport/channel.h (this link then lives in
   // the prefill worker's process, and its decode worker's KV receiver stages what lands).
   std::string transport = "local";
+  std::shared_ptr<metrics::registry> metrics;
+  std::shared_ptr<fault_injector> faults;  // armed faults this link can suffer (tests, tandem chaos)
   std::string channel_mode = "auto";  // "channel": auto (shared memory on one host), tcp or shm
   std::string kv_address;             // "channel": the decode process's KV receiver
   int32_t target = 0;                 // "channel": the decode worker's index there
-  std::shared_ptr<metrics::registry> metrics;
-  std::shared_ptr<fault_injector> faults;  // armed faults this link can suffer (tests, tandem chaos)
 };
 
 struct kv_link_state {

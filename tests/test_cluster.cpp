@@ -32,7 +32,11 @@ const std::string tandem_bin = TANDEM_BINARY;
 // A child process running the tandem binary; its output goes to a log file.
 class child {
  public:
-  child(const std::string& name, std::vector<std::string> args) : log_(log_dir() / (name + ".log")) {
+  // `args` for the tandem binary; with `netns`, run inside that network namespace.
+  child(const std::string& name, std::vector<std::string> args, const std::string& netns = "")
+      : log_(log_dir() / (name + ".log")) {
+    if (!netns.empty()) args.insert(args.begin(), {"netns", "exec", netns, tandem_bin});
+    const std::string program = netns.empty() ? tandem_bin : "/usr/sbin/ip";
     std::filesystem::remove(log_);
     pid_ = ::fork();
     if (pid_ == 0) {
@@ -40,10 +44,10 @@ class child {
       ::dup2(fd, 1);
       ::dup2(fd, 2);
       std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(tandem_bin.c_str()));
+      argv.push_back(const_cast<char*>(program.c_str()));
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
-      ::execv(tandem_bin.c_str(), argv.data());
+      ::execv(program.c_str(), argv.data());
       _exit(127);
     }
   }
@@ -129,22 +133,24 @@ std::vector<job> jobs(int n, int32_t max_tokens) {
 // A router with prefill and decode processes on loopback.
 class cluster {
  public:
-  cluster(int prefill, int decode, const std::string& transport, std::vector<std::string> router_extra = {}) {
+  cluster(int prefill, int decode, const std::string& transport, std::vector<std::string> router_extra = {},
+          std::string join_host = "127.0.0.1")
+      : join_host(std::move(join_host)) {
     std::vector<std::string> args = {"serve", "--role", "router", "--model", model_file(), "--port", "0",
                                      "--cluster-port", "0", "--node-transport", transport, "--admin-key", "k",
                                      "--heartbeat-timeout-ms", "1000"};
     args.insert(args.end(), router_extra.begin(), router_extra.end());
     router = std::make_unique<child>("router", args);
     http_port = router->wait_for(R"(on http://127\.0\.0\.1:(\d+))");
-    cluster_port = router->wait_for(R"(nodes join at 127\.0\.0\.1:(\d+))");
+    cluster_port = router->wait_for(R"(nodes join at [0-9.]+:(\d+))");
     for (int i = 0; i < prefill; ++i) add("prefill");
     for (int i = 0; i < decode; ++i) add("decode");
-    wait_members(prefill + decode);
+    wait_members(prefill + decode, prefill > 0 && decode > 0);
   }
-  void add(const std::string& role, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"serve", "--role", role, "--join", "127.0.0.1:" + cluster_port, "--model", model_file()};
+  void add(const std::string& role, std::vector<std::string> extra = {}, const std::string& netns = "") {
+    std::vector<std::string> args = {"serve", "--role", role, "--join", join_host + ":" + cluster_port, "--model", model_file()};
     args.insert(args.end(), extra.begin(), extra.end());
-    auto c = std::make_unique<child>(role + std::to_string(nodes.size()), args);
+    auto c = std::make_unique<child>(role + std::to_string(nodes.size()), args, netns);
     const std::string idx = c->wait_for(R"(node joined \S+ with workers (\d+))");
     nodes.push_back({role, idx.empty() ? -1 : std::stoi(idx), std::move(c)});
   }
@@ -153,12 +159,12 @@ class cluster {
     json j = json::parse(r.body, nullptr, false);
     return j.is_discarded() ? json::object() : j;
   }
-  // Until /health lists n members and serves.
-  void wait_members(size_t n, std::chrono::milliseconds timeout = 30s) {
+  // Until /health lists n members (and serves, if `serving`).
+  void wait_members(size_t n, bool serving = true, std::chrono::milliseconds timeout = 30s) {
     json h;
     for (auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
       h = get("/health");
-      if ((n == 0 || h.value("status", "") == "ok") && h.contains("nodes") && h["nodes"].size() == n) return;
+      if ((!serving || h.value("status", "") == "ok") && h.contains("nodes") && h["nodes"].size() == n) return;
       std::this_thread::sleep_for(50ms);
     }
     ADD_FAILURE() << "the cluster never had " << n << " members: " << h.dump() << "\n" << router->log();
@@ -192,9 +198,44 @@ class cluster {
     int index;
     std::unique_ptr<child> proc;
   };
+  std::string join_host;
   std::unique_ptr<child> router;
   std::vector<member> nodes;
   std::string http_port, cluster_port;
+};
+
+// A second network namespace joined to this one by a veth pair: another host as far as
+// addresses and sockets go (the project's own test host).
+class netns_host {
+ public:
+  netns_host() : name_("tandem-t" + std::to_string(::getpid())), veth_("tdm" + std::to_string(::getpid() % 100000)) {
+    ok_ = sh("ip netns add " + name_) && sh("ip link add " + veth_ + "a type veth peer name " + veth_ + "b") &&
+          sh("ip link set " + veth_ + "b netns " + name_) && sh("ip addr add " + here + "/30 dev " + veth_ + "a") &&
+          sh("ip link set " + veth_ + "a up") && sh("ip netns exec " + name_ + " ip addr add " + there + "/30 dev " + veth_ + "b") &&
+          sh("ip netns exec " + name_ + " ip link set " + veth_ + "b up") &&
+          sh("ip netns exec " + name_ + " ip link set lo up");
+  }
+  ~netns_host() {
+    sh("ip link del " + veth_ + "a");
+    sh("ip netns del " + name_);
+  }
+  bool ok() const { return ok_; }
+  const std::string& name() const { return name_; }
+  std::string why() const { return why_; }
+  const std::string here = "10.213.77.1", there = "10.213.77.2";
+
+ private:
+  bool sh(const std::string& cmd) {
+    const int rc = std::system((cmd + " 2>/tmp/tandem-netns-err").c_str());
+    if (rc != 0 && why_.empty()) {
+      std::ifstream in("/tmp/tandem-netns-err");
+      std::getline(in, why_);
+      why_ = "'" + cmd + "' failed: " + why_;
+    }
+    return rc == 0;
+  }
+  std::string name_, veth_, why_;
+  bool ok_ = false;
 };
 
 // Streams every job over one WebSocket; `during` runs while they stream.
@@ -361,4 +402,23 @@ TEST(Cluster, NoSharedMemoryLeftBehind) {
     c.nodes[0].proc->kill9();
   }
   EXPECT_LE(shm_rings(), before);
+}
+
+TEST(Cluster, DecodeProcessInAnotherNetworkNamespace) {
+  // Nothing may assume one host: the decode process sits behind a veth pair in its own network
+  // namespace (its own addresses, loopback and sockets), its KV receiver bound there; KV goes
+  // over TCP (one IPC namespace is still shared, so auto would rightly pick shared memory).
+  netns_host other;
+  if (!other.ok()) GTEST_SKIP() << "needs root and network namespaces (ip netns): " << other.why();
+  cluster c(1, 0, "tcp", {"--cluster-host", other.here}, other.here);
+  c.add("decode", {"--kv-listen", other.there}, other.name());
+  c.wait_members(2);
+  const json h = c.get("/health");
+  bool remote_kv = false;
+  for (const auto& n : h["nodes"]) remote_kv = remote_kv || n.value("kv_address", "").find(other.there) != std::string::npos;
+  EXPECT_TRUE(remote_kv) << h.dump();
+  const auto js = jobs(8, 40);
+  expect_exact(js, run_jobs(c, js));
+  c.nodes[1].proc->kill9();  // and its loss is seen across the namespace too
+  c.wait_members(1, false);
 }
