@@ -42,7 +42,7 @@ void lose(self_ptr self, uint64_t id, const std::string& reason) {
   if (auto& m = st.opts.metrics)
     m->get_counter("tandem_cluster_losses_total", "Worker processes lost", {{"reason", reason}}).inc();
   self->demonitor(n.agent.address());
-  self->send(n.agent, lost_atom::value);
+  self->send(n.agent, lost_atom::value, n.id);
   if (auto router = st.opts.routers ? st.opts.routers->get() : router_actor{})
     for (int32_t index : n.indices) self->send(router, down_atom::value, index, n.role == "prefill");
   update_gauges(self);

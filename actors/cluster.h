@@ -23,9 +23,10 @@ using node_actor = caf::typed_actor<
     // A link from this node's prefill worker to a decode worker (its handle, its process's KV
     // receiver address, its index there), named for metrics and logs.
     caf::replies_to<link_atom, int32_t, decode_worker_actor, std::string, int32_t, std::string>::with<kv_link_actor>,
-    // The router declared this node lost (heartbeats stopped arriving): its workers' requests
-    // went elsewhere; it must stop them and join again as a new node.
-    caf::reacts_to<lost_atom>,
+    // The router declared this node (its member id) lost: heartbeats stopped arriving, or its
+    // router was replaced. Its workers' requests went elsewhere; it must stop them and join
+    // again as a new member (unless it has already: a loss of an earlier id is stale).
+    caf::reacts_to<lost_atom, uint64_t>,
     caf::reacts_to<tick_atom>>;  // its own timer: heartbeat
 
 // The router process's side.

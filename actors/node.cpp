@@ -26,28 +26,38 @@ namespace {
 
 using json = nlohmann::json;
 
+constexpr int32_t max_worker_restarts = 5;  // per 10 s, as a pool in one process
+
 // What the agent and the node's main thread share: the events that end run()'s wait, the
 // decode workers the KV receiver delivers to, and the links spawned here (stopped with it).
 struct node_shared {
   std::mutex mu;
   std::condition_variable cv;
   bool lost = false, gone = false, stopping = false;
+  uint64_t lost_id = 0;  // the member id the router let go
   std::string gone_reason;
   std::atomic<uint64_t> node_id{0};
   std::atomic<int64_t> heartbeat_ms{300};
   std::map<int32_t, decode_worker_actor> decodes;  // by global index
   std::vector<caf::actor> links;
+  caf::actor pool;  // the workers' supervisor (asked each heartbeat whether it gave up)
   std::string kv_mode = "auto";
   std::shared_ptr<metrics::registry> metrics;
   std::shared_ptr<fault_injector> faults;
 
-  void signal(bool node_lost, const std::string& why = {}) {
+  // The member `id` was let go: only the current membership's loss means anything (a loss
+  // reported twice, or one of a membership already replaced, would start a rejoin loop).
+  void signal_lost(uint64_t id) {
     std::lock_guard<std::mutex> lk(mu);
-    if (node_lost) lost = true;
-    else {
-      gone = true;
-      gone_reason = why;
-    }
+    if (id != node_id.load()) return;
+    lost = true;
+    lost_id = id;
+    cv.notify_all();
+  }
+  void signal_gone(const std::string& why) {
+    std::lock_guard<std::mutex> lk(mu);
+    gone = true;
+    gone_reason = why;
     cv.notify_all();
   }
 };
@@ -65,7 +75,7 @@ node_actor::behavior_type node_agent(node_actor::stateful_pointer<node_agent_sta
   self->monitor(cluster);
   self->set_down_handler([self](caf::down_msg& dm) {
     if (dm.source == self->state.cluster.address())
-      self->state.shared->signal(false, "the router went away (" + to_string(dm.reason) + ")");
+      self->state.shared->signal_gone("the router went away (" + to_string(dm.reason) + ")");
   });
   self->set_error_handler([](caf::error&) {});
   return {
@@ -88,17 +98,32 @@ node_actor::behavior_type node_agent(node_actor::stateful_pointer<node_agent_sta
         spdlog::debug("node: link {} from prefill worker {} to {}", name, p, address);
         return link;
       },
-      [self](lost_atom) { self->state.shared->signal(true); },
+      [self](lost_atom, uint64_t id) { self->state.shared->signal_lost(id); },
       [self](tick_atom) {
         auto& st = self->state;
         const uint64_t id = st.shared->node_id.load();
         const auto every = std::chrono::milliseconds(st.shared->heartbeat_ms.load());
         self->request(st.cluster, every * 4, heartbeat_atom::value, id)
-            .then([self](bool member) {
-                    if (!member) self->state.shared->signal(true);
+            .then([self, id](bool member) {
+                    if (!member) self->state.shared->signal_lost(id);
                   },
                   [](caf::error&) {});  // not answered in time: the router decides, not us
         self->delayed_send(self, every, tick_atom::value);
+        // A pool past its restart intensity restarts nothing any more: as one process would be
+        // degraded, this one leaves (exit 1), for whatever runs it to start it afresh.
+        caf::actor pool;
+        {
+          std::lock_guard<std::mutex> lk(st.shared->mu);
+          pool = st.shared->pool;
+        }
+        if (pool)
+          self->request(pool, every * 4, degraded_atom::value)
+              .then([self](bool degraded) {
+                      if (degraded)
+                        self->state.shared->signal_gone("its worker pool failed past its restart intensity (" +
+                                                        std::to_string(max_worker_restarts) + " restarts in 10 s)");
+                    },
+                    [](caf::error&) {});
       },
   };
 }
@@ -199,7 +224,8 @@ struct node::impl {
     auto mdl_copy = mdl;
     impl* ip = this;
     const bool prefill = cfg.role == "prefill";
-    pool = sys->spawn(pool_supervisor, pool_options{cfg.role, cfg.workers, 5, std::chrono::milliseconds(10000), shared->metrics},
+    pool = sys->spawn(pool_supervisor,
+                      pool_options{cfg.role, cfg.workers, max_worker_restarts, std::chrono::milliseconds(10000), shared->metrics},
                       [ip, mdl_copy, router, prefill](caf::event_based_actor* self, int32_t i) -> caf::actor {
                         const int32_t global = ip->indices[size_t(i)];
                         if (prefill) {
@@ -215,6 +241,10 @@ struct node::impl {
                         self->send(router, join_atom::value, global, w);
                         return caf::actor_cast<caf::actor>(w);
                       });
+    {
+      std::lock_guard<std::mutex> lk(shared->mu);
+      shared->pool = pool;
+    }
     spdlog::info("node: joined as {} node {} with workers {}", cfg.role, shared->node_id.load(), json(indices).dump());
   }
 
@@ -239,6 +269,7 @@ struct node::impl {
       std::lock_guard<std::mutex> lk(shared->mu);
       links.swap(shared->links);
       shared->decodes.clear();
+      shared->pool = nullptr;
     }
     for (auto& l : links) caf::anon_send_exit(l, caf::exit_reason::user_shutdown);
   }
@@ -323,6 +354,7 @@ bool node::run() {
       return false;
     }
     im.shared->lost = false;
+    if (im.shared->lost_id != im.shared->node_id.load()) continue;  // rejoined since
     lk.unlock();
     spdlog::warn("node: the router declared this node lost; stopping its workers and joining again");
     im.stop_workers();

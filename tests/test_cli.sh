@@ -62,6 +62,13 @@ expect_error "kv-store-disk-mib" serve --model "$model" --port 0 --kv-store-disk
 expect_error "cannot open /nonexistent/tier.bin" serve --model "$model" --port 0 --kv-store-disk /nonexistent/tier.bin --kv-store-disk-mib 4
 expect_error "route-load-weight" serve --model "$model" --port 0 --route-load-weight -1
 expect_error "multiturn needs --api ws" bench serve --url http://127.0.0.1:1 --trace multiturn
+# Several processes: roles and --join are checked before anything starts.
+expect_error "needs HOST:PORT" serve --model "$model" --role decode
+expect_error "has no valid port" serve --model "$model" --role prefill --join 127.0.0.1:notaport
+expect_error "is for --role prefill or decode" serve --model "$model" --port 0 --join 127.0.0.1:7070
+expect_error "cannot reach the router at 127.0.0.1:1" serve --model "$model" --role decode --join 127.0.0.1:1
+expect_error "role" serve --model "$model" --role middle
+expect_error "disaggregated" serve --model "$model" --role router --mode colocated --port 0
 
 # 5. Through the actor runtime: every concurrent request equals the lone-engine reference.
 for mode in disaggregated colocated; do
