@@ -34,16 +34,24 @@ void kv_block_pool::release(block_id b) {
   if (--refs_[size_t(b)] == 0) free_.push_back(b);
 }
 
-uint64_t kv_block_export::compute_checksum() const {
-  XXH3_state_t* st = XXH3_createState();
+kv_checksum::kv_checksum(const kv_block_export& b) : state_(XXH3_createState()) {
+  auto* st = static_cast<XXH3_state_t*>(state_);
   XXH3_64bits_reset(st);
-  const int64_t header[] = {int64_t(model_id), layer_begin, layer_end, pos_begin, pos_end,
-                            int64_t(dtype), block_size, n_kv_head, head_dim, int64_t(request), int64_t(epoch)};
+  const int64_t header[] = {int64_t(b.model_id), b.layer_begin, b.layer_end, b.pos_begin, b.pos_end,
+                            int64_t(b.dtype), b.block_size, b.n_kv_head, b.head_dim, int64_t(b.request), int64_t(b.epoch)};
   XXH3_64bits_update(st, header, sizeof(header));
-  XXH3_64bits_update(st, payload.data(), payload.size() * sizeof(float));
-  const uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return h;
+}
+
+kv_checksum::~kv_checksum() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+
+void kv_checksum::update(const void* bytes, size_t n) { XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), bytes, n); }
+
+uint64_t kv_checksum::digest() const { return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_)); }
+
+uint64_t kv_block_export::compute_checksum() const {
+  kv_checksum c(*this);
+  c.update(payload.data(), payload.size() * sizeof(float));
+  return c.digest();
 }
 
 }  // namespace tandem

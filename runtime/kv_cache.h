@@ -4,7 +4,9 @@
 //   block: [n_layer][2 (k, v)][n_kv_head][block_size][head_dim]  f32
 // so that attention for one (layer, kv head) reads each block's keys as one contiguous run.
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kernels/tensor_types.h"
@@ -61,6 +63,26 @@ class kv_block_pool {
   std::vector<block_id> free_;  // used as a stack: recently freed blocks are reused first
 };
 
+// Allocates without zeroing: a KV payload is always overwritten whole where it is sized (an
+// export, a transport's landing buffer, a store read), and zeroing it first was one more pass
+// over every byte a KV link moves.
+template <class T>
+struct uninitialized_allocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = uninitialized_allocator<U>;
+  };
+  uninitialized_allocator() = default;
+  template <class U>
+  uninitialized_allocator(const uninitialized_allocator<U>&) noexcept {}
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) ::new (static_cast<void*>(p)) U;
+    else ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using kv_payload = std::vector<float, uninitialized_allocator<float>>;
+
 // One block of a sequence's KV cache as it travels between engines (the unit a KV link moves).
 struct kv_block_export {
   uint64_t model_id = 0;           // model::identity() of the engine that produced it
@@ -75,9 +97,9 @@ struct kv_block_export {
   uint64_t request = 0;            // whose KV (0: untagged, e.g. a local export)
   uint32_t epoch = 0;              // which prefill attempt of that request made it
   uint64_t checksum = 0;           // XXH3-64 over every field above and the payload
-  std::vector<float> payload;      // [layer_end-layer_begin][2][n_kv_head][block_size][head_dim]
+  kv_payload payload;              // [layer_end-layer_begin][2][n_kv_head][block_size][head_dim]
 
-  uint64_t compute_checksum() const;
+  uint64_t compute_checksum() const;  // = kv_checksum(*this) over the whole payload
   // Every field but the payload (which a transport fills): copying the payload only to
   // overwrite it doubled the bytes a KV link touched.
   kv_block_export without_payload() const {
@@ -96,6 +118,21 @@ struct kv_block_export {
     e.checksum = checksum;
     return e;
   }
+};
+
+// The block checksum computed as a payload lands, piece by piece (each piece hashed while it
+// is still in cache): the same value as compute_checksum() once every byte was given.
+class kv_checksum {
+ public:
+  explicit kv_checksum(const kv_block_export& fields);  // hashes every field but the payload
+  ~kv_checksum();
+  kv_checksum(const kv_checksum&) = delete;
+  kv_checksum& operator=(const kv_checksum&) = delete;
+  void update(const void* bytes, size_t n);
+  uint64_t digest() const;
+
+ private:
+  void* state_;  // XXH3_state_t
 };
 
 }  // namespace tandem

@@ -47,7 +47,7 @@ struct receiver_options {
   std::string bind_host = "127.0.0.1";
   uint16_t port = 0;                       // 0: an ephemeral port (see port())
   bool allow_shm = true;                   // offer a shared-memory ring to same-host senders
-  size_t shm_ring_bytes = 64u << 20;       // per sender connection
+  size_t shm_ring_bytes = 64u << 20;        // per sender connection
   size_t credit_bytes = 256u << 20;        // payload bytes a sender may have unacknowledged
 };
 
