@@ -187,6 +187,9 @@ void dispatch_decode(self_ptr self) {
   if (d < 0) return;  // no credits anywhere: wait for a load report
   st.decode_queue.pop_front();
   st.reserving = true;
+  const uint64_t ticket = ++st.reserve_ticket;
+  st.reserving_worker = d;
+  st.reserving_id = id;
   // Optimistic until the worker's next report: the reservation is about to take these.
   st.decode_load[size_t(d)].free_blocks -= blocks;
   ++st.decode_load[size_t(d)].batch_size;
@@ -194,8 +197,12 @@ void dispatch_decode(self_ptr self) {
   const uint32_t epoch = e.spec.epoch;
   self->request(worker, std::chrono::seconds(30), reserve_atom::value, id, total)
       .then(
-          [self, id, d, worker, epoch](bool ok) {
+          [self, id, d, worker, epoch, ticket](bool ok) {
             auto& st = self->state;
+            if (ticket != st.reserve_ticket) {  // given up when its worker died
+              if (ok) self->send(worker, cancel_atom::value, id);
+              return;
+            }
             st.reserving = false;
             auto it = st.requests.find(id);
             // Still wanted: not ended, not requeued or finished in prefill meanwhile.
@@ -233,10 +240,11 @@ void dispatch_decode(self_ptr self) {
             dispatch_decode(self);
             update_queue_gauges(self);
           },
-          [self, id, d, epoch](caf::error&) {
+          [self, id, d, epoch, ticket](caf::error&) {
             // The worker is gone or stuck: leave it out until it reports again (a restart
             // joins with a fresh report) and try the request elsewhere.
             auto& st = self->state;
+            if (ticket != st.reserve_ticket) return;  // given up when its worker died
             st.reserving = false;
             st.decode_load[size_t(d)].free_blocks = 0;
             auto it = st.requests.find(id);
@@ -453,6 +461,16 @@ void worker_down(self_ptr self, int32_t index, bool prefill_side, uint32_t gen) 
     if (st.decode_gen[size_t(index)] == gen) {
       st.decode[size_t(index)] = nullptr;
       st.decode_load[size_t(index)].alive = false;
+    }
+    if (st.reserving && st.reserving_worker == index) {
+      // Its answer may never come (a worker in another process): the request goes back to
+      // the front of the decode queue now, and that answer is ignored if it comes.
+      st.reserving = false;
+      ++st.reserve_ticket;
+      auto it = st.requests.find(st.reserving_id);
+      if (it != st.requests.end() && it->second.decode_claimed && it->second.decode_worker < 0 &&
+          std::find(st.decode_queue.begin(), st.decode_queue.end(), st.reserving_id) == st.decode_queue.end())
+        st.decode_queue.push_front(st.reserving_id);
     }
   }
   reg(self).get_counter("tandem_restarts_total", "Worker restarts by kind",
@@ -894,6 +912,8 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
             st.link_slots.erase(l.address());
             st.retiring_links.emplace(l.address(), l);
             caf::anon_send_exit(l, caf::exit_reason::kill);
+            // Its transfers fail back to their leases now, not at their timeouts.
+            if (st.prefill[p]) self->send(st.prefill[p], down_atom::value, l);
             st.links[p][k] = nullptr;
           }
         }

@@ -102,6 +102,11 @@ struct router_state {
   std::deque<request_id> prefill_queue, decode_queue;
   int64_t prefill_queue_tokens = 0;
   bool reserving = false;                           // a decode reservation is in flight
+  // ... which one: a reservation whose worker dies is given up at once (a remote worker's
+  // reply never comes), and its late answer, if any, is stale by its number.
+  uint64_t reserve_ticket = 0;
+  int32_t reserving_worker = -1;
+  request_id reserving_id = 0;
   // A pool found still empty seconds after its last worker died (degraded: no restart comes):
   // submits that need it are refused at once. A worker joining clears it.
   bool prefill_gone = false, decode_gone = false;
