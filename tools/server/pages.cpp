@@ -122,6 +122,14 @@ function show(s) {
     t += '├─ KV store: ' + mib(gauge('tandem_kv_store_bytes', 'memory')) + ' in memory, ' + mib(gauge('tandem_kv_store_bytes', 'disk')) +
       ' on disk' + (degraded.kv_store ? ', DEGRADED' : '') + '; prefix-cache hit ratio ' +
       (100 * (gauge('tandem_prefix_cache_hit_ratio') || 0)).toFixed(1) + '%\n';
+  const nodes = s.nodes || [];
+  if (nodes.length > 0) {
+    t += '├─ cluster: ' + nodes.length + ' worker processes joined\n';
+    nodes.forEach((n, i) => {
+      t += '│  ' + (i + 1 < nodes.length ? '├─ ' : '└─ ') + esc(n.role) + ' node ' + n.id + ' (' + esc(n.name) + ', ' +
+        esc(n.device) + '): workers ' + esc((n.workers || []).join(',')) + ', heartbeat ' + n.since_heartbeat_ms + ' ms ago\n';
+    });
+  }
   const kinds = Object.keys(pools);
   kinds.forEach((k, i) => {
     const lastPool = i + 1 === kinds.length;
@@ -146,7 +154,7 @@ function show(s) {
   const m = [];
   const walk = (o, p) => { for (const [k, v] of Object.entries(o || {})) { if (v !== null && typeof v === 'object') walk(v, p + k + '.'); else m.push([p + k, v]); } };
   walk(s.metrics, '');
-  mrows.innerHTML = m.filter(([k]) => /queue|restart|reject|requests_total|kv_link|degraded|prefix|kv_store|direct/.test(k)).slice(0, 80)
+  mrows.innerHTML = m.filter(([k]) => /queue|restart|reject|requests_total|kv_link|degraded|prefix|kv_store|direct|cluster/.test(k)).slice(0, 80)
     .map(([k, v]) => '<tr><td>' + esc(k) + '</td><td>' + esc(v) + '</td></tr>').join('');
   document.getElementById('updated').textContent = 'updated ' + new Date().toLocaleTimeString();
 }
