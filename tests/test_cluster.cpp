@@ -169,29 +169,21 @@ class cluster {
     }
     ADD_FAILURE() << "the cluster never had " << n << " members: " << h.dump() << "\n" << router->log();
   }
-  // Until a request is decoding on decode worker `index` (or the timeout).
-  bool wait_decoding_on(int index, std::chrono::milliseconds timeout = 20s) {
+  // Until the router lists a request in `state` on `worker` ("decode-1"), or the timeout.
+  bool wait_request_on(const std::string& state, const std::string& worker, std::chrono::milliseconds timeout = 20s) {
+    const char* field = worker.rfind("decode", 0) == 0 ? "decode_worker" : "prefill_worker";
     for (auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
       const json s = get("/admin/state");
       if (s.contains("router"))
         for (const auto& r : s["router"]["listed"])
-          if (r.value("state", "") == "decoding" && r.value("decode_worker", "") == "decode-" + std::to_string(index))
-            return true;
-      std::this_thread::sleep_for(5ms);
-    }
-    return false;
-  }
-  bool wait_prefilling_on(int index, std::chrono::milliseconds timeout = 20s) {
-    for (auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
-      const json s = get("/admin/state");
-      if (s.contains("router"))
-        for (const auto& r : s["router"]["listed"])
-          if (r.value("state", "") == "queued" && r.value("prefill_worker", "") == "prefill-" + std::to_string(index))
-            return true;
+          if (r.value("state", "") == state && r.value(field, "") == worker) return true;
       std::this_thread::sleep_for(2ms);
     }
     return false;
   }
+  bool wait_decoding_on(int index) { return wait_request_on("decoding", "decode-" + std::to_string(index)); }
+  // (The router says "queued" until its prefill worker reports the prompt done.)
+  bool wait_prefilling_on(int index) { return wait_request_on("queued", "prefill-" + std::to_string(index)); }
 
   struct member {
     std::string role;
