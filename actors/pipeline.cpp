@@ -537,8 +537,15 @@ std::string pipeline::kill(const std::string& kind_or_name, int index) {
   }
   if (const auto d = kind_or_name.find("-d"); kind_or_name.rfind("kv_link-p", 0) == 0 && d != std::string::npos &&
                                                number(kind_or_name, 9, d, a) && number(kind_or_name, d + 2, kind_or_name.size(), b)) {
-    kind = "kv_link";
-    index = int(a) * im.cfg.decode_workers + int(b);
+    // By its name: the router knows how many decode slots a row has (other processes' workers
+    // join it at any index).
+    auto router = im.routers->get();
+    if (!router) return {};
+    std::string killed;
+    caf::scoped_actor self{*im.sys};
+    self->request(router, std::chrono::seconds(10), kill_atom::value, kind_or_name, int32_t(-1))
+        .receive([&](std::string& name) { killed = std::move(name); }, [&](caf::error&) {});
+    return killed;
   }
   if (kind_or_name.rfind("request-", 0) == 0 && number(kind_or_name, 8, kind_or_name.size(), a))
     return kill_request(request_id(a)) ? kind_or_name : std::string();

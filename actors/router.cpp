@@ -936,8 +936,11 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         if (it != self->state.requests.end() && it->second.state == request_state::transferring)
           it->second.transfer_started = true;
       },
-      [self](kill_atom, const std::string& kind, int32_t index) -> std::string {
+      [self](kill_atom, const std::string& kind_or_link, int32_t index) -> std::string {
         auto& st = self->state;
+        // A link by its name ("kv_link-p0-d3"), or an actor of a kind by its index.
+        const bool link_name = kind_or_link.rfind("kv_link-p", 0) == 0;
+        const std::string kind = link_name ? "kv_link" : kind_or_link;
         // The candidates of that kind, alive now, with their names.
         std::vector<std::pair<caf::actor, std::string>> found;
         const bool colocated = st.opts.mode == serving_mode::colocated;
@@ -957,6 +960,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
           for (const auto& [id, e] : st.requests)
             found.emplace_back(caf::actor_cast<caf::actor>(e.req), "request-" + std::to_string(id));
         }
+        if (link_name) std::erase_if(found, [&](const auto& f) { return f.second != kind_or_link; });
         std::vector<std::pair<caf::actor, std::string>> target;
         if (index >= 0 && size_t(index) < found.size() && found[size_t(index)].first) target.push_back(found[size_t(index)]);
         if (index < 0)
