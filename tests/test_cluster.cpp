@@ -366,6 +366,27 @@ TEST(Cluster, ClosedKvConnectionsAreRetried) {
   EXPECT_NE(c.nodes[1].proc->log().find("dropped the KV connections"), std::string::npos) << c.nodes[1].proc->log();
 }
 
+TEST(Cluster, NodesJoinAndLeaveWhileItServes) {
+  cluster c(1, 1, "auto");
+  const auto js = jobs(12, 60);
+  // A second decode process joins mid-run; then the first leaves (SIGTERM: it stops its
+  // workers and exits 0); the router's view follows and every output stays exact.
+  const auto got = run_jobs(c, js, [&] {
+    c.add("decode");
+    c.wait_members(3);
+  });
+  expect_exact(js, got);
+  c.nodes[1].proc->signal(SIGTERM);
+  EXPECT_EQ(c.nodes[1].proc->wait(30s), 0) << c.nodes[1].proc->log();
+  c.wait_members(2);
+  const json h = c.get("/health");
+  ASSERT_EQ(h["nodes"].size(), 2u);
+  for (const auto& n : h["nodes"])
+    if (n.value("role", "") == "decode") EXPECT_EQ(n["workers"], json::array({c.nodes[2].index})) << h.dump();
+  const auto more = jobs(8, 40);
+  expect_exact(more, run_jobs(c, more));
+}
+
 TEST(Cluster, NodeOfAnotherWireVersionIsRefused) {
   cluster c(0, 0, "auto");
   child n("bad-version", {"serve", "--role", "decode", "--join", "127.0.0.1:" + c.cluster_port, "--model", model_file(),

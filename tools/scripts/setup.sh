@@ -8,7 +8,7 @@ pkgs=(build-essential cmake ccache pkg-config
       libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev libpcre2-dev libopenblas-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev)
 if [ "${1:-}" = "--tests" ]; then
-  pkgs+=(chromium prometheus ca-certificates)
+  pkgs+=(chromium prometheus ca-certificates iproute2)  # iproute2: the cluster test's network namespaces
   # A machine may bring its own Node.js; otherwise Debian's.
   command -v node >/dev/null && command -v npm >/dev/null || pkgs+=(nodejs npm)
 fi
