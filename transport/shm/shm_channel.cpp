@@ -58,6 +58,14 @@ shm_ring shm_ring::create(size_t data_bytes) {
     ::shm_unlink(r.name_.c_str());
     throw failure(errc::io_error, "ftruncate(" + r.name_ + "): " + e);
   }
+  // Reserved now: on a small /dev/shm (containers often give 64 MiB) a sparse ring would fail
+  // later with SIGBUS on a write; this way it fails here, and the connection uses TCP.
+  if (const int rc = ::posix_fallocate(fd, 0, off_t(total)); rc != 0) {
+    ::close(fd);
+    ::shm_unlink(r.name_.c_str());
+    throw failure(errc::io_error, "reserving " + std::to_string(total) + " bytes of shared memory for " + r.name_ + ": " +
+                                      std::strerror(rc));
+  }
   void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) {
