@@ -43,31 +43,38 @@ kv_blocks_ptr move_through(transport::kv_transport& t, const std::vector<kv_bloc
   return dst;
 }
 
+uint64_t payload_bytes(const std::vector<kv_block_export>& kv) {
+  uint64_t bytes = 0;
+  for (const auto& b : kv) bytes += b.payload.size() * sizeof(float);
+  return bytes;
+}
+
+// Fault injection: a copy of the set with one value changed in flight (a handed-over set is the
+// prefill side's own, under its lease, so the damage never goes to it).
+kv_blocks_ptr damaged_copy(const kv_blocks_ptr& kv) {
+  auto damaged = std::make_shared<std::vector<kv_block_export>>(*kv);
+  for (auto& b : *damaged)
+    if (!b.payload.empty()) {
+      b.payload[b.payload.size() / 2] += 1.0f;
+      break;
+    }
+  return damaged;
+}
+
 // Moves blocks through the link's transport (or hands them over) and accounts for them.
 kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const request_actor& req,
                    const kv_blocks_ptr& kv) {
   auto& st = self->state;
   if (kv->empty()) return kv;  // the closing transfer of a streamed prefill
   const auto t0 = steady::now();
-  uint64_t bytes = 0;
-  for (const auto& b : *kv) bytes += b.payload.size() * sizeof(float);
+  const uint64_t bytes = payload_bytes(*kv);
   kv_blocks_ptr landed = kv;
   if (st.opts.transport != "handoff") {
     status err;
     landed = move_through(*st.transport, *kv, err);
     if (!landed) return nullptr;
   }
-  if (st.opts.faults && st.opts.faults->take(fault_kind::corrupt_kv)) {
-    // Fault injection: one value changes in flight. A handed-over set is the prefill side's
-    // own (its lease), so the damage goes to a copy.
-    auto damaged = std::make_shared<std::vector<kv_block_export>>(*landed);
-    for (auto& b : *damaged)
-      if (!b.payload.empty()) {
-        b.payload[b.payload.size() / 2] += 1.0f;
-        break;
-      }
-    landed = std::move(damaged);
-  }
+  if (st.opts.faults && st.opts.faults->take(fault_kind::corrupt_kv)) landed = damaged_copy(landed);
   const double ms = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
   st.bytes += bytes;
   self->send(req, kv_atom::value, bytes, ms);
@@ -77,26 +84,13 @@ kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const re
   return landed;
 }
 
-uint64_t payload_bytes(const std::vector<kv_block_export>& kv) {
-  uint64_t bytes = 0;
-  for (const auto& b : kv) bytes += b.payload.size() * sizeof(float);
-  return bytes;
-}
-
 // "channel": sends blocks to the decode process's receiver, which stages them at its decode
-// worker before acknowledging. Not waited for here (frames pipeline); settled() waits.
+// worker before acknowledging. Not waited for here (frames pipeline); settle_all() waits.
 void send_frame(kv_link_actor::stateful_pointer<kv_link_state> self, const request_actor& req, request_id id,
                 uint32_t epoch, kv_blocks_ptr kv) {
   auto& st = self->state;
-  if (st.opts.faults && st.opts.faults->take(fault_kind::corrupt_kv)) {
-    auto damaged = std::make_shared<std::vector<kv_block_export>>(*kv);
-    for (auto& b : *damaged)
-      if (!b.payload.empty()) {
-        b.payload[b.payload.size() / 2] += 1.0f;  // the receiver's checksum check refuses it
-        break;
-      }
-    kv = std::move(damaged);
-  }
+  // (A damaged block is refused by the receiver's checksum check.)
+  if (st.opts.faults && st.opts.faults->take(fault_kind::corrupt_kv)) kv = damaged_copy(kv);
   auto frame = std::make_shared<transport::kv_frame>();
   frame->target = st.opts.target;
   frame->request = id;
