@@ -34,7 +34,7 @@ class child {
  public:
   // `args` for the tandem binary; with `netns`, run inside that network namespace.
   child(const std::string& name, std::vector<std::string> args, const std::string& netns = "")
-      : log_(log_dir() / (name + ".log")) {
+      : log_(log_dir() / (test_name() + "." + name + ".log")) {
     if (!netns.empty()) args.insert(args.begin(), {"netns", "exec", netns, tandem_bin});
     const std::string program = netns.empty() ? tandem_bin : "/usr/sbin/ip";
     std::filesystem::remove(log_);
@@ -57,6 +57,11 @@ class child {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
     }
+    // A process that recovery hid (a node that crashed is just another lost node) still fails
+    // the test if a sanitizer caught it.
+    const std::string text = log();
+    for (const char* bad : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"})
+      EXPECT_EQ(text.find(bad), std::string::npos) << log_ << ":\n" << text;
   }
   void signal(int sig) { ::kill(pid_, sig); }
   // Waits for the exit; returns the exit code (128 + signal if killed), -1 on timeout.
@@ -98,6 +103,13 @@ class child {
   }
 
  private:
+  static std::string test_name() {
+    const auto* t = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string n = t ? std::string(t->test_suite_name()) + "." + t->name() : "setup";
+    for (auto& c : n)
+      if (c == '/') c = '_';
+    return n;
+  }
   static std::filesystem::path log_dir() {
     const auto d = std::filesystem::temp_directory_path() / ("tandem-cluster-logs-" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
