@@ -180,9 +180,11 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
   self->state.opts = std::move(opts);
   self->state.decode = std::move(decode);
   const bool channel = self->state.opts.transport == "channel";
-  if (channel)
+  if (channel) {
     self->state.sender = std::make_unique<transport::kv_sender>(
         transport::sender_options{self->state.opts.kv_address, self->state.opts.channel_mode});
+    self->state.sender->connect();  // before the first request needs it (ring set-up: ~10 ms)
+  }
   else if (self->state.opts.transport == "shm") self->state.transport = std::make_unique<transport::shm_transport>();
   else self->state.transport = std::make_unique<transport::local_transport>();
   return {

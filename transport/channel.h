@@ -92,6 +92,9 @@ class kv_sender {
 
   // "tcp" or "shm" once connected, "" before.
   std::string kind() const;
+  // Connects now, in the background (handshake, shared-memory ring), so that the first frame
+  // does not wait for it. Harmless if connected; a failure shows at the next submit.
+  void connect();
   // Starts sending `frame` (it is shared, not copied: keep it unchanged until polled done or
   // failed). Frames are delivered in submit order.
   transfer_id submit(std::shared_ptr<const kv_frame> frame);

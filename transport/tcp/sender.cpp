@@ -430,6 +430,12 @@ transfer_status kv_sender::wait(transfer_id t) {
   return poll(t);
 }
 
+void kv_sender::connect() {
+  asio::post(impl_->io, [p = impl_.get()] {
+    if (!p->conn) p->connect();
+  });
+}
+
 void kv_sender::disconnect() {
   impl_->run_sync([p = impl_.get()] {
     if (auto c = p->conn) c->fail({errc::io_error, "disconnected (kv_sender::disconnect)"});
