@@ -26,7 +26,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr int32_t max_worker_restarts = 5;  // per 10 s, as a pool in one process
 
 // What the agent and the node's main thread share: the events that end run()'s wait, the
 // decode workers the KV receiver delivers to, and the links spawned here (stopped with it).
@@ -42,6 +41,7 @@ struct node_shared {
   std::vector<caf::actor> links;
   caf::actor pool;  // the workers' supervisor (asked each heartbeat whether it gave up)
   std::string kv_mode = "auto";
+  int32_t max_worker_restarts = 5;
   std::shared_ptr<metrics::registry> metrics;
   std::shared_ptr<fault_injector> faults;
 
@@ -121,7 +121,8 @@ node_actor::behavior_type node_agent(node_actor::stateful_pointer<node_agent_sta
               .then([self](bool degraded) {
                       if (degraded)
                         self->state.shared->signal_gone("its worker pool failed past its restart intensity (" +
-                                                        std::to_string(max_worker_restarts) + " restarts in 10 s)");
+                                                        std::to_string(self->state.shared->max_worker_restarts) +
+                                                        " restarts in 10 s)");
                     },
                     [](caf::error&) {});
       },
@@ -225,7 +226,8 @@ struct node::impl {
     impl* ip = this;
     const bool prefill = cfg.role == "prefill";
     pool = sys->spawn(pool_supervisor,
-                      pool_options{cfg.role, cfg.workers, max_worker_restarts, std::chrono::milliseconds(10000), shared->metrics},
+                      pool_options{cfg.role, cfg.workers, cfg.max_worker_restarts, std::chrono::milliseconds(10000),
+                                   shared->metrics},
                       [ip, mdl_copy, router, prefill](caf::event_based_actor* self, int32_t i) -> caf::actor {
                         const int32_t global = ip->indices[size_t(i)];
                         if (prefill) {
@@ -288,6 +290,7 @@ node::node(node_config cfg) : impl_(std::make_unique<impl>()) {
                                : model::load(im.cfg.model_path.empty() ? default_model_path() : im.cfg.model_path);
   im.shared->metrics = std::make_shared<metrics::registry>();
   im.shared->faults = std::make_shared<fault_injector>(im.shared->metrics);
+  im.shared->max_worker_restarts = im.cfg.max_worker_restarts;
   im.sys_cfg.set("scheduler.max-threads", std::max(1, im.cfg.scheduler_threads));
   im.sys_cfg.load<caf::io::middleman>();
   register_error_category(im.sys_cfg);

@@ -34,6 +34,7 @@ struct node_config {
   std::string kv_advertise_host;     // empty: kv_listen_host
   bool allow_shm = true;             // offer shared memory to senders on this host
   int scheduler_threads = 2;
+  int32_t max_worker_restarts = 5;   // per 10 s; past it the node leaves (exit 1)
   std::string name;                  // empty: hostname:pid
   // Tests: join announcing this wire version instead of ours (refused unless equal).
   uint32_t announce_wire_version = 0;

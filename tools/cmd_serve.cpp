@@ -18,7 +18,8 @@ namespace {
 struct serve_options {
   std::string model, model_name, mode = "disaggregated", host = "127.0.0.1", api_key, admin_key, kv_transport = "local",
               matmul = "batch-invariant";
-  int port = 8080, prefill_workers = 1, decode_workers = 1, colocated_workers = 1, threads = 1, io_threads = 2;
+  int port = 8080, prefill_workers = 1, decode_workers = 1, colocated_workers = 1, threads = 1, io_threads = 2,
+      max_worker_restarts = 5;
   int32_t kv_blocks = 0, chunk = 256, token_budget = 512, max_batch = 64;
   int32_t max_queue = 256, max_requests_per_connection = 32;
   double ttft_budget_ms = 0, tpot_budget_ms = 0, grace_s = 10;
@@ -64,6 +65,7 @@ int run_node(const serve_options& o) {
   nc.kv_advertise_host = o.kv_advertise;
   nc.allow_shm = !o.no_shm;
   nc.announce_wire_version = o.announce_wire_version;
+  nc.max_worker_restarts = o.max_worker_restarts;
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGUSR1, on_drop_signal);  // fault injection: close the KV receiver's connections
@@ -119,6 +121,7 @@ int run_serve(const serve_options& o) {
   cfg.colocated_token_budget = o.token_budget;
   cfg.max_batch = o.max_batch;
   cfg.kv_transport = o.kv_transport;
+  cfg.max_worker_restarts = o.max_worker_restarts;
   cfg.admission.max_prefill_queue = o.max_queue;
   cfg.admission.max_decode_queue = o.max_queue;
   cfg.admission.ttft_budget_ms = o.ttft_budget_ms;
@@ -186,6 +189,9 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--max-batch", o->max_batch, "Sequences decoding at once per worker")->check(CLI::Range(1, 4096));
   cmd->add_option("--kv-transport", o->kv_transport, "KV link path: handoff, local or shm")
       ->check(CLI::IsMember({"handoff", "local", "shm"}));
+  cmd->add_option("--max-worker-restarts", o->max_worker_restarts,
+                  "Restarts a pool allows per 10 s before it is degraded (docs/fault-tolerance.md)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--max-queue", o->max_queue, "Requests waiting per queue before 429 (0: unbounded)")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--ttft-budget-ms", o->ttft_budget_ms, "Reject (429) when the predicted TTFT exceeds this (0: off)")
       ->check(CLI::Range(0.0, 1e9));

@@ -18,7 +18,10 @@ if (!tandem || !modelPath) {
 
 function startServer() {
   return new Promise((resolve, reject) => {
-    const p = spawn(tandem, ['serve', '--model', modelPath, '--model-name', 'tiny', '--port', '0', '--admin-key', 'adm'],
+    // (Restart intensity raised: the kill checks below must not leave a pool degraded for the
+    // checks after them; degrading is tested in test_pipeline.)
+    const p = spawn(tandem, ['serve', '--model', modelPath, '--model-name', 'tiny', '--port', '0', '--admin-key', 'adm',
+                             '--max-worker-restarts', '100'],
                     { stdio: ['ignore', 'inherit', 'pipe'] });
     let log = '';
     const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 60000);
