@@ -147,8 +147,12 @@ cluster_actor::behavior_type cluster_behavior(self_ptr self, cluster_options opt
         if (!from) return to_caf_error({errc::worker_failed, "prefill worker " + std::to_string(p) + " is on no node"});
         if (!to) return to_caf_error({errc::worker_failed, "decode worker " + std::to_string(d) + " is on no node"});
         auto rp = self->make_response_promise<kv_link_actor>();
+        std::string name = "p";  // (built in steps: GCC 12 sees a false -Wrestrict in "p" + ...)
+        name += std::to_string(p);
+        name += "->d";
+        name += std::to_string(d);
         self->request(from->agent, std::chrono::seconds(5), link_atom::value, p, std::move(decode), to->kv_address, d,
-                      "p" + std::to_string(p) + "->d" + std::to_string(d))
+                      std::move(name))
             .then([rp](kv_link_actor& l) mutable { rp.deliver(std::move(l)); },
                   [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;

@@ -394,7 +394,9 @@ TEST(Cluster, NodesJoinAndLeaveWhileItServes) {
   const json h = c.get("/health");
   ASSERT_EQ(h["nodes"].size(), 2u);
   for (const auto& n : h["nodes"])
-    if (n.value("role", "") == "decode") EXPECT_EQ(n["workers"], json::array({c.nodes[2].index})) << h.dump();
+    if (n.value("role", "") == "decode") {
+      EXPECT_EQ(n["workers"], json::array({c.nodes[2].index})) << h.dump();
+    }
   const auto more = jobs(8, 40);
   expect_exact(more, run_jobs(c, more));
 }
