@@ -61,6 +61,25 @@ kv_blocks_ptr damaged_copy(const kv_blocks_ptr& kv) {
   return damaged;
 }
 
+// Bytes moved for a request, taking `ms`: told to its actor (its timings) and counted.
+void account_moved(kv_link_actor::stateful_pointer<kv_link_state> self, const request_actor& req, uint64_t bytes,
+                   double ms) {
+  auto& st = self->state;
+  st.bytes += bytes;
+  self->send(req, kv_atom::value, bytes, ms);
+  if (st.opts.metrics)
+    st.opts.metrics->get_counter("tandem_kv_link_bytes_total", "Bytes of KV moved by a link", {{"link", st.opts.name}})
+        .inc(double(bytes));
+}
+
+// One more transfer handed to the decode worker.
+void count_transfer(kv_link_actor::stateful_pointer<kv_link_state> self) {
+  auto& st = self->state;
+  ++st.transfers;
+  if (st.opts.metrics)
+    st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", {{"link", st.opts.name}}).inc();
+}
+
 // Moves blocks through the link's transport (or hands them over) and accounts for them.
 kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const request_actor& req,
                    const kv_blocks_ptr& kv) {
@@ -75,12 +94,7 @@ kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const re
     if (!landed) return nullptr;
   }
   if (st.opts.faults && st.opts.faults->take(fault_kind::corrupt_kv)) landed = damaged_copy(landed);
-  const double ms = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
-  st.bytes += bytes;
-  self->send(req, kv_atom::value, bytes, ms);
-  if (st.opts.metrics)
-    st.opts.metrics->get_counter("tandem_kv_link_bytes_total", "Bytes of KV moved by a link", {{"link", st.opts.name}})
-        .inc(double(bytes));
+  account_moved(self, req, bytes, std::chrono::duration<double, std::milli>(steady::now() - t0).count());
   return landed;
 }
 
@@ -112,12 +126,7 @@ bool settle_frame(kv_link_actor::stateful_pointer<kv_link_state> self, const kv_
           .inc();
     return false;
   }
-  const double ms = std::chrono::duration<double, std::milli>(steady::now() - f.sent).count();
-  st.bytes += f.bytes;
-  self->send(f.req, kv_atom::value, f.bytes, ms);
-  if (st.opts.metrics)
-    st.opts.metrics->get_counter("tandem_kv_link_bytes_total", "Bytes of KV moved by a link", {{"link", st.opts.name}})
-        .inc(double(f.bytes));
+  account_moved(self, f.req, f.bytes, std::chrono::duration<double, std::milli>(steady::now() - f.sent).count());
   return true;
 }
 
@@ -200,10 +209,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
           if (!kv->empty() && !(st.opts.faults && st.opts.faults->take(fault_kind::drop_kv)))
             send_frame(self, req, spec.id, spec.epoch, kv);
           if (!settle_all(self, spec.id)) return false;
-          ++st.transfers;
-          if (st.opts.metrics)
-            st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", {{"link", st.opts.name}})
-                .inc();
+          count_transfer(self);
           auto rp = self->make_response_promise<bool>();
           forward(self, std::move(spec), std::move(req), std::make_shared<const std::vector<kv_block_export>>(),
                   std::move(generated), rp);
@@ -211,10 +217,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
         }
         kv_blocks_ptr landed = move(self, req, kv);
         if (!landed) return false;
-        ++st.transfers;
-        if (st.opts.metrics)
-          st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", {{"link", st.opts.name}})
-              .inc();
+        count_transfer(self);
         auto rp = self->make_response_promise<bool>();
         if (st.opts.faults && st.opts.faults->take(fault_kind::delay_kv)) {  // held back, then delivered
           const uint64_t key = st.next_held++;

@@ -40,4 +40,11 @@ class kv_store_directory {
   kv_store_actor current_;
 };
 
+// Spawns the host store under a supervisor of its own (a pool of one: a dead store is replaced
+// by a fresh, empty one, up to `max_restarts` per `window`) and keeps `dir` pointing at the
+// current one. Returns the supervisor.
+caf::actor spawn_kv_store_pool(caf::actor_system& sys, const kv_store_options& opts,
+                               std::shared_ptr<metrics::registry> metrics, std::shared_ptr<kv_store_directory> dir,
+                               int32_t max_restarts, std::chrono::milliseconds window);
+
 }  // namespace tandem

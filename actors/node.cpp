@@ -324,16 +324,9 @@ void node::impl::start() {
     });
   } else {
     // A prefill node's own host store: its workers reuse each other's computed prefixes.
-    kv_store_options so{512ll << 20, "", 0};
     im.store = std::make_shared<kv_store_directory>();
-    auto dir = im.store;
-    auto metrics = im.shared->metrics;
-    im.store_pool = im.sys->spawn(pool_supervisor, pool_options{"kv_store", 1, 5, std::chrono::milliseconds(10000), metrics},
-                                  [dir, so, metrics](caf::event_based_actor* self, int32_t) {
-                                    auto s = self->spawn<caf::monitored>(kv_store_behavior, so, metrics);
-                                    dir->set(s);
-                                    return caf::actor_cast<caf::actor>(s);
-                                  });
+    im.store_pool = spawn_kv_store_pool(*im.sys, kv_store_options{512ll << 20, "", 0}, im.shared->metrics, im.store,
+                                        im.cfg.max_worker_restarts, std::chrono::milliseconds(10000));
   }
   auto c = im.sys->middleman().remote_actor<cluster_actor>(im.cfg.join_host, im.cfg.join_port);
   if (!c)

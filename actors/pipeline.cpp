@@ -282,15 +282,7 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
     kv_store_options so{im.cfg.kv_store_memory_bytes, im.cfg.kv_store_disk_path, im.cfg.kv_store_disk_bytes};
     if (!so.disk_path.empty()) kv_block_store probe(so);  // a bad disk path is the caller's error, now
     im.store = std::make_shared<kv_store_directory>();
-    auto dir = im.store;
-    auto metrics = im.metrics;
-    im.store_pool = im.sys->spawn(
-        pool_supervisor, pool_options{"kv_store", 1, im.cfg.max_worker_restarts, im.cfg.restart_window, im.metrics},
-        [dir, so, metrics](caf::event_based_actor* self, int32_t) {
-          auto s = self->spawn<caf::monitored>(kv_store_behavior, so, metrics);
-          dir->set(s);
-          return caf::actor_cast<caf::actor>(s);
-        });
+    im.store_pool = spawn_kv_store_pool(*im.sys, so, im.metrics, im.store, im.cfg.max_worker_restarts, im.cfg.restart_window);
   }
   ro.store = im.store;
   if (cluster) {
@@ -528,6 +520,7 @@ std::string pipeline::kill(const std::string& kind_or_name, int index) {
     return true;
   };
   long long a = 0, b = 0;
+  std::string link_name;
   for (const char* k : {"prefill-", "decode-", "colocated-"}) {
     const std::string prefix = k;
     if (kind_or_name.rfind(prefix, 0) == 0 && number(kind_or_name, prefix.size(), kind_or_name.size(), a)) {
@@ -537,15 +530,11 @@ std::string pipeline::kill(const std::string& kind_or_name, int index) {
   }
   if (const auto d = kind_or_name.find("-d"); kind_or_name.rfind("kv_link-p", 0) == 0 && d != std::string::npos &&
                                                number(kind_or_name, 9, d, a) && number(kind_or_name, d + 2, kind_or_name.size(), b)) {
-    // By its name: the router knows how many decode slots a row has (other processes' workers
-    // join it at any index).
-    auto router = im.routers->get();
-    if (!router) return {};
-    std::string killed;
-    caf::scoped_actor self{*im.sys};
-    self->request(router, std::chrono::seconds(10), kill_atom::value, kind_or_name, int32_t(-1))
-        .receive([&](std::string& name) { killed = std::move(name); }, [&](caf::error&) {});
-    return killed;
+    // Asked for by its name: the router knows how many decode slots a row has (other
+    // processes' workers join it at any index).
+    kind = "kv_link";
+    link_name = kind_or_name;
+    index = -1;
   }
   if (kind_or_name.rfind("request-", 0) == 0 && number(kind_or_name, 8, kind_or_name.size(), a))
     return kill_request(request_id(a)) ? kind_or_name : std::string();
@@ -559,7 +548,7 @@ std::string pipeline::kill(const std::string& kind_or_name, int index) {
   if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
     throw failure(errc::invalid_argument,
                   "unknown kind '" + kind + "' (prefill, decode, colocated, kv_link, kv_store, request, router, random, or a name such as decode-1)");
-  std::string what = kind;
+  std::string what = link_name.empty() ? kind : link_name;
   if (kind == "random") {
     // Any kind this pipeline has; the router rarely (one in 20: it restarts everything below it).
     std::vector<std::string> pick = im.cfg.mode == serving_mode::disaggregated
