@@ -319,7 +319,8 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
       const int64_t row_bytes = kernels::row_bytes(w->type, w->cols), bytes = w->rows * row_bytes;
       // Slices of at least 128 KiB of weights (as cpu::matmul's decode split), one per thread.
       const int64_t parts = std::clamp<int64_t>(bytes / (int64_t(1) << 17), 1, threads);
-      const int64_t per = (w->rows + parts - 1) / parts;
+      const int64_t align = kernels::row_align(*w);
+      const int64_t per = ((w->rows + parts - 1) / parts + align - 1) / align * align;
       for (int64_t r0 = 0; r0 < w->rows; r0 += per)
         s.slices.push_back({w, y, r0, std::min(w->rows, r0 + per), std::min(per, w->rows - r0) * row_bytes});
     }
@@ -327,10 +328,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
                      [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
     pool_threads_.for_each_dynamic(int64_t(s.slices.size()), [&](int64_t i, int p) {
       const auto& t = s.slices[size_t(i)];
-      kernels::weight_view part = *t.w;
-      part.data = static_cast<const uint8_t*>(t.w->data) + t.r0 * kernels::row_bytes(t.w->type, t.w->cols);
-      part.rows = t.r1 - t.r0;
-      cpu::matmul(part, x, 1, t.y + t.r0, *s.solo[size_t(p)], opts_.matmul);
+      cpu::matmul(kernels::slice_rows(*t.w, t.r0, t.r1), x, 1, t.y + t.r0, *s.solo[size_t(p)], opts_.matmul);
     });
   };
 

@@ -129,6 +129,12 @@ std::shared_ptr<const model> model::load(const std::string& path) {
     XXH3_64bits_update(st, t.data, t.size_bytes);
   }
   m->identity_ = XXH3_64bits_digest(st);
+  // Repacked after the checks above, so a malformed file costs no packing. The embedding rows
+  // are read as stored; a tied output head gets panels of its own.
+  auto pack = [&](kernels::weight_view& w) { w = kernels::pack_for_matmul(w, m->panels_); };
+  pack(m->output_);
+  for (auto& w : m->layers_)
+    for (auto* v : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) pack(*v);
   XXH3_freeState(st);
   m->weight_bytes_ = bytes;
   m->cfg_.n_params = params;

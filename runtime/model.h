@@ -1,7 +1,8 @@
 #pragma once
 // A Llama-family model read from a GGUF file: hyperparameters from llama.* metadata, weights
-// referenced in place in the memory-mapped file (never copied, so engines in one process
-// share one copy), and the tokenizer from tokenizer.ggml.*.
+// referenced in place in the memory-mapped file, the matrices also repacked once into the
+// panel layout of this CPU's batch-invariant kernels (engines in one process share both), and
+// the tokenizer from tokenizer.ggml.*.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -51,8 +52,10 @@ class model {
   const gguf::file& file() const { return *file_; }
   // Identifies the exact weights: KV blocks are only exchanged between engines with equal ids.
   uint64_t identity() const { return identity_; }
-  // Bytes of weights resident for one copy of this model.
+  // Bytes of weights in the file.
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // Bytes of repacked matrices held besides the file (0 where the kernels read the file's rows).
+  uint64_t panel_bytes() const { return panels_.bytes(); }
   // The dominant weight type (that of the attention/FFN matrices).
   kernels::dtype weight_type() const { return layers_.front().wq.type; }
 
@@ -64,6 +67,7 @@ class model {
  private:
   model() = default;
   std::unique_ptr<gguf::file> file_;
+  kernels::panel_memory panels_;  // the matrices repacked for this CPU's kernels (matmul.h)
   llama_config cfg_;
   std::unique_ptr<tokenizer> tok_;
   uint64_t identity_ = 0;

@@ -3,7 +3,11 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
+#include <memory>
+#include <span>
 #include <cstdio>
 #include <iostream>
 
@@ -11,6 +15,7 @@
 #include "kernels/cpu/peak.h"
 #include "runtime/engine.h"
 #include "runtime/synth.h"
+#include "tools/bench/llama_bench.h"
 #include "tools/commands.h"
 
 namespace tandem::cli {
@@ -23,6 +28,10 @@ struct bench_opts {
   std::vector<std::string> matmul = {"batch-invariant", "fastest"};
   int prompt_tokens = 512, decode_tokens = 128, repeats = 2;
   bool json = false;
+  // Side by side with the reference llama.cpp (run_against_llama).
+  std::string llama_dir;
+  std::vector<int> contexts;  // positions in the sequence when decode starts
+  int rounds = 3;
 };
 
 using clock_type = std::chrono::steady_clock;
@@ -69,7 +78,113 @@ void check(const status& st) {
   if (!st.ok()) throw failure(st.code(), st.message());
 }
 
+// One timed run on a fresh sequence: `context - prompt` tokens prefilled untimed, then the
+// timed prefill of `prompt` tokens, then `decode` timed greedy steps (from position `context`).
+struct timing {
+  double prefill_s, decode_s;
+};
+timing time_engine(engine& eng, const llama_config& c, int context, int prompt, int decode) {
+  std::vector<token_id> tokens(static_cast<size_t>(context));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = token_id((i * 7919 + 13) % size_t(c.n_vocab));
+  std::vector<float> logits;
+  const seq_id s = eng.create_sequence();
+  if (context > prompt) check(eng.prefill(s, std::span(tokens).first(size_t(context - prompt)), logits));
+  const auto t0 = clock_type::now();
+  check(eng.prefill(s, std::span(tokens).last(size_t(prompt)), logits));
+  timing t{seconds_since(t0), 0};
+  token_id tok = token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const auto t1 = clock_type::now();
+  for (int i = 0; i < decode; ++i) {
+    check(eng.decode(std::span(&s, 1), std::span(&tok, 1), logits));
+    tok = token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  t.decode_s = seconds_since(t1);
+  check(eng.free_sequence(s));
+  return t;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// tandem and llama-bench on the same GGUF files, the same thread counts and the same
+// positions, in interleaved rounds (each round runs every configuration once on each side),
+// reported as medians and as ratios tandem / llama.cpp. Prefill: `prompt_tokens` after
+// `context - prompt_tokens` tokens (llama-bench -p P -d context-P); decode: `decode_tokens`
+// from position `context` (-n D -d context).
+int run_against_llama(const bench_opts& o) {
+  bench::llama_bench ref(o.llama_dir);
+  const std::vector<int> contexts = o.contexts.empty() ? std::vector<int>{o.prompt_tokens} : o.contexts;
+  struct row {
+    std::string dtype, path, mode;
+    int threads, context;
+    std::vector<double> ours_pp, ours_tg, ref_pp, ref_tg;
+  };
+  std::vector<row> rows;
+  std::map<std::string, std::shared_ptr<const model>> models;
+  for (const auto& dt_name : o.dtypes) {
+    const auto dt = kernels::dtype_from_name(dt_name);
+    if (!dt) throw failure(errc::invalid_argument, "unknown dtype '" + dt_name + "'");
+    const std::string path = o.model.empty() ? cached_synth_model(o.preset, *dt) : o.model;
+    auto m = model::load(path);
+    for (int ctx : contexts) {
+      if (ctx < o.prompt_tokens || ctx + o.decode_tokens > m->config().n_ctx)
+        throw failure(errc::invalid_argument, "context " + std::to_string(ctx) + " must be at least the prompt (" +
+                                                  std::to_string(o.prompt_tokens) + ") and leave room for " +
+                                                  std::to_string(o.decode_tokens) + " decode tokens in " +
+                                                  std::to_string(m->config().n_ctx));
+      for (int t : o.threads)
+        for (const auto& mode : o.matmul) rows.push_back({dt_name, path, mode, t, ctx, {}, {}, {}, {}});
+    }
+    models[path] = std::move(m);
+  }
+  for (int r = 0; r < o.rounds; ++r)
+    for (auto& w : rows) {
+      const auto& m = models.at(w.path);
+      engine_options eo;
+      eo.n_threads = w.threads;
+      eo.matmul = parse_matmul_mode(w.mode);
+      eo.n_kv_blocks = (w.context + o.decode_tokens) / eo.block_size + 2;
+      {
+        engine eng(m, eo);
+        const timing t = time_engine(eng, m->config(), w.context, o.prompt_tokens, o.decode_tokens);
+        w.ours_pp.push_back(o.prompt_tokens / t.prefill_s);
+        w.ours_tg.push_back(o.decode_tokens / t.decode_s);
+      }
+      w.ref_pp.push_back(ref.prefill_tps(w.path, w.threads, o.prompt_tokens, w.context - o.prompt_tokens));
+      w.ref_tg.push_back(ref.decode_tps(w.path, w.threads, o.decode_tokens, w.context));
+      spdlog::info("round {}: {} x{} ctx {} {}: prefill {:.0f} vs {:.0f} tok/s, decode {:.1f} vs {:.1f} tok/s", r + 1,
+                   w.dtype, w.threads, w.context, w.mode, w.ours_pp.back(), w.ref_pp.back(), w.ours_tg.back(),
+                   w.ref_tg.back());
+    }
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& w : rows)
+    results.push_back({{"dtype", w.dtype}, {"threads", w.threads}, {"context", w.context}, {"matmul", w.mode},
+                       {"prompt_tokens", o.prompt_tokens}, {"decode_tokens", o.decode_tokens}, {"rounds", o.rounds},
+                       {"tandem_prefill_tps", median(w.ours_pp)}, {"llama_prefill_tps", median(w.ref_pp)},
+                       {"prefill_ratio", median(w.ours_pp) / median(w.ref_pp)},
+                       {"tandem_decode_tps", median(w.ours_tg)}, {"llama_decode_tps", median(w.ref_tg)},
+                       {"decode_ratio", median(w.ours_tg) / median(w.ref_tg)}, {"isa", kernels::cpu::isa_name()}});
+  if (o.json) {
+    std::cout << results.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("\nmedians of %d interleaved rounds; prefill %d tokens ending at the context, decode %d tokens from it\n",
+              o.rounds, o.prompt_tokens, o.decode_tokens);
+  std::printf("%-6s %3s %5s %-15s | %10s %10s %6s | %9s %9s %6s\n", "dtype", "thr", "ctx", "matmul", "pp tandem",
+              "pp llama", "ratio", "tg tandem", "tg llama", "ratio");
+  for (const auto& r : results)
+    std::printf("%-6s %3d %5d %-15s | %10.1f %10.1f %5.2fx | %9.1f %9.1f %5.2fx\n", std::string(r["dtype"]).c_str(),
+                int(r["threads"]), int(r["context"]), std::string(r["matmul"]).c_str(), double(r["tandem_prefill_tps"]),
+                double(r["llama_prefill_tps"]), double(r["prefill_ratio"]), double(r["tandem_decode_tps"]),
+                double(r["llama_decode_tps"]), double(r["decode_ratio"]));
+  return 0;
+}
+
 int run_bench(const bench_opts& o) {
+  if (!o.llama_dir.empty()) return run_against_llama(o);
   nlohmann::json results = nlohmann::json::array();
   nlohmann::json peaks = nlohmann::json::object();
   std::map<int, std::pair<double, double>> peak;  // threads -> (GFLOP/s, GB/s)
@@ -189,6 +304,16 @@ void add_bench(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({"batch-invariant", "fastest"}));
   k->add_flag("--json", o->json, "Print results as JSON");
+  k->add_option("--against-llama-bench", o->llama_dir,
+                "Folder holding the reference llama.cpp's llama-bench: run it beside tandem on the same GGUF files "
+                "in interleaved rounds and print medians and ratios");
+  k->add_option("--context", o->contexts,
+                "With --against-llama-bench: positions in the sequence when decode starts (the timed prefill ends "
+                "there); default: the prompt length")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
+  k->add_option("--rounds", o->rounds, "With --against-llama-bench: interleaved rounds (medians reported)")
+      ->check(CLI::Range(1, 100));
   k->callback([o] { run_bench(*o); });
 }
 

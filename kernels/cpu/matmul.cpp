@@ -229,6 +229,9 @@ void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m,
     std::fill(y, y + m * w.rows, 0.0f);
     return;
   }
+  // The panel kernels are both exact and the fastest this level has (docs/performance.md),
+  // so both modes take them; `fastest` differs only on levels without panels.
+  if (level == isa::avx512_bf16 && w.panels) return matmul_panels(w, x, m, y, pool);
   const bool gemm = mode == matmul_mode::fastest && m > decode_max_m(level, w.type);
   switch (level) {
     case isa::scalar: return matmul_scalar(w, x, m, y, pool, gemm);
@@ -255,3 +258,48 @@ const char* isa_name() {
 }
 
 }  // namespace tandem::kernels::cpu
+
+namespace tandem::kernels {
+
+panel_memory::~panel_memory() {
+  for (void* p : chunks_) std::free(p);
+}
+
+void* panel_memory::allocate(size_t bytes) {
+  const size_t cap = (std::max<size_t>(bytes, 64) + 63) & ~size_t(63);
+  void* p = std::aligned_alloc(64, cap);
+  if (!p) throw std::bad_alloc();
+  chunks_.push_back(p);
+  bytes_ += cap;
+  return p;
+}
+
+weight_view pack_for_matmul(const weight_view& w, panel_memory& store) {
+  if (cpu::detail::best_isa() != cpu::detail::isa::avx512_bf16 || !cpu::detail::has_panels(w.type) || w.rows <= 0 ||
+      w.cols <= 0 || (w.type == dtype::q8_0 && w.cols % q8_0_block != 0))
+    return w;
+  weight_view out = w;
+  const int64_t np = (w.rows + cpu::detail::panel_rows - 1) / cpu::detail::panel_rows;
+  void* dst = store.allocate(size_t(np * cpu::detail::panel_bytes(w.type, w.cols)));
+  cpu::detail::pack_panels(w, dst);
+  out.panels = dst;
+  return out;
+}
+
+int64_t row_align(const weight_view& w) { return w.panels ? cpu::detail::panel_rows : 1; }
+
+weight_view slice_rows(const weight_view& w, int64_t r0, int64_t r1) {
+  if (r0 < 0 || r1 < r0 || r1 > w.rows || r0 % row_align(w) != 0)
+    throw std::invalid_argument("slice_rows: rows [" + std::to_string(r0) + ", " + std::to_string(r1) +
+                                ") of " + std::to_string(w.rows) + " (aligned to " +
+                                std::to_string(row_align(w)) + ")");
+  weight_view out = w;
+  out.data = cpu::detail::row_ptr(w, r0);
+  out.rows = r1 - r0;
+  if (w.panels)
+    out.panels = static_cast<const uint8_t*>(w.panels) +
+                 r0 / cpu::detail::panel_rows * cpu::detail::panel_bytes(w.type, w.cols);
+  return out;
+}
+
+}  // namespace tandem::kernels

@@ -48,6 +48,17 @@ void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, th
 // uses it too.
 void quantize_x_q8_avx2(const float* x, int64_t n, int8_t* q, float* d);
 
+// ---- panels (matmul_panels.cpp): the batch-invariant kernels of the avx512_bf16 level ----
+constexpr int64_t panel_rows = 64;
+// Whether the avx512_bf16 level repacks weights of type t.
+bool has_panels(dtype t);
+// Bytes of one panel (panel_rows rows) of k columns of type t.
+int64_t panel_bytes(dtype t, int64_t k);
+// Writes all ceil(w.rows / panel_rows) panels of w to dst (64-byte aligned).
+void pack_panels(const weight_view& w, void* dst);
+// y = x · Wᵀ from w.panels; the same for every m (see the file's header).
+void matmul_panels(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool);
+
 // ---- shared helpers (matmul.cpp) ----
 
 // Start of weight row r.
