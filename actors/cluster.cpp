@@ -118,6 +118,7 @@ cluster_actor::behavior_type cluster_behavior(self_ptr self, cluster_options opt
                {"indices", n.indices},
                {"block_size", st.opts.block_size},
                {"matmul", st.opts.matmul},
+               {"kv_dtype", std::string(kernels::to_string(st.opts.kv_dtype))},
                {"prefix_cache", st.opts.prefix_cache},
                {"stream_kv", st.opts.stream_kv},
                {"stream_layer_group", st.opts.stream_layer_group},

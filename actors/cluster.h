@@ -14,6 +14,7 @@
 #include <string>
 
 #include "actors/protocol.h"
+#include "kernels/tensor_types.h"
 #include "actors/router_directory.h"
 
 namespace tandem {
@@ -48,6 +49,7 @@ struct cluster_options {
   uint64_t model_id = 0;       // a node serving another model is refused
   int32_t block_size = 16;
   std::string matmul;          // "batch-invariant" or "fastest": workers must agree for exact recovery
+  kernels::dtype kv_dtype = kernels::dtype::f16;  // every worker's KV cache (links refuse another)
   bool prefix_cache = true;
   bool stream_kv = true;
   int32_t stream_layer_group = 4;

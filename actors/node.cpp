@@ -159,6 +159,7 @@ struct node::impl {
     o.n_threads = cfg.threads_per_worker;
     o.matmul = welcome.value("matmul", "batch-invariant") == "fastest" ? kernels::cpu::matmul_mode::fastest
                                                                       : kernels::cpu::matmul_mode::batch_invariant;
+    o.kv_dtype = kernels::dtype_from_name(welcome.value("kv_dtype", "f16")).value_or(kernels::dtype::f16);
     o.prefix_cache = welcome.value("prefix_cache", true);
     o.store = o.prefix_cache ? store : nullptr;
     o.block_size = welcome.value("block_size", 16);
@@ -176,7 +177,13 @@ struct node::impl {
 
   int64_t kv_blocks() const {
     const llama_config& mc = mdl->config();
-    const int64_t block_bytes = kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, 16}.bytes_per_block();
+    // Announced before the welcome says the cluster's settings: the defaults until then.
+    const bool told = welcome.is_object();
+    const auto kvt = told ? kernels::dtype_from_name(welcome.value("kv_dtype", "f16")).value_or(kernels::dtype::f16)
+                          : kernels::dtype::f16;
+    const int64_t block_bytes =
+        kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, told ? welcome.value("block_size", 16) : 16, kvt}
+            .bytes_per_block();
     return cfg.kv_blocks_per_worker > 0 ? cfg.kv_blocks_per_worker
                                         : std::max<int64_t>(1, cfg.kv_memory_bytes_per_worker / block_bytes);
   }

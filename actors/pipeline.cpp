@@ -167,6 +167,7 @@ struct pipeline::impl {
     o.index = index;
     o.n_threads = cfg.threads_per_worker;
     o.matmul = cfg.matmul;
+    o.kv_dtype = cfg.kv_dtype;
     o.prefix_cache = cfg.prefix_cache;
     o.store = store;
     o.block_size = cfg.block_size;
@@ -231,9 +232,10 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
                           ? im.cfg.prefill_policy
                           : std::make_shared<prefill_placement>(im.cfg.route_overlap_weight, im.cfg.route_load_weight);
   if (im.cfg.prefix_cache) {
-    ro.prefix_salt = engine_prefix_salt(*im.mdl, im.cfg.block_size, im.cfg.matmul);
+    ro.prefix_salt = engine_prefix_salt(*im.mdl, im.cfg.block_size, im.cfg.matmul, im.cfg.kv_dtype);
     const llama_config& mc = im.mdl->config();
-    const int64_t block_bytes = kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, im.cfg.block_size}.bytes_per_block();
+    const int64_t block_bytes =
+        kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, im.cfg.block_size, im.cfg.kv_dtype}.bytes_per_block();
     ro.prefix_capacity_blocks = im.cfg.kv_blocks_per_worker > 0
                                     ? im.cfg.kv_blocks_per_worker
                                     : int32_t(std::max<int64_t>(1, im.cfg.kv_memory_bytes_per_worker / block_bytes));
@@ -290,6 +292,7 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
     co.model_id = im.mdl->identity();
     co.block_size = im.cfg.block_size;
     co.matmul = im.cfg.matmul == kernels::cpu::matmul_mode::fastest ? "fastest" : "batch-invariant";
+    co.kv_dtype = im.cfg.kv_dtype;
     co.prefix_cache = im.cfg.prefix_cache;
     co.stream_kv = im.cfg.stream_kv;
     co.stream_layer_group = im.cfg.stream_layer_group;

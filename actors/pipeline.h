@@ -34,6 +34,9 @@ struct pipeline_config {
   // not depend on its batch); fastest: GEMM prefill, 2-4x the prefill throughput, but a
   // recovered greedy request may differ after a near-tie (kernels/cpu/matmul.h).
   kernels::cpu::matmul_mode matmul = kernels::cpu::matmul_mode::batch_invariant;
+  // Element type of every worker's KV cache, of what KV links move and the host store holds:
+  // f16 (half of f32's bytes), bf16 or f32 (runtime/kv_cache.h).
+  kernels::dtype kv_dtype = kernels::dtype::f16;
   // Prefix reuse in prefill and colocated workers: a prompt that starts like an earlier one
   // (whole blocks of it) takes that one's KV blocks instead of computing them again.
   bool prefix_cache = true;

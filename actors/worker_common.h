@@ -16,6 +16,7 @@ struct worker_options {
   int32_t index = 0;
   int n_threads = 1;
   kernels::cpu::matmul_mode matmul = kernels::cpu::matmul_mode::batch_invariant;
+  kernels::dtype kv_dtype = kernels::dtype::f16;  // every worker of a pipeline shares it
   int32_t block_size = 16;
   int32_t kv_blocks = 0;              // 0: as many as kv_memory_bytes holds
   int64_t kv_memory_bytes = 256ll << 20;
@@ -46,6 +47,7 @@ struct worker_engine {
     engine_options eo;
     eo.n_threads = o.n_threads;
     eo.matmul = o.matmul;
+    eo.kv_dtype = o.kv_dtype;
     eo.block_size = o.block_size;
     eo.n_kv_blocks = o.kv_blocks;
     eo.kv_memory_bytes = o.kv_memory_bytes;

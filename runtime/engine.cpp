@@ -16,7 +16,7 @@ namespace cpu = kernels::cpu;
 struct engine::scratch {
   std::vector<float> x, xn, q, k, v, attn, proj, gate, up;  // [T, width] each
   std::vector<float> rope_cs;                               // [T, head_dim / 2, 2]
-  std::vector<std::vector<const float*>> kptr, vptr;        // per thread: block pointers
+  std::vector<std::vector<const void*>> kptr, vptr;         // per thread: block pointers
   std::vector<engine::attn_task> attn_tasks;                // this forward's attention work
   // Decode: several matmuls on one x as one job of row slices, each run by one participant
   // with its own single-thread pool (no nested dispatch).
@@ -36,9 +36,10 @@ void grow(std::vector<float>& v, int64_t n) {
 int32_t div_up(int32_t a, int32_t b) { return (a + b - 1) / b; }
 }  // namespace
 
-uint64_t engine_prefix_salt(const model& m, int32_t block_size, kernels::cpu::matmul_mode matmul) {
+uint64_t engine_prefix_salt(const model& m, int32_t block_size, kernels::cpu::matmul_mode matmul,
+                            kernels::dtype kv_dtype) {
   const llama_config& c = m.config();
-  return prefix_salt(m.identity(), kv_layout{c.n_layer, c.n_kv_head, c.head_dim, block_size}, kernels::dtype::f32,
+  return prefix_salt(m.identity(), kv_layout{c.n_layer, c.n_kv_head, c.head_dim, block_size, kv_dtype}, kv_dtype,
                      int32_t(matmul));
 }
 
@@ -47,17 +48,17 @@ engine::engine(std::shared_ptr<const model> m, engine_options opts)
       opts_(opts),
       pool_threads_(opts.n_threads),
       pool_(kv_layout{model_->config().n_layer, model_->config().n_kv_head, model_->config().head_dim,
-                      opts.block_size},
+                      opts.block_size, opts.kv_dtype},
             opts.n_kv_blocks > 0
                 ? opts.n_kv_blocks
                 : int32_t(std::max<int64_t>(
                       1, opts.kv_memory_bytes /
                              kv_layout{model_->config().n_layer, model_->config().n_kv_head,
-                                       model_->config().head_dim, opts.block_size}
+                                       model_->config().head_dim, opts.block_size, opts.kv_dtype}
                                  .bytes_per_block()))),
       scratch_(std::make_unique<scratch>()) {
   if (opts.block_size <= 0) throw failure(errc::invalid_argument, "KV block size must be positive");
-  salt_ = engine_prefix_salt(*model_, opts.block_size, opts.matmul);
+  salt_ = engine_prefix_salt(*model_, opts.block_size, opts.matmul, opts.kv_dtype);
   if (opts.prefix_cache) prefix_ = std::make_unique<prefix_index>(pool_);
   scratch_->kptr.resize(size_t(pool_threads_.size()));
   for (int i = 0; i < pool_threads_.size(); ++i)
@@ -142,10 +143,10 @@ int32_t engine::cache_blocks(std::span<const block_key> keys, std::span<const kv
     if (prefix_->block_of(keys[i]) >= 0) continue;
     const kv_block_export& e = blocks[i];
     const bool ok = e.request == keys[i] && e.checksum == e.compute_checksum() && e.model_id == model_->identity() &&
-                    e.dtype == kernels::dtype::f32 && e.block_size == lay.block_size && e.n_kv_head == lay.n_kv_head &&
+                    e.dtype == lay.dtype && e.block_size == lay.block_size && e.n_kv_head == lay.n_kv_head &&
                     e.head_dim == lay.head_dim && e.layer_begin == 0 && e.layer_end == lay.n_layer &&
                     e.pos_begin % lay.block_size == 0 && e.pos_end - e.pos_begin == lay.block_size &&
-                    int64_t(e.payload.size()) == lay.floats_per_block();
+                    int64_t(e.payload.size()) == lay.words_per_block();
     if (!ok || !make_room(1)) break;
     const block_id b = pool_.allocate();
     std::memcpy(pool_.block_data(b), e.payload.data(), e.payload.size() * sizeof(float));
@@ -363,16 +364,19 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     cpu::rope_apply(s.q.data(), s.rope_cs.data(), T, c.n_head, c.head_dim);
     cpu::rope_apply(s.k.data(), s.rope_cs.data(), T, c.n_kv_head, c.head_dim);
 
-    // Every entry's K/V goes into the cache first: later entries of the batch attend to it.
+    // Every entry's K/V goes into the cache first (in the cache's dtype): later entries of the
+    // batch attend to it.
+    const kernels::dtype kvt = pool_.layout().dtype;
+    const int64_t row_bytes = kernels::row_bytes(kvt, c.head_dim);
     for (int64_t t = 0; t < T; ++t) {
       const int32_t p = pos[size_t(t)];
       const block_id b = seqs[size_t(t)]->blocks[size_t(p / bs)];
-      const int64_t off = int64_t(p % bs) * c.head_dim;
+      const int64_t off = int64_t(p % bs) * row_bytes;
       for (int32_t h = 0; h < c.n_kv_head; ++h) {
-        std::memcpy(pool_.k(b, l, h) + off, s.k.data() + t * kv_dim + int64_t(h) * c.head_dim,
-                    sizeof(float) * size_t(c.head_dim));
-        std::memcpy(pool_.v(b, l, h) + off, s.v.data() + t * kv_dim + int64_t(h) * c.head_dim,
-                    sizeof(float) * size_t(c.head_dim));
+        kernels::quantize_row(kvt, s.k.data() + t * kv_dim + int64_t(h) * c.head_dim,
+                              static_cast<uint8_t*>(pool_.k(b, l, h)) + off, c.head_dim);
+        kernels::quantize_row(kvt, s.v.data() + t * kv_dim + int64_t(h) * c.head_dim,
+                              static_cast<uint8_t*>(pool_.v(b, l, h)) + off, c.head_dim);
       }
     }
 
@@ -395,7 +399,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
         vp[size_t(b)] = pool_.v(sq.blocks[size_t(b)], l, task.kv_head);
       }
       const int64_t q_off = int64_t(task.first) * q_dim + int64_t(task.kv_head) * n_rep * c.head_dim;
-      cpu::attention_causal(s.q.data() + q_off, q_dim, task.n_tok, n_rep, pos0, kp.data(), vp.data(), bs,
+      cpu::attention_causal(s.q.data() + q_off, q_dim, task.n_tok, n_rep, pos0, kp.data(), vp.data(), kvt, bs,
                             c.head_dim, scale, s.attn.data() + q_off, q_dim);
     });
 
@@ -447,7 +451,7 @@ status engine::export_kv(seq_id s, int32_t layer_begin, int32_t layer_end, int32
   if (layer_begin < 0 || layer_end > lay.n_layer || layer_begin >= layer_end || from_pos < 0)
     return {errc::invalid_argument, "export_kv: bad layer or position range"};
   const sequence& sq = it->second;
-  const int64_t per_layer = lay.floats_per_layer();
+  const int64_t per_layer = lay.words_per_layer();
   for (size_t i = size_t(from_pos / lay.block_size); i < sq.blocks.size(); ++i) {
     kv_block_export e;
     e.model_id = model_->identity();
@@ -456,7 +460,7 @@ status engine::export_kv(seq_id s, int32_t layer_begin, int32_t layer_end, int32
     e.pos_begin = int32_t(i) * lay.block_size;
     e.pos_end = std::min(sq.n_tokens, e.pos_begin + lay.block_size);
     if (e.pos_end <= e.pos_begin) break;
-    e.dtype = kernels::dtype::f32;
+    e.dtype = lay.dtype;
     e.block_size = lay.block_size;
     e.n_kv_head = lay.n_kv_head;
     e.head_dim = lay.head_dim;
@@ -484,7 +488,7 @@ status engine::import_kv(seq_id s, std::span<const kv_block_export* const> block
   sequence& sq = it->second;
   if (sq.n_tokens != 0) return {errc::invalid_argument, "import needs an empty sequence"};
   const kv_layout& lay = pool_.layout();
-  const int64_t per_layer = lay.floats_per_layer();
+  const int64_t per_layer = lay.words_per_layer();
   // cover[block][layer]: the piece that provides it (the one with the most positions).
   std::vector<std::vector<const kv_block_export*>> cover;
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -494,7 +498,11 @@ status engine::import_kv(seq_id s, std::span<const kv_block_export* const> block
       return {errc::checksum_mismatch, which + " fails its checksum: corrupted in transit"};
     if (e.model_id != model_->identity())
       return {errc::incompatible_kv, which + " was made by a different model"};
-    if (e.dtype != kernels::dtype::f32 || e.block_size != lay.block_size || e.n_kv_head != lay.n_kv_head ||
+    if (e.dtype != lay.dtype)
+      return {errc::incompatible_kv, which + " holds " + std::string(kernels::to_string(e.dtype)) +
+                                         " KV; this engine's cache is " + std::string(kernels::to_string(lay.dtype)) +
+                                         " (--kv-dtype must match on both sides)"};
+    if (e.block_size != lay.block_size || e.n_kv_head != lay.n_kv_head ||
         e.head_dim != lay.head_dim || e.layer_begin < 0 || e.layer_end > lay.n_layer ||
         e.layer_begin >= e.layer_end || int64_t(e.payload.size()) != int64_t(e.layer_end - e.layer_begin) * per_layer)
       return {errc::incompatible_kv, which + " has a different layout than this engine's cache"};

@@ -33,6 +33,9 @@ struct engine_options {
   // batch_invariant (the default): a token's logits do not depend on the batch it is computed
   // in, so recovery by re-prefill is exact (kernels/cpu/matmul.h); fastest: GEMM prefill.
   kernels::cpu::matmul_mode matmul = kernels::cpu::matmul_mode::batch_invariant;
+  // Element type of the KV cache (f32, f16 or bf16; kv_cache.h). f16 halves what decode
+  // reads per step, what a KV link moves and what the host store holds, against f32.
+  kernels::dtype kv_dtype = kernels::dtype::f16;
   // Full blocks are named by content (runtime/prefix_cache.h) and kept after their sequence
   // ends, until the pool needs them: a prompt that starts like an earlier one reuses them.
   bool prefix_cache = false;
@@ -49,7 +52,8 @@ struct prefix_cache_stats {
 
 // The prefix-cache salt of engines of this model with these options: equal salts mean equal
 // block keys name equal bytes (the router computes keys with it too).
-uint64_t engine_prefix_salt(const model& m, int32_t block_size, kernels::cpu::matmul_mode matmul);
+uint64_t engine_prefix_salt(const model& m, int32_t block_size, kernels::cpu::matmul_mode matmul,
+                            kernels::dtype kv_dtype);
 
 struct batch_entry {
   seq_id seq = 0;

@@ -7,9 +7,18 @@
 
 namespace tandem {
 
+namespace {
+kv_layout checked(const kv_layout& l) {
+  if (!kv_dtype_supported(l.dtype))
+    throw failure(errc::invalid_argument,
+                  "the KV cache holds f32, f16 or bf16, not " + std::string(kernels::to_string(l.dtype)));
+  return l;
+}
+}  // namespace
+
 kv_block_pool::kv_block_pool(kv_layout layout, int32_t n_blocks)
-    : layout_(layout),
-      data_(size_t(layout.floats_per_block() * std::max(n_blocks, 0)), 0.0f),
+    : layout_(checked(layout)),
+      data_(size_t(layout.words_per_block() * std::max(n_blocks, 0)), 0.0f),
       refs_(size_t(std::max(n_blocks, 0)), 0) {
   free_.reserve(refs_.size());
   for (int32_t b = n_blocks - 1; b >= 0; --b) free_.push_back(b);

@@ -1,8 +1,10 @@
 #pragma once
 // Paged KV cache: a preallocated pool of fixed-size blocks, and per-sequence block tables.
 // A block holds `block_size` consecutive positions of one sequence for every layer:
-//   block: [n_layer][2 (k, v)][n_kv_head][block_size][head_dim]  f32
+//   block: [n_layer][2 (k, v)][n_kv_head][block_size][head_dim]  of the layout's dtype
 // so that attention for one (layer, kv head) reads each block's keys as one contiguous run.
+// The dtype is f32, f16 (the engine's default: half the bytes to read per decode step, to
+// move over a KV link and to keep in the host store) or bf16; attention reads it directly.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -19,11 +21,21 @@ struct kv_layout {
   int32_t n_kv_head = 0;
   int32_t head_dim = 0;
   int32_t block_size = 16;
-  int64_t floats_per_layer() const { return int64_t(2) * n_kv_head * block_size * head_dim; }
-  int64_t floats_per_block() const { return int64_t(n_layer) * floats_per_layer(); }
-  int64_t bytes_per_block() const { return floats_per_block() * int64_t(sizeof(float)); }
+  kernels::dtype dtype = kernels::dtype::f32;  // of each stored K/V element
+  int64_t elems_per_layer() const { return int64_t(2) * n_kv_head * block_size * head_dim; }
+  int64_t bytes_per_layer() const { return elems_per_layer() * (dtype == kernels::dtype::f32 ? 4 : 2); }
+  int64_t bytes_per_block() const { return int64_t(n_layer) * bytes_per_layer(); }
+  // The pool and payloads count in 4-byte words (kv_payload); a layer is whole words for
+  // every dtype (2 bytes x an even element count).
+  int64_t words_per_layer() const { return bytes_per_layer() / 4; }
+  int64_t words_per_block() const { return int64_t(n_layer) * words_per_layer(); }
   bool operator==(const kv_layout&) const = default;
 };
+
+// Whether the KV cache can hold elements of type t (f32, f16, bf16).
+constexpr bool kv_dtype_supported(kernels::dtype t) {
+  return t == kernels::dtype::f32 || t == kernels::dtype::f16 || t == kernels::dtype::bf16;
+}
 
 using block_id = int32_t;
 
@@ -43,19 +55,27 @@ class kv_block_pool {
   void release(block_id b);
   int32_t ref_count(block_id b) const { return refs_[size_t(b)]; }
 
-  float* block_data(block_id b) { return data_.data() + int64_t(b) * layout_.floats_per_block(); }
+  // A block's memory, in 4-byte words (layout().words_per_block() of them).
+  float* block_data(block_id b) { return data_.data() + int64_t(b) * layout_.words_per_block(); }
   const float* block_data(block_id b) const {
-    return data_.data() + int64_t(b) * layout_.floats_per_block();
+    return data_.data() + int64_t(b) * layout_.words_per_block();
   }
-  // k/v rows of one (layer, kv head) in a block: [block_size][head_dim]
-  float* k(block_id b, int32_t layer, int32_t head) { return block_data(b) + offset(layer, 0, head); }
-  float* v(block_id b, int32_t layer, int32_t head) { return block_data(b) + offset(layer, 1, head); }
-  const float* k(block_id b, int32_t layer, int32_t head) const { return block_data(b) + offset(layer, 0, head); }
-  const float* v(block_id b, int32_t layer, int32_t head) const { return block_data(b) + offset(layer, 1, head); }
+  // k/v rows of one (layer, kv head) in a block: [block_size][head_dim] of layout().dtype
+  void* k(block_id b, int32_t layer, int32_t head) { return bytes(b) + offset(layer, 0, head); }
+  void* v(block_id b, int32_t layer, int32_t head) { return bytes(b) + offset(layer, 1, head); }
+  const void* k(block_id b, int32_t layer, int32_t head) const {
+    return const_cast<kv_block_pool*>(this)->k(b, layer, head);
+  }
+  const void* v(block_id b, int32_t layer, int32_t head) const {
+    return const_cast<kv_block_pool*>(this)->v(b, layer, head);
+  }
 
  private:
+  uint8_t* bytes(block_id b) { return reinterpret_cast<uint8_t*>(block_data(b)); }
+  // In bytes.
   int64_t offset(int32_t layer, int32_t kv, int32_t head) const {
-    return ((int64_t(layer) * 2 + kv) * layout_.n_kv_head + head) * layout_.block_size * layout_.head_dim;
+    return ((int64_t(layer) * 2 + kv) * layout_.n_kv_head + head) * layout_.block_size * layout_.head_dim *
+           (layout_.dtype == kernels::dtype::f32 ? 4 : 2);
   }
   kv_layout layout_;
   std::vector<float> data_;
@@ -97,7 +117,8 @@ struct kv_block_export {
   uint64_t request = 0;            // whose KV (0: untagged, e.g. a local export)
   uint32_t epoch = 0;              // which prefill attempt of that request made it
   uint64_t checksum = 0;           // XXH3-64 over every field above and the payload
-  kv_payload payload;              // [layer_end-layer_begin][2][n_kv_head][block_size][head_dim]
+  // [layer_end-layer_begin][2][n_kv_head][block_size][head_dim] of dtype, in 4-byte words
+  kv_payload payload;
 
   uint64_t compute_checksum() const;  // = kv_checksum(*this) over the whole payload
   // Every field but the payload (which a transport fills): copying the payload only to

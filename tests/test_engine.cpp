@@ -2,6 +2,8 @@
 // serving layers rely on: chunked prefill, batched decode, KV export/import, block accounting.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <cmath>
 #include <filesystem>
 #include <thread>
@@ -146,7 +148,8 @@ TEST_P(ForwardVsReference, LogitsMatchDoublePrecision) {
     const auto tokens = some_tokens(preset == "tiny" ? 20 : 6, c.n_vocab);
     const auto ref = reference_logits(*m, tokens);
 
-    engine eng(m, engine_options{.n_threads = 2, .block_size = 4, .n_kv_blocks = 64});
+    // An f32 KV cache: this test is about the weights (KV dtypes: KvDtypes below).
+    engine eng(m, engine_options{.n_threads = 2, .block_size = 4, .n_kv_blocks = 64, .kv_dtype = kernels::dtype::f32});
     const seq_id s = eng.create_sequence();
     // Ask for logits at every position, so every row of the batch is checked.
     std::vector<batch_entry> batch;
@@ -217,6 +220,78 @@ TEST(Engine, BatchedDecodeEqualsEachAlone) {
       ASSERT_EQ(next[i], alone_next[i]);
     }
   }
+}
+
+// A half-size KV cache against the f32 one, same weights and tokens: each logit within
+// `tol` of the f32-KV logits, relative to the largest of them. f16 keeps 11 significant bits
+// of each K/V element (relative error 2^-11 per element), bf16 8 (2^-8); attention averages
+// these errors over the context, and the random layers of the synthetic presets amplify
+// them. Measured worst cases (f32 weights, 40 positions): f16 2.3e-4 (tiny) and 1.4e-3
+// (small), bf16 2.0e-3 and 1.1e-2; the bounds leave 3.5-5x.
+TEST(KvDtypes, LogitsStayCloseToTheF32Cache) {
+  for (const std::string preset : {"tiny", "small"}) {
+    auto m = model::load(synth_file(preset, kernels::dtype::f32));
+    const int V = m->config().n_vocab;
+    const auto tokens = some_tokens(40, V);
+    auto logits_with = [&](kernels::dtype kv) {
+      engine eng(m, engine_options{.n_threads = 2, .n_kv_blocks = 16, .kv_dtype = kv});
+      const seq_id s = eng.create_sequence();
+      std::vector<batch_entry> batch;
+      for (auto t : tokens) batch.push_back({s, t, true});
+      std::vector<float> logits;
+      EXPECT_TRUE(eng.forward(batch, logits).ok());
+      return logits;
+    };
+    const auto ref = logits_with(kernels::dtype::f32);
+    const double scale = std::max(1.0, double(*std::max_element(ref.begin(), ref.end(), [](float a, float b) {
+      return std::fabs(a) < std::fabs(b);
+    })));
+    for (auto [kv, tol] : {std::pair{kernels::dtype::f16, 5e-3}, std::pair{kernels::dtype::bf16, 5e-2}}) {
+      const auto got = logits_with(kv);
+      ASSERT_EQ(got.size(), ref.size());
+      double worst = 0;
+      for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - ref[i]));
+      EXPECT_LE(worst / scale, tol) << preset << " kv " << kernels::to_string(kv);
+      EXPECT_GT(worst, 0.0) << "the cache's dtype changed nothing: was it used?";
+      std::printf("[ kv dtype ] %s kv %s: worst logit error %.2e of %.2f\n", preset.c_str(),
+                  std::string(kernels::to_string(kv)).c_str(), worst, scale);
+    }
+  }
+}
+
+// A block of the f16 cache is half the bytes of an f32 one, round-trips exactly between two
+// f16 engines, and an engine of another KV dtype refuses it, naming both dtypes.
+TEST(KvDtypes, HalfTheBytesAndOtherDtypesAreRefused) {
+  auto m = model::load(synth_file("tiny", kernels::dtype::q8_0));
+  const int V = m->config().n_vocab;
+  const auto prompt = some_tokens(37, V);
+  auto exported = [&](kernels::dtype kv) {
+    engine eng(m, engine_options{.n_kv_blocks = 8, .kv_dtype = kv});
+    const seq_id s = eng.create_sequence();
+    std::vector<float> logits;
+    EXPECT_TRUE(eng.prefill(s, prompt, logits).ok());
+    std::vector<kv_block_export> blocks;
+    EXPECT_TRUE(eng.export_kv(s, blocks).ok());
+    return blocks;
+  };
+  const auto f32 = exported(kernels::dtype::f32), f16 = exported(kernels::dtype::f16);
+  ASSERT_EQ(f32.size(), f16.size());
+  EXPECT_EQ(f16[0].dtype, kernels::dtype::f16);
+  EXPECT_EQ(f16[0].payload.size() * 2, f32[0].payload.size());
+  engine other(m, engine_options{.n_kv_blocks = 8, .kv_dtype = kernels::dtype::f32});
+  const seq_id d = other.create_sequence();
+  const status st = other.import_kv(d, f16);
+  EXPECT_EQ(st.code(), errc::incompatible_kv);
+  EXPECT_NE(st.message().find("f16"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("f32"), std::string::npos) << st.message();
+  engine same(m, engine_options{.n_kv_blocks = 8, .kv_dtype = kernels::dtype::f16});
+  const seq_id e = same.create_sequence();
+  ASSERT_TRUE(same.import_kv(e, f16).ok());
+  std::vector<kv_block_export> again;
+  ASSERT_TRUE(same.export_kv(e, again).ok());
+  ASSERT_EQ(again.size(), f16.size());
+  for (size_t i = 0; i < again.size(); ++i) EXPECT_TRUE(again[i].payload == f16[i].payload) << "block " << i;
+  EXPECT_THROW(engine(m, engine_options{.n_kv_blocks = 8, .kv_dtype = kernels::dtype::q8_0}), failure);
 }
 
 TEST(Engine, KvExportImportContinuesIdentically) {

@@ -31,7 +31,11 @@ namespace {
 
 struct shape {
   int32_t layers = 2, n_kv_head = 2, block_size = 16, head_dim = 32;
-  size_t floats() const { return size_t(layers) * 2 * n_kv_head * block_size * head_dim; }
+  kernels::dtype dtype = kernels::dtype::f32;
+  // Payload words (4 bytes): f16/bf16 elements take half a word each.
+  size_t floats() const {
+    return size_t(layers) * 2 * n_kv_head * block_size * head_dim / (dtype == kernels::dtype::f32 ? 1 : 2);
+  }
 };
 
 kv_block_export make_block(std::mt19937_64& rng, const shape& s, uint64_t request, uint32_t epoch, int32_t pos) {
@@ -44,6 +48,7 @@ kv_block_export make_block(std::mt19937_64& rng, const shape& s, uint64_t reques
   b.block_size = s.block_size;
   b.n_kv_head = s.n_kv_head;
   b.head_dim = s.head_dim;
+  b.dtype = s.dtype;
   b.request = request;
   b.epoch = epoch;
   b.payload.resize(s.floats());
@@ -244,6 +249,28 @@ TEST_P(KvChannel, FramesArriveBitwiseEqualInSubmitOrder) {
   ASSERT_EQ(got.size(), frames.size());
   EXPECT_EQ(r.frames_received(), frames.size());
   for (size_t i = 0; i < frames.size(); ++i) expect_same(got.frames[i], *frames[i]);
+}
+
+// A half-size KV cache's blocks (f16, bf16) travel as their own bytes: half an f32 frame.
+TEST_P(KvChannel, HalfPrecisionBlocksArriveBitwiseEqual) {
+  collector got;
+  kv_receiver r(rx_opts(), got.handler());
+  kv_sender s(tx_opts(r));
+  std::vector<std::shared_ptr<const kv_frame>> frames;
+  uint64_t req = 300;
+  for (auto dt : {kernels::dtype::f16, kernels::dtype::bf16, kernels::dtype::f32})
+    frames.push_back(make_frame(16, 0, req, 1, shape{.dtype = dt}, req)), ++req;
+  EXPECT_EQ(payload_bytes(*frames[0]) * 2, payload_bytes(*frames[2]));
+  for (const auto& f : frames) {
+    const auto st = s.wait(s.submit(f));
+    ASSERT_EQ(st.state, transfer_state::done) << st.error.to_string();
+    EXPECT_EQ(st.bytes_moved, payload_bytes(*f));
+  }
+  ASSERT_EQ(got.size(), frames.size());
+  for (size_t i = 0; i < frames.size(); ++i) {
+    expect_same(got.frames[i], *frames[i]);
+    EXPECT_EQ((*got.frames[i].blocks)[0].dtype, (*frames[i]->blocks)[0].dtype);
+  }
 }
 
 TEST_P(KvChannel, PollReportsPendingThenDone) {

@@ -26,6 +26,7 @@ struct bench_opts {
   std::vector<std::string> dtypes = {"f32", "bf16", "q8_0"};
   std::vector<int> threads = {1, 2};
   std::vector<std::string> matmul = {"batch-invariant", "fastest"};
+  std::string kv_dtype = "f16";
   int prompt_tokens = 512, decode_tokens = 128, repeats = 2;
   bool json = false;
   // Side by side with the reference llama.cpp (run_against_llama).
@@ -146,6 +147,7 @@ int run_against_llama(const bench_opts& o) {
       engine_options eo;
       eo.n_threads = w.threads;
       eo.matmul = parse_matmul_mode(w.mode);
+      eo.kv_dtype = parse_kv_dtype(o.kv_dtype);
       eo.n_kv_blocks = (w.context + o.decode_tokens) / eo.block_size + 2;
       {
         engine eng(m, eo);
@@ -217,6 +219,7 @@ int run_bench(const bench_opts& o) {
       engine_options eo;
       eo.n_threads = t;
       eo.matmul = parse_matmul_mode(mode);
+      eo.kv_dtype = parse_kv_dtype(o.kv_dtype);
       eo.n_kv_blocks = (o.prompt_tokens + o.decode_tokens) / eo.block_size + 2;
       engine eng(m, eo);
       double best_prefill = 1e30, best_decode = 1e30;
@@ -304,6 +307,7 @@ void add_bench(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({"batch-invariant", "fastest"}));
   k->add_flag("--json", o->json, "Print results as JSON");
+  add_kv_dtype_option(k, o->kv_dtype);
   k->add_option("--against-llama-bench", o->llama_dir,
                 "Folder holding the reference llama.cpp's llama-bench: run it beside tandem on the same GGUF files "
                 "in interleaved rounds and print medians and ratios");

@@ -17,7 +17,7 @@ namespace tandem::cli {
 namespace {
 
 struct generate_opts {
-  std::string model, prompt, matmul = "batch-invariant";
+  std::string model, prompt, matmul = "batch-invariant", kv_dtype = "f16";
   int n_predict = 64;
   float temperature = 0.8f, top_p = 0.95f;
   int top_k = 40;
@@ -66,6 +66,7 @@ int run_generate(const generate_opts& o) {
   engine_options eo;
   eo.n_threads = threads;
   eo.matmul = parse_matmul_mode(o.matmul);
+  eo.kv_dtype = parse_kv_dtype(o.kv_dtype);
   eo.n_kv_blocks = (int32_t(prompt.size()) + o.n_predict) / eo.block_size + 2;
   engine eng(m, eo);
   const seq_id s = eng.create_sequence();
@@ -157,6 +158,7 @@ int run_pipeline(const generate_opts& o) {
   cfg.colocated_workers = o.colocated_workers;
   cfg.threads_per_worker = o.threads > 0 ? o.threads : 1;
   cfg.matmul = parse_matmul_mode(o.matmul);
+  cfg.kv_dtype = parse_kv_dtype(o.kv_dtype);
   cfg.kv_blocks_per_worker = o.kv_blocks;
   cfg.chunk_size = o.chunk;
   cfg.prefill_token_budget = o.token_budget;
@@ -221,6 +223,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "Sampling seed (default: random; printed with --json)");
   cmd->add_option("-t,--threads", o->threads, "Compute threads (default: all cores)")->check(CLI::Range(0, 1024));
   add_matmul_option(cmd, o->matmul);
+  add_kv_dtype_option(cmd, o->kv_dtype);
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--json", o->json, "Print one JSON object (ids, text, timings) instead of streaming text");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");

@@ -26,9 +26,23 @@ CLI::Option* add_matmul_option(CLI::App* cmd, std::string& value) {
   return cmd
       ->add_option("--matmul", value,
                    "batch-invariant: a token's logits do not depend on its batch, so recovery by re-prefill is "
-                   "exact; fastest: GEMM prefill (2-4x faster prefill, recovered outputs may differ at near-ties)")
+                   "exact; fastest: the same kernels on CPUs with AVX-512 VNNI/BF16, elsewhere a GEMM prefill "
+                   "(faster prefill, recovered outputs may differ at near-ties)")
       ->check(CLI::IsMember({"batch-invariant", "fastest"}))
       ->capture_default_str();
+}
+
+CLI::Option* add_kv_dtype_option(CLI::App* cmd, std::string& value) {
+  return cmd
+      ->add_option("--kv-dtype", value,
+                   "Element type of the KV cache: f16 (half of f32's bytes per decode step, per KV transfer and in "
+                   "the host store), bf16 or f32 (exact activations, twice the bytes)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
+      ->capture_default_str();
+}
+
+kernels::dtype parse_kv_dtype(const std::string& value) {
+  return kernels::dtype_from_name(value).value_or(kernels::dtype::f16);
 }
 
 kernels::cpu::matmul_mode parse_matmul_mode(const std::string& value) {

@@ -17,7 +17,7 @@ namespace {
 
 struct serve_options {
   std::string model, model_name, mode = "disaggregated", host = "127.0.0.1", api_key, admin_key, kv_transport = "local",
-              matmul = "batch-invariant";
+              matmul = "batch-invariant", kv_dtype = "f16";
   int port = 8080, prefill_workers = 1, decode_workers = 1, colocated_workers = 1, threads = 1, io_threads = 2,
       max_worker_restarts = 5;
   int32_t kv_blocks = 0, chunk = 256, token_budget = 512, max_batch = 64;
@@ -107,6 +107,7 @@ int run_serve(const serve_options& o) {
   cfg.colocated_workers = o.colocated_workers;
   cfg.threads_per_worker = o.threads;
   cfg.matmul = parse_matmul_mode(o.matmul);
+  cfg.kv_dtype = parse_kv_dtype(o.kv_dtype);
   cfg.prefix_cache = !o.no_prefix_cache;
   cfg.route_overlap_weight = o.route_overlap_weight;
   cfg.route_load_weight = o.route_load_weight;
@@ -170,6 +171,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--colocated-workers", o->colocated_workers, "Workers (colocated)")->check(CLI::Range(1, 256));
   cmd->add_option("-t,--threads", o->threads, "Compute threads per worker")->check(CLI::Range(1, 1024));
   add_matmul_option(cmd, o->matmul);
+  add_kv_dtype_option(cmd, o->kv_dtype);
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
                 "Compute every prompt in full (default: reuse the KV blocks of prompts that start alike)");
   cmd->add_option("--route-overlap-weight", o->route_overlap_weight,

@@ -22,5 +22,7 @@ std::string resolve_model_path(const std::string& flag);
 // --matmul batch-invariant|fastest on `cmd` (kernels/cpu/matmul.h says what each costs).
 CLI::Option* add_matmul_option(CLI::App* cmd, std::string& value);
 kernels::cpu::matmul_mode parse_matmul_mode(const std::string& value);
+CLI::Option* add_kv_dtype_option(CLI::App* cmd, std::string& value);
+kernels::dtype parse_kv_dtype(const std::string& value);
 
 }  // namespace tandem::cli

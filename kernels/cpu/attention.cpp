@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <stdexcept>
 #include <vector>
 
 // See matmul_avx512.cpp: GCC 12 warns about its own idioms inside these headers.
@@ -110,6 +111,39 @@ void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok,
                     head_dim, scale, scores, out + i * out_stride);
 }
 
+namespace {
+// Blocks [0, n_blocks) of a typed K or V as f32 copies in `buf`, and pointers to them.
+void widen_blocks(const void* const* blocks, dtype t, int32_t n_blocks, int64_t block_elems, float* buf,
+                  std::vector<const float*>& out) {
+  out.resize(size_t(n_blocks));
+  for (int32_t b = 0; b < n_blocks; ++b) {
+    dequantize_row(t, blocks[b], buf + b * block_elems, block_elems);
+    out[size_t(b)] = buf + b * block_elems;
+  }
+}
+}  // namespace
+
+void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
+                                int32_t pos0, const void* const* k_blocks, const void* const* v_blocks,
+                                dtype kv_type, int32_t block_size, int32_t head_dim, float scale, float* out,
+                                int64_t out_stride) {
+  if (n_tok <= 0) return;
+  if (kv_type == dtype::f32) {
+    attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, reinterpret_cast<const float* const*>(k_blocks),
+                               reinterpret_cast<const float* const*>(v_blocks), block_size, head_dim, scale, out,
+                               out_stride);
+    return;
+  }
+  const int32_t nb = (pos0 + n_tok + block_size - 1) / block_size;
+  const int64_t be = int64_t(block_size) * head_dim;
+  std::vector<float> buf(size_t(2 * nb * be));
+  std::vector<const float*> kf, vf;
+  widen_blocks(k_blocks, kv_type, nb, be, buf.data(), kf);
+  widen_blocks(v_blocks, kv_type, nb, be, buf.data() + nb * be, vf);
+  attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, kf.data(), vf.data(), block_size, head_dim, scale, out,
+                             out_stride);
+}
+
 int32_t attention_tile_tokens(int32_t n_rep) { return std::max<int32_t>(1, kMaxTileRows / std::max(1, n_rep)); }
 
 // ------------------------------------------------------------------ AVX-512 tiled kernel
@@ -118,6 +152,19 @@ int32_t attention_tile_tokens(int32_t n_rep) { return std::max<int32_t>(1, kMaxT
 namespace {
 
 constexpr int32_t KC = 64;  // keys per chunk: 4 zmm of scores per query row
+
+// 16 K/V elements of type T from element e of a row, as f32 (f16 and bf16 widen exactly).
+template <dtype T>
+inline __m512 load16(const void* row, int64_t e) {
+  if constexpr (T == dtype::f32) {
+    return _mm512_loadu_ps(static_cast<const float*>(row) + e);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + e));
+    if constexpr (T == dtype::f16) return _mm512_cvtph_ps(h);
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+constexpr int64_t elem_size(dtype t) { return t == dtype::f32 ? 4 : 2; }
 
 inline __mmask16 lanes_below(int32_t n) {
   return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
@@ -140,10 +187,12 @@ inline __m512 exp2_ps(__m512 t) {
   return _mm512_scalef_ps(p, n);
 }
 
-// dst[c * ld + r] = src[r][c] for 16 rows of 16 floats (an in-register transpose).
-inline void transpose16x16(const float* const* src, float* dst, int64_t ld) {
+// dst[c * ld + r] = src[r][c] for 16 rows of 16 elements of type T, as f32 (an in-register
+// transpose).
+template <dtype T>
+inline void transpose16x16(const void* const* src, float* dst, int64_t ld) {
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src[i]);
+  for (int i = 0; i < 16; ++i) r[i] = load16<T>(src[i], 0);
   // t[2k], t[2k+1]: rows 2k, 2k+1 interleaved (columns 4L, 4L+1 and 4L+2, 4L+3 of each lane L)
   for (int k = 0; k < 8; ++k) {
     t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
@@ -193,9 +242,9 @@ inline void qk_block(const float* qs, int32_t D, const float* kt, float* s) {
     for (int v = 0; v < 4; ++v) _mm512_store_ps(s + i * KC + 16 * v, acc[i][v]);
 }
 
-// o[RR][col0 .. col0 + 16 CV) = alpha[i] * o + p[RR][0..n) · V rows vp[0..n)
-template <int RR, int CV>
-inline void pv_block(const float* p, int32_t n, const float* const* vp, int32_t col0,
+// o[RR][col0 .. col0 + 16 CV) = alpha[i] * o + p[RR][0..n) · V rows vp[0..n) (of type T)
+template <dtype T, int RR, int CV>
+inline void pv_block(const float* p, int32_t n, const void* const* vp, int32_t col0,
                      const float* alpha, float* o, int32_t D) {
   __m512 acc[RR][CV];
   for (int i = 0; i < RR; ++i) {
@@ -205,7 +254,7 @@ inline void pv_block(const float* p, int32_t n, const float* const* vp, int32_t 
   }
   for (int32_t j = 0; j < n; ++j) {
     __m512 vv[CV];
-    for (int v = 0; v < CV; ++v) vv[v] = _mm512_loadu_ps(vp[j] + col0 + 16 * v);
+    for (int v = 0; v < CV; ++v) vv[v] = load16<T>(vp[j], col0 + 16 * v);
     for (int i = 0; i < RR; ++i) {
       const __m512 b = _mm512_set1_ps(p[i * KC + j]);
       for (int v = 0; v < CV; ++v) acc[i][v] = _mm512_fmadd_ps(b, vv[v], acc[i][v]);
@@ -215,15 +264,15 @@ inline void pv_block(const float* p, int32_t n, const float* const* vp, int32_t 
     for (int v = 0; v < CV; ++v) _mm512_store_ps(o + int64_t(i) * D + col0 + 16 * v, acc[i][v]);
 }
 
-template <int RR>
-inline void pv_rows(const float* p, int32_t n, const float* const* vp, const float* alpha,
+template <dtype T, int RR>
+inline void pv_rows(const float* p, int32_t n, const void* const* vp, const float* alpha,
                     float* o, int32_t D) {
   for (int32_t col = 0; col < D; col += 64) {
     switch (std::min<int32_t>(4, (D - col) / 16)) {
-      case 1: pv_block<RR, 1>(p, n, vp, col, alpha, o, D); break;
-      case 2: pv_block<RR, 2>(p, n, vp, col, alpha, o, D); break;
-      case 3: pv_block<RR, 3>(p, n, vp, col, alpha, o, D); break;
-      default: pv_block<RR, 4>(p, n, vp, col, alpha, o, D); break;
+      case 1: pv_block<T, RR, 1>(p, n, vp, col, alpha, o, D); break;
+      case 2: pv_block<T, RR, 2>(p, n, vp, col, alpha, o, D); break;
+      case 3: pv_block<T, RR, 3>(p, n, vp, col, alpha, o, D); break;
+      default: pv_block<T, RR, 4>(p, n, vp, col, alpha, o, D); break;
     }
   }
 }
@@ -242,9 +291,11 @@ inline void with_rows(int32_t rr, F&& f) {
 
 constexpr int32_t MR = 6;  // query rows per microkernel call
 
-// One tile: R = n_tok * n_rep query rows (row r: token r / n_rep, head r % n_rep).
+// One tile: R = n_tok * n_rep query rows (row r: token r / n_rep, head r % n_rep); K/V of
+// type T.
+template <dtype T>
 void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
-                        int32_t pos0, const float* const* k_blocks, const float* const* v_blocks,
+                        int32_t pos0, const void* const* k_blocks, const void* const* v_blocks,
                         int32_t bs, int32_t D, float scale, float* out, int64_t out_stride) {
   const int32_t R = n_tok * n_rep;
   // Scratch: qs [R][D], o [R][D], p [R][KC], kt [D][KC], then per-row m, l, alpha.
@@ -271,26 +322,27 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
   }
 
   const int32_t n_keys = pos0 + n_tok;  // the last token sees positions [0, n_keys)
-  const float* kp[KC];
-  const float* vp[KC];
+  constexpr int64_t es = elem_size(T);
+  const uint8_t* kp[KC];
+  const void* vp[KC];
   for (int32_t c0 = 0; c0 < n_keys; c0 += KC) {
     const int32_t n = std::min(KC, n_keys - c0);
     for (int32_t j = 0; j < KC; ++j) {
       const int32_t pos = c0 + j;
       if (j < n) {
-        const int64_t off = int64_t(pos % bs) * D;
-        kp[j] = k_blocks[pos / bs] + off;
-        vp[j] = v_blocks[pos / bs] + off;
+        const int64_t off = int64_t(pos % bs) * D * es;
+        kp[j] = static_cast<const uint8_t*>(k_blocks[pos / bs]) + off;
+        vp[j] = static_cast<const uint8_t*>(v_blocks[pos / bs]) + off;
       } else {
-        kp[j] = zero_row;
+        kp[j] = reinterpret_cast<const uint8_t*>(zero_row);  // zero bits: 0 in every type
       }
     }
     // kt[d][j] = K[c0 + j][d]
     for (int32_t jg = 0; jg < KC; jg += 16)
       for (int32_t dg = 0; dg < D; dg += 16) {
-        const float* rows[16];
-        for (int i = 0; i < 16; ++i) rows[i] = kp[jg + i] + dg;  // zero_row holds kMaxFastHeadDim zeros
-        transpose16x16(rows, kt + int64_t(dg) * KC + jg, KC);
+        const void* rows[16];
+        for (int i = 0; i < 16; ++i) rows[i] = kp[jg + i] + dg * es;  // zero_row holds kMaxFastHeadDim zeros
+        transpose16x16<T>(rows, kt + int64_t(dg) * KC + jg, KC);
       }
     for (int32_t r0 = 0; r0 < R; r0 += MR)
       with_rows(std::min(MR, R - r0), [&](auto rr) {
@@ -327,7 +379,7 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
     }
     for (int32_t r0 = 0; r0 < R; r0 += MR)
       with_rows(std::min(MR, R - r0), [&](auto rr) {
-        pv_rows<decltype(rr)::value>(p + int64_t(r0) * KC, n, vp, alpha + r0, o + int64_t(r0) * D, D);
+        pv_rows<T, decltype(rr)::value>(p + int64_t(r0) * KC, n, vp, alpha + r0, o + int64_t(r0) * D, D);
       });
   }
   for (int32_t r = 0; r < R; ++r) {
@@ -342,20 +394,33 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
 #pragma GCC pop_options
 
 void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
-                      const float* const* k_blocks, const float* const* v_blocks,
+                      const void* const* k_blocks, const void* const* v_blocks, dtype kv_type,
                       int32_t block_size, int32_t head_dim, float scale, float* out,
                       int64_t out_stride) {
   if (n_tok <= 0 || n_rep <= 0) return;
+  if (kv_type != dtype::f32 && kv_type != dtype::f16 && kv_type != dtype::bf16)
+    throw std::invalid_argument("attention: K/V must be f32, f16 or bf16");
   if (!have_avx512() || head_dim % 16 != 0 || head_dim <= 0 || head_dim > kMaxFastHeadDim) {
-    attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, k_blocks, v_blocks, block_size,
+    attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, k_blocks, v_blocks, kv_type, block_size,
                                head_dim, scale, out, out_stride);
     return;
   }
+  const auto tile_fn = kv_type == dtype::f32   ? &causal_tile_avx512<dtype::f32>
+                       : kv_type == dtype::f16 ? &causal_tile_avx512<dtype::f16>
+                                               : &causal_tile_avx512<dtype::bf16>;
   const int32_t tile = attention_tile_tokens(n_rep);
   for (int32_t i = 0; i < n_tok; i += tile)
-    causal_tile_avx512(q + i * q_stride, q_stride, std::min(tile, n_tok - i), n_rep, pos0 + i,
-                       k_blocks, v_blocks, block_size, head_dim, scale, out + i * out_stride,
-                       out_stride);
+    tile_fn(q + i * q_stride, q_stride, std::min(tile, n_tok - i), n_rep, pos0 + i, k_blocks, v_blocks, block_size,
+            head_dim, scale, out + i * out_stride, out_stride);
+}
+
+void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
+                      const float* const* k_blocks, const float* const* v_blocks,
+                      int32_t block_size, int32_t head_dim, float scale, float* out,
+                      int64_t out_stride) {
+  attention_causal(q, q_stride, n_tok, n_rep, pos0, reinterpret_cast<const void* const*>(k_blocks),
+                   reinterpret_cast<const void* const*>(v_blocks), dtype::f32, block_size, head_dim, scale, out,
+                   out_stride);
 }
 
 }  // namespace tandem::kernels::cpu

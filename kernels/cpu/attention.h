@@ -2,6 +2,8 @@
 // Attention of query heads over a paged KV context.
 #include <cstdint>
 
+#include "kernels/tensor_types.h"
+
 namespace tandem::kernels::cpu {
 
 // The reference kernel (plain C++). The n_q query heads that share one KV head (a GQA group)
@@ -31,11 +33,23 @@ void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n
                       int32_t block_size, int32_t head_dim, float scale, float* out,
                       int64_t out_stride);
 
+// As above with K/V blocks of kv_type (f32, f16 or bf16; each block [block_size][head_dim] of
+// that type): the kernel widens them as it reads them (a half-size cache reads half the bytes).
+void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
+                      const void* const* k_blocks, const void* const* v_blocks, dtype kv_type,
+                      int32_t block_size, int32_t head_dim, float scale, float* out,
+                      int64_t out_stride);
+
 // attention_causal through attention_paged only (for tests and CPUs without AVX-512).
 void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
                                 int32_t pos0, const float* const* k_blocks,
                                 const float* const* v_blocks, int32_t block_size,
                                 int32_t head_dim, float scale, float* out, int64_t out_stride);
+
+void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
+                                int32_t pos0, const void* const* k_blocks, const void* const* v_blocks,
+                                dtype kv_type, int32_t block_size, int32_t head_dim, float scale, float* out,
+                                int64_t out_stride);
 
 // Query tokens per tile of attention_causal for a GQA group of n_rep heads: callers that split
 // a long run into tasks (one thread each) should cut it at multiples of this.

@@ -283,9 +283,13 @@ status decode_frame_header(std::string_view body, frame_header& h) {
                                           "), block_size " + std::to_string(k.block_size) + ", n_kv_head " +
                                           std::to_string(k.n_kv_head) + ", head_dim " + std::to_string(k.head_dim) +
                                           ")"};
-    if (bytes != floats * sizeof(float))
+    if (!kv_dtype_supported(k.dtype))
+      return {errc::invalid_argument, "block " + std::to_string(i) + ": KV element type " + std::to_string(dt) +
+                                          " is not f32, f16 or bf16"};
+    const uint64_t want = floats * (k.dtype == kernels::dtype::f32 ? 4 : 2);
+    if (bytes != want)
       return {errc::invalid_argument, "block " + std::to_string(i) + ": payload of " + std::to_string(bytes) +
-                                          " bytes, its shape holds " + std::to_string(floats * sizeof(float))};
+                                          " bytes, its shape holds " + std::to_string(want)};
     h.payload_bytes[i] = bytes;
     h.total_payload += bytes;
     if (h.total_payload > max_frame_payload)

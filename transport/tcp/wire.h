@@ -115,6 +115,6 @@ struct frame_header {
 status decode_frame_header(std::string_view body, frame_header& h);
 
 // Floats a block of this shape holds, or 0 when the shape is invalid or out of bounds.
-uint64_t block_floats(const kv_block_export& b);
+uint64_t block_floats(const kv_block_export& b);  // elements (of b.dtype), 0 if out of bounds
 
 }  // namespace tandem::transport::wire
