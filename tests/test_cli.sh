@@ -58,6 +58,8 @@ echo '{"arrival_s": 0}' >"$work/bad.jsonl"
 expect_error "bad.jsonl:1: 'prompt'" bench compare --trace "$work/bad.jsonl" --slo-tpot 10
 expect_error "slo" bench compare --trace short
 expect_error "matmul" generate --model "$model" --prompt x --matmul slow
+expect_error "kv-dtype" generate --model "$model" --prompt x --kv-dtype q4
+expect_error "no llama-bench in" bench kernels --against-llama-bench "$work" --dtypes q8_0 --threads 1 --rounds 1
 expect_error "kv-store-disk-mib" serve --model "$model" --port 0 --kv-store-disk "$work/tier.bin"
 expect_error "cannot open /nonexistent/tier.bin" serve --model "$model" --port 0 --kv-store-disk /nonexistent/tier.bin --kv-store-disk-mib 4
 expect_error "route-load-weight" serve --model "$model" --port 0 --route-load-weight -1
