@@ -19,6 +19,10 @@
 #include <set>
 #include <thread>
 
+#include <unistd.h>
+
+#include "runtime/errors.h"
+#include "tools/bench/llama_bench.h"
 #include "tools/bench/serve.h"
 #include "tools/bench/stats.h"
 #include "tools/bench/trace.h"
@@ -656,4 +660,34 @@ TEST(BenchServe, MultiturnRefusesTheOpenAIApiAndOutOfOrderTurns) {
   so.api = "ws";
   EXPECT_THROW(run_serve_bench(so, {t[1], t[0]}), std::invalid_argument);
   EXPECT_THROW(run_serve_bench(so, {t[1]}), std::invalid_argument);
+}
+
+// `bench kernels --against-llama-bench` drives llama-bench as a subprocess. A stand-in
+// llama-bench (a shell script) answers with a figure computed from the flags it got, so the
+// test checks which flags each measurement passes and that its JSON is read; a library link
+// flattened into a text file (as in a copy of a build) is staged as a real link.
+TEST(LlamaBench, PassesPromptDepthAndThreadsAndReadsTheResult) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tandem-fake-llama-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream s(dir / "llama-bench");
+    s << "#!/bin/sh\n"
+         "[ \"$1\" = --help ] && exit 0\n"
+         "[ -L \"$(dirname \"$0\")/libfake.so\" ] || exit 3\n"
+         "while [ $# -gt 0 ]; do case $1 in -p) p=$2;; -n) n=$2;; -d) d=$2;; -t) t=$2;; esac; shift; done\n"
+         "echo \"[{\\\"avg_ts\\\": $((p + n * 1000 + d * 1000000 + t * 100000000))}]\"\n";
+  }
+  fs::permissions(dir / "llama-bench", fs::perms::owner_all);
+  std::ofstream(dir / "libfake.so.1") << "not really a library";
+  std::ofstream(dir / "libfake.so") << "libfake.so.1";  // a flattened symlink
+  {
+    tandem::bench::llama_bench ref(dir.string());
+    EXPECT_EQ(ref.prefill_tps("m.gguf", 2, 509, 1391), 509 + 1391e6 + 2e8);
+    EXPECT_EQ(ref.decode_tps("m.gguf", 1, 64, 1900), 64e3 + 1900e6 + 1e8);
+  }
+  fs::remove(dir / "llama-bench");
+  EXPECT_THROW(tandem::bench::llama_bench(dir.string()), tandem::failure);
+  fs::remove_all(dir);
 }
