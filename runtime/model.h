@@ -54,8 +54,6 @@ class model {
   uint64_t identity() const { return identity_; }
   // Bytes of weights in the file.
   uint64_t weight_bytes() const { return weight_bytes_; }
-  // Bytes of repacked matrices held besides the file (0 where the kernels read the file's rows).
-  uint64_t panel_bytes() const { return panels_.bytes(); }
   // The dominant weight type (that of the attention/FFN matrices).
   kernels::dtype weight_type() const { return layers_.front().wq.type; }
 

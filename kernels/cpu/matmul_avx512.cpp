@@ -2,10 +2,10 @@
 // marked VNNI_BF16 also use AVX512-VNNI/BF16 and run only when matmul_avx512 gets vnni_bf16.
 //
 // Decode (m <= decode_max_m): each weight row is streamed once and dotted with all m inputs.
-// Prefill: a blocked GEMM. Weight rows are packed (dequantized) into panels Bp: [kc][64] that
-// stay in cache, and a 6x64 register-blocked microkernel broadcasts x and FMAs 4 zmm per x
-// row. bf16 (and q8_0) weights use the same structure with vdpbf16ps, which does twice the
-// multiply-adds per instruction; x is then rounded to bf16 (relative error <= 2^-9 per term).
+// Prefill (matmul_mode::fastest only): a blocked GEMM. Weight rows are packed (dequantized to
+// f32) into panels Bp: [kc][64] that stay in cache, and a 6x64 register-blocked microkernel
+// broadcasts x and FMAs 4 zmm per x row. (On CPUs with VNNI/BF16, weights loaded by a model
+// have panels and take matmul_panels.cpp instead, in both modes.)
 //
 // GCC 12 reports its own _mm512_undefined_* idiom inside these headers as (maybe-)uninitialized
 // (GCC bug 105593); the pragma covers the header lines only.
@@ -204,7 +204,7 @@ constexpr int NR = 64;  // weight rows per microkernel (y columns)
 constexpr int64_t NC = 256;  // weight rows per packed block (per thread)
 // k per packed block: one [KC][64] f32 micro-panel is 64 KiB, streamed from L2 (measured
 // faster than smaller panels that fit L1: fewer passes over y).
-constexpr int64_t KC_F32 = 256, KC_BF16 = 512;  // multiples of 32 (q8_0 blocks) and of 2
+constexpr int64_t KC_F32 = 256;  // a multiple of 32 (q8_0 blocks)
 
 // y[R, 64] (+)= a[R, kc] · b. a: rows at stride lda; b: [kc][64] packed; y: rows at stride
 // ldy, its columns beyond `mask` neither read nor written.
@@ -222,31 +222,6 @@ void kernel_f32(const float* a, int64_t lda, const float* b, int64_t kc, float* 
     TANDEM_UNROLL for (int i = 0; i < R; ++i) {
       const __m512 av = _mm512_set1_ps(a[i * lda + p]);
       TANDEM_UNROLL for (int v = 0; v < 4; ++v) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
-    }
-  }
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < 4; ++v)
-      _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
-}
-
-// As kernel_f32 with bf16 a and b: b: [kc/2][64][2], each 32-bit lane a pair of k.
-template <int R>
-VNNI_BF16 void kernel_bf16(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kc,
-                           float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
-  __m512 c[R][4];
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < 4; ++v)
-      c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v)
-                           : _mm512_setzero_ps();
-  for (int64_t p = 0; p < kc; p += 2) {
-    __m512bh bv[4];
-    TANDEM_UNROLL for (int v = 0; v < 4; ++v)
-      bv[v] = (__m512bh)_mm512_load_si512(b + p * 64 + 32 * v);
-    TANDEM_UNROLL for (int i = 0; i < R; ++i) {
-      uint32_t pair;
-      std::memcpy(&pair, a + i * lda + p, 4);
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(pair));
-      TANDEM_UNROLL for (int v = 0; v < 4; ++v) c[i][v] = _mm512_dpbf16_ps(c[i][v], av, bv[v]);
     }
   }
   TANDEM_UNROLL for (int i = 0; i < R; ++i)
@@ -283,7 +258,7 @@ const float* row_f32(const weight_view& w, int64_t r, int64_t p0, int64_t kc, fl
   return tmp;
 }
 
-// dst[t * ld + r] = src[r][c + t] for a 16x16 block of 32-bit values (f32, or bf16 k-pairs):
+// dst[t * ld + r] = src[r][c + t] for a 16x16 block of 32-bit values:
 // in-register transpose, a quarter of the stores of an element-wise scatter.
 inline void transpose16(const uint32_t* const* src, int64_t c, uint32_t* dst, int64_t ld) {
   __m512 r[16], t[16];
@@ -336,113 +311,39 @@ void pack_f32(const weight_view& w, int64_t j0, int64_t nc, int64_t p0, int64_t 
   }
 }
 
-// Packs for kernel_bf16: bp: [ceil(nc/64)][kc/2][64] k-pairs; zero past row nc and column k.
-// tmp: 17 * kc floats.
-VNNI_BF16 void pack_bf16(const weight_view& w, int64_t j0, int64_t nc, int64_t p0, int64_t kc,
-                         uint16_t* bp, float* tmp) {
-  const int64_t valid = std::min(kc, w.cols - p0);  // kc may run past an odd k by one
-  uint16_t* t16 = reinterpret_cast<uint16_t*>(tmp + kc);  // 16 rows of kc bf16, then zeros
-  uint16_t* zero = t16 + 16 * kc;
-  std::memset(zero, 0, size_t(kc) * 2);
-  const uint32_t* rows[16];
-  for (int64_t g = 0; g < (nc + NR - 1) / NR * NR; g += 16) {
-    for (int r = 0; r < 16; ++r) {
-      const int64_t j = g + r;
-      uint16_t* own = t16 + r * kc;
-      const uint16_t* src = own;
-      if (j >= nc) {
-        src = zero;
-      } else if (w.type == dtype::bf16 && valid == kc) {  // in place
-        src = reinterpret_cast<const uint16_t*>(row_ptr(w, j0 + j)) + p0;
-      } else if (w.type == dtype::bf16) {
-        std::memcpy(own, row_ptr(w, j0 + j) + 2 * p0, size_t(valid) * 2);
-        std::memset(own + valid, 0, size_t(kc - valid) * 2);
-      } else {  // q8_0 (valid == kc): dequantize, round to nearest-even bf16
-        const float* f = row_f32(w, j0 + j, p0, kc, tmp);
-        for (int64_t c = 0; c < kc; c += 16) {
-          const __mmask16 mk = tail_mask(kc - c);
-          const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, f + c));
-          _mm256_mask_storeu_epi16(own + c, mk, (__m256i)h);
-        }
-      }
-      rows[r] = reinterpret_cast<const uint32_t*>(src);
-    }
-    pack_group(rows, kc / 2, reinterpret_cast<uint32_t*>(bp) + (g / NR) * (kc / 2) * NR + g % NR);
-  }
-}
-
-// y[m, n] rows [r0, r1) of W against x[m, k]: a is x (f32) or x rounded to bf16 (rows at
-// stride lda); y: [m, ldy].
-template <bool BF16>
-void gemm_rows(const weight_view& w, const void* a, int64_t lda, int64_t m, float* y, int64_t ldy,
-               int64_t r0, int64_t r1) {
-  constexpr int64_t KC = BF16 ? KC_BF16 : KC_F32;
-  const int64_t k = BF16 ? w.cols + (w.cols & 1) : w.cols;
-  void* bp = thread_scratch(scratch_panel, size_t(NC * KC) * (BF16 ? 2 : 4));
+// y[m, n] rows [r0, r1) of W against x[m, k] (rows at stride lda); y: [m, ldy].
+void gemm_rows(const weight_view& w, const float* a, int64_t lda, int64_t m, float* y, int64_t ldy, int64_t r0,
+               int64_t r1) {
+  constexpr int64_t KC = KC_F32;
+  const int64_t k = w.cols;
+  auto* bp = static_cast<float*>(thread_scratch(scratch_panel, size_t(NC * KC) * 4));
   auto* tmp = static_cast<float*>(thread_scratch(scratch_tmp, size_t(17 * KC) * 4));
   for (int64_t jc = r0; jc < r1; jc += NC) {
     const int64_t nc = std::min(NC, r1 - jc);
     for (int64_t pc = 0; pc < k; pc += KC) {
       const int64_t kc = std::min(KC, k - pc);
-      if constexpr (BF16) pack_bf16(w, jc, nc, pc, kc, static_cast<uint16_t*>(bp), tmp);
-      else pack_f32(w, jc, nc, pc, kc, static_cast<float*>(bp), tmp);
+      pack_f32(w, jc, nc, pc, kc, bp, tmp);
       for (int64_t jr = 0; jr < nc; jr += NR) {
         __mmask16 mask[4];
         for (int v = 0; v < 4; ++v) mask[v] = tail_mask(std::max<int64_t>(0, nc - jr - 16 * v));
         for (int64_t i = 0; i < m; i += MR) {
           float* yp = y + i * ldy + jc + jr;
-          auto run = [&](auto rows) {
-            constexpr int R = decltype(rows)::value;
-            if constexpr (BF16)
-              kernel_bf16<R>(static_cast<const uint16_t*>(a) + i * lda + pc, lda,
-                             static_cast<const uint16_t*>(bp) + jr * kc, kc, yp, ldy, mask, pc > 0);
-            else
-              kernel_f32<R>(static_cast<const float*>(a) + i * lda + pc, lda,
-                            static_cast<const float*>(bp) + jr * kc, kc, yp, ldy, mask, pc > 0);
-          };
-          with_const<MR>(int(std::min<int64_t>(MR, m - i)), run);
+          with_const<MR>(int(std::min<int64_t>(MR, m - i)), [&](auto rows) {
+            kernel_f32<decltype(rows)::value>(a + i * lda + pc, lda, bp + jr * kc, kc, yp, ldy, mask, pc > 0);
+          });
         }
       }
     }
   }
 }
 
-// x: [m, k] f32 -> xb: [m, lda] bf16 (nearest even), zero-padded to lda.
-VNNI_BF16 void x_to_bf16(const float* x, int64_t k, int64_t lda, uint16_t* xb) {
-  for (int64_t c = 0; c < k; c += 16) {
-    const __mmask16 mk = tail_mask(k - c);
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, x + c));
-    _mm256_mask_storeu_epi16(xb + c, mk, (__m256i)h);
-  }
-  for (int64_t c = k; c < lda; ++c) xb[c] = 0;
-}
-
-void prefill(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
-             bool vnni_bf16) {
+void prefill(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
   const int64_t k = w.cols, n = w.rows;
-  // q8_0 weights also take the bf16 kernel: rounding q*d to bf16 (2^-9) is well inside the
-  // error q8_0 already has, and it doubles the multiply-add rate.
-  const bool bf16 = vnni_bf16 && (w.type == dtype::bf16 || w.type == dtype::q8_0);
-  const void* a = x;
-  int64_t lda = k;
-  if (bf16) {  // x rounded to bf16 once per call, shared by all threads
-    lda = k + (k & 1);
-    auto* xb = static_cast<uint16_t*>(thread_scratch(scratch_x, size_t(m * lda) * 2));
-    pool.parallel_for(m, 16, [&](int64_t i0, int64_t i1, int) {
-      for (int64_t i = i0; i < i1; ++i) x_to_bf16(x + i * k, k, lda, xb + i * lda);
-    });
-    a = xb;
-  }
-  auto rows = [&](const void* ap, int64_t mm, float* yp, int64_t r0, int64_t r1) {
-    if (bf16) gemm_rows<true>(w, ap, lda, mm, yp, n, r0, r1);
-    else gemm_rows<false>(w, ap, lda, mm, yp, n, r0, r1);
-  };
   if (n >= NR * pool.size()) {  // split weight rows: each is packed once
-    pool.parallel_for(n, NR, [&](int64_t r0, int64_t r1, int) { rows(a, m, y, r0, r1); });
+    pool.parallel_for(n, NR, [&](int64_t r0, int64_t r1, int) { gemm_rows(w, x, k, m, y, n, r0, r1); });
   } else {  // few weight rows: split the inputs
-    const size_t esize = bf16 ? 2 : 4;
     pool.parallel_for(m, MR, [&](int64_t i0, int64_t i1, int) {
-      rows(static_cast<const uint8_t*>(a) + size_t(i0 * lda) * esize, i1 - i0, y + i0 * n, 0, n);
+      gemm_rows(w, x + i0 * k, k, i1 - i0, y + i0 * n, n, 0, n);
     });
   }
 }
@@ -452,7 +353,7 @@ void prefill(const weight_view& w, const float* x, int64_t m, float* y, thread_p
 void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
                    bool vnni_bf16, bool gemm) {
   if (gemm)
-    prefill(w, x, m, y, pool, vnni_bf16);
+    prefill(w, x, m, y, pool);
   else if (w.type == dtype::q8_0 && !vnni_bf16)  // no VNNI: the AVX2 integer kernel
     matmul_avx2(w, x, m, y, pool, false);
   else
