@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <atomic>
 #include <thread>
 
 namespace tandem {
@@ -142,16 +144,6 @@ void reap_frames(kv_link_actor::stateful_pointer<kv_link_state> self) {
   st.unacked = std::move(left);
 }
 
-// Waits for every frame sent so far; false if any failed (the set at the decode worker is then
-// incomplete, and the transfer fails back to the prefill side's lease to be shipped again).
-bool settle_all(kv_link_actor::stateful_pointer<kv_link_state> self, request_id id) {
-  auto& st = self->state;
-  for (auto& f : st.unacked)
-    if (!settle_frame(self, f, st.sender->wait(f.id))) st.failed_frames.insert(f.request);
-  st.unacked.clear();
-  return st.failed_frames.erase(id) == 0;
-}
-
 // Hands landed blocks to the decode worker; its answer (complete, checksummed, imported) goes
 // back to the prefill side, whose lease ends on `true`.
 void forward(kv_link_actor::stateful_pointer<kv_link_state> self, request_spec spec, request_actor req,
@@ -174,7 +166,34 @@ void forward(kv_link_actor::stateful_pointer<kv_link_state> self, request_spec s
           });
 }
 
-// Fault injection: the link blocks (its thread too), answering nothing meanwhile.
+// "channel": closing transfers whose frames have all settled go on to the decode worker (or
+// fail back to the prefill side's lease if one of them failed). Never blocks: the sender tells
+// the link (tick) when a frame settles, so a link waiting for acknowledgements still answers
+// heartbeats, releases and other requests' pieces.
+void settle_closing(kv_link_actor::stateful_pointer<kv_link_state> self) {
+  auto& st = self->state;
+  reap_frames(self);
+  for (auto it = st.closing.begin(); it != st.closing.end();) {
+    const request_id id = it->spec.id;
+    if (std::any_of(st.unacked.begin(), st.unacked.end(), [&](const auto& f) { return f.request == id; })) {
+      ++it;
+      continue;
+    }
+    auto c = std::move(*it);
+    it = st.closing.erase(it);
+    --st.in_flight;
+    if (st.failed_frames.erase(id) != 0) {
+      c.promise.deliver(false);
+    } else {
+      count_transfer(self);
+      forward(self, std::move(c.spec), std::move(c.req), std::make_shared<const std::vector<kv_block_export>>(),
+              std::move(c.generated), c.promise);
+    }
+  }
+  if (st.in_flight == 0 && st.retiring) self->quit();
+}
+
+// Fault injection: the link blocks (and the thread it runs on), answering nothing meanwhile.
 void maybe_stall(kv_link_actor::stateful_pointer<kv_link_state> self) {
   auto& f = self->state.opts.faults;
   if (!f || !f->take(fault_kind::stall_link)) return;
@@ -192,6 +211,14 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
   if (channel) {
     self->state.sender = std::make_unique<transport::kv_sender>(
         transport::sender_options{self->state.opts.kv_address, self->state.opts.channel_mode});
+    // One tick in the mailbox at a time, however many frames settle meanwhile. Weak: a frame
+    // settling as the link ends must not keep it alive (nor end it on the sender's thread).
+    auto ticking = std::make_shared<std::atomic<bool>>(false);
+    self->state.ticking = ticking;
+    self->state.sender->on_settled([me = self->address(), ticking] {
+      if (ticking->exchange(true)) return;
+      if (auto a = caf::actor_cast<caf::actor>(me)) caf::anon_send(a, tick_atom::value);
+    });
     self->state.sender->connect();  // before the first request needs it (ring set-up: ~10 ms)
   }
   else if (self->state.opts.transport == "shm") self->state.transport = std::make_unique<transport::shm_transport>();
@@ -208,11 +235,10 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
           // arrive (an empty set) completes it there.
           if (!kv->empty() && !(st.opts.faults && st.opts.faults->take(fault_kind::drop_kv)))
             send_frame(self, req, spec.id, spec.epoch, kv);
-          if (!settle_all(self, spec.id)) return false;
-          count_transfer(self);
           auto rp = self->make_response_promise<bool>();
-          forward(self, std::move(spec), std::move(req), std::make_shared<const std::vector<kv_block_export>>(),
-                  std::move(generated), rp);
+          st.closing.push_back({std::move(spec), std::move(req), std::move(generated), rp});
+          ++st.in_flight;
+          settle_closing(self);
           return rp;
         }
         kv_blocks_ptr landed = move(self, req, kv);
@@ -269,6 +295,10 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
                            {{"link", self->state.opts.name}})
                 .inc();
         }
+      },
+      [self](tick_atom) {
+        if (self->state.ticking) self->state.ticking->store(false);
+        if (self->state.sender) settle_closing(self);
       },
       [self](release_atom) {
         self->state.retiring = true;

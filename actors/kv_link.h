@@ -3,6 +3,7 @@
 // transport (transport/). Decode never starts on partial KV: the decode worker imports the
 // complete, checksummed set and only then acknowledges; the reply ends the prefill side's lease.
 // Credits: the router reserved the blocks on the decode side before the link was asked.
+#include <atomic>
 #include <map>
 #include <set>
 #include <memory>
@@ -43,8 +44,16 @@ struct kv_link_state {
   };
   std::vector<unacked_frame> unacked;
   std::set<request_id> failed_frames;  // requests with a frame that failed (seen while reaping)
+  struct closing_transfer {  // "channel": a transfer waiting for its frames' acknowledgements
+    request_spec spec;
+    request_actor req;
+    std::vector<token_id> generated;
+    caf::typed_response_promise<bool> promise;
+  };
+  std::vector<closing_transfer> closing;  // in arrival order
+  std::shared_ptr<std::atomic<bool>> ticking;  // a tick is in the mailbox (the sender told us)
   uint64_t transfers = 0, bytes = 0;
-  int32_t in_flight = 0;   // transfers the decode worker has not answered yet
+  int32_t in_flight = 0;   // transfers not answered yet (waiting for acknowledgements or the decode worker)
   bool retiring = false;   // a restart replaced this link: end once in_flight is 0
   struct held_transfer {   // fault injection: a transfer held back (delay_kv)
     request_spec spec;

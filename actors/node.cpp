@@ -90,8 +90,10 @@ node_actor::behavior_type node_agent(node_actor::stateful_pointer<node_agent_sta
         o.target = target;
         o.metrics = sh.metrics;
         o.faults = sh.faults;
-        // Detached: a link waits for its frames' acknowledgements on its own thread.
-        auto link = self->home_system().spawn<caf::detached>(kv_link_behavior, std::move(decode), std::move(o));
+        // Not detached: a link never blocks on its frames (its sender ticks it when they
+        // settle), and CAF 0.17's ~actor_system can wait forever for a detached actor's thread
+        // when a link is killed at shutdown (example_cluster hung so about once in 50 runs).
+        auto link = self->home_system().spawn(kv_link_behavior, std::move(decode), std::move(o));
         std::lock_guard<std::mutex> lk(sh.mu);
         std::erase_if(sh.links, [](const caf::actor& a) { return !a || a->getf(caf::abstract_actor::is_terminated_flag); });
         sh.links.push_back(caf::actor_cast<caf::actor>(link));

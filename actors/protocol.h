@@ -164,6 +164,7 @@ using kv_link_actor = caf::typed_actor<
     caf::reacts_to<kv_piece_atom, request_id, uint32_t, request_actor, kv_blocks_ptr>,
     caf::reacts_to<release_atom>,   // retire: finish the transfers in flight, then end
     caf::reacts_to<resume_atom, uint64_t>,   // its own timer: a delayed transfer goes on (fault injection)
+    caf::reacts_to<tick_atom>,               // its sender settled frames: waiting transfers go on
     caf::replies_to<heartbeat_atom>::with<bool>>;  // liveness: answered unless the link is stuck
 
 // Prefill side (and the colocated worker, which accepts the same jobs).

@@ -105,6 +105,10 @@ class kv_sender {
   // each frame's acknowledgement are bounded by the timeout (a frame waiting for credit behind
   // others waits for theirs too).
   transfer_status wait(transfer_id t);
+  // Called after any frame is done or failed (on the sender's own thread, or on the caller's
+  // for a frame refused at submit), so that a caller need not block in wait(): an actor polls
+  // its frames when told. Set it before the first submit; it must not call into this sender.
+  void on_settled(std::function<void()> fn);
   // Drops the connection (fault injection, tests); frames in flight or not yet started fail
   // (io_error). So does a broken connection, a timeout or a refused handshake.
   void disconnect();

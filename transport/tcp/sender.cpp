@@ -43,6 +43,8 @@ struct tx_core {
   std::shared_ptr<tx_conn> conn;
   std::deque<tx_frame> queue;  // submitted, not started
 
+  std::function<void()> on_settled;  // set before the first submit; called after each completion
+
   void complete(transfer_id t, transfer_status s) {
     {
       std::lock_guard lk(mu);
@@ -50,6 +52,7 @@ struct tx_core {
       if (i != results.end()) i->second = std::move(s);
     }
     cv.notify_all();
+    if (on_settled) on_settled();
   }
   void fail(transfer_id t, const status& st) { complete(t, transfer_status{transfer_state::failed, st, 0}); }
   void connect();
@@ -429,6 +432,8 @@ transfer_status kv_sender::wait(transfer_id t) {
   }
   return poll(t);
 }
+
+void kv_sender::on_settled(std::function<void()> fn) { impl_->on_settled = std::move(fn); }
 
 void kv_sender::connect() {
   asio::post(impl_->io, [p = impl_.get()] {
