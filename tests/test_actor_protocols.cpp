@@ -6,6 +6,8 @@
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 #include <filesystem>
+#include <future>
+#include <thread>
 
 #include "actors/kv_link.h"
 #include "actors/router.h"
@@ -122,6 +124,9 @@ kv_blocks_ptr one_piece(request_id id, uint32_t epoch) {
   b.layer_begin = 0;
   b.layer_end = 1;
   b.pos_end = 3;
+  b.block_size = 16;  // [1 layer][2][1 head][16][2]: a shape a receiver accepts
+  b.n_kv_head = 1;
+  b.head_dim = 2;
   b.payload.assign(64, 1.0f);
   b.request = id;
   b.epoch = epoch;
@@ -184,6 +189,74 @@ TEST_F(fixture, RetiredLinkFinishesItsTransferThenEnds) {
   EXPECT_EQ(log->count("down"), 1);
   for (auto& a : {decode, caf::actor_cast<caf::actor>(req), watch, client})
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+// A link to another process never blocks on its frames' acknowledgements: while the receiver
+// sits on a frame, the link answers heartbeats (the router's stall check) and the transfer
+// waits; once the frame is acknowledged, the sender ticks the link and the transfer goes on to
+// the decode worker. (It used to block its own thread in the wait, which needed a detached
+// actor, and CAF 0.17 could hang at shutdown on a killed detached link.)
+TEST_F(fixture, ChannelLinkAnswersWhileItsFrameWaitsForTheReceiver) {
+  auto log = std::make_shared<log_t>();
+  std::promise<void> let_go;
+  auto gate = let_go.get_future().share();
+  std::atomic<int> frames{0};
+  transport::receiver_options ro;
+  ro.allow_shm = false;
+  transport::kv_receiver receiver(ro, [&frames, gate](transport::kv_frame&&) {
+    ++frames;
+    gate.wait();  // the acknowledgement waits for the test
+  });
+  auto decode = sys->spawn(fake_decode, log);
+  auto req = caf::actor_cast<request_actor>(sys->spawn(recorder, log, std::string("req")));
+  kv_link_options o;
+  o.name = "p0->d0";
+  o.transport = "channel";
+  o.channel_mode = "tcp";
+  o.kv_address = receiver.address();
+  auto link = sys->spawn(kv_link_behavior, caf::actor_cast<decode_worker_actor>(decode), o);
+  run();
+
+  request_spec spec;
+  spec.id = 9;
+  spec.epoch = 1;
+  auto client = sys->spawn(
+      [log](caf::event_based_actor* self, kv_link_actor link, request_spec spec, request_actor req) -> caf::behavior {
+        self->request(link, caf::infinite, transfer_atom::value, spec, req, one_piece(9, 1), std::vector<token_id>{7})
+            .then([log](bool ok) { log->lines.push_back(std::string("client:reply ") + (ok ? "true" : "false")); },
+                  [log](caf::error&) { log->lines.push_back("client:error"); });
+        return {[](int32_t) {}};
+      },
+      link, spec, req);
+  run();
+  for (int i = 0; i < 500 && frames.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(frames.load(), 1) << "the frame reached the receiver";
+
+  auto pinger = sys->spawn(
+      [log](caf::event_based_actor* self, kv_link_actor link) -> caf::behavior {
+        self->request(link, caf::infinite, heartbeat_atom::value)
+            .then([log](bool) { log->lines.push_back("ping:answered"); }, [log](caf::error&) {});
+        return {[](int32_t) {}};
+      },
+      link);
+  run();
+  EXPECT_EQ(log->count("ping:answered"), 1) << "a link waiting for an acknowledgement still answers";
+  EXPECT_EQ(log->count("decode:arrive"), 0) << "not handed on before its frame is acknowledged";
+  EXPECT_EQ(log->count("client:"), 0);
+
+  let_go.set_value();
+  for (int i = 0; i < 500 && log->count("decode:arrive") == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    run();  // delivers the sender's tick
+  }
+  EXPECT_EQ(log->count("decode:arrive 9"), 1);
+  EXPECT_EQ(log->count("req:kv 256"), 1) << "the frame's bytes are accounted to its request";
+  caf::anon_send(decode, release_atom::value);
+  run();
+  EXPECT_EQ(log->count("client:reply true"), 1);
+  for (auto& a : {decode, caf::actor_cast<caf::actor>(req), caf::actor_cast<caf::actor>(link), client, pinger})
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  run();
 }
 
 // Decode credits are reserved as soon as a prompt is dispatched (so its KV can stream); when
