@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # End-to-end checks of the `tandem` binary: stdout carries exactly the continuation, --json is
 # one object, bad flags and bad files give clear errors and a non-zero exit.
-#   test_cli.sh TANDEM_BINARY SHARED_DIR
+#   test_cli.sh TANDEM_BINARY TEST_DATA_DIR
 set -uo pipefail
 bin=$1
-shared=$2
-model=$shared/models/stories260K.gguf
-ref=$shared/models/stories260K-reference.txt
+data=$2
+model=$data/stories260K.gguf
+ref=$data/stories260K-reference.txt
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export TANDEM_CACHE_DIR=$work/cache
@@ -14,7 +14,7 @@ fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 pass() { echo "ok: $*"; }
 
-[ -f "$model" ] || { echo "FAIL: missing shared data $model (set TANDEM_SHARED_DIR)"; exit 1; }
+[ -f "$model" ] || { echo "FAIL: missing test data $model (tests/data)"; exit 1; }
 
 # 1. Greedy continuation on stdout equals the reference text byte for byte (plus the final newline).
 "$bin" generate --model "$model" --prompt "Once upon a time" -n 64 --temperature 0 >"$work/out.txt" 2>"$work/err.txt"

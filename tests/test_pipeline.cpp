@@ -126,8 +126,8 @@ INSTANTIATE_TEST_SUITE_P(Topologies, SameOutput,
                          [](const auto& info) { return info.param.name; });
 
 TEST(Pipeline, StoriesMatchesTheReferenceInBothModes) {
-  const std::string path = std::string(TANDEM_SHARED_DIR) + "/models/stories260K.gguf";
-  ASSERT_TRUE(std::filesystem::exists(path)) << "missing shared data: " << path;
+  const std::string path = std::string(TANDEM_TEST_DATA_DIR) + "/stories260K.gguf";
+  ASSERT_TRUE(std::filesystem::exists(path)) << "missing test data: " << path;
   const std::vector<token_id> expected = {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
                                           410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394,
                                           261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 312, 432,

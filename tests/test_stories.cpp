@@ -1,4 +1,4 @@
-// The real trained model in ../shared: tokenization and the greedy continuation must equal the
+// The real trained model in tests/data: tokenization and the greedy continuation must equal the
 // reference produced by an independent Llama implementation, id for id and byte for byte.
 #include <gtest/gtest.h>
 
@@ -13,9 +13,9 @@ using namespace tandem;
 
 namespace {
 
-const std::string shared_dir = TANDEM_SHARED_DIR;
-const std::string model_path = shared_dir + "/models/stories260K.gguf";
-const std::string reference_path = shared_dir + "/models/stories260K-reference.txt";
+const std::string data_dir = TANDEM_TEST_DATA_DIR;
+const std::string model_path = data_dir + "/stories260K.gguf";
+const std::string reference_path = data_dir + "/stories260K-reference.txt";
 
 struct reference {
   std::string prompt;
@@ -36,7 +36,7 @@ std::vector<token_id> parse_ids(const std::string& s) {
 
 reference load_reference() {
   std::ifstream in(reference_path);
-  if (!in) throw std::runtime_error("missing shared data: " + reference_path + " (set TANDEM_SHARED_DIR)");
+  if (!in) throw std::runtime_error("missing test data: " + reference_path + " (tests/data; set TANDEM_TEST_DATA_DIR)");
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string all = ss.str();
@@ -58,7 +58,7 @@ class Stories : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(std::filesystem::exists(model_path))
-        << "missing shared data: " << model_path << " (the tests need ../shared/models; set TANDEM_SHARED_DIR)";
+        << "missing test data: " << model_path << " (tests/data; set TANDEM_TEST_DATA_DIR)";
     ref = load_reference();
     m = model::load(model_path);
   }

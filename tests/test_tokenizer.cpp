@@ -21,7 +21,7 @@
 namespace tandem {
 namespace {
 
-const std::string kModelDir = std::string(TANDEM_SHARED_DIR) + "/models";
+const std::string kModelDir = std::string(TANDEM_TEST_DATA_DIR);
 const std::string kStoriesPath = kModelDir + "/stories260K.gguf";
 const std::string kReferencePath = kModelDir + "/stories260K-reference.txt";
 
@@ -29,7 +29,7 @@ std::string read_file_or_throw(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw std::runtime_error("required test data '" + path +
-                             "' is missing (TANDEM_SHARED_DIR = " TANDEM_SHARED_DIR ")");
+                             "' is missing (TANDEM_TEST_DATA_DIR = " TANDEM_TEST_DATA_DIR ")");
   }
   std::ostringstream ss;
   ss << in.rdbuf();

@@ -7,20 +7,15 @@ cd "$(dirname "$0")/../.."
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 as_root tools/scripts/setup.sh --tests
 jobs=$(nproc)
-shared=${TANDEM_SHARED_DIR:-$(pwd)/../shared}
-if [ ! -f "$shared/models/stories260K.gguf" ]; then
-  echo "test: shared data not found at $shared (set TANDEM_SHARED_DIR); the tests that need it will fail" >&2
-fi
 
 echo "== Release build and tests"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTANDEM_SHARED_DIR="$shared" >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
 
 if [ "${TANDEM_SKIP_SANITIZERS:-0}" != "1" ]; then
   echo "== ASan + UBSan build and tests"
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_SANITIZE=ON -DTANDEM_CUDA=OFF \
-        -DTANDEM_SHARED_DIR="$shared" >/dev/null
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_SANITIZE=ON -DTANDEM_CUDA=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 1800
