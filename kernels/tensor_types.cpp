@@ -8,26 +8,46 @@ std::optional<dtype> dtype_from_ggml(uint32_t t) {
   switch (t) {
     case 0: return dtype::f32;
     case 1: return dtype::f16;
+    case 2: return dtype::q4_0;
     case 8: return dtype::q8_0;
+    case 12: return dtype::q4_k;
+    case 13: return dtype::q5_k;
+    case 14: return dtype::q6_k;
     case 30: return dtype::bf16;
     default: return std::nullopt;
   }
 }
 
 std::optional<dtype> dtype_from_name(std::string_view n) {
-  for (auto t : {dtype::f32, dtype::f16, dtype::q8_0, dtype::bf16})
+  for (auto t : {dtype::f32, dtype::f16, dtype::q4_0, dtype::q8_0, dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::bf16})
     if (n == to_string(t)) return t;
   return std::nullopt;
 }
 
-int64_t block_elems(dtype t) { return t == dtype::q8_0 ? q8_0_block : 1; }
+int64_t block_elems(dtype t) {
+  switch (t) {
+    case dtype::f32:
+    case dtype::f16:
+    case dtype::bf16: return 1;
+    case dtype::q4_0: return q4_0_block;
+    case dtype::q8_0: return q8_0_block;
+    case dtype::q4_k:
+    case dtype::q5_k:
+    case dtype::q6_k: return qk_k;
+  }
+  return 1;
+}
 
 int64_t block_bytes(dtype t) {
   switch (t) {
     case dtype::f32: return 4;
     case dtype::f16: return 2;
     case dtype::bf16: return 2;
+    case dtype::q4_0: return sizeof(block_q4_0);
     case dtype::q8_0: return sizeof(block_q8_0);
+    case dtype::q4_k: return sizeof(block_q4_k);
+    case dtype::q5_k: return sizeof(block_q5_k);
+    case dtype::q6_k: return sizeof(block_q6_k);
   }
   return 0;
 }
@@ -101,8 +121,209 @@ void dequantize_row(dtype t, const void* src, float* dst, int64_t n) {
       }
       return;
     }
+    // The block types below follow ggml's reference dequantize_row_* (ggml-quants.c) in
+    // the order of their float operations, so the values are bitwise llama.cpp's.
+    case dtype::q4_0: {
+      auto b = static_cast<const block_q4_0*>(src);
+      for (int64_t i = 0; i < n / q4_0_block; ++i, dst += q4_0_block) {
+        const float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < q4_0_block / 2; ++j) {
+          dst[j] = float((b[i].qs[j] & 0x0F) - 8) * d;
+          dst[j + q4_0_block / 2] = float((b[i].qs[j] >> 4) - 8) * d;
+        }
+      }
+      return;
+    }
+    case dtype::q4_k: {
+      auto b = static_cast<const block_q4_k*>(src);
+      for (int64_t i = 0; i < n / qk_k; ++i) {
+        const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
+        const uint8_t* q = b[i].qs;
+        for (int j = 0; j < qk_k; j += 64, q += 32) {
+          uint8_t sc, m;
+          k4_scale_min(j / 32, b[i].scales, sc, m);
+          const float d1 = d * float(sc), m1 = dmin * float(m);
+          k4_scale_min(j / 32 + 1, b[i].scales, sc, m);
+          const float d2 = d * float(sc), m2 = dmin * float(m);
+          for (int l = 0; l < 32; ++l) *dst++ = d1 * float(q[l] & 0xF) - m1;
+          for (int l = 0; l < 32; ++l) *dst++ = d2 * float(q[l] >> 4) - m2;
+        }
+      }
+      return;
+    }
+    case dtype::q5_k: {
+      auto b = static_cast<const block_q5_k*>(src);
+      for (int64_t i = 0; i < n / qk_k; ++i) {
+        const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
+        const uint8_t* ql = b[i].qs;
+        const uint8_t* qh = b[i].qh;
+        uint8_t u1 = 1, u2 = 2;
+        for (int j = 0; j < qk_k; j += 64, ql += 32, u1 <<= 2, u2 <<= 2) {
+          uint8_t sc, m;
+          k4_scale_min(j / 32, b[i].scales, sc, m);
+          const float d1 = d * float(sc), m1 = dmin * float(m);
+          k4_scale_min(j / 32 + 1, b[i].scales, sc, m);
+          const float d2 = d * float(sc), m2 = dmin * float(m);
+          for (int l = 0; l < 32; ++l) *dst++ = d1 * float((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+          for (int l = 0; l < 32; ++l) *dst++ = d2 * float((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+        }
+      }
+      return;
+    }
+    case dtype::q6_k: {
+      auto b = static_cast<const block_q6_k*>(src);
+      for (int64_t i = 0; i < n / qk_k; ++i) {
+        const float d = f16_to_f32(b[i].d);
+        const uint8_t* ql = b[i].ql;
+        const uint8_t* qh = b[i].qh;
+        const int8_t* sc = b[i].scales;
+        for (int h = 0; h < qk_k; h += 128, dst += 128, ql += 64, qh += 32, sc += 8)
+          for (int l = 0; l < 32; ++l) {
+            const int is = l / 16;
+            const int q1 = int((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int q2 = int((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int q3 = int((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int q4 = int((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            dst[l] = d * float(sc[is]) * float(q1);
+            dst[l + 32] = d * float(sc[is + 2]) * float(q2);
+            dst[l + 64] = d * float(sc[is + 4]) * float(q3);
+            dst[l + 96] = d * float(sc[is + 6]) * float(q4);
+          }
+      }
+      return;
+    }
   }
 }
+
+namespace {
+
+// The nearest integer to v in [lo, hi].
+int clamp_round(float v, int lo, int hi) { return std::clamp(int(std::lround(v)), lo, hi); }
+
+void quantize_q4_0(const float* x, block_q4_0* b, int64_t n) {
+  for (int64_t i = 0; i < n / q4_0_block; ++i, x += q4_0_block) {
+    float amax = 0.0f, maxv = 0.0f;  // as ggml: the signed value of largest magnitude maps to -8
+    for (int j = 0; j < q4_0_block; ++j)
+      if (std::fabs(x[j]) > amax) {
+        amax = std::fabs(x[j]);
+        maxv = x[j];
+      }
+    const float d = maxv / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    b[i].d = f32_to_f16(d);
+    for (int j = 0; j < q4_0_block / 2; ++j) {
+      const int lo = clamp_round(x[j] * id + 8.0f, 0, 15), hi = clamp_round(x[j + 16] * id + 8.0f, 0, 15);
+      b[i].qs[j] = uint8_t(lo | (hi << 4));
+    }
+  }
+}
+
+// One super-block's sub-block scales and mins (unsigned, asymmetric: value = s * q - m with
+// q in [0, qmax]), then 6-bit codes relative to the super-block's d and dmin.
+struct k_fit {
+  float d = 0, dmin = 0;
+  uint8_t sc[8] = {}, m[8] = {};
+};
+k_fit fit_k(const float* x, int qmax) {
+  float s[8], mn[8];
+  for (int j = 0; j < 8; ++j) {
+    float lo = x[32 * j], hi = x[32 * j];
+    for (int l = 1; l < 32; ++l) {
+      lo = std::min(lo, x[32 * j + l]);
+      hi = std::max(hi, x[32 * j + l]);
+    }
+    lo = std::min(lo, 0.0f);  // the min is subtracted: keep it >= 0
+    s[j] = (hi - lo) / float(qmax);
+    mn[j] = -lo;
+  }
+  k_fit f;
+  const float smax = *std::max_element(s, s + 8), mmax = *std::max_element(mn, mn + 8);
+  f.d = smax / 63.0f;
+  f.dmin = mmax / 63.0f;
+  for (int j = 0; j < 8; ++j) {
+    f.sc[j] = f.d > 0 ? uint8_t(clamp_round(s[j] / f.d, 0, 63)) : 0;
+    f.m[j] = f.dmin > 0 ? uint8_t(clamp_round(mn[j] / f.dmin, 0, 63)) : 0;
+  }
+  return f;
+}
+void pack_k4_scales(const k_fit& f, uint8_t* q) {  // the inverse of k4_scale_min
+  for (int j = 0; j < 4; ++j) {
+    q[j] = uint8_t((f.sc[j] & 63) | ((f.sc[j + 4] >> 4) << 6));
+    q[j + 4] = uint8_t((f.m[j] & 63) | ((f.m[j + 4] >> 4) << 6));
+    q[j + 8] = uint8_t((f.sc[j + 4] & 0xF) | ((f.m[j + 4] & 0xF) << 4));
+  }
+}
+// Sub-block j's integer codes under the fit's rounded d/dmin (as the file will decode them).
+void k_codes(const k_fit& f, const float* x, int j, int qmax, int* q) {
+  const float hd = f16_to_f32(f32_to_f16(f.d)), hm = f16_to_f32(f32_to_f16(f.dmin));
+  const float s = hd * float(f.sc[j]), m = hm * float(f.m[j]);
+  for (int l = 0; l < 32; ++l) q[l] = s > 0 ? clamp_round((x[32 * j + l] + m) / s, 0, qmax) : 0;
+}
+
+void quantize_q4_k(const float* x, block_q4_k* b, int64_t n) {
+  for (int64_t i = 0; i < n / qk_k; ++i, x += qk_k) {
+    const k_fit f = fit_k(x, 15);
+    b[i].d = f32_to_f16(f.d);
+    b[i].dmin = f32_to_f16(f.dmin);
+    pack_k4_scales(f, b[i].scales);
+    for (int g = 0; g < 4; ++g) {
+      int lo[32], hi[32];
+      k_codes(f, x, 2 * g, 15, lo);
+      k_codes(f, x, 2 * g + 1, 15, hi);
+      for (int l = 0; l < 32; ++l) b[i].qs[32 * g + l] = uint8_t(lo[l] | (hi[l] << 4));
+    }
+  }
+}
+
+void quantize_q5_k(const float* x, block_q5_k* b, int64_t n) {
+  for (int64_t i = 0; i < n / qk_k; ++i, x += qk_k) {
+    const k_fit f = fit_k(x, 31);
+    b[i].d = f32_to_f16(f.d);
+    b[i].dmin = f32_to_f16(f.dmin);
+    pack_k4_scales(f, b[i].scales);
+    std::memset(b[i].qh, 0, sizeof b[i].qh);
+    for (int g = 0; g < 4; ++g) {
+      int lo[32], hi[32];
+      k_codes(f, x, 2 * g, 31, lo);
+      k_codes(f, x, 2 * g + 1, 31, hi);
+      for (int l = 0; l < 32; ++l) {
+        b[i].qs[32 * g + l] = uint8_t((lo[l] & 0xF) | ((hi[l] & 0xF) << 4));
+        if (lo[l] & 16) b[i].qh[l] |= uint8_t(1 << (2 * g));
+        if (hi[l] & 16) b[i].qh[l] |= uint8_t(2 << (2 * g));
+      }
+    }
+  }
+}
+
+void quantize_q6_k(const float* x, block_q6_k* b, int64_t n) {
+  for (int64_t i = 0; i < n / qk_k; ++i, x += qk_k) {
+    float s[16], smax = 0.0f;
+    for (int j = 0; j < 16; ++j) {
+      float amax = 0.0f;
+      for (int l = 0; l < 16; ++l) amax = std::max(amax, std::fabs(x[16 * j + l]));
+      s[j] = amax / 31.0f;
+      smax = std::max(smax, s[j]);
+    }
+    const float d = smax / 127.0f, hd = f16_to_f32(f32_to_f16(d));
+    b[i].d = f32_to_f16(d);
+    int q[qk_k];
+    for (int j = 0; j < 16; ++j) {
+      b[i].scales[j] = int8_t(d > 0 ? clamp_round(s[j] / d, -128, 127) : 0);
+      const float sj = hd * float(b[i].scales[j]);
+      for (int l = 0; l < 16; ++l) q[16 * j + l] = sj > 0 ? clamp_round(x[16 * j + l] / sj, -32, 31) + 32 : 32;
+    }
+    std::memset(b[i].qh, 0, sizeof b[i].qh);
+    for (int h = 0; h < 2; ++h)  // the inverse of dequantize_row's layout, 128 elements at a time
+      for (int l = 0; l < 32; ++l) {
+        const int* e = q + 128 * h;
+        b[i].ql[64 * h + l] = uint8_t((e[l] & 0xF) | ((e[l + 64] & 0xF) << 4));
+        b[i].ql[64 * h + l + 32] = uint8_t((e[l + 32] & 0xF) | ((e[l + 96] & 0xF) << 4));
+        b[i].qh[32 * h + l] = uint8_t((e[l] >> 4) | ((e[l + 32] >> 4) << 2) | ((e[l + 64] >> 4) << 4) |
+                                      ((e[l + 96] >> 4) << 6));
+      }
+  }
+}
+
+}  // namespace
 
 void quantize_row_q8_0(const float* src, block_q8_0* dst, int64_t n) {
   for (int64_t i = 0; i < n / q8_0_block; ++i) {
@@ -134,6 +355,10 @@ void quantize_row(dtype t, const float* src, void* dst, int64_t n) {
     case dtype::q8_0:
       quantize_row_q8_0(src, static_cast<block_q8_0*>(dst), n);
       return;
+    case dtype::q4_0: return quantize_q4_0(src, static_cast<block_q4_0*>(dst), n);
+    case dtype::q4_k: return quantize_q4_k(src, static_cast<block_q4_k*>(dst), n);
+    case dtype::q5_k: return quantize_q5_k(src, static_cast<block_q5_k*>(dst), n);
+    case dtype::q6_k: return quantize_q6_k(src, static_cast<block_q6_k*>(dst), n);
   }
 }
 

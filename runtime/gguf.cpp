@@ -244,6 +244,7 @@ void file::parse_image(const uint8_t* base, size_t size) {
     malformed("general.alignment " + std::to_string(alignment) + " is not a power of two");
 
   tensors_.reserve(size_t(n_tensors));
+  std::vector<std::string> unsupported;
   for (uint64_t i = 0; i < n_tensors; ++i) {
     tensor_info ti;
     ti.name = c.read_string("tensor name");
@@ -260,10 +261,11 @@ void file::parse_image(const uint8_t* base, size_t size) {
     }
     const uint32_t type = c.read<uint32_t>("tensor type");
     const auto dt = kernels::dtype_from_ggml(type);
-    if (!dt)
-      throw failure(errc::unsupported, "tensor '" + ti.name + "' has type " + ggml_type_name(type) +
-                                           " (" + std::to_string(type) +
-                                           "), which tandem does not support (F32, F16, BF16, Q8_0)");
+    if (!dt) {  // read on, to name every such tensor at once
+      unsupported.push_back("'" + ti.name + "' (" + ggml_type_name(type) + ", type " + std::to_string(type) + ")");
+      (void)c.read<uint64_t>("tensor offset");
+      continue;
+    }
     ti.type = *dt;
     if (ti.shape[0] % kernels::block_elems(ti.type) != 0)
       malformed("tensor '" + ti.name + "': row length " + std::to_string(ti.shape[0]) +
@@ -274,6 +276,18 @@ void file::parse_image(const uint8_t* base, size_t size) {
       malformed("tensor '" + ti.name + "' offset " + std::to_string(ti.offset) + " is not aligned to " +
                 std::to_string(alignment));
     tensors_.push_back(std::move(ti));
+  }
+
+  if (!unsupported.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unsupported.size() && i < 6; ++i) list += (i ? ", " : "") + unsupported[i];
+    if (unsupported.size() > 6) list += " and " + std::to_string(unsupported.size() - 6) + " more";
+    throw failure(errc::unsupported,
+                  std::to_string(unsupported.size()) + " tensor" + (unsupported.size() > 1 ? "s have types" : " has a type") +
+                      " tandem does not support: " + list +
+                      ". It reads F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K: files made with llama-quantize's "
+                      "F32, F16, BF16, Q8_0, Q4_0, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M or Q6_K load (with row lengths that "
+                      "are multiples of 256 for the K types)");
   }
 
   const uint64_t data_start = (uint64_t(c.pos()) + alignment - 1) / alignment * alignment;

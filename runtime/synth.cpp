@@ -14,6 +14,8 @@ const std::vector<synth_preset>& synth_presets() {
   static const std::vector<synth_preset> presets = {
       {"tiny", 64, 192, 2, 4, 2, 300, 256, true, "2 layers, dim 64, GQA 4/2, tied head: fast tests"},
       {"small", 256, 704, 4, 8, 4, 512, 1024, false, "4 layers, dim 256, GQA 8/4: quick end-to-end runs"},
+      {"kquant", 256, 512, 1, 4, 2, 512, 512, false,
+       "1 layer, dim 256, FFN 512, GQA 4/2: every row a multiple of 256, for the k-quant tests"},
       {"bench-76m", 768, 2048, 12, 12, 4, 512, 2048, false,
        "12 layers, dim 768, FFN 2048, GQA 12/4, vocab 512: the benchmark shape"},
   };
@@ -55,13 +57,27 @@ std::vector<uint8_t> encode(kernels::dtype t, const std::vector<float>& xs, int6
 }  // namespace
 
 void synthesize_model(const synth_preset& p, kernels::dtype type, const std::string& path, uint64_t seed) {
-  if (type == kernels::dtype::q8_0 && (p.dim % 32 != 0 || p.ffn_dim % 32 != 0))
-    throw failure(errc::invalid_argument, "q8_0 needs widths that are multiples of 32");
+  const int64_t be = kernels::block_elems(type);
+  if (p.dim % be != 0 || p.ffn_dim % be != 0)
+    throw failure(errc::invalid_argument, std::string(kernels::to_string(type)) + " needs widths that are multiples of " +
+                                              std::to_string(be) + " (preset '" + p.name + "': dim " +
+                                              std::to_string(p.dim) + ", FFN " + std::to_string(p.ffn_dim) + ")");
   gguf::writer w;
   w.set_string("general.architecture", "llama");
   w.set_string("general.name", "tandem-synth-" + p.name);
-  w.set_u32("general.file_type", type == kernels::dtype::f32 ? 0 : type == kernels::dtype::f16 ? 1
-                                 : type == kernels::dtype::q8_0 ? 7 : 32);
+  w.set_u32("general.file_type", [type]() -> uint32_t {  // llama_ftype: the "mostly" type (K types: _S)
+    switch (type) {
+      case kernels::dtype::f32: return 0;
+      case kernels::dtype::f16: return 1;
+      case kernels::dtype::q4_0: return 2;
+      case kernels::dtype::q8_0: return 7;
+      case kernels::dtype::q4_k: return 14;
+      case kernels::dtype::q5_k: return 16;
+      case kernels::dtype::q6_k: return 18;
+      case kernels::dtype::bf16: return 32;
+    }
+    return 0;
+  }());
   w.set_u32("llama.context_length", uint32_t(p.n_ctx));
   w.set_u32("llama.embedding_length", uint32_t(p.dim));
   w.set_u32("llama.block_count", uint32_t(p.n_layer));

@@ -164,15 +164,20 @@ TEST(Gguf, BadTensorOffset) {
   EXPECT_NE(msg.find("aligned"), std::string::npos) << msg;
 }
 
-TEST(Gguf, UnsupportedTensorType) {
+// Every tensor of a type tandem lacks is named at once, with the presets that would load.
+TEST(Gguf, UnsupportedTensorTypesAreAllNamed) {
   auto b = good_file();
-  const size_t type_pos = find(b, "a.weight") + 8 + 4 + 16;  // name, n_dims, two dims
-  const uint32_t q4_k = 12;
-  std::memcpy(&b[type_pos], &q4_k, 4);
+  const size_t a_type = find(b, "a.weight") + 8 + 4 + 16;  // name, n_dims, two dims
+  const size_t b_type = find(b, "b.weight") + 8 + 4 + 8;   // name, n_dims, one dim
+  const uint32_t q5_0 = 6, iq4_xs = 23;
+  std::memcpy(&b[a_type], &q5_0, 4);
+  std::memcpy(&b[b_type], &iq4_xs, 4);
   std::string msg;
   EXPECT_EQ(parse_error(b, &msg), errc::unsupported);
-  EXPECT_NE(msg.find("Q4_K"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("a.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'a.weight' (Q5_0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'b.weight' (IQ4_XS"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("2 tensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Q4_K_M"), std::string::npos) << msg;
 }
 
 TEST(Gguf, LyingCountsDoNotAllocate) {

@@ -6,6 +6,7 @@
 //   bf16 weights on the avx512_bf16 level (panels, every m, either mode): 1e-2 (x is
 //     rounded to bf16 there, 2^-9 per term)
 //   q8_0 weights: 1e-2 (x is quantized to 8 bits, or to bf16 on the avx512_bf16 `fastest` GEMM)
+//   q4_0, q4_k, q5_k, q6_k weights: 1e-4 (dequantized exactly to f32, then the f32 kernels)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -123,6 +124,7 @@ TEST_P(matmul_test, matches_reference_on_every_isa_and_thread_count) {
                                                 {300, 768}, {4000, 768}};
   for (auto [rows, cols] : shapes)
     for (int64_t m : {1, 2, 3, 7, 12, 64, 130}) {  // 12: two decode chunks for q8_0
+      if (cols % tk::block_elems(t) != 0) continue;  // k-quant rows are whole 256-blocks: 768 only
       if (rows == 4000 && m > 12) continue;  // the GEMM splits are covered by 300 rows
       const problem p = make_problem(t, m, rows, cols, seed++);
       for (isa level : supported_levels()) {
@@ -185,7 +187,7 @@ TEST_P(matmul_test, batch_invariant_rows_do_not_depend_on_the_batch) {
 TEST_P(matmul_test, batch_invariant_at_every_size_and_tile_position) {
   const tk::dtype t = GetParam();
   const problem big = make_problem(t, 512, 200, 768, 99);
-  if (cpu::detail::best_isa() == isa::avx512_bf16 && t != tk::dtype::f16) {
+  if (cpu::detail::best_isa() == isa::avx512_bf16 && t != tk::dtype::f16 && !tk::is_dequantized_on_the_fly(t)) {
     ASSERT_NE(big.view().panels, nullptr) << "this CPU's batch-invariant kernels use panels";
   }
   const auto all = run(cpu::detail::best_isa(), big, pool_of(2), cpu::matmul_mode::batch_invariant);
@@ -224,7 +226,8 @@ TEST_P(matmul_test, row_slices_equal_the_whole) {
 
 INSTANTIATE_TEST_SUITE_P(dtypes, matmul_test,
                          ::testing::Values(tk::dtype::f32, tk::dtype::f16, tk::dtype::bf16,
-                                           tk::dtype::q8_0),
+                                           tk::dtype::q8_0, tk::dtype::q4_0, tk::dtype::q4_k,
+                                           tk::dtype::q5_k, tk::dtype::q6_k),
                          [](const auto& info) { return std::string(tk::to_string(info.param)); });
 
 // Float weights with cols not a multiple of 16 (not produced by our models, handled anyway).

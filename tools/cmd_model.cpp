@@ -124,7 +124,7 @@ void add_model(CLI::App& app) {
     for (const auto& p : synth_presets()) n.push_back(p.name);
     return n;
   }()));
-  synth->add_option("--dtype", so->dtype, "Weight type")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+  synth->add_option("--dtype", so->dtype, "Weight type")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}));
   synth->add_option("--out", so->out, "Output .gguf path")->required();
   synth->add_option("--seed", so->seed, "Random seed for the weights");
   synth->callback([so] {

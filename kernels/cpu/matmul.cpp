@@ -223,8 +223,9 @@ void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m,
                      thread_pool& pool, matmul_mode mode) {
   if (!isa_supported(level))
     throw std::invalid_argument(std::string("matmul: this CPU lacks ") + isa_label(level));
-  if (w.type == dtype::q8_0 && w.cols % q8_0_block != 0)  // a q8_0 row is whole blocks
-    throw std::invalid_argument("matmul: q8_0 weights need cols % 32 == 0");
+  if (w.cols % block_elems(w.type) != 0)  // a row is whole blocks
+    throw std::invalid_argument("matmul: " + std::string(to_string(w.type)) + " weights need cols % " +
+                                std::to_string(block_elems(w.type)) + " == 0");
   if (m <= 0 || w.rows <= 0) return;
   if (w.cols <= 0) {  // empty dot products
     std::fill(y, y + m * w.rows, 0.0f);
@@ -233,6 +234,7 @@ void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m,
   // The panel kernels are both exact and the fastest this level has (docs/performance.md),
   // so both modes take them; `fastest` differs only on levels without panels.
   if (level == isa::avx512_bf16 && w.panels) return matmul_panels(w, x, m, y, pool);
+  if (is_dequantized_on_the_fly(w.type)) return matmul_dequantized(level, w, x, m, y, pool, mode);
   const bool gemm = mode == matmul_mode::fastest && m > decode_max_m(level, w.type);
   switch (level) {
     case isa::scalar: return matmul_scalar(w, x, m, y, pool, gemm);

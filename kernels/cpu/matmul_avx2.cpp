@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cpu/matmul_impl.h"
 
@@ -141,6 +143,10 @@ void dequant_avx2(dtype t, const void* src, float* dst, int64_t n) {
   int64_t c = 0;
   switch (t) {
     case dtype::f32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case dtype::q4_0:
+    case dtype::q4_k:
+    case dtype::q5_k:
+    case dtype::q6_k: dequantize_row(t, src, dst, n); return;  // the scalar reference
     case dtype::f16:
       for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, load8<dtype::f16>(s, c));
       for (; c < n; ++c) dst[c] = load1<dtype::f16>(s, c);
@@ -223,6 +229,11 @@ void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thre
         for_cache_tiles(w, r0, r1, [&](int64_t t0, int64_t t1) { decode_q8_rows(w, xq, xd, m, y, t0, t1); });
       });
     }
+    case dtype::q4_0:
+    case dtype::q4_k:
+    case dtype::q5_k:
+    case dtype::q6_k:  // matmul_dequantized takes these before any ISA path
+      throw std::logic_error("matmul_avx2: no direct path for " + std::string(to_string(w.type)));
   }
 }
 

@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cpu/matmul_impl.h"
 
@@ -234,6 +236,11 @@ const float* row_f32(const weight_view& w, int64_t r, int64_t p0, int64_t kc, fl
   const uint8_t* row = row_ptr(w, r);
   switch (w.type) {
     case dtype::f32: return reinterpret_cast<const float*>(row) + p0;
+    case dtype::q4_0:
+    case dtype::q4_k:
+    case dtype::q5_k:
+    case dtype::q6_k:  // matmul_dequantized takes these before any ISA path
+      throw std::logic_error("row_f32: no direct path for " + std::string(to_string(w.type)));
     case dtype::f16:
       for (int64_t c = 0; c < kc; c += 16)
         _mm512_storeu_ps(tmp + c, load16<dtype::f16>(row, p0 + c, tail_mask(kc - c)));

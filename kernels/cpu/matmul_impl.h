@@ -59,6 +59,12 @@ void pack_panels(const weight_view& w, void* dst);
 // y = x · Wᵀ from w.panels; the same for every m (see the file's header).
 void matmul_panels(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool);
 
+// ---- block types without kernels of their own (matmul_dequant.cpp) ----
+// The contract of matmul_with_isa for w.type with is_dequantized_on_the_fly(w.type): tiles of
+// 64 rows dequantized to f32 and multiplied by `level`'s f32 kernels.
+void matmul_dequantized(isa level, const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
+                        matmul_mode mode);
+
 // ---- shared helpers (matmul.cpp) ----
 
 // Start of weight row r.
@@ -69,7 +75,15 @@ inline const uint8_t* row_ptr(const weight_view& w, int64_t r) {
 // A per-thread, 64-byte aligned scratch buffer of at least `bytes`, one per slot. It stays valid
 // (and keeps its contents) until this thread asks for the same slot again. Slots let one call
 // hold several buffers: the calling thread's slot 0 carries data its pool's workers read.
-enum scratch_slot { scratch_x = 0, scratch_panel = 1, scratch_tmp = 2, scratch_slots = 3 };
+enum scratch_slot {
+  scratch_x = 0,
+  scratch_panel = 1,
+  scratch_tmp = 2,
+  scratch_deq_rows = 3,   // matmul_dequantized: a tile's rows in f32, its panel, its output
+  scratch_deq_panel = 4,
+  scratch_deq_y = 5,
+  scratch_slots = 6
+};
 void* thread_scratch(scratch_slot slot, size_t bytes);
 
 // Converts `n` elements of a weight row to f32 (an ISA's vectorised dequantize_row).

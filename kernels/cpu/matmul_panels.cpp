@@ -309,7 +309,11 @@ int64_t panel_bytes(dtype t, int64_t k) {
     case dtype::f32: return k * PR * 4;
     case dtype::bf16: return (k + 1) / 2 * PR * 4;
     case dtype::q8_0: return k / q8_0_block * q8_block_bytes;
-    case dtype::f16: return 0;
+    case dtype::f16:
+    case dtype::q4_0:
+    case dtype::q4_k:
+    case dtype::q5_k:
+    case dtype::q6_k: return 0;
   }
   return 0;
 }
@@ -322,7 +326,11 @@ void pack_panels(const weight_view& w, void* dst) {
       case dtype::f32: pack_f32_panel(w, p * PR, reinterpret_cast<float*>(out + p * pb)); break;
       case dtype::bf16: pack_bf16_panel(w, p * PR, reinterpret_cast<uint16_t*>(out + p * pb)); break;
       case dtype::q8_0: pack_q8_panel(w, p * PR, out + p * pb); break;
-      case dtype::f16: break;
+      case dtype::f16:
+      case dtype::q4_0:
+      case dtype::q4_k:
+      case dtype::q5_k:
+      case dtype::q6_k: break;
     }
   }
 }
@@ -332,7 +340,11 @@ void matmul_panels(const weight_view& w, const float* x, int64_t m, float* y, th
     case dtype::f32: return run_panels<dtype::f32>(w, x, m, y, pool);
     case dtype::bf16: return run_panels<dtype::bf16>(w, x, m, y, pool);
     case dtype::q8_0: return run_panels<dtype::q8_0>(w, x, m, y, pool);
-    case dtype::f16: break;
+    case dtype::f16:
+    case dtype::q4_0:
+    case dtype::q4_k:
+    case dtype::q5_k:
+    case dtype::q6_k: break;
   }
 }
 
