@@ -298,7 +298,7 @@ void add_bench(CLI::App& app) {
   k->add_option("--model", o->model, "Use this GGUF file instead of a synthetic preset (one dtype)");
   k->add_option("--dtypes", o->dtypes, "Weight types to run")
       ->delimiter(',')
-      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}));
   k->add_option("--threads", o->threads, "Thread counts to run")->delimiter(',')->check(CLI::Range(1, 1024));
   k->add_option("--prompt-tokens", o->prompt_tokens, "Prefill prompt length")->check(CLI::Range(1, 1 << 20));
   k->add_option("--decode-tokens", o->decode_tokens, "Decode steps for one sequence")->check(CLI::Range(1, 1 << 20));

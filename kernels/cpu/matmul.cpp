@@ -279,7 +279,7 @@ void* panel_memory::allocate(size_t bytes) {
 
 weight_view pack_for_matmul(const weight_view& w, panel_memory& store) {
   if (cpu::detail::best_isa() != cpu::detail::isa::avx512_bf16 || !cpu::detail::has_panels(w.type) || w.rows <= 0 ||
-      w.cols <= 0 || (w.type == dtype::q8_0 && w.cols % q8_0_block != 0))
+      w.cols <= 0 || w.cols % block_elems(w.type) != 0)
     return w;
   weight_view out = w;
   const int64_t np = (w.rows + cpu::detail::panel_rows - 1) / cpu::detail::panel_rows;

@@ -20,6 +20,20 @@
 //   q8_0: [k/32] blocks of { u8 [8][64][4]: w + 128, k groups of 4 as vpdpbusd takes them;
 //                            f16 [64]: the rows' scales }  = 2176 bytes, the same as 64 rows
 //         of the file's blocks, so decode streams no more bytes than the file holds.
+//   q4_k: [k/256] super-blocks of { u8 [4][8][64][4]: the file's nibble bytes, for sub-block
+//                                   pair g and k group e of 4: low nibbles are sub-block 2g,
+//                                   high ones 2g+1;
+//                                   u8 [8][64] scales, u8 [8][64] mins (6 bits each);
+//                                   f16 [64] d, f16 [64] dmin }  = 9472 bytes (file: 9216).
+//         x is quantized per 32 as for q8_0; each sub-block j's dot product is exact in int32
+//         (vpdpbusd of the nibbles, u8 0..15, by x's s8), then one FMA chain per element:
+//         acc = fma(float(isum_j), d*sc_j * d_x, acc); acc = fnmadd(dmin*m_j * d_x, float(sum_x), acc).
+//   q6_k: [k/256] super-blocks of { u8 [2][8][64][4] ql (low nibbles: k 4e.. and 64+4e..),
+//                                   u8 [2][8][64][4] ql (k 32+4e.. and 96+4e..), u8 [2][8][64][4]
+//                                   qh (2 high bits of each of those four), per 128-half h and
+//                                   k group e; i8 [16][64] scales; f16 [64] d } = 13440 bytes
+//         (file: the same). q in 0..63 is u8 for vpdpbusd; each 16-sub-block's
+//         sum(q * x) - 32 * sum(x) is exact in int32, then acc = fma(float(that), d*sc_j*d_x, acc).
 // (vpdpbusd multiplies u8 by s8: w + 128 is the u8 side, and -128 * sum(x) per block, the
 // bias, makes the sum exact again.)
 #pragma GCC diagnostic push
@@ -42,6 +56,24 @@ namespace {
 constexpr int64_t PR = panel_rows;                  // output rows per panel
 constexpr int64_t q8_block_bytes = PR * 32 + PR * 2;  // one k block of a q8_0 panel
 constexpr int64_t q8_scale_offset = PR * 32;
+
+// q4_k super-block panel: nibbles, scales, mins, d, dmin (offsets within one super-block).
+constexpr int64_t q4k_nib_bytes = 4 * 8 * PR * 4;
+constexpr int64_t q4k_sc_offset = q4k_nib_bytes;
+constexpr int64_t q4k_mn_offset = q4k_sc_offset + 8 * PR;
+constexpr int64_t q4k_d_offset = q4k_mn_offset + 8 * PR;
+constexpr int64_t q4k_dmin_offset = q4k_d_offset + 2 * PR;
+constexpr int64_t q4k_block_bytes = q4k_dmin_offset + 2 * PR;
+static_assert(q4k_block_bytes == 9472 && q4k_block_bytes % 64 == 0);
+
+// q6_k super-block panel: the two ql planes, qh, scales, d.
+constexpr int64_t q6k_plane_bytes = 2 * 8 * PR * 4;
+constexpr int64_t q6k_b_offset = q6k_plane_bytes;
+constexpr int64_t q6k_h_offset = 2 * q6k_plane_bytes;
+constexpr int64_t q6k_sc_offset = 3 * q6k_plane_bytes;
+constexpr int64_t q6k_d_offset = q6k_sc_offset + 16 * PR;
+constexpr int64_t q6k_block_bytes = q6k_d_offset + 2 * PR;
+static_assert(q6k_block_bytes == 13440 && q6k_block_bytes % 64 == 0);
 
 inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? 0xffff : n <= 0 ? 0 : __mmask16((1u << n) - 1); }
 
@@ -77,6 +109,51 @@ void pack_q8_panel(const weight_view& w, int64_t j0, uint8_t* dst) {
       for (int g = 0; g < 8; ++g)
         for (int e = 0; e < 4; ++e)
           blk[(g * PR + c) * 4 + e] = uint8_t(int(src ? src->qs[4 * g + e] : 0) + 128);
+    }
+  }
+}
+
+void pack_q4k_panel(const weight_view& w, int64_t j0, uint8_t* dst) {
+  const int64_t nb = w.cols / qk_k;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* blk = dst + b * q4k_block_bytes;
+    auto* d = reinterpret_cast<uint16_t*>(blk + q4k_d_offset);
+    auto* dmin = reinterpret_cast<uint16_t*>(blk + q4k_dmin_offset);
+    for (int64_t c = 0; c < PR; ++c) {
+      const block_q4_k* src = j0 + c < w.rows ? reinterpret_cast<const block_q4_k*>(row_ptr(w, j0 + c)) + b : nullptr;
+      d[c] = src ? src->d : 0;
+      dmin[c] = src ? src->dmin : 0;
+      for (int j = 0; j < 8; ++j) {
+        uint8_t sc = 0, m = 0;
+        if (src) k4_scale_min(j, src->scales, sc, m);
+        blk[q4k_sc_offset + j * PR + c] = sc;
+        blk[q4k_mn_offset + j * PR + c] = m;
+      }
+      for (int g = 0; g < 4; ++g)
+        for (int e = 0; e < 8; ++e)
+          for (int l = 0; l < 4; ++l)
+            blk[((g * 8 + e) * PR + c) * 4 + l] = src ? src->qs[32 * g + 4 * e + l] : 0;
+    }
+  }
+}
+
+void pack_q6k_panel(const weight_view& w, int64_t j0, uint8_t* dst) {
+  const int64_t nb = w.cols / qk_k;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* blk = dst + b * q6k_block_bytes;
+    auto* d = reinterpret_cast<uint16_t*>(blk + q6k_d_offset);
+    for (int64_t c = 0; c < PR; ++c) {
+      const block_q6_k* src = j0 + c < w.rows ? reinterpret_cast<const block_q6_k*>(row_ptr(w, j0 + c)) + b : nullptr;
+      d[c] = src ? src->d : 0;
+      for (int j = 0; j < 16; ++j) blk[q6k_sc_offset + j * PR + c] = src ? uint8_t(src->scales[j]) : 0;
+      for (int h = 0; h < 2; ++h)
+        for (int e = 0; e < 8; ++e)
+          for (int l = 0; l < 4; ++l) {
+            const int64_t at = ((h * 8 + e) * PR + c) * 4 + l;
+            blk[at] = src ? src->ql[64 * h + 4 * e + l] : 0;
+            blk[q6k_b_offset + at] = src ? src->ql[64 * h + 32 + 4 * e + l] : 0;
+            blk[q6k_h_offset + at] = src ? src->qh[32 * h + 4 * e + l] : 0x00;
+          }
     }
   }
 }
@@ -132,8 +209,9 @@ VNNI_BF16 void kernel_bf16(const uint16_t* a, int64_t lda, const uint16_t* b, in
 struct q8_x {
   const int8_t* q;
   const float* d;
-  const int32_t* bias;
+  const int32_t* bias;  // -128 * sum of the block's q (q8_0's u8 offset)
   int64_t nb;  // blocks per row (row stride of q is nb * 32, of d and bias nb)
+  const int32_t* sum16 = nullptr;  // q6_k: the sum of q over each half block, [m][2 nb]
 };
 
 // y[R, 16V] (+)= x[R] · panel columns [16 v0, 16 (v0 + V)), over blocks [b0, b0 + nbk).
@@ -179,11 +257,115 @@ VNNI_BF16 void kernel_q8(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* p
 
 // ---------------------------------------------------------------- drivers
 
+// y[R, 16] (+)= x[R, k] · one 16-row quarter v0 of a q4_k panel, super-blocks [s0, s0 + nsb);
+// y's rows at stride ldy.
+template <int R>
+VNNI_BF16 void kernel_q4k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* panel, int64_t nsb, int v0,
+                          float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  TANDEM_UNROLL for (int i = 0; i < R; ++i)
+    acc[i] = accumulate ? _mm512_maskz_loadu_ps(mask, y + i * ldy) : _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = panel + sb * q4k_block_bytes;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q4k_d_offset + 32 * v0)));
+    const __m512 dmw =
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q4k_dmin_offset + 32 * v0)));
+    for (int g = 0; g < 4; ++g) {
+      __m512i slo[R], shi[R];
+      TANDEM_UNROLL for (int i = 0; i < R; ++i) slo[i] = shi[i] = _mm512_setzero_si512();
+      const int64_t xb = (s0 + sb) * 8 + 2 * g;  // x's 32-blocks of sub-blocks 2g and 2g + 1
+      TANDEM_UNROLL for (int e = 0; e < 8; ++e) {
+        const __m512i raw = _mm512_load_si512(blk + ((g * 8 + e) * PR + 16 * v0) * 4);
+        const __m512i lo = _mm512_and_si512(raw, low4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        TANDEM_UNROLL for (int i = 0; i < R; ++i) {
+          int32_t a, b;
+          std::memcpy(&a, x.q + ((i0 + i) * x.nb + xb) * 32 + 4 * e, 4);
+          std::memcpy(&b, x.q + ((i0 + i) * x.nb + xb + 1) * 32 + 4 * e, 4);
+          slo[i] = _mm512_dpbusd_epi32(slo[i], lo, _mm512_set1_epi32(a));
+          shi[i] = _mm512_dpbusd_epi32(shi[i], hi, _mm512_set1_epi32(b));
+        }
+      }
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * g + h;
+        const __m512 sc = _mm512_cvtepi32_ps(
+            _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(blk + q4k_sc_offset + j * PR + 16 * v0))));
+        const __m512 mn = _mm512_cvtepi32_ps(
+            _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(blk + q4k_mn_offset + j * PR + 16 * v0))));
+        const __m512 a = _mm512_mul_ps(dw, sc), bm = _mm512_mul_ps(dmw, mn);
+        TANDEM_UNROLL for (int i = 0; i < R; ++i) {
+          const int64_t xi = (i0 + i) * x.nb + xb + h;
+          const __m512 dx = _mm512_set1_ps(x.d[xi]);
+          const __m512 sx = _mm512_set1_ps(float(x.bias[xi] / -128));
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h ? shi[i] : slo[i]), _mm512_mul_ps(a, dx), acc[i]);
+          acc[i] = _mm512_fnmadd_ps(_mm512_mul_ps(bm, dx), sx, acc[i]);
+        }
+      }
+    }
+  }
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
+}
+
+// y[R, 16] (+)= x[R, k] · one 16-row quarter v0 of a q6_k panel, super-blocks [s0, s0 + nsb).
+template <int R>
+VNNI_BF16 void kernel_q6k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* panel, int64_t nsb, int v0,
+                          float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  __m512 acc[R];
+  TANDEM_UNROLL for (int i = 0; i < R; ++i)
+    acc[i] = accumulate ? _mm512_maskz_loadu_ps(mask, y + i * ldy) : _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = panel + sb * q6k_block_bytes;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q6k_d_offset + 32 * v0)));
+    for (int h = 0; h < 2; ++h)
+      for (int half = 0; half < 2; ++half) {  // e in [4 half, 4 half + 4): sub-blocks half, 2 + half, 4 + half, 6 + half
+        __m512i s[R][4];
+        TANDEM_UNROLL for (int i = 0; i < R; ++i)
+          TANDEM_UNROLL for (int q = 0; q < 4; ++q) s[i][q] = _mm512_setzero_si512();
+        const int64_t xb = (s0 + sb) * 8 + 4 * h;  // x's 32-blocks of k 128h + 32q
+        TANDEM_UNROLL for (int e = 4 * half; e < 4 * half + 4; ++e) {
+          const int64_t at = ((h * 8 + e) * PR + 16 * v0) * 4;
+          const __m512i a = _mm512_load_si512(blk + at);
+          const __m512i b = _mm512_load_si512(blk + q6k_b_offset + at);
+          const __m512i hb = _mm512_load_si512(blk + q6k_h_offset + at);
+          __m512i qv[4];
+          qv[0] = _mm512_or_si512(_mm512_and_si512(a, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits45));
+          qv[1] = _mm512_or_si512(_mm512_and_si512(b, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 2), bits45));
+          qv[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), low4), _mm512_and_si512(hb, bits45));
+          qv[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), low4),
+                                  _mm512_and_si512(_mm512_srli_epi16(hb, 2), bits45));
+          TANDEM_UNROLL for (int i = 0; i < R; ++i)
+            TANDEM_UNROLL for (int q = 0; q < 4; ++q) {
+              int32_t four;
+              std::memcpy(&four, x.q + ((i0 + i) * x.nb + xb + q) * 32 + 4 * e, 4);
+              s[i][q] = _mm512_dpbusd_epi32(s[i][q], qv[q], _mm512_set1_epi32(four));
+            }
+        }
+        TANDEM_UNROLL for (int q = 0; q < 4; ++q) {
+          const int j = 8 * h + 2 * q + half;  // the 16-sub-block: k 128h + 32q + 16 half
+          const __m512 a = _mm512_mul_ps(dw, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                 _mm_load_si128(reinterpret_cast<const __m128i*>(blk + q6k_sc_offset + j * PR + 16 * v0)))));
+          TANDEM_UNROLL for (int i = 0; i < R; ++i) {
+            const int64_t xi = (i0 + i) * x.nb + xb + q;
+            const __m512i exact = _mm512_sub_epi32(s[i][q], _mm512_set1_epi32(32 * x.sum16[2 * xi + half]));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(a, _mm512_set1_ps(x.d[xi])), acc[i]);
+          }
+        }
+      }
+  }
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
+}
+
 constexpr int MR_FLOAT = 6;     // x rows per float microkernel (6 x 4 zmm accumulators)
 constexpr int MR_Q8 = 4;        // x rows per q8_0 microkernel (4 x 2 int + 4 x 2 float zmm)
 constexpr int64_t KC_F32 = 256;   // k per pass over a panel: [256][64] f32 = 64 KiB, from L2
 constexpr int64_t KC_BF16 = 512;  // [256][64][2] bf16 = 64 KiB
 constexpr int64_t KB_Q8 = 16;     // blocks per pass: 16 x 2176 bytes = 34 KiB
+constexpr int MR_Q4K = 4;         // x rows per q4_k microkernel
+constexpr int64_t KB_Q4K = 4;     // super-blocks per pass: 4 x 9472 bytes = 37 KiB
+constexpr int MR_Q6K = 2;         // x rows per q6_k microkernel (8 int accumulators + temporaries)
+constexpr int64_t KB_Q6K = 3;     // 3 x 13440 bytes = 39 KiB
 
 // Column masks of the four 16-row vectors of the panel starting at row j0.
 void panel_masks(const weight_view& w, int64_t j0, __mmask16* mask) {
@@ -201,7 +383,35 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
     const int64_t j0 = pj * PR;
     __mmask16 mask[4];
     panel_masks(w, j0, mask);
-    if constexpr (T == dtype::q8_0) {
+    if constexpr (T == dtype::q6_k) {
+      const int64_t nsb = k / qk_k;
+      for (int64_t s0 = 0; s0 < nsb; s0 += KB_Q6K) {
+        const int64_t ns = std::min(KB_Q6K, nsb - s0);
+        for (int64_t i = i0; i < i1; i += MR_Q6K) {
+          float* yp = y + i * n + j0;
+          with_const<MR_Q6K>(int(std::min<int64_t>(MR_Q6K, i1 - i)), [&](auto rows) {
+            constexpr int R = decltype(rows)::value;
+            for (int v = 0; v < 4; ++v)
+              if (mask[v])
+                kernel_q6k<R>(*xq, i, s0, panel + s0 * q6k_block_bytes, ns, v, yp + 16 * v, n, mask[v], s0 > 0);
+          });
+        }
+      }
+    } else if constexpr (T == dtype::q4_k) {
+      const int64_t nsb = k / qk_k;
+      for (int64_t s0 = 0; s0 < nsb; s0 += KB_Q4K) {
+        const int64_t ns = std::min(KB_Q4K, nsb - s0);
+        for (int64_t i = i0; i < i1; i += MR_Q4K) {
+          float* yp = y + i * n + j0;
+          with_const<MR_Q4K>(int(std::min<int64_t>(MR_Q4K, i1 - i)), [&](auto rows) {
+            constexpr int R = decltype(rows)::value;
+            for (int v = 0; v < 4; ++v)
+              if (mask[v])
+                kernel_q4k<R>(*xq, i, s0, panel + s0 * q4k_block_bytes, ns, v, yp + 16 * v, n, mask[v], s0 > 0);
+          });
+        }
+      }
+    } else if constexpr (T == dtype::q8_0) {
       const int64_t nb = k / q8_0_block;
       for (int64_t b0 = 0; b0 < nb; b0 += KB_Q8) {
         const int64_t nbk = std::min(KB_Q8, nb - b0);
@@ -267,29 +477,33 @@ void run_panels(const weight_view& w, const float* x, int64_t m, float* y, threa
       for (int64_t i = r0; i < r1; ++i) x_to_bf16(x + i * k, k, lda, xb + i * lda);
     });
     a = xb;
-  } else if constexpr (T == dtype::q8_0) {
+  } else if constexpr (T == dtype::q8_0 || T == dtype::q4_k || T == dtype::q6_k) {
     const int64_t nb = k / q8_0_block;
-    auto* buf = static_cast<uint8_t*>(thread_scratch(scratch_x, size_t(m * nb) * (32 + 4 + 4)));
+    auto* buf = static_cast<uint8_t*>(thread_scratch(scratch_x, size_t(m * nb) * (32 + 4 + 4 + 8)));
     auto* q = reinterpret_cast<int8_t*>(buf);
     auto* d = reinterpret_cast<float*>(buf + m * nb * 32);
     auto* bias = reinterpret_cast<int32_t*>(buf + m * nb * 36);
+    auto* sum16 = reinterpret_cast<int32_t*>(buf + m * nb * 40);
     convert([&](int64_t r0, int64_t r1) {
       for (int64_t i = r0; i < r1; ++i) {
         quantize_x_q8_avx2(x + i * k, k, q + i * nb * 32, d + i * nb);
         for (int64_t b = 0; b < nb; ++b) {
-          int32_t sum = 0;
-          for (int j = 0; j < 32; ++j) sum += q[(i * nb + b) * 32 + j];
-          bias[i * nb + b] = -128 * sum;
+          int32_t lo = 0, hi = 0;
+          for (int j = 0; j < 16; ++j) lo += q[(i * nb + b) * 32 + j];
+          for (int j = 16; j < 32; ++j) hi += q[(i * nb + b) * 32 + j];
+          bias[i * nb + b] = -128 * (lo + hi);
+          sum16[2 * (i * nb + b)] = lo;
+          sum16[2 * (i * nb + b) + 1] = hi;
         }
       }
     });
-    xq = {q, d, bias, nb};
+    xq = {q, d, bias, nb, sum16};
   }
   const int threads = pool.size();
   // Few panels and many rows: split the rows (stories260K-sized matrices in a prefill).
   // Otherwise split panels; in decode each slice is at least 128 KiB of weights, so that
   // waking a thread pays off (as decode_grain).
-  const int64_t mr = T == dtype::q8_0 ? MR_Q8 : MR_FLOAT;
+  const int64_t mr = T == dtype::q8_0 ? MR_Q8 : T == dtype::q4_k ? MR_Q4K : T == dtype::q6_k ? MR_Q6K : MR_FLOAT;
   if (np < threads && m >= 2 * mr) {
     pool.parallel_for(m, mr, [&](int64_t i0, int64_t i1, int) { run_block<T>(w, a, lda, &xq, i0, i1, y, 0, np); });
     return;
@@ -302,18 +516,20 @@ void run_panels(const weight_view& w, const float* x, int64_t m, float* y, threa
 
 }  // namespace
 
-bool has_panels(dtype t) { return t == dtype::f32 || t == dtype::bf16 || t == dtype::q8_0; }
+bool has_panels(dtype t) {
+  return t == dtype::f32 || t == dtype::bf16 || t == dtype::q8_0 || t == dtype::q4_k || t == dtype::q6_k;
+}
 
 int64_t panel_bytes(dtype t, int64_t k) {
   switch (t) {
     case dtype::f32: return k * PR * 4;
     case dtype::bf16: return (k + 1) / 2 * PR * 4;
     case dtype::q8_0: return k / q8_0_block * q8_block_bytes;
+    case dtype::q4_k: return k / qk_k * q4k_block_bytes;
+    case dtype::q6_k: return k / qk_k * q6k_block_bytes;
     case dtype::f16:
     case dtype::q4_0:
-    case dtype::q4_k:
-    case dtype::q5_k:
-    case dtype::q6_k: return 0;
+    case dtype::q5_k: return 0;
   }
   return 0;
 }
@@ -326,11 +542,11 @@ void pack_panels(const weight_view& w, void* dst) {
       case dtype::f32: pack_f32_panel(w, p * PR, reinterpret_cast<float*>(out + p * pb)); break;
       case dtype::bf16: pack_bf16_panel(w, p * PR, reinterpret_cast<uint16_t*>(out + p * pb)); break;
       case dtype::q8_0: pack_q8_panel(w, p * PR, out + p * pb); break;
+      case dtype::q4_k: pack_q4k_panel(w, p * PR, out + p * pb); break;
+      case dtype::q6_k: pack_q6k_panel(w, p * PR, out + p * pb); break;
       case dtype::f16:
       case dtype::q4_0:
-      case dtype::q4_k:
-      case dtype::q5_k:
-      case dtype::q6_k: break;
+      case dtype::q5_k: break;
     }
   }
 }
@@ -340,11 +556,11 @@ void matmul_panels(const weight_view& w, const float* x, int64_t m, float* y, th
     case dtype::f32: return run_panels<dtype::f32>(w, x, m, y, pool);
     case dtype::bf16: return run_panels<dtype::bf16>(w, x, m, y, pool);
     case dtype::q8_0: return run_panels<dtype::q8_0>(w, x, m, y, pool);
+    case dtype::q4_k: return run_panels<dtype::q4_k>(w, x, m, y, pool);
+    case dtype::q6_k: return run_panels<dtype::q6_k>(w, x, m, y, pool);
     case dtype::f16:
     case dtype::q4_0:
-    case dtype::q4_k:
-    case dtype::q5_k:
-    case dtype::q6_k: break;
+    case dtype::q5_k: break;
   }
 }
 
