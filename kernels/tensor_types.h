@@ -103,8 +103,9 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN stays NaN
 
 // Converts n elements of a row of type t to f32 (n a multiple of block_elems(t)).
 void dequantize_row(dtype t, const void* src, float* dst, int64_t n);
-// Whether t is one of the block types whose matmul dequantizes weights on the fly (q4_0 and
-// the k-quants: no kernel of their own yet, see matmul.cpp).
+// Whether t is one of the 4-6 bit block types (q4_0 and the k-quants): integer panel kernels
+// on AVX-512 VNNI (matmul_panels.cpp); below it, weights dequantized to f32 on the fly
+// (matmul_dequant.cpp).
 constexpr bool is_dequantized_on_the_fly(dtype t) {
   return t == dtype::q4_0 || t == dtype::q4_k || t == dtype::q5_k || t == dtype::q6_k;
 }

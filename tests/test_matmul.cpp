@@ -7,7 +7,7 @@
 //     rounded to bf16 there, 2^-9 per term)
 //   q8_0 weights: 1e-2 (x is quantized to 8 bits, or to bf16 on the avx512_bf16 `fastest` GEMM)
 //   q4_0, q4_k, q5_k, q6_k weights: 1e-4 (dequantized exactly to f32, then the f32 kernels);
-//     q4_k, q6_k on the avx512_bf16 level (panels): 1e-2 (x quantized per 32, as for q8_0)
+//     on the avx512_bf16 level (their panel kernels): 1e-2 (x quantized per 32, as for q8_0)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -82,7 +82,7 @@ problem make_problem(tk::dtype t, int64_t m, int64_t rows, int64_t cols, uint32_
 
 double tolerance(tk::dtype t, isa level) {
   if (t == tk::dtype::q8_0) return 1e-2;
-  if ((t == tk::dtype::q4_k || t == tk::dtype::q6_k) && level == isa::avx512_bf16) return 1e-2;  // x per 32
+  if (tk::is_dequantized_on_the_fly(t) && level == isa::avx512_bf16) return 1e-2;  // panels: x per 32
   if (t == tk::dtype::bf16 && level == isa::avx512_bf16) return 1e-2;
   return 1e-4;
 }

@@ -28,6 +28,11 @@
 //         x is quantized per 32 as for q8_0; each sub-block j's dot product is exact in int32
 //         (vpdpbusd of the nibbles, u8 0..15, by x's s8), then one FMA chain per element:
 //         acc = fma(float(isum_j), d*sc_j * d_x, acc); acc = fnmadd(dmin*m_j * d_x, float(sum_x), acc).
+//   q4_0: [k/32] blocks of { u8 [4][64][4]: the file's nibble bytes (low: k 4e.., high:
+//                            16 + 4e..); f16 [64] d } = 1152 bytes (file: the same). q in 0..15
+//         is u8 for vpdpbusd; sum(q * x) - 8 * sum(x) is exact, then acc = fma(., d * d_x, acc).
+//   q5_k: q4_k's planes plus u8 [8][64][4] qh (the fifth bits: bit 2g of k 64g + 4e.., bit
+//         2g + 1 of k 64g + 32 + 4e..) = 11520 bytes (file: 11264); otherwise as q4_k.
 //   q6_k: [k/256] super-blocks of { u8 [2][8][64][4] ql (low nibbles: k 4e.. and 64+4e..),
 //                                   u8 [2][8][64][4] ql (k 32+4e.. and 96+4e..), u8 [2][8][64][4]
 //                                   qh (2 high bits of each of those four), per 128-half h and
@@ -44,6 +49,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/matmul_impl.h"
@@ -65,6 +71,14 @@ constexpr int64_t q4k_d_offset = q4k_mn_offset + 8 * PR;
 constexpr int64_t q4k_dmin_offset = q4k_d_offset + 2 * PR;
 constexpr int64_t q4k_block_bytes = q4k_dmin_offset + 2 * PR;
 static_assert(q4k_block_bytes == 9472 && q4k_block_bytes % 64 == 0);
+
+constexpr int64_t q40_block_bytes = PR * 16 + PR * 2;  // one 32-block of a q4_0 panel
+constexpr int64_t q40_d_offset = PR * 16;
+static_assert(q40_block_bytes % 64 == 0);
+// q5_k: q4_k's layout, then the qh plane.
+constexpr int64_t q5k_qh_offset = 9472;
+constexpr int64_t q5k_block_bytes = q5k_qh_offset + 8 * PR * 4;
+static_assert(q5k_block_bytes == 11520);
 
 // q6_k super-block panel: the two ql planes, qh, scales, d.
 constexpr int64_t q6k_plane_bytes = 2 * 8 * PR * 4;
@@ -109,6 +123,49 @@ void pack_q8_panel(const weight_view& w, int64_t j0, uint8_t* dst) {
       for (int g = 0; g < 8; ++g)
         for (int e = 0; e < 4; ++e)
           blk[(g * PR + c) * 4 + e] = uint8_t(int(src ? src->qs[4 * g + e] : 0) + 128);
+    }
+  }
+}
+
+void pack_q40_panel(const weight_view& w, int64_t j0, uint8_t* dst) {
+  const int64_t nb = w.cols / q4_0_block;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* blk = dst + b * q40_block_bytes;
+    auto* d = reinterpret_cast<uint16_t*>(blk + q40_d_offset);
+    for (int64_t c = 0; c < PR; ++c) {
+      const block_q4_0* src = j0 + c < w.rows ? reinterpret_cast<const block_q4_0*>(row_ptr(w, j0 + c)) + b : nullptr;
+      d[c] = src ? src->d : 0;
+      for (int e = 0; e < 4; ++e)
+        for (int l = 0; l < 4; ++l) blk[(e * PR + c) * 4 + l] = src ? src->qs[4 * e + l] : 0x88;  // zero: q = 8
+    }
+  }
+}
+
+// q5_k: the q4_k planes from its qs/scales (the layouts of the two blocks agree up to qh), then qh.
+template <class Block>
+void pack_k4_planes(const weight_view& w, int64_t j0, uint8_t* dst, int64_t block_bytes) {
+  const int64_t nb = w.cols / qk_k;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* blk = dst + b * block_bytes;
+    auto* d = reinterpret_cast<uint16_t*>(blk + q4k_d_offset);
+    auto* dmin = reinterpret_cast<uint16_t*>(blk + q4k_dmin_offset);
+    for (int64_t c = 0; c < PR; ++c) {
+      const Block* src = j0 + c < w.rows ? reinterpret_cast<const Block*>(row_ptr(w, j0 + c)) + b : nullptr;
+      d[c] = src ? src->d : 0;
+      dmin[c] = src ? src->dmin : 0;
+      for (int j = 0; j < 8; ++j) {
+        uint8_t sc = 0, m = 0;
+        if (src) k4_scale_min(j, src->scales, sc, m);
+        blk[q4k_sc_offset + j * PR + c] = sc;
+        blk[q4k_mn_offset + j * PR + c] = m;
+      }
+      for (int g = 0; g < 4; ++g)
+        for (int e = 0; e < 8; ++e)
+          for (int l = 0; l < 4; ++l)
+            blk[((g * 8 + e) * PR + c) * 4 + l] = src ? src->qs[32 * g + 4 * e + l] : 0;
+      if constexpr (std::is_same_v<Block, block_q5_k>)
+        for (int e = 0; e < 8; ++e)
+          for (int l = 0; l < 4; ++l) blk[q5k_qh_offset + (e * PR + c) * 4 + l] = src ? src->qh[4 * e + l] : 0;
     }
   }
 }
@@ -259,15 +316,17 @@ VNNI_BF16 void kernel_q8(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* p
 
 // y[R, 16] (+)= x[R, k] · one 16-row quarter v0 of a q4_k panel, super-blocks [s0, s0 + nsb);
 // y's rows at stride ldy.
-template <int R>
+// Q5 (q5_k): the same with the fifth bits ORed in (16 where set), from the qh plane.
+template <int R, bool Q5 = false>
 VNNI_BF16 void kernel_q4k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* panel, int64_t nsb, int v0,
                           float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  constexpr int64_t block_bytes = Q5 ? q5k_block_bytes : q4k_block_bytes;
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
   __m512 acc[R];
   TANDEM_UNROLL for (int i = 0; i < R; ++i)
     acc[i] = accumulate ? _mm512_maskz_loadu_ps(mask, y + i * ldy) : _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* blk = panel + sb * q4k_block_bytes;
+    const uint8_t* blk = panel + sb * block_bytes;
     const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q4k_d_offset + 32 * v0)));
     const __m512 dmw =
         _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q4k_dmin_offset + 32 * v0)));
@@ -277,8 +336,13 @@ VNNI_BF16 void kernel_q4k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* 
       const int64_t xb = (s0 + sb) * 8 + 2 * g;  // x's 32-blocks of sub-blocks 2g and 2g + 1
       TANDEM_UNROLL for (int e = 0; e < 8; ++e) {
         const __m512i raw = _mm512_load_si512(blk + ((g * 8 + e) * PR + 16 * v0) * 4);
-        const __m512i lo = _mm512_and_si512(raw, low4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        __m512i lo = _mm512_and_si512(raw, low4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        if constexpr (Q5) {  // bit 2g -> 16 for the low half, bit 2g + 1 for the high one
+          const __m512i qh = _mm512_load_si512(blk + q5k_qh_offset + (e * PR + 16 * v0) * 4);
+          lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(qh, 2 * g), 4), bit4));
+          hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(qh, 2 * g + 1), 4), bit4));
+        }
         TANDEM_UNROLL for (int i = 0; i < R; ++i) {
           int32_t a, b;
           std::memcpy(&a, x.q + ((i0 + i) * x.nb + xb) * 32 + 4 * e, 4);
@@ -303,6 +367,39 @@ VNNI_BF16 void kernel_q4k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* 
         }
       }
     }
+  }
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
+}
+
+// y[R, 16] (+)= x[R, k] · one 16-row quarter v0 of a q4_0 panel, blocks [b0, b0 + nbk).
+template <int R>
+VNNI_BF16 void kernel_q40(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* panel, int64_t nbk, int v0,
+                          float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  TANDEM_UNROLL for (int i = 0; i < R; ++i)
+    acc[i] = accumulate ? _mm512_maskz_loadu_ps(mask, y + i * ldy) : _mm512_setzero_ps();
+  for (int64_t b = 0; b < nbk; ++b) {
+    const uint8_t* blk = panel + b * q40_block_bytes;
+    const int64_t xb = b0 + b;
+    __m512i s[R];
+    TANDEM_UNROLL for (int i = 0; i < R; ++i) s[i] = _mm512_set1_epi32(-8 * (x.bias[(i0 + i) * x.nb + xb] / -128));
+    TANDEM_UNROLL for (int e = 0; e < 4; ++e) {
+      const __m512i raw = _mm512_load_si512(blk + (e * PR + 16 * v0) * 4);
+      const __m512i lo = _mm512_and_si512(raw, low4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      TANDEM_UNROLL for (int i = 0; i < R; ++i) {
+        int32_t a, c;
+        std::memcpy(&a, x.q + ((i0 + i) * x.nb + xb) * 32 + 4 * e, 4);
+        std::memcpy(&c, x.q + ((i0 + i) * x.nb + xb) * 32 + 16 + 4 * e, 4);
+        s[i] = _mm512_dpbusd_epi32(s[i], lo, _mm512_set1_epi32(a));
+        s[i] = _mm512_dpbusd_epi32(s[i], hi, _mm512_set1_epi32(c));
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q40_d_offset + 32 * v0)));
+    TANDEM_UNROLL for (int i = 0; i < R; ++i)
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(i0 + i) * x.nb + xb])),
+                               acc[i]);
   }
   TANDEM_UNROLL for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
 }
@@ -397,7 +494,9 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
           });
         }
       }
-    } else if constexpr (T == dtype::q4_k) {
+    } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {
+      constexpr bool q5 = T == dtype::q5_k;
+      constexpr int64_t bb = q5 ? q5k_block_bytes : q4k_block_bytes;
       const int64_t nsb = k / qk_k;
       for (int64_t s0 = 0; s0 < nsb; s0 += KB_Q4K) {
         const int64_t ns = std::min(KB_Q4K, nsb - s0);
@@ -407,7 +506,21 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
             constexpr int R = decltype(rows)::value;
             for (int v = 0; v < 4; ++v)
               if (mask[v])
-                kernel_q4k<R>(*xq, i, s0, panel + s0 * q4k_block_bytes, ns, v, yp + 16 * v, n, mask[v], s0 > 0);
+                kernel_q4k<R, q5>(*xq, i, s0, panel + s0 * bb, ns, v, yp + 16 * v, n, mask[v], s0 > 0);
+          });
+        }
+      }
+    } else if constexpr (T == dtype::q4_0) {
+      const int64_t nb = k / q4_0_block;
+      for (int64_t b0 = 0; b0 < nb; b0 += KB_Q8) {
+        const int64_t nbk = std::min(KB_Q8, nb - b0);
+        for (int64_t i = i0; i < i1; i += MR_Q4K) {
+          float* yp = y + i * n + j0;
+          with_const<MR_Q4K>(int(std::min<int64_t>(MR_Q4K, i1 - i)), [&](auto rows) {
+            constexpr int R = decltype(rows)::value;
+            for (int v = 0; v < 4; ++v)
+              if (mask[v])
+                kernel_q40<R>(*xq, i, b0, panel + b0 * q40_block_bytes, nbk, v, yp + 16 * v, n, mask[v], b0 > 0);
           });
         }
       }
@@ -477,7 +590,7 @@ void run_panels(const weight_view& w, const float* x, int64_t m, float* y, threa
       for (int64_t i = r0; i < r1; ++i) x_to_bf16(x + i * k, k, lda, xb + i * lda);
     });
     a = xb;
-  } else if constexpr (T == dtype::q8_0 || T == dtype::q4_k || T == dtype::q6_k) {
+  } else if constexpr (T != dtype::f32) {  // the integer kernels: x quantized per 32
     const int64_t nb = k / q8_0_block;
     auto* buf = static_cast<uint8_t*>(thread_scratch(scratch_x, size_t(m * nb) * (32 + 4 + 4 + 8)));
     auto* q = reinterpret_cast<int8_t*>(buf);
@@ -503,7 +616,7 @@ void run_panels(const weight_view& w, const float* x, int64_t m, float* y, threa
   // Few panels and many rows: split the rows (stories260K-sized matrices in a prefill).
   // Otherwise split panels; in decode each slice is at least 128 KiB of weights, so that
   // waking a thread pays off (as decode_grain).
-  const int64_t mr = T == dtype::q8_0 ? MR_Q8 : T == dtype::q4_k ? MR_Q4K : T == dtype::q6_k ? MR_Q6K : MR_FLOAT;
+  const int64_t mr = T == dtype::q8_0 ? MR_Q8 : T == dtype::q6_k ? MR_Q6K : T == dtype::f32 ? MR_FLOAT : MR_Q4K;
   if (np < threads && m >= 2 * mr) {
     pool.parallel_for(m, mr, [&](int64_t i0, int64_t i1, int) { run_block<T>(w, a, lda, &xq, i0, i1, y, 0, np); });
     return;
@@ -516,9 +629,7 @@ void run_panels(const weight_view& w, const float* x, int64_t m, float* y, threa
 
 }  // namespace
 
-bool has_panels(dtype t) {
-  return t == dtype::f32 || t == dtype::bf16 || t == dtype::q8_0 || t == dtype::q4_k || t == dtype::q6_k;
-}
+bool has_panels(dtype t) { return t != dtype::f16; }
 
 int64_t panel_bytes(dtype t, int64_t k) {
   switch (t) {
@@ -527,9 +638,9 @@ int64_t panel_bytes(dtype t, int64_t k) {
     case dtype::q8_0: return k / q8_0_block * q8_block_bytes;
     case dtype::q4_k: return k / qk_k * q4k_block_bytes;
     case dtype::q6_k: return k / qk_k * q6k_block_bytes;
-    case dtype::f16:
-    case dtype::q4_0:
-    case dtype::q5_k: return 0;
+    case dtype::q5_k: return k / qk_k * q5k_block_bytes;
+    case dtype::q4_0: return k / q4_0_block * q40_block_bytes;
+    case dtype::f16: return 0;
   }
   return 0;
 }
@@ -544,9 +655,9 @@ void pack_panels(const weight_view& w, void* dst) {
       case dtype::q8_0: pack_q8_panel(w, p * PR, out + p * pb); break;
       case dtype::q4_k: pack_q4k_panel(w, p * PR, out + p * pb); break;
       case dtype::q6_k: pack_q6k_panel(w, p * PR, out + p * pb); break;
-      case dtype::f16:
-      case dtype::q4_0:
-      case dtype::q5_k: break;
+      case dtype::q5_k: pack_k4_planes<block_q5_k>(w, p * PR, out + p * pb, q5k_block_bytes); break;
+      case dtype::q4_0: pack_q40_panel(w, p * PR, out + p * pb); break;
+      case dtype::f16: break;
     }
   }
 }
@@ -558,9 +669,9 @@ void matmul_panels(const weight_view& w, const float* x, int64_t m, float* y, th
     case dtype::q8_0: return run_panels<dtype::q8_0>(w, x, m, y, pool);
     case dtype::q4_k: return run_panels<dtype::q4_k>(w, x, m, y, pool);
     case dtype::q6_k: return run_panels<dtype::q6_k>(w, x, m, y, pool);
-    case dtype::f16:
-    case dtype::q4_0:
-    case dtype::q5_k: break;
+    case dtype::q5_k: return run_panels<dtype::q5_k>(w, x, m, y, pool);
+    case dtype::q4_0: return run_panels<dtype::q4_0>(w, x, m, y, pool);
+    case dtype::f16: break;
   }
 }
 
