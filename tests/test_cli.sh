@@ -99,6 +99,25 @@ grep -q '"n_kv_head": 2' "$work/inspect.json" && grep -q '"q8_0"' "$work/inspect
   || fail "inspect json: $(cat "$work/inspect.json")"
 "$bin" model inspect "$model" | grep -q "llama" && pass "inspect text" || fail "inspect text"
 
+# 7b. 4-6 bit types: synth refuses widths the block does not divide, a k-quant synth loads and
+# generates, and llama.cpp's own Q4_K_M file (tests/data/kquant) is served over HTTP.
+expect_error "multiples of 256" model synth --preset tiny --dtype q4_k --out "$work/x.gguf"
+"$bin" model synth --preset kquant --dtype q5_k --out "$work/kq5.gguf" 2>/dev/null || fail "synth q5_k"
+"$bin" model inspect "$work/kq5.gguf" | grep -q "q5_k" && pass "inspect shows q5_k" || fail "inspect q5_k"
+"$bin" generate --model "$work/kq5.gguf" --prompt "Once" -n 8 --temperature 0 --json 2>/dev/null | grep -q '"token_ids":\[' \
+  && pass "generate on a q5_k synth" || fail "generate on a q5_k synth"
+kq=$data/kquant/kq-Q4_K_M.gguf
+"$bin" serve --port 0 --model "$kq" --mode colocated >"$work/kq.out" 2>"$work/kq.err" &
+kpid=$!
+for _ in $(seq 1 100); do grep -q "serving model" "$work/kq.err" && break; sleep 0.1; done
+kport=$(grep -o "http://127.0.0.1:[0-9]*" "$work/kq.err" | head -1 | sed 's/.*://')
+kmodel=$(curl -s "127.0.0.1:$kport/v1/models" | grep -o '"id":"[^"]*"' | head -1 | sed 's/"id":"//; s/"$//')
+curl -s "127.0.0.1:$kport/v1/completions" -d "{\"model\":\"$kmodel\",\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0}" \
+  >"$work/kq.json"
+grep -q '"completion_tokens":8' "$work/kq.json" && pass "serve answers on llama.cpp's Q4_K_M file" \
+  || fail "serve on Q4_K_M: $(cat "$work/kq.json") $(cat "$work/kq.err")"
+kill -TERM "$kpid"; wait "$kpid" || true
+
 # 8. serve: flags from a config file (the port it binds is logged), bad flags and files refused.
 printf '[serve]\nport = 0\nmodel = "%s"\nmode = "colocated"\n' "$work/tiny.gguf" >"$work/serve.toml"
 "$bin" serve --config "$work/serve.toml" >"$work/serve.out" 2>"$work/serve.err" &
