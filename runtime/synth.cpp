@@ -16,6 +16,8 @@ const std::vector<synth_preset>& synth_presets() {
       {"small", 256, 704, 4, 8, 4, 512, 1024, false, "4 layers, dim 256, GQA 8/4: quick end-to-end runs"},
       {"kquant", 256, 512, 1, 4, 2, 512, 512, false,
        "1 layer, dim 256, FFN 512, GQA 4/2: every row a multiple of 256, for the k-quant tests"},
+      {"llama-1b", 2048, 8192, 16, 32, 8, 128256, 2048, true,
+       "Llama-3.2-1B's shape (dim 2048, FFN 8192, 16 layers, GQA 32/8, vocab 128256, tied): speed at a real size"},
       {"bench-76m", 768, 2048, 12, 12, 4, 512, 2048, false,
        "12 layers, dim 768, FFN 2048, GQA 12/4, vocab 512: the benchmark shape"},
   };
