@@ -292,7 +292,8 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   grow(s.gate, T * c.ffn_dim);
   grow(s.up, T * c.ffn_dim);
   grow(s.rope_cs, T * c.head_dim);
-  cpu::rope_table(pos.data(), T, c.head_dim, c.rope_freq_base, s.rope_cs.data());
+  cpu::rope_table(pos.data(), T, c.head_dim, c.rope_freq_base, s.rope_cs.data(), c.rope_freq_scale,
+                  c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
 
   // Row-wise elementwise work: split over the pool when the batch is big enough to pay for a
   // dispatch (prefill), inline otherwise (decode).

@@ -1,5 +1,6 @@
 #include "runtime/model.h"
 
+#include <cmath>
 #include <xxhash.h>
 
 #include <filesystem>
@@ -80,6 +81,24 @@ std::shared_ptr<const model> model::load(const std::string& path) {
     if (rope_dims != uint64_t(c.head_dim) || c.head_dim % 2 != 0)
       throw failure(errc::unsupported, "partial or odd rotary dimensions (" + std::to_string(rope_dims) +
                                            " of head size " + std::to_string(c.head_dim) + ")");
+
+    // RoPE scaling. Linear: positions scaled (older long-context Llamas); Llama 3.1+ ships its
+    // per-frequency factors as the rope_freqs.weight tensor. YaRN and the rest: refused, named.
+    const std::string scaling = f.get_string("llama.rope.scaling.type", "none");
+    if (scaling == "linear") {
+      const double factor = f.get_float("llama.rope.scaling.factor");
+      if (!(factor > 0)) throw failure(errc::malformed_file, "llama.rope.scaling.factor must be positive");
+      c.rope_freq_scale = float(1.0 / factor);
+    } else if (scaling != "none") {
+      throw failure(errc::unsupported, "llama.rope.scaling.type '" + scaling + "' is not supported (none, linear)");
+    }
+    if (const double old = f.get_float("llama.rope.scale_linear", 0.0); old > 0) c.rope_freq_scale = float(1.0 / old);
+    if (f.find_tensor("rope_freqs.weight")) {
+      c.rope_freq_factors = vector_f32(f, "rope_freqs.weight", c.head_dim / 2);
+      for (float v : c.rope_freq_factors)
+        if (!(v > 0) || !std::isfinite(v))
+          throw failure(errc::malformed_file, "rope_freqs.weight holds a factor that is not positive and finite");
+    }
 
     m->tok_ = std::make_unique<tokenizer>(vocab_from_gguf(f));
     const auto& emb = need_tensor(f, "token_embd.weight");

@@ -26,6 +26,8 @@ struct llama_config {
   int32_t n_ctx = 0;           // context length the model was trained for
   float rms_eps = 1e-5f;
   float rope_freq_base = 10000.0f;
+  float rope_freq_scale = 1.0f;          // linear position scaling: 1 / llama.rope.scaling.factor
+  std::vector<float> rope_freq_factors;  // rope_freqs.weight (Llama 3.1+ scaling): [head_dim / 2], or empty
   bool tied_output = false;    // output head shares token_embd
   int64_t n_params = 0;
 };

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include <cmath>
 #include <filesystem>
 #include <thread>
 
 #include "runtime/engine.h"
+#include "runtime/gguf.h"
 #include "runtime/sampler.h"
 #include "runtime/synth.h"
 
@@ -534,3 +536,63 @@ INSTANTIATE_TEST_SUITE_P(WeightTypes, BatchInvariance,
                          ::testing::Values(kernels::dtype::f32, kernels::dtype::f16, kernels::dtype::bf16,
                                            kernels::dtype::q8_0),
                          [](const auto& info) { return std::string(kernels::to_string(info.param)); });
+
+// RoPE scaling as llama.cpp reads it: rope_freqs.weight (Llama 3.1+) divides pair i's
+// frequency by its factor; llama.rope.scaling.type "linear" scales positions. Factors of 1
+// change nothing (bitwise), factors of 2 everywhere equal linear scaling by 2 (bitwise: both
+// halve the angle exactly), other factors change the logits, and YaRN is refused by name.
+namespace {
+std::string with_rope(const std::string& base, const std::string& name, const std::vector<float>* factors,
+                      const char* scaling_type, float scaling_factor) {
+  auto f = gguf::file::open(base);
+  gguf::writer w;
+  for (const auto& [k, v] : f.metadata()) w.set(k, v);
+  if (scaling_type) {
+    w.set_string("llama.rope.scaling.type", scaling_type);
+    w.set_f32("llama.rope.scaling.factor", scaling_factor);
+  }
+  for (const auto& t : f.tensors()) {
+    const auto* d = static_cast<const uint8_t*>(t.data);
+    w.add_tensor(t.name, t.shape, t.type, std::vector<uint8_t>(d, d + t.size_bytes));
+  }
+  if (factors) {
+    std::vector<uint8_t> bytes(factors->size() * 4);
+    std::memcpy(bytes.data(), factors->data(), bytes.size());
+    w.add_tensor("rope_freqs.weight", {int64_t(factors->size())}, kernels::dtype::f32, bytes);
+  }
+  const auto path = (fs::temp_directory_path() / "tandem-test-models" / name).string();
+  w.write(path);
+  return path;
+}
+std::vector<float> prompt_logits(const std::string& path) {
+  auto m = model::load(path);
+  engine eng(m, engine_options{.n_threads = 1, .n_kv_blocks = 32});
+  const seq_id s = eng.create_sequence();
+  std::vector<float> logits;
+  EXPECT_TRUE(eng.prefill(s, some_tokens(40, m->config().n_vocab), logits).ok());
+  return logits;
+}
+}  // namespace
+
+TEST(RopeScaling, FreqFactorsAndLinearScalingAsLlamaCpp) {
+  const std::string base = synth_file("tiny", kernels::dtype::f32);
+  const int half = model::load(base)->config().head_dim / 2;
+  const std::vector<float> ones(size_t(half), 1.0f), twos(size_t(half), 2.0f);
+  std::vector<float> llama3(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i) llama3[size_t(i)] = i < half / 2 ? 1.0f : 8.0f;  // low frequencies stretched
+  const auto plain = prompt_logits(base);
+  EXPECT_EQ(prompt_logits(with_rope(base, "rope-ones.gguf", &ones, nullptr, 0)), plain);
+  const auto by_two = prompt_logits(with_rope(base, "rope-twos.gguf", &twos, nullptr, 0));
+  EXPECT_EQ(prompt_logits(with_rope(base, "rope-linear2.gguf", nullptr, "linear", 2.0f)), by_two);
+  EXPECT_NE(by_two, plain);
+  EXPECT_NE(prompt_logits(with_rope(base, "rope-llama3.gguf", &llama3, nullptr, 0)), plain);
+  try {
+    model::load(with_rope(base, "rope-yarn.gguf", nullptr, "yarn", 4.0f));
+    FAIL() << "yarn accepted";
+  } catch (const failure& e) {
+    EXPECT_EQ(e.code(), errc::unsupported);
+    EXPECT_NE(std::string(e.what()).find("yarn"), std::string::npos) << e.what();
+  }
+  const std::vector<float> bad(size_t(half), 0.0f);
+  EXPECT_THROW(model::load(with_rope(base, "rope-zero.gguf", &bad, nullptr, 0)), failure);
+}

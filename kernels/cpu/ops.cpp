@@ -119,11 +119,14 @@ void add_inplace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
-void rope_table(const int32_t* pos, int64_t n_tokens, int64_t head_dim, float freq_base, float* cs) {
+void rope_table(const int32_t* pos, int64_t n_tokens, int64_t head_dim, float freq_base, float* cs,
+                float freq_scale, const float* freq_factors) {
   // Angles depend only on (pos, i): the inverse frequencies once per call.
   std::vector<double> inv_freq(size_t(head_dim / 2));
-  for (int64_t i = 0; i < head_dim / 2; ++i)
-    inv_freq[size_t(i)] = std::pow(double(freq_base), -2.0 * double(i) / double(head_dim));
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    inv_freq[size_t(i)] = std::pow(double(freq_base), -2.0 * double(i) / double(head_dim)) * double(freq_scale);
+    if (freq_factors) inv_freq[size_t(i)] /= double(freq_factors[i]);
+  }
   for (int64_t t = 0; t < n_tokens; ++t)
     for (int64_t i = 0; i < head_dim / 2; ++i) {
       const double theta = double(pos[t]) * inv_freq[size_t(i)];

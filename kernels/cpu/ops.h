@@ -19,8 +19,12 @@ void add_inplace(float* x, const float* y, int64_t n);
 void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
           float freq_base);
 // rope in two steps, for callers that rotate many tensors at the same positions (every layer's
-// q and k): the angles once, cs: [n_tokens][head_dim / 2][2] (cos, sin) ...
-void rope_table(const int32_t* pos, int64_t n_tokens, int64_t head_dim, float freq_base, float* cs);
+// q and k): the angles once, cs: [n_tokens][head_dim / 2][2] (cos, sin) ... Pair i turns by
+// pos·freq_scale·base^(−2i/head_dim) / freq_factors[i] (llama.cpp's rope_ext without YaRN):
+// freq_scale is linear position scaling (1 / llama.rope.scaling.factor), freq_factors (null:
+// all 1) are Llama 3.1+'s rope_freqs.weight, [head_dim / 2].
+void rope_table(const int32_t* pos, int64_t n_tokens, int64_t head_dim, float freq_base, float* cs,
+                float freq_scale = 1.0f, const float* freq_factors = nullptr);
 // ... then the rotation, with exactly rope's arithmetic.
 void rope_apply(float* x, const float* cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim);
 // In-place softmax over n values; returns nothing, leaves probabilities summing to 1.
