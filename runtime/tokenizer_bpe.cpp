@@ -86,52 +86,87 @@ std::string unspell_byte_level(std::string_view text) {
 // ---- GPT-2 pre-tokenizer ----
 
 namespace {
+// The regexes of llama.cpp's pre-tokenizer table (llama-vocab.cpp), by tokenizer.ggml.pre.
 constexpr char kGpt2Pattern[] =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-}
+constexpr char kLlama3Pattern[] =
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr char kQwen2Pattern[] =
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr char kDigitPattern[] = R"(\p{N})";
 
-gpt2_splitter::gpt2_splitter() {
-  int err = 0;
-  PCRE2_SIZE err_offset = 0;
-  // MATCH_INVALID_UTF: text need not be valid UTF-8; invalid sequences simply never match.
-  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
-                        PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_offset,
-                        nullptr);
-  if (code_ == nullptr) {
-    PCRE2_UCHAR msg[256];
-    pcre2_get_error_message(err, msg, sizeof msg);
-    throw failure(errc::unsupported, std::string("tokenizer: cannot compile the GPT-2 regex: ") +
-                                         reinterpret_cast<const char*>(msg));
+std::vector<const char*> patterns_for(std::string_view pre) {
+  // "default" is llama.cpp's fallback for unnamed BPE vocabs; GPT-2's regex stands in for it.
+  for (std::string_view p : {"gpt2", "gpt-2", "default", "phi-2", "olmo", "roberta-bpe"})
+    if (pre == p) return {kGpt2Pattern};
+  for (std::string_view p : {"llama3", "llama-v3", "llama-bpe", "smaug-bpe", "falcon3", "dbrx", "pixtral"})
+    if (pre == p) return {kLlama3Pattern};
+  for (std::string_view p : {"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", "hunyuan"})
+    if (pre == p) return {kQwen2Pattern};
+  if (pre == "smollm") return {kDigitPattern, kGpt2Pattern};
+  throw failure(errc::unsupported,
+                "tokenizer.ggml.pre '" + std::string(pre) +
+                    "' is not supported (gpt-2/default, llama-bpe/llama3 and its aliases, qwen2 and its aliases, smollm)");
+}
+}  // namespace
+
+gpt2_splitter::gpt2_splitter(std::string_view pre) {
+  for (const char* pattern : patterns_for(pre)) {
+    int err = 0;
+    PCRE2_SIZE err_offset = 0;
+    // MATCH_INVALID_UTF: text need not be valid UTF-8; invalid sequences simply never match.
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
+                                     PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_offset, nullptr);
+    if (code == nullptr) {
+      for (auto* c : codes_) pcre2_code_free(c);
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      throw failure(errc::unsupported, std::string("tokenizer: cannot compile a pre-tokenizer regex: ") +
+                                           reinterpret_cast<const char*>(msg));
+    }
+    (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional speed-up; interpreter otherwise
+    codes_.push_back(code);
   }
-  (void)pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // optional speed-up; interpreter otherwise
 }
 
-gpt2_splitter::~gpt2_splitter() { pcre2_code_free(code_); }
+gpt2_splitter::~gpt2_splitter() {
+  for (auto* c : codes_) pcre2_code_free(c);
+}
 
 std::vector<std::string_view> gpt2_splitter::split(std::string_view text) const {
   std::vector<std::string_view> pieces;
   if (text.empty()) return pieces;
+  split_with(codes_.front(), text, pieces);
+  for (size_t r = 1; r < codes_.size(); ++r) {
+    std::vector<std::string_view> finer;
+    for (std::string_view p : pieces) split_with(codes_[r], p, finer);
+    pieces.swap(finer);
+  }
+  return pieces;
+}
+
+void gpt2_splitter::split_with(const pcre2_code* code, std::string_view text, std::vector<std::string_view>& pieces) const {
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
-      pcre2_match_data_create_from_pattern(code_, nullptr), &pcre2_match_data_free);
+      pcre2_match_data_create_from_pattern(code, nullptr), &pcre2_match_data_free);
   if (!md) throw std::bad_alloc();
   const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t last = 0;  // end of what has been emitted
   size_t pos = 0;   // where the next search starts
   while (pos < text.size()) {
-    int rc = pcre2_match(code_, subject, text.size(), pos, 0, md.get(), nullptr);
+    int rc = pcre2_match(code, subject, text.size(), pos, 0, md.get(), nullptr);
     if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {  // e.g. JIT stack limit: retry interpreted
-      rc = pcre2_match(code_, subject, text.size(), pos, PCRE2_NO_JIT, md.get(), nullptr);
+      rc = pcre2_match(code, subject, text.size(), pos, PCRE2_NO_JIT, md.get(), nullptr);
     }
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(rc, msg, sizeof msg);
-      throw failure(errc::invalid_argument, std::string("tokenizer: GPT-2 regex failed: ") +
+      throw failure(errc::invalid_argument, std::string("tokenizer: pre-tokenizer regex failed: ") +
                                                 reinterpret_cast<const char*>(msg));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
     const size_t start = ov[0], end = ov[1];
-    if (end == start) {  // cannot happen with this pattern; never loop on an empty match
+    if (end == start) {  // none of the patterns matches empty; never loop on an empty match
       pos = start + 1;
       continue;
     }
@@ -140,7 +175,6 @@ std::vector<std::string_view> gpt2_splitter::split(std::string_view text) const 
     last = pos = end;
   }
   if (last < text.size()) pieces.push_back(text.substr(last));
-  return pieces;
 }
 
 // ---- encoding ----
@@ -166,7 +200,7 @@ void bpe_build(tokenizer_tables& t) {
     t.merges.emplace(pair_key(l->second, r->second),
                      merge_rule{static_cast<int32_t>(rank), res->second});
   }
-  t.splitter = std::make_unique<gpt2_splitter>();
+  t.splitter = std::make_unique<gpt2_splitter>(t.spec.pre);
 }
 
 namespace {

@@ -97,19 +97,23 @@ const std::string& byte_spelling(uint8_t b);
 // Maps a byte-level spelled token back to its bytes; characters outside the mapping are kept.
 std::string unspell_byte_level(std::string_view text);
 
-// The GPT-2 pre-tokenizer: splits text into pieces with the GPT-2 regex (PCRE2, UTF + UCP).
-// Invalid UTF-8 never matches the regex; each run of bytes between matches becomes a piece
-// of its own, so the pieces always concatenate back to the input.
+// A byte-level BPE pre-tokenizer: splits text into pieces with the regexes that
+// tokenizer.ggml.pre names (llama.cpp's table: GPT-2's, Llama 3's, Qwen 2's, SmolLM's), PCRE2
+// with UTF + UCP. Several regexes apply in turn, each to the pieces of the one before, as
+// llama.cpp does. Invalid UTF-8 never matches; each run of bytes between matches becomes a
+// piece of its own, so the pieces always concatenate back to the input. Throws
+// failure(unsupported) for a `pre` it does not know, naming the ones it does.
 class gpt2_splitter {
  public:
-  gpt2_splitter();
+  explicit gpt2_splitter(std::string_view pre = "gpt2");
   ~gpt2_splitter();
   gpt2_splitter(const gpt2_splitter&) = delete;
   gpt2_splitter& operator=(const gpt2_splitter&) = delete;
   std::vector<std::string_view> split(std::string_view text) const;
 
  private:
-  pcre2_code* code_ = nullptr;
+  void split_with(const pcre2_code* code, std::string_view text, std::vector<std::string_view>& out) const;
+  std::vector<pcre2_code*> codes_;
 };
 
 // A usable merge rule of a gpt2 vocab: the pair (left id, right id) merges into `result`.

@@ -17,6 +17,12 @@
 #include "runtime/gguf.h"
 #include "runtime/tokenizer.h"
 #include "runtime/vocab_gguf.h"
+#include "runtime/synth.h"
+#include "runtime/tokenizer_internal.h"
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
 
 namespace tandem {
 namespace {
@@ -673,4 +679,73 @@ TEST(VocabFromGguf, StoriesSpec) {
 }
 
 }  // namespace
+}  // namespace tandem
+
+namespace tandem {
+
+// tokenizer.ggml.pre chooses the pre-tokenizer as llama.cpp does: on the tiny synthetic vocab
+// (seed 1) with its pre key set to each name, every string of a tricky corpus (whitespace
+// runs, digits, contractions in any case, code, CJK, emoji, newlines) encodes to exactly the
+// ids llama-tokenize gives (tests/data/pretok, made by tools/scripts/make_pretok_fixtures.py).
+TEST(PreTokenizer, EveryPreEncodesTheCorpusAsLlamaCpp) {
+  std::ifstream in(std::string(TANDEM_TEST_DATA_DIR) + "/pretok/reference.json");
+  ASSERT_TRUE(in) << "missing test data: tests/data/pretok/reference.json";
+  const auto cases = nlohmann::json::parse(in);
+  const auto dir = std::filesystem::temp_directory_path() / "tandem-test-models";
+  std::filesystem::create_directories(dir);
+  const auto base = (dir / "pretok-tiny-seed1.gguf").string();
+  synthesize_model(find_synth_preset("tiny"), kernels::dtype::f32, base, 1);
+  std::map<std::string, std::unique_ptr<tokenizer>> toks;
+  auto f = gguf::file::open(base);
+  std::set<std::string> pres_seen;
+  for (const auto& c : cases) {
+    const std::string pre = c.at("pre");
+    if (!toks.count(pre)) {
+      gguf::writer w;
+      for (const auto& [k, v] : f.metadata()) w.set(k, v);
+      w.set_string("tokenizer.ggml.pre", pre);
+      const auto path = (dir / ("pretok-" + pre + ".gguf")).string();
+      w.write(path);
+      toks[pre] = std::make_unique<tokenizer>(vocab_from_gguf(gguf::file::open(path)));
+    }
+    pres_seen.insert(pre);
+    const std::string text = c.at("text");
+    EXPECT_EQ(toks[pre]->encode(text, false), c.at("ids").get<std::vector<token_id>>())
+        << "pre " << pre << ", text \"" << text << "\"";
+  }
+  EXPECT_EQ(pres_seen, (std::set<std::string>{"gpt-2", "llama-bpe", "qwen2", "smollm"}));
+  // The fixture tells the pre-tokenizers apart: with this vocab's merges, some strings encode
+  // differently under each pair of them (so a wrong choice of regex fails above). smollm
+  // differs from gpt-2 only in digits, which this vocab never merges: its splits are checked below.
+  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{{"gpt-2", "llama-bpe"}, {"llama-bpe", "qwen2"}}) {
+    int differ = 0;
+    for (const auto& c : cases)
+      if (c.at("pre") == a) {
+        const std::string text = c.at("text");
+        differ += toks[a]->encode(text, false) != toks[b]->encode(text, false);
+      }
+    EXPECT_GE(differ, 1) << a << " and " << b << " encode the whole corpus alike";
+  }
+  // And the splits themselves: llama-bpe groups digits by three, qwen2 and smollm take them one
+  // by one, gpt-2 keeps the run.
+  auto pieces = [](const char* pre, std::string_view text) { return detail::gpt2_splitter(pre).split(text).size(); };
+  EXPECT_EQ(pieces("llama-bpe", "1234567890"), 4u);
+  EXPECT_EQ(pieces("qwen2", "1234567890"), 10u);
+  EXPECT_EQ(pieces("smollm", "1234567890"), 10u);
+  EXPECT_EQ(pieces("gpt-2", "1234567890"), 1u);
+}
+
+TEST(PreTokenizer, AnUnknownPreIsRefusedByName) {
+  auto spec = make_byte_level_vocab(300);
+  spec.pre = "starcoder-9000";
+  try {
+    tokenizer t(spec);
+    FAIL() << "accepted";
+  } catch (const failure& e) {
+    EXPECT_EQ(e.code(), errc::unsupported);
+    EXPECT_NE(std::string(e.what()).find("starcoder-9000"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("llama-bpe"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace tandem
