@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # Development tool (needs ../shared/peers and python3-numpy; the tests only read its output):
 # llama-tokenize's ids for a corpus of tricky strings under each tokenizer.ggml.pre tandem
-# implements, on the tiny synthetic model (tandem model synth --preset tiny --dtype f32 --seed 1)
+# implements, on a synthetic model with 253 merges (tandem model synth --preset kquant --dtype f32 --seed 1)
 # with its pre key rewritten. Writes tests/data/pretok/reference.json.
 #   tools/scripts/make_pretok_fixtures.py BUILD_DIR LLAMA_BIN_DIR PEERS_GGUF_PY
 import json, os, subprocess, sys, tempfile
@@ -24,12 +24,16 @@ CORPUS = [
     "mixed123abc456 x2 3x",
     "\n\n\n",
     "a",
+    "The keeper climbed its 112 steps.\nShe had done it for 23 years.\n\nThen (the lamp) went out!\n",
+    "She found the old oil lantern; she filled it with her hands, and the light came back.\r\n",
+    "WHAT would YOU have DONE? It's better, isn't it? They'll wait, we'd go.",
+    "  \t  indented\n\tcode(x)\n    return 2025;\n",
 ]
 PRES = ["gpt-2", "llama-bpe", "qwen2", "smollm"]
 
 work = tempfile.mkdtemp()
 base = os.path.join(work, "tiny.gguf")
-subprocess.run([os.path.join(build, "tools/tandem"), "model", "synth", "--preset", "tiny", "--dtype", "f32",
+subprocess.run([os.path.join(build, "tools/tandem"), "model", "synth", "--preset", "kquant", "--dtype", "f32",
                 "--seed", "1", "--out", base], check=True, capture_output=True)
 src = gguf.GGUFReader(base)
 
