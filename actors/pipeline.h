@@ -95,6 +95,9 @@ struct generation_request {
   std::string prompt;                       // tokenized with BOS (when add_bos)...
   std::vector<token_id> prompt_tokens;      // ...unless tokens are given
   bool add_bos = true;
+  // Control tokens written in `prompt` (<|im_start|>, <|eot_id|>) are their tokens: set for
+  // prompts rendered from a chat template; raw completion prompts keep them as characters.
+  bool parse_special = false;
   int32_t max_tokens = 64;
   sampling_params sampling{.temperature = 0.0f};
   bool ignore_eos = false;

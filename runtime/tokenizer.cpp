@@ -156,6 +156,14 @@ tokenizer::tokenizer(vocab_spec spec) : impl_(std::make_unique<impl>()) {
 
   t.bytes.resize(n);
   for (size_t i = 0; i < n; ++i) t.bytes[i] = compute_bytes(t, i);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t ty = t.types[i];
+    if ((ty == type_control || ty == type_unknown || ty == type_user_defined) && !t.spec.tokens[i].empty())
+      t.specials.push_back(token_id(i));
+  }
+  std::stable_sort(t.specials.begin(), t.specials.end(), [&t](token_id a, token_id b) {
+    return t.spec.tokens[size_t(a)].size() > t.spec.tokens[size_t(b)].size();
+  });
 
   static constexpr std::array<std::string_view, 5> kEotTexts = {
       "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"};
@@ -173,15 +181,48 @@ tokenizer::~tokenizer() = default;
 tokenizer::tokenizer(tokenizer&&) noexcept = default;
 tokenizer& tokenizer::operator=(tokenizer&&) noexcept = default;
 
-std::vector<token_id> tokenizer::encode(std::string_view text, bool add_bos) const {
+std::vector<token_id> tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
   const impl& t = *impl_;
   std::vector<token_id> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos && t.spec.bos_id >= 0) out.push_back(t.spec.bos_id);
-  if (t.is_llama) {
-    spm_encode(t, text, out);
-  } else {
-    bpe_encode(t, text, out);
+  // Split out the special tokens written in the text, as llama.cpp's tokenizer_st_partition:
+  // each special, longest first, cuts every piece of plain text still left at its occurrences.
+  struct fragment {
+    token_id id;  // -1: plain text
+    std::string_view text;
+  };
+  std::vector<fragment> frags{{-1, text}}, next;
+  for (token_id sid : t.specials) {
+    if (!parse_special && t.types[size_t(sid)] != type_user_defined) continue;
+    const std::string& st = t.spec.tokens[size_t(sid)];
+    next.clear();
+    for (const fragment& f : frags) {
+      if (f.id >= 0 || f.text.find(st) == std::string_view::npos) {
+        next.push_back(f);
+        continue;
+      }
+      std::string_view rest = f.text;
+      for (size_t p; (p = rest.find(st)) != std::string_view::npos; rest.remove_prefix(p + st.size())) {
+        if (p > 0) next.push_back({-1, rest.substr(0, p)});
+        next.push_back({sid, {}});
+      }
+      if (!rest.empty()) next.push_back({-1, rest});
+    }
+    frags.swap(next);
+  }
+  bool after_special = true;  // spm: the space prefix goes at the start and after each special
+  for (const fragment& f : frags) {
+    if (f.id >= 0) {
+      out.push_back(f.id);
+      after_special = true;
+    } else if (t.is_llama) {
+      spm_encode(t, f.text, out, t.spec.add_space_prefix && after_special);
+      after_special = false;
+    } else {
+      bpe_encode(t, f.text, out);
+      after_special = false;
+    }
   }
   return out;
 }

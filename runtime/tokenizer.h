@@ -37,8 +37,11 @@ class tokenizer {
   tokenizer(tokenizer&&) noexcept;
   tokenizer& operator=(tokenizer&&) noexcept;
 
-  // Text -> ids. Prepends BOS when add_bos is true and the vocab defines one.
-  std::vector<token_id> encode(std::string_view text, bool add_bos) const;
+  // Text -> ids. Prepends BOS when add_bos is true and the vocab defines one. User-defined
+  // tokens written in the text are always their tokens; control tokens (<|im_start|>, <s>)
+  // only with parse_special (prompts rendered from a chat template), else plain characters —
+  // llama.cpp's rules (llama_tokenize's parse_special).
+  std::vector<token_id> encode(std::string_view text, bool add_bos, bool parse_special = false) const;
   // The raw bytes a token stands for (byte tokens give their byte, "▁" gives a space,
   // gpt2 byte-unicode is mapped back). Control tokens give "". May be part of a UTF-8 char.
   std::string token_bytes(token_id id) const;

@@ -137,14 +137,18 @@ struct tokenizer_tables {
   // gpt2 only
   std::unordered_map<uint64_t, merge_rule> merges;
   std::unique_ptr<gpt2_splitter> splitter;
+  // Tokens found by their text before the rest is tokenized (llama.cpp's special-token
+  // partition): user-defined ones always, control and unknown ones when asked. Longest first.
+  std::vector<token_id> specials;
 };
 
 // Construction steps specific to each model (tokenizer_spm.cpp, tokenizer_bpe.cpp): fill
 // byte_token (and for gpt2 merges and splitter). Run after types and text_to_id are set.
 void spm_build(tokenizer_tables& t);
 void bpe_build(tokenizer_tables& t);
-// Appends the ids of `text` (no BOS) to `out`.
-void spm_encode(const tokenizer_tables& t, std::string_view text, std::vector<token_id>& out);
+// Appends the ids of `text` (no BOS) to `out`; spm: `space_prefix` puts the add_space_prefix
+// space in front (llama.cpp: at the start of the text and after each special token).
+void spm_encode(const tokenizer_tables& t, std::string_view text, std::vector<token_id>& out, bool space_prefix);
 void bpe_encode(const tokenizer_tables& t, std::string_view text, std::vector<token_id>& out);
 
 }  // namespace tandem::detail

@@ -53,13 +53,13 @@ void spm_build(tokenizer_tables& t) {
   }
 }
 
-void spm_encode(const tokenizer_tables& t, std::string_view text, std::vector<token_id>& out) {
+void spm_encode(const tokenizer_tables& t, std::string_view text, std::vector<token_id>& out, bool space_prefix) {
   if (text.empty()) return;
 
   // Escape: optional leading space, then every ' ' becomes U+2581.
   std::string s;
   s.reserve(text.size() + 8);
-  if (t.spec.add_space_prefix) s += "\xE2\x96\x81";
+  if (space_prefix) s += "\xE2\x96\x81";
   for (char c : text) {
     if (c == ' ') {
       s += "\xE2\x96\x81";

@@ -735,6 +735,38 @@ TEST(PreTokenizer, EveryPreEncodesTheCorpusAsLlamaCpp) {
   EXPECT_EQ(pieces("gpt-2", "1234567890"), 1u);
 }
 
+// Control tokens written in text, as llama-tokenize has them (tests/data/pretok/special.json):
+// with parse_special they are their tokens (and an SPM vocab puts its space prefix after
+// each), without it plain characters.
+TEST(SpecialTokens, ParsedInTextOnlyWhenAskedAsLlamaCpp) {
+  std::ifstream in(std::string(TANDEM_TEST_DATA_DIR) + "/pretok/special.json");
+  ASSERT_TRUE(in) << "missing test data: tests/data/pretok/special.json";
+  const auto cases = nlohmann::json::parse(in);
+  const auto dir = std::filesystem::temp_directory_path() / "tandem-test-models";
+  std::filesystem::create_directories(dir);
+  const auto base = (dir / "pretok-kquant-seed1.gguf").string();
+  synthesize_model(find_synth_preset("kquant"), kernels::dtype::f32, base, 1);
+  gguf::writer w;
+  const auto src = gguf::file::open(base);
+  for (const auto& [k, v] : src.metadata()) w.set(k, v);
+  w.set_string("tokenizer.ggml.pre", "llama-bpe");
+  const auto bpe_path = (dir / "special-llama-bpe.gguf").string();
+  w.write(bpe_path);
+  const tokenizer spm(vocab_from_gguf(gguf::file::open(std::string(TANDEM_TEST_DATA_DIR) + "/stories260K.gguf")));
+  const tokenizer bpe(vocab_from_gguf(gguf::file::open(bpe_path)));
+  int parsed = 0;
+  for (const auto& c : cases) {
+    const std::string text = c.at("text");
+    const bool parse = c.at("parse_special");
+    const tokenizer& t = c.at("model") == "stories260K" ? spm : bpe;
+    const auto want = c.at("ids").get<std::vector<token_id>>();
+    EXPECT_EQ(t.encode(text, false, parse), want) << c.at("model") << " parse_special=" << parse << " \"" << text << "\"";
+    parsed += parse && std::find(want.begin(), want.end(), t.bos()) != want.end();
+  }
+  EXPECT_GE(parsed, 6) << "the fixture has <s> parsed as BOS";
+  EXPECT_EQ(cases.size(), 24u);
+}
+
 TEST(PreTokenizer, AnUnknownPreIsRefusedByName) {
   auto spec = make_byte_level_vocab(300);
   spec.pre = "starcoder-9000";

@@ -71,6 +71,23 @@ for pre in PRES:
                             "--no-escape", "--no-parse-special", "--log-disable"], check=True, capture_output=True, text=True)
         ids = json.loads(r.stdout.strip().splitlines()[-1])
         out.append({"pre": pre, "text": text, "ids": ids})
+# Control tokens written in text: parsed (llama-tokenize's default) and not (--no-parse-special),
+# on an SPM vocab (stories260K: add_space_prefix) and a BPE one (the llama-bpe variant above).
+SPECIAL = ["<s>Once upon a time</s> there", "Hello <s> world", "</s></s>x", "<unk> and <s>", "a<s>b</s>c", "  <s>  "]
+special = []
+for name, path in [("stories260K", "tests/data/stories260K.gguf"), ("kquant-llama-bpe", os.path.join(work, "tiny-llama-bpe.gguf"))]:
+    for text in SPECIAL:
+        for parse in (True, False):
+            tf = os.path.join(work, "text.txt")
+            with open(tf, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            args = [os.path.join(llama_bin, "llama-tokenize"), "-m", path, "-f", tf, "--ids", "--no-bos", "--no-escape",
+                    "--log-disable"] + ([] if parse else ["--no-parse-special"])
+            r = subprocess.run(args, check=True, capture_output=True, text=True)
+            special.append({"model": name, "parse_special": parse, "text": text,
+                            "ids": json.loads(r.stdout.strip().splitlines()[-1])})
+with open("tests/data/pretok/special.json", "w", encoding="utf-8") as fh:
+    fh.write("[\n" + ",\n".join(json.dumps(c, ensure_ascii=False) for c in special) + "\n]\n")
 with open("tests/data/pretok/reference.json", "w", encoding="utf-8") as fh:  # one case per line
     fh.write("[\n" + ",\n".join(json.dumps(c, ensure_ascii=False) for c in out) + "\n]\n")
 print("wrote %d cases" % len(out))
