@@ -141,7 +141,8 @@ void pack_q40_panel(const weight_view& w, int64_t j0, uint8_t* dst) {
   }
 }
 
-// q5_k: the q4_k planes from its qs/scales (the layouts of the two blocks agree up to qh), then qh.
+// q4_k and q5_k: the nibble planes, scales and mins from qs/scales (the two blocks agree up to
+// qh), then for q5_k the qh plane.
 template <class Block>
 void pack_k4_planes(const weight_view& w, int64_t j0, uint8_t* dst, int64_t block_bytes) {
   const int64_t nb = w.cols / qk_k;
@@ -170,29 +171,6 @@ void pack_k4_planes(const weight_view& w, int64_t j0, uint8_t* dst, int64_t bloc
   }
 }
 
-void pack_q4k_panel(const weight_view& w, int64_t j0, uint8_t* dst) {
-  const int64_t nb = w.cols / qk_k;
-  for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* blk = dst + b * q4k_block_bytes;
-    auto* d = reinterpret_cast<uint16_t*>(blk + q4k_d_offset);
-    auto* dmin = reinterpret_cast<uint16_t*>(blk + q4k_dmin_offset);
-    for (int64_t c = 0; c < PR; ++c) {
-      const block_q4_k* src = j0 + c < w.rows ? reinterpret_cast<const block_q4_k*>(row_ptr(w, j0 + c)) + b : nullptr;
-      d[c] = src ? src->d : 0;
-      dmin[c] = src ? src->dmin : 0;
-      for (int j = 0; j < 8; ++j) {
-        uint8_t sc = 0, m = 0;
-        if (src) k4_scale_min(j, src->scales, sc, m);
-        blk[q4k_sc_offset + j * PR + c] = sc;
-        blk[q4k_mn_offset + j * PR + c] = m;
-      }
-      for (int g = 0; g < 4; ++g)
-        for (int e = 0; e < 8; ++e)
-          for (int l = 0; l < 4; ++l)
-            blk[((g * 8 + e) * PR + c) * 4 + l] = src ? src->qs[32 * g + 4 * e + l] : 0;
-    }
-  }
-}
 
 void pack_q6k_panel(const weight_view& w, int64_t j0, uint8_t* dst) {
   const int64_t nb = w.cols / qk_k;
@@ -653,7 +631,7 @@ void pack_panels(const weight_view& w, void* dst) {
       case dtype::f32: pack_f32_panel(w, p * PR, reinterpret_cast<float*>(out + p * pb)); break;
       case dtype::bf16: pack_bf16_panel(w, p * PR, reinterpret_cast<uint16_t*>(out + p * pb)); break;
       case dtype::q8_0: pack_q8_panel(w, p * PR, out + p * pb); break;
-      case dtype::q4_k: pack_q4k_panel(w, p * PR, out + p * pb); break;
+      case dtype::q4_k: pack_k4_planes<block_q4_k>(w, p * PR, out + p * pb, q4k_block_bytes); break;
       case dtype::q6_k: pack_q6k_panel(w, p * PR, out + p * pb); break;
       case dtype::q5_k: pack_k4_planes<block_q5_k>(w, p * PR, out + p * pb, q5k_block_bytes); break;
       case dtype::q4_0: pack_q40_panel(w, p * PR, out + p * pb); break;
