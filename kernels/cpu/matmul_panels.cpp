@@ -458,50 +458,37 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
     const int64_t j0 = pj * PR;
     __mmask16 mask[4];
     panel_masks(w, j0, mask);
-    if constexpr (T == dtype::q6_k) {
-      const int64_t nsb = k / qk_k;
-      for (int64_t s0 = 0; s0 < nsb; s0 += KB_Q6K) {
-        const int64_t ns = std::min(KB_Q6K, nsb - s0);
-        for (int64_t i = i0; i < i1; i += MR_Q6K) {
+    // The 4-6 bit kernels: blocks of the panel in passes of KB, x rows in chunks of MR, each
+    // 16-row quarter of the panel on its own (kern(R, first x row, first block, blocks, quarter)).
+    auto quarters = [&](auto mr, int64_t nblocks, int64_t kb, int64_t block_bytes, auto&& kern) {
+      constexpr int MR = decltype(mr)::value;
+      for (int64_t b0 = 0; b0 < nblocks; b0 += kb) {
+        const int64_t nbk = std::min(kb, nblocks - b0);
+        for (int64_t i = i0; i < i1; i += MR) {
           float* yp = y + i * n + j0;
-          with_const<MR_Q6K>(int(std::min<int64_t>(MR_Q6K, i1 - i)), [&](auto rows) {
-            constexpr int R = decltype(rows)::value;
+          with_const<MR>(int(std::min<int64_t>(MR, i1 - i)), [&](auto rows) {
             for (int v = 0; v < 4; ++v)
-              if (mask[v])
-                kernel_q6k<R>(*xq, i, s0, panel + s0 * q6k_block_bytes, ns, v, yp + 16 * v, n, mask[v], s0 > 0);
+              if (mask[v]) kern(rows, i, b0, panel + b0 * block_bytes, nbk, v, yp + 16 * v, b0 > 0);
           });
         }
       }
+    };
+    if constexpr (T == dtype::q6_k) {
+      quarters(std::integral_constant<int, MR_Q6K>{}, k / qk_k, KB_Q6K, q6k_block_bytes,
+               [&](auto rows, int64_t i, int64_t b0, const uint8_t* p, int64_t nbk, int v, float* yp, bool acc) {
+                 kernel_q6k<decltype(rows)::value>(*xq, i, b0, p, nbk, v, yp, n, mask[v], acc);
+               });
     } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {
       constexpr bool q5 = T == dtype::q5_k;
-      constexpr int64_t bb = q5 ? q5k_block_bytes : q4k_block_bytes;
-      const int64_t nsb = k / qk_k;
-      for (int64_t s0 = 0; s0 < nsb; s0 += KB_Q4K) {
-        const int64_t ns = std::min(KB_Q4K, nsb - s0);
-        for (int64_t i = i0; i < i1; i += MR_Q4K) {
-          float* yp = y + i * n + j0;
-          with_const<MR_Q4K>(int(std::min<int64_t>(MR_Q4K, i1 - i)), [&](auto rows) {
-            constexpr int R = decltype(rows)::value;
-            for (int v = 0; v < 4; ++v)
-              if (mask[v])
-                kernel_q4k<R, q5>(*xq, i, s0, panel + s0 * bb, ns, v, yp + 16 * v, n, mask[v], s0 > 0);
-          });
-        }
-      }
+      quarters(std::integral_constant<int, MR_Q4K>{}, k / qk_k, KB_Q4K, q5 ? q5k_block_bytes : q4k_block_bytes,
+               [&](auto rows, int64_t i, int64_t b0, const uint8_t* p, int64_t nbk, int v, float* yp, bool acc) {
+                 kernel_q4k<decltype(rows)::value, q5>(*xq, i, b0, p, nbk, v, yp, n, mask[v], acc);
+               });
     } else if constexpr (T == dtype::q4_0) {
-      const int64_t nb = k / q4_0_block;
-      for (int64_t b0 = 0; b0 < nb; b0 += KB_Q8) {
-        const int64_t nbk = std::min(KB_Q8, nb - b0);
-        for (int64_t i = i0; i < i1; i += MR_Q4K) {
-          float* yp = y + i * n + j0;
-          with_const<MR_Q4K>(int(std::min<int64_t>(MR_Q4K, i1 - i)), [&](auto rows) {
-            constexpr int R = decltype(rows)::value;
-            for (int v = 0; v < 4; ++v)
-              if (mask[v])
-                kernel_q40<R>(*xq, i, b0, panel + b0 * q40_block_bytes, nbk, v, yp + 16 * v, n, mask[v], b0 > 0);
-          });
-        }
-      }
+      quarters(std::integral_constant<int, MR_Q4K>{}, k / q4_0_block, KB_Q8, q40_block_bytes,
+               [&](auto rows, int64_t i, int64_t b0, const uint8_t* p, int64_t nbk, int v, float* yp, bool acc) {
+                 kernel_q40<decltype(rows)::value>(*xq, i, b0, p, nbk, v, yp, n, mask[v], acc);
+               });
     } else if constexpr (T == dtype::q8_0) {
       const int64_t nb = k / q8_0_block;
       for (int64_t b0 = 0; b0 < nb; b0 += KB_Q8) {
