@@ -98,6 +98,25 @@ uint16_t f32_to_f16(float f) {
   return sign | uint16_t(h);
 }
 
+namespace {
+// One Q4_K or Q5_K super-block (ggml's order of float operations): 4-bit q from qs, plus the
+// fifth bit from qh for Q5_K (qh null for Q4_K, whose values are then q + 0). Advances dst.
+void dequantize_k4(uint16_t dh, uint16_t dminh, const uint8_t* scales, const uint8_t* ql, const uint8_t* qh,
+                   float*& dst) {
+  const float d = f16_to_f32(dh), dmin = f16_to_f32(dminh);
+  uint8_t u1 = 1, u2 = 2;
+  for (int j = 0; j < qk_k; j += 64, ql += 32, u1 <<= 2, u2 <<= 2) {
+    uint8_t sc, m;
+    k4_scale_min(j / 32, scales, sc, m);
+    const float d1 = d * float(sc), m1 = dmin * float(m);
+    k4_scale_min(j / 32 + 1, scales, sc, m);
+    const float d2 = d * float(sc), m2 = dmin * float(m);
+    for (int l = 0; l < 32; ++l) *dst++ = d1 * float((ql[l] & 0xF) + (qh && (qh[l] & u1) ? 16 : 0)) - m1;
+    for (int l = 0; l < 32; ++l) *dst++ = d2 * float((ql[l] >> 4) + (qh && (qh[l] & u2) ? 16 : 0)) - m2;
+  }
+}
+}  // namespace
+
 void dequantize_row(dtype t, const void* src, float* dst, int64_t n) {
   switch (t) {
     case dtype::f32:
@@ -136,38 +155,12 @@ void dequantize_row(dtype t, const void* src, float* dst, int64_t n) {
     }
     case dtype::q4_k: {
       auto b = static_cast<const block_q4_k*>(src);
-      for (int64_t i = 0; i < n / qk_k; ++i) {
-        const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
-        const uint8_t* q = b[i].qs;
-        for (int j = 0; j < qk_k; j += 64, q += 32) {
-          uint8_t sc, m;
-          k4_scale_min(j / 32, b[i].scales, sc, m);
-          const float d1 = d * float(sc), m1 = dmin * float(m);
-          k4_scale_min(j / 32 + 1, b[i].scales, sc, m);
-          const float d2 = d * float(sc), m2 = dmin * float(m);
-          for (int l = 0; l < 32; ++l) *dst++ = d1 * float(q[l] & 0xF) - m1;
-          for (int l = 0; l < 32; ++l) *dst++ = d2 * float(q[l] >> 4) - m2;
-        }
-      }
+      for (int64_t i = 0; i < n / qk_k; ++i) dequantize_k4(b[i].d, b[i].dmin, b[i].scales, b[i].qs, nullptr, dst);
       return;
     }
     case dtype::q5_k: {
       auto b = static_cast<const block_q5_k*>(src);
-      for (int64_t i = 0; i < n / qk_k; ++i) {
-        const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
-        const uint8_t* ql = b[i].qs;
-        const uint8_t* qh = b[i].qh;
-        uint8_t u1 = 1, u2 = 2;
-        for (int j = 0; j < qk_k; j += 64, ql += 32, u1 <<= 2, u2 <<= 2) {
-          uint8_t sc, m;
-          k4_scale_min(j / 32, b[i].scales, sc, m);
-          const float d1 = d * float(sc), m1 = dmin * float(m);
-          k4_scale_min(j / 32 + 1, b[i].scales, sc, m);
-          const float d2 = d * float(sc), m2 = dmin * float(m);
-          for (int l = 0; l < 32; ++l) *dst++ = d1 * float((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
-          for (int l = 0; l < 32; ++l) *dst++ = d2 * float((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
-        }
-      }
+      for (int64_t i = 0; i < n / qk_k; ++i) dequantize_k4(b[i].d, b[i].dmin, b[i].scales, b[i].qs, b[i].qh, dst);
       return;
     }
     case dtype::q6_k: {
@@ -259,39 +252,32 @@ void k_codes(const k_fit& f, const float* x, int j, int qmax, int* q) {
   for (int l = 0; l < 32; ++l) q[l] = s > 0 ? clamp_round((x[32 * j + l] + m) / s, 0, qmax) : 0;
 }
 
-void quantize_q4_k(const float* x, block_q4_k* b, int64_t n) {
-  for (int64_t i = 0; i < n / qk_k; ++i, x += qk_k) {
-    const k_fit f = fit_k(x, 15);
-    b[i].d = f32_to_f16(f.d);
-    b[i].dmin = f32_to_f16(f.dmin);
-    pack_k4_scales(f, b[i].scales);
-    for (int g = 0; g < 4; ++g) {
-      int lo[32], hi[32];
-      k_codes(f, x, 2 * g, 15, lo);
-      k_codes(f, x, 2 * g + 1, 15, hi);
-      for (int l = 0; l < 32; ++l) b[i].qs[32 * g + l] = uint8_t(lo[l] | (hi[l] << 4));
+// One Q4_K (qh null, q in 0..15) or Q5_K (q in 0..31, fifth bits in qh) super-block.
+void quantize_k4(const float* x, uint16_t& d, uint16_t& dmin, uint8_t* scales, uint8_t* qs, uint8_t* qh) {
+  const int qmax = qh ? 31 : 15;
+  const k_fit f = fit_k(x, qmax);
+  d = f32_to_f16(f.d);
+  dmin = f32_to_f16(f.dmin);
+  pack_k4_scales(f, scales);
+  if (qh) std::memset(qh, 0, qk_k / 8);
+  for (int g = 0; g < 4; ++g) {
+    int lo[32], hi[32];
+    k_codes(f, x, 2 * g, qmax, lo);
+    k_codes(f, x, 2 * g + 1, qmax, hi);
+    for (int l = 0; l < 32; ++l) {
+      qs[32 * g + l] = uint8_t((lo[l] & 0xF) | ((hi[l] & 0xF) << 4));
+      if (qh && (lo[l] & 16)) qh[l] |= uint8_t(1 << (2 * g));
+      if (qh && (hi[l] & 16)) qh[l] |= uint8_t(2 << (2 * g));
     }
   }
 }
 
+void quantize_q4_k(const float* x, block_q4_k* b, int64_t n) {
+  for (int64_t i = 0; i < n / qk_k; ++i, x += qk_k) quantize_k4(x, b[i].d, b[i].dmin, b[i].scales, b[i].qs, nullptr);
+}
+
 void quantize_q5_k(const float* x, block_q5_k* b, int64_t n) {
-  for (int64_t i = 0; i < n / qk_k; ++i, x += qk_k) {
-    const k_fit f = fit_k(x, 31);
-    b[i].d = f32_to_f16(f.d);
-    b[i].dmin = f32_to_f16(f.dmin);
-    pack_k4_scales(f, b[i].scales);
-    std::memset(b[i].qh, 0, sizeof b[i].qh);
-    for (int g = 0; g < 4; ++g) {
-      int lo[32], hi[32];
-      k_codes(f, x, 2 * g, 31, lo);
-      k_codes(f, x, 2 * g + 1, 31, hi);
-      for (int l = 0; l < 32; ++l) {
-        b[i].qs[32 * g + l] = uint8_t((lo[l] & 0xF) | ((hi[l] & 0xF) << 4));
-        if (lo[l] & 16) b[i].qh[l] |= uint8_t(1 << (2 * g));
-        if (hi[l] & 16) b[i].qh[l] |= uint8_t(2 << (2 * g));
-      }
-    }
-  }
+  for (int64_t i = 0; i < n / qk_k; ++i, x += qk_k) quantize_k4(x, b[i].d, b[i].dmin, b[i].scales, b[i].qs, b[i].qh);
 }
 
 void quantize_q6_k(const float* x, block_q6_k* b, int64_t n) {
