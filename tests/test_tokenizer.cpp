@@ -683,6 +683,24 @@ TEST(VocabFromGguf, StoriesSpec) {
 
 namespace tandem {
 
+namespace {
+// The kquant synthetic vocabulary (seed 1: 253 merges of English prose) with its
+// tokenizer.ggml.pre set to `pre`: the vocab both llama.cpp fixtures below were made on.
+tokenizer kquant_vocab_with_pre(const std::string& pre) {
+  const auto dir = std::filesystem::temp_directory_path() / "tandem-test-models";
+  std::filesystem::create_directories(dir);
+  const auto base = (dir / "pretok-kquant-seed1.gguf").string();
+  synthesize_model(find_synth_preset("kquant"), kernels::dtype::f32, base, 1);  // fresh: the fixture is this synth's
+  const auto src = gguf::file::open(base);
+  gguf::writer w;
+  for (const auto& [k, v] : src.metadata()) w.set(k, v);
+  w.set_string("tokenizer.ggml.pre", pre);
+  const auto path = (dir / ("pretok-" + pre + ".gguf")).string();
+  w.write(path);
+  return tokenizer(vocab_from_gguf(gguf::file::open(path)));
+}
+}  // namespace
+
 // tokenizer.ggml.pre chooses the pre-tokenizer as llama.cpp does: on the kquant synthetic vocab
 // (seed 1: 253 merges of English prose) with its pre key set to each name, every string of a tricky corpus (whitespace
 // runs, digits, contractions in any case, code, CJK, emoji, newlines) encodes to exactly the
@@ -691,23 +709,11 @@ TEST(PreTokenizer, EveryPreEncodesTheCorpusAsLlamaCpp) {
   std::ifstream in(std::string(TANDEM_TEST_DATA_DIR) + "/pretok/reference.json");
   ASSERT_TRUE(in) << "missing test data: tests/data/pretok/reference.json";
   const auto cases = nlohmann::json::parse(in);
-  const auto dir = std::filesystem::temp_directory_path() / "tandem-test-models";
-  std::filesystem::create_directories(dir);
-  const auto base = (dir / "pretok-kquant-seed1.gguf").string();
-  synthesize_model(find_synth_preset("kquant"), kernels::dtype::f32, base, 1);
   std::map<std::string, std::unique_ptr<tokenizer>> toks;
-  auto f = gguf::file::open(base);
   std::set<std::string> pres_seen;
   for (const auto& c : cases) {
     const std::string pre = c.at("pre");
-    if (!toks.count(pre)) {
-      gguf::writer w;
-      for (const auto& [k, v] : f.metadata()) w.set(k, v);
-      w.set_string("tokenizer.ggml.pre", pre);
-      const auto path = (dir / ("pretok-" + pre + ".gguf")).string();
-      w.write(path);
-      toks[pre] = std::make_unique<tokenizer>(vocab_from_gguf(gguf::file::open(path)));
-    }
+    if (!toks.count(pre)) toks[pre] = std::make_unique<tokenizer>(kquant_vocab_with_pre(pre));
     pres_seen.insert(pre);
     const std::string text = c.at("text");
     EXPECT_EQ(toks[pre]->encode(text, false), c.at("ids").get<std::vector<token_id>>())
@@ -742,18 +748,8 @@ TEST(SpecialTokens, ParsedInTextOnlyWhenAskedAsLlamaCpp) {
   std::ifstream in(std::string(TANDEM_TEST_DATA_DIR) + "/pretok/special.json");
   ASSERT_TRUE(in) << "missing test data: tests/data/pretok/special.json";
   const auto cases = nlohmann::json::parse(in);
-  const auto dir = std::filesystem::temp_directory_path() / "tandem-test-models";
-  std::filesystem::create_directories(dir);
-  const auto base = (dir / "pretok-kquant-seed1.gguf").string();
-  synthesize_model(find_synth_preset("kquant"), kernels::dtype::f32, base, 1);
-  gguf::writer w;
-  const auto src = gguf::file::open(base);
-  for (const auto& [k, v] : src.metadata()) w.set(k, v);
-  w.set_string("tokenizer.ggml.pre", "llama-bpe");
-  const auto bpe_path = (dir / "special-llama-bpe.gguf").string();
-  w.write(bpe_path);
   const tokenizer spm(vocab_from_gguf(gguf::file::open(std::string(TANDEM_TEST_DATA_DIR) + "/stories260K.gguf")));
-  const tokenizer bpe(vocab_from_gguf(gguf::file::open(bpe_path)));
+  const tokenizer bpe = kquant_vocab_with_pre("llama-bpe");
   int parsed = 0;
   for (const auto& c : cases) {
     const std::string text = c.at("text");
