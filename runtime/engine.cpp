@@ -15,7 +15,8 @@ namespace cpu = kernels::cpu;
 // Activations for one forward pass, grown on demand and reused across calls.
 struct engine::scratch {
   std::vector<float> x, xn, q, k, v, attn, proj, gate, up;  // [T, width] each
-  std::vector<float> rope_cs;                               // [T, head_dim / 2, 2]
+  // [T, head_dim / 2, 2] for each distinct (RoPE base, scale) of the layers (Gemma 3: two)
+  std::vector<std::vector<float>> rope_cs;
   std::vector<std::vector<const void*>> kptr, vptr;         // per thread: block pointers
   std::vector<engine::attn_task> attn_tasks;                // this forward's attention work
   // Decode: several matmuls on one x as one job of row slices, each run by one participant
@@ -271,6 +272,7 @@ status engine::forward(std::span<const batch_entry> batch, std::vector<float>& l
       cpu::rms_norm(s.x.data() + int64_t(rows[i]) * c.dim, model_->output_norm().data(),
                     s.xn.data() + int64_t(i) * c.dim, 1, c.dim, c.rms_eps);
     cpu::matmul(model_->output(), s.xn.data(), int64_t(rows.size()), logits.data(), pool_threads_, opts_.matmul);
+    if (c.final_logit_softcap > 0) cpu::softcap(logits.data(), int64_t(logits.size()), c.final_logit_softcap);
   }
   return {};
 }
@@ -291,9 +293,24 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   grow(s.proj, T * c.dim);
   grow(s.gate, T * c.ffn_dim);
   grow(s.up, T * c.ffn_dim);
-  grow(s.rope_cs, T * c.head_dim);
-  cpu::rope_table(pos.data(), T, c.head_dim, c.rope_freq_base, s.rope_cs.data(), c.rope_freq_scale,
-                  c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+  // One angle table per distinct (base, scale) among the layers, computed once per forward.
+  std::vector<std::pair<float, float>> rope_kinds;
+  std::vector<size_t> layer_rope(size_t(c.n_layer));
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    const layer_weights& w = model_->layers()[size_t(l)];
+    const std::pair<float, float> k{w.rope_freq_base, w.rope_freq_scale};
+    auto it = std::find(rope_kinds.begin(), rope_kinds.end(), k);
+    layer_rope[size_t(l)] = size_t(it - rope_kinds.begin());
+    if (it == rope_kinds.end()) rope_kinds.push_back(k);
+  }
+  if (s.rope_cs.size() < rope_kinds.size()) s.rope_cs.resize(rope_kinds.size());
+  for (size_t i = 0; i < rope_kinds.size(); ++i) {
+    grow(s.rope_cs[i], T * c.head_dim);
+    cpu::rope_table(pos.data(), T, c.head_dim, rope_kinds[i].first, s.rope_cs[i].data(), rope_kinds[i].second,
+                    c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+  }
+  const architecture_traits& arch = traits(c.arch);
+  const auto rope_apply = arch.rope == rope_style::neox ? &cpu::rope_apply_neox : &cpu::rope_apply;
 
   // Row-wise elementwise work: split over the pool when the batch is big enough to pay for a
   // dispatch (prefill), inline otherwise (decode).
@@ -340,6 +357,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   for (int64_t t = 0; t < T; ++t)
     kernels::dequantize_row(emb.type, static_cast<const uint8_t*>(emb.data) + batch[size_t(t)].token * emb_row,
                             s.x.data() + t * c.dim, c.dim);
+  if (c.embedding_scale != 1.0f) cpu::scale_inplace(s.x.data(), T * c.dim, c.embedding_scale);
 
   // Attention work, the same for every layer: runs of consecutive entries of one sequence
   // (consecutive positions), cut into tiles, times KV heads; the longest contexts first.
@@ -356,14 +374,24 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   std::stable_sort(s.attn_tasks.begin(), s.attn_tasks.end(),
                    [](const attn_task& a, const attn_task& b) { return a.last_pos > b.last_pos; });
 
-  const float scale = 1.0f / std::sqrt(float(c.head_dim));
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const layer_weights& w = model_->layers()[size_t(l)];
     rms_norm(w.attn_norm);
     // q: [T, n_head, head_dim], k and v: [T, n_kv_head, head_dim]
     matmuls(s.xn.data(), {{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}});
-    cpu::rope_apply(s.q.data(), s.rope_cs.data(), T, c.n_head, c.head_dim);
-    cpu::rope_apply(s.k.data(), s.rope_cs.data(), T, c.n_kv_head, c.head_dim);
+    if (!w.bq.empty()) {
+      cpu::add_rows(s.q.data(), w.bq.data(), T, q_dim);
+      cpu::add_rows(s.k.data(), w.bk.data(), T, kv_dim);
+      cpu::add_rows(s.v.data(), w.bv.data(), T, kv_dim);
+    }
+    if (!w.q_norm.empty()) {  // each head normalised on its own: rows of head_dim
+      cpu::rms_norm(s.q.data(), w.q_norm.data(), s.q.data(), T * c.n_head, c.head_dim, c.rms_eps);
+      cpu::rms_norm(s.k.data(), w.k_norm.data(), s.k.data(), T * c.n_kv_head, c.head_dim, c.rms_eps);
+    }
+    const float* cs = s.rope_cs[layer_rope[size_t(l)]].data();
+    rope_apply(s.q.data(), cs, T, c.n_head, c.head_dim);
+    rope_apply(s.k.data(), cs, T, c.n_kv_head, c.head_dim);
+    const int32_t window = w.sliding ? c.sliding_window : 0;
 
     // Every entry's K/V goes into the cache first (in the cache's dtype): later entries of the
     // batch attend to it.
@@ -401,20 +429,32 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
       }
       const int64_t q_off = int64_t(task.first) * q_dim + int64_t(task.kv_head) * n_rep * c.head_dim;
       cpu::attention_causal(s.q.data() + q_off, q_dim, task.n_tok, n_rep, pos0, kp.data(), vp.data(), kvt, bs,
-                            c.head_dim, scale, s.attn.data() + q_off, q_dim);
+                            c.head_dim, c.attn_scale, s.attn.data() + q_off, q_dim, window);
     });
 
+    // Gemma's post-norms normalise a block's output before it joins the residual.
+    auto add_residual = [&](const std::vector<float>& post_norm) {
+      if (!post_norm.empty())
+        rows_parallel(c.dim, [&](int64_t r0, int64_t r1) {
+          cpu::rms_norm(s.proj.data() + r0 * c.dim, post_norm.data(), s.proj.data() + r0 * c.dim, r1 - r0, c.dim,
+                        c.rms_eps);
+        });
+      cpu::add_inplace(s.x.data(), s.proj.data(), T * c.dim);
+    };
     cpu::matmul(w.wo, s.attn.data(), T, s.proj.data(), pool_threads_, opts_.matmul);
-    cpu::add_inplace(s.x.data(), s.proj.data(), T * c.dim);
+    add_residual(w.attn_post_norm);
 
     rms_norm(w.ffn_norm);
     matmuls(s.xn.data(), {{&w.w_gate, s.gate.data()}, {&w.w_up, s.up.data()}});  // [T, ffn_dim] each
     rows_parallel(c.ffn_dim, [&](int64_t r0, int64_t r1) {
-      const int64_t o = r0 * c.ffn_dim;
-      cpu::silu_mul_fast(s.gate.data() + o, s.up.data() + o, s.gate.data() + o, (r1 - r0) * c.ffn_dim);
+      const int64_t o = r0 * c.ffn_dim, n = (r1 - r0) * c.ffn_dim;
+      switch (arch.activation) {
+        case ffn_activation::silu: cpu::silu_mul_fast(s.gate.data() + o, s.up.data() + o, s.gate.data() + o, n); break;
+        case ffn_activation::gelu_tanh: cpu::gelu_mul(s.gate.data() + o, s.up.data() + o, s.gate.data() + o, n); break;
+      }
     });
     cpu::matmul(w.w_down, s.gate.data(), T, s.proj.data(), pool_threads_, opts_.matmul);
-    cpu::add_inplace(s.x.data(), s.proj.data(), T * c.dim);
+    add_residual(w.ffn_post_norm);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <filesystem>
+#include <set>
 
 #include "runtime/errors.h"
 #include "runtime/vocab_gguf.h"
@@ -32,6 +33,11 @@ kernels::weight_view matrix(const gguf::file& f, const std::string& name, int64_
   return {t.type, t.data, rows, cols};
 }
 
+// Rows [r0, r1) of a matrix as stored (before packing): its rows are contiguous in any type.
+kernels::weight_view rows_of(const kernels::weight_view& w, int64_t r0, int64_t r1) {
+  return {w.type, static_cast<const uint8_t*>(w.data) + r0 * kernels::row_bytes(w.type, w.cols), r1 - r0, w.cols};
+}
+
 // Norm weights are small: keep them as f32 whatever their stored type.
 std::vector<float> vector_f32(const gguf::file& f, const std::string& name, int64_t n) {
   const auto& t = need_tensor(f, name);
@@ -58,47 +64,80 @@ std::shared_ptr<const model> model::load(const std::string& path) {
   m->file_ = std::make_unique<gguf::file>(gguf::file::open(path));
   const gguf::file& f = *m->file_;
   try {
-    const std::string arch = f.get_string("general.architecture");
-    if (arch != "llama")
-      throw failure(errc::unsupported, "architecture '" + arch + "' is not supported (llama)");
+    const std::string arch_name = f.get_string("general.architecture");
+    const auto arch = find_architecture(arch_name);
+    if (!arch)
+      throw failure(errc::unsupported, "architecture '" + arch_name + "' is not supported (" +
+                                           std::string(architecture_names()) + ")");
+    const architecture_traits& at = traits(*arch);
+    // Every hyperparameter key is `{arch}.name`, as llama.cpp's LLM_KV names them.
+    const std::string K = arch_name + ".";
+    auto need_uint = [&](const std::string& key) { return positive(f, K + key, f.get_uint(K + key)); };
     llama_config& c = m->cfg_;
+    c.arch = *arch;
     c.name = f.get_string("general.name", std::filesystem::path(path).stem().string());
-    c.dim = positive(f, "llama.embedding_length", f.get_uint("llama.embedding_length"));
-    c.n_layer = positive(f, "llama.block_count", f.get_uint("llama.block_count"));
-    c.n_head = positive(f, "llama.attention.head_count", f.get_uint("llama.attention.head_count"));
-    c.n_kv_head = positive(f, "llama.attention.head_count_kv",
-                           f.get_uint("llama.attention.head_count_kv", uint64_t(c.n_head)));
-    c.ffn_dim = positive(f, "llama.feed_forward_length", f.get_uint("llama.feed_forward_length"));
-    c.n_ctx = positive(f, "llama.context_length", f.get_uint("llama.context_length"));
-    c.rms_eps = float(f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5));
-    c.rope_freq_base = float(f.get_float("llama.rope.freq_base", 10000.0));
-    if (c.dim % c.n_head != 0 || c.n_head % c.n_kv_head != 0)
-      throw failure(errc::malformed_file, "head counts (" + std::to_string(c.n_head) + " heads, " +
-                                              std::to_string(c.n_kv_head) + " KV heads) do not divide width " +
-                                              std::to_string(c.dim));
-    c.head_dim = c.dim / c.n_head;
-    const uint64_t rope_dims = f.get_uint("llama.rope.dimension_count", uint64_t(c.head_dim));
+    c.dim = need_uint("embedding_length");
+    c.n_layer = need_uint("block_count");
+    c.n_head = need_uint("attention.head_count");
+    c.n_kv_head = positive(f, K + "attention.head_count_kv",
+                           f.get_uint(K + "attention.head_count_kv", uint64_t(c.n_head)));
+    c.ffn_dim = need_uint("feed_forward_length");
+    c.n_ctx = need_uint("context_length");
+    // llama files of old converters may lack the epsilon (llama.cpp's default then); the
+    // newer architectures always carry it.
+    const std::string eps_key = K + "attention.layer_norm_rms_epsilon";
+    c.rms_eps = float(*arch == architecture::llama ? f.get_float(eps_key, 1e-5) : f.get_float(eps_key));
+    c.rope_freq_base = float(f.get_float(K + "rope.freq_base", 10000.0));
+    if (c.n_head % c.n_kv_head != 0)
+      throw failure(errc::malformed_file, std::to_string(c.n_head) + " query heads do not divide into " +
+                                              std::to_string(c.n_kv_head) + " KV heads");
+    // The head size: explicit in Qwen 3 and Gemma (where n_head * head_dim != dim), else dim / n_head.
+    if (f.find(K + "attention.key_length")) {
+      c.head_dim = need_uint("attention.key_length");
+    } else {
+      if (c.dim % c.n_head != 0)
+        throw failure(errc::malformed_file, std::to_string(c.n_head) + " heads do not divide width " +
+                                                std::to_string(c.dim) + " and " + K + "attention.key_length is absent");
+      c.head_dim = c.dim / c.n_head;
+    }
+    if (const uint64_t vl = f.get_uint(K + "attention.value_length", uint64_t(c.head_dim)); vl != uint64_t(c.head_dim))
+      throw failure(errc::unsupported, "value heads of size " + std::to_string(vl) + " differ from key heads of size " +
+                                           std::to_string(c.head_dim));
+    const uint64_t rope_dims = f.get_uint(K + "rope.dimension_count", uint64_t(c.head_dim));
     if (rope_dims != uint64_t(c.head_dim) || c.head_dim % 2 != 0)
       throw failure(errc::unsupported, "partial or odd rotary dimensions (" + std::to_string(rope_dims) +
                                            " of head size " + std::to_string(c.head_dim) + ")");
+    // llama.cpp's choice for Gemma 3 (query_pre_attn_scalar): 1/sqrt(dim/n_head) for the 62-layer
+    // 27B, 1/sqrt(head_dim) for the rest, as for every other architecture here.
+    c.attn_scale = 1.0f / std::sqrt(float(*arch == architecture::gemma3 && c.n_layer == 62 ? c.dim / c.n_head
+                                                                                           : c.head_dim));
+    c.embedding_scale = at.embedding_scaled ? std::sqrt(float(c.dim)) : 1.0f;
+    c.final_logit_softcap = float(f.get_float(K + "final_logit_softcapping", 0.0));
+    if (c.final_logit_softcap < 0) throw failure(errc::malformed_file, K + "final_logit_softcapping is negative");
+    if (at.swa_period > 0) c.sliding_window = need_uint("attention.sliding_window");
 
-    // RoPE scaling. Linear: positions scaled (older long-context Llamas); Llama 3.1+ ships its
-    // per-frequency factors as the rope_freqs.weight tensor. YaRN and the rest: refused, named.
-    const std::string scaling = f.get_string("llama.rope.scaling.type", "none");
+    // RoPE scaling. Linear: positions scaled (older long-context Llamas; Gemma 3 4B+ on its
+    // global layers); Llama 3.1+ ships its per-frequency factors as the rope_freqs.weight
+    // tensor. YaRN and the rest: refused, named.
+    const std::string scaling = f.get_string(K + "rope.scaling.type", "none");
     if (scaling == "linear") {
-      const double factor = f.get_float("llama.rope.scaling.factor");
-      if (!(factor > 0)) throw failure(errc::malformed_file, "llama.rope.scaling.factor must be positive");
+      const double factor = f.get_float(K + "rope.scaling.factor");
+      if (!(factor > 0)) throw failure(errc::malformed_file, K + "rope.scaling.factor must be positive");
       c.rope_freq_scale = float(1.0 / factor);
     } else if (scaling != "none") {
-      throw failure(errc::unsupported, "llama.rope.scaling.type '" + scaling + "' is not supported (none, linear)");
+      throw failure(errc::unsupported, K + "rope.scaling.type '" + scaling + "' is not supported (none, linear)");
     }
-    if (const double old = f.get_float("llama.rope.scale_linear", 0.0); old > 0) c.rope_freq_scale = float(1.0 / old);
+    if (const double old = f.get_float(K + "rope.scale_linear", 0.0); old > 0) c.rope_freq_scale = float(1.0 / old);
     if (f.find_tensor("rope_freqs.weight")) {
       c.rope_freq_factors = vector_f32(f, "rope_freqs.weight", c.head_dim / 2);
       for (float v : c.rope_freq_factors)
         if (!(v > 0) || !std::isfinite(v))
           throw failure(errc::malformed_file, "rope_freqs.weight holds a factor that is not positive and finite");
     }
+    for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"})
+      if (f.find_tensor(t))
+        throw failure(errc::unsupported, std::string("tensor '") + t +
+                                             "' (Phi-3 LongRoPE, the 128k-context variants) is not supported");
 
     m->tok_ = std::make_unique<tokenizer>(vocab_from_gguf(f));
     const auto& emb = need_tensor(f, "token_embd.weight");
@@ -109,26 +148,74 @@ std::shared_ptr<const model> model::load(const std::string& path) {
     if (m->tok_->n_vocab() != c.n_vocab)
       throw failure(errc::malformed_file, "tokenizer has " + std::to_string(m->tok_->n_vocab()) +
                                               " tokens but token_embd.weight has " + std::to_string(c.n_vocab) + " rows");
-    m->tok_embd_ = matrix(f, "token_embd.weight", c.n_vocab, c.dim);
-    m->output_norm_ = vector_f32(f, "output_norm.weight", c.dim);
+    // Each tensor the forward pass uses is named here; any other in the file is refused below
+    // rather than silently left out of the computation.
+    std::set<std::string> used;
+    auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
+      used.insert(name);
+      return matrix(f, name, rows, cols);
+    };
+    auto vec = [&](const std::string& name, int64_t n) {
+      used.insert(name);
+      return vector_f32(f, name, n);
+    };
+    auto opt_vec = [&](const std::string& name, int64_t n, bool required) {
+      return required || f.find_tensor(name) ? vec(name, n) : std::vector<float>{};
+    };
+    if (f.find_tensor("rope_freqs.weight")) used.insert("rope_freqs.weight");
+    m->tok_embd_ = mat("token_embd.weight", c.n_vocab, c.dim);
+    m->output_norm_ = vec("output_norm.weight", c.dim);
     c.tied_output = f.find_tensor("output.weight") == nullptr;
-    m->output_ = c.tied_output ? m->tok_embd_ : matrix(f, "output.weight", c.n_vocab, c.dim);
+    m->output_ = c.tied_output ? m->tok_embd_ : mat("output.weight", c.n_vocab, c.dim);
 
     const int64_t q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
     for (int32_t l = 0; l < c.n_layer; ++l) {
       const std::string p = "blk." + std::to_string(l) + ".";
       layer_weights w;
-      w.attn_norm = vector_f32(f, p + "attn_norm.weight", c.dim);
-      w.wq = matrix(f, p + "attn_q.weight", q_dim, c.dim);
-      w.wk = matrix(f, p + "attn_k.weight", kv_dim, c.dim);
-      w.wv = matrix(f, p + "attn_v.weight", kv_dim, c.dim);
-      w.wo = matrix(f, p + "attn_output.weight", c.dim, q_dim);
-      w.ffn_norm = vector_f32(f, p + "ffn_norm.weight", c.dim);
-      w.w_gate = matrix(f, p + "ffn_gate.weight", c.ffn_dim, c.dim);
-      w.w_up = matrix(f, p + "ffn_up.weight", c.ffn_dim, c.dim);
-      w.w_down = matrix(f, p + "ffn_down.weight", c.dim, c.ffn_dim);
+      w.attn_norm = vec(p + "attn_norm.weight", c.dim);
+      if (at.fused_qkv_allowed && f.find_tensor(p + "attn_qkv.weight")) {
+        // Phi-3: one [q; k; v] matrix; its row ranges are the three (rows are contiguous).
+        const auto qkv = mat(p + "attn_qkv.weight", q_dim + 2 * kv_dim, c.dim);
+        w.wq = rows_of(qkv, 0, q_dim);
+        w.wk = rows_of(qkv, q_dim, q_dim + kv_dim);
+        w.wv = rows_of(qkv, q_dim + kv_dim, q_dim + 2 * kv_dim);
+      } else {
+        w.wq = mat(p + "attn_q.weight", q_dim, c.dim);
+        w.wk = mat(p + "attn_k.weight", kv_dim, c.dim);
+        w.wv = mat(p + "attn_v.weight", kv_dim, c.dim);
+      }
+      // Biases: required by Qwen 2, taken where any other file has them (as llama.cpp does).
+      w.bq = opt_vec(p + "attn_q.bias", q_dim, at.qkv_bias);
+      w.bk = opt_vec(p + "attn_k.bias", kv_dim, at.qkv_bias);
+      w.bv = opt_vec(p + "attn_v.bias", kv_dim, at.qkv_bias);
+      w.q_norm = opt_vec(p + "attn_q_norm.weight", c.head_dim, at.qk_norm);
+      w.k_norm = opt_vec(p + "attn_k_norm.weight", c.head_dim, at.qk_norm);
+      w.wo = mat(p + "attn_output.weight", c.dim, q_dim);
+      w.attn_post_norm = opt_vec(p + "post_attention_norm.weight", c.dim, at.post_norms);
+      w.ffn_norm = vec(p + "ffn_norm.weight", c.dim);
+      if (at.fused_gate_up) {
+        // Phi-3: ffn_up holds [gate; up] (llama.cpp's SWIGLU split: the first half is gated).
+        const auto gate_up = mat(p + "ffn_up.weight", 2 * int64_t(c.ffn_dim), c.dim);
+        w.w_gate = rows_of(gate_up, 0, c.ffn_dim);
+        w.w_up = rows_of(gate_up, c.ffn_dim, 2 * int64_t(c.ffn_dim));
+      } else {
+        w.w_gate = mat(p + "ffn_gate.weight", c.ffn_dim, c.dim);
+        w.w_up = mat(p + "ffn_up.weight", c.ffn_dim, c.dim);
+      }
+      w.w_down = mat(p + "ffn_down.weight", c.dim, c.ffn_dim);
+      w.ffn_post_norm = opt_vec(p + "post_ffw_norm.weight", c.dim, at.post_norms);
+      w.sliding = at.swa_period > 0 && l % at.swa_period < at.swa_period - 1;
+      w.rope_freq_base = w.sliding ? at.swa_rope_freq_base : c.rope_freq_base;
+      w.rope_freq_scale = w.sliding ? 1.0f : c.rope_freq_scale;
       m->layers_.push_back(std::move(w));
     }
+    std::string unused;
+    int n_unused = 0;
+    for (const auto& t : f.tensors())
+      if (!used.count(t.name) && n_unused++ < 8) unused += (unused.empty() ? "'" : ", '") + t.name + "'";
+    if (n_unused > 0)
+      throw failure(errc::unsupported, std::to_string(n_unused) + " tensor(s) that tandem's " + arch_name +
+                                           " does not use: " + unused + (n_unused > 8 ? ", ..." : ""));
   } catch (const failure& e) {
     throw failure(e.code(), "'" + path + "': " + e.what());
   }

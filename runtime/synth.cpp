@@ -13,6 +13,8 @@ namespace tandem {
 const std::vector<synth_preset>& synth_presets() {
   static const std::vector<synth_preset> presets = {
       {"tiny", 64, 192, 2, 4, 2, 300, 256, true, "2 layers, dim 64, GQA 4/2, tied head: fast tests"},
+      {"arch", 64, 128, 2, 4, 2, 320, 256, false,
+       "2 layers, dim 64, FFN 128, GQA 4/2, untied head: each architecture against llama.cpp"},
       {"small", 256, 704, 4, 8, 4, 512, 1024, false, "4 layers, dim 256, GQA 8/4: quick end-to-end runs"},
       {"kquant", 256, 512, 1, 4, 2, 512, 512, false,
        "1 layer, dim 256, FFN 512, GQA 4/2: every row a multiple of 256, for the k-quant tests"},
@@ -58,15 +60,24 @@ std::vector<uint8_t> encode(kernels::dtype t, const std::vector<float>& xs, int6
 
 }  // namespace
 
-void synthesize_model(const synth_preset& p, kernels::dtype type, const std::string& path, uint64_t seed) {
+void synthesize_model(const synth_preset& p, kernels::dtype type, const std::string& path, uint64_t seed,
+                      const synth_options& opts) {
   const int64_t be = kernels::block_elems(type);
-  if (p.dim % be != 0 || p.ffn_dim % be != 0)
+  const architecture_traits& at = traits(opts.arch);
+  // Qwen 3 and Gemma 3 have heads wider than dim / n_head (Qwen3-0.6B: 128 for 1024 / 16): so here.
+  const int64_t hd = p.dim / p.n_head * (at.qk_norm ? 2 : 1);
+  const int64_t q_dim = p.n_head * hd, kv_dim = p.n_kv_head * hd;
+  if (p.dim % be != 0 || p.ffn_dim % be != 0 || q_dim % be != 0)
     throw failure(errc::invalid_argument, std::string(kernels::to_string(type)) + " needs widths that are multiples of " +
                                               std::to_string(be) + " (preset '" + p.name + "': dim " +
                                               std::to_string(p.dim) + ", FFN " + std::to_string(p.ffn_dim) + ")");
+  const bool tied = opts.arch == architecture::phi3 ? false : p.tied_output;  // llama.cpp's phi3 needs output.weight
+  const std::string K = std::string(at.name) + ".";
   gguf::writer w;
-  w.set_string("general.architecture", "llama");
-  w.set_string("general.name", "tandem-synth-" + p.name);
+  w.set_string("general.architecture", std::string(at.name));
+  std::string name = "tandem-synth-" + p.name;
+  if (opts.arch != architecture::llama) name.append("-").append(at.name);
+  w.set_string("general.name", name);
   w.set_u32("general.file_type", [type]() -> uint32_t {  // llama_ftype: the "mostly" type (K types: _S)
     switch (type) {
       case kernels::dtype::f32: return 0;
@@ -80,18 +91,38 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
     }
     return 0;
   }());
-  w.set_u32("llama.context_length", uint32_t(p.n_ctx));
-  w.set_u32("llama.embedding_length", uint32_t(p.dim));
-  w.set_u32("llama.block_count", uint32_t(p.n_layer));
-  w.set_u32("llama.feed_forward_length", uint32_t(p.ffn_dim));
-  w.set_u32("llama.attention.head_count", uint32_t(p.n_head));
-  w.set_u32("llama.attention.head_count_kv", uint32_t(p.n_kv_head));
-  w.set_u32("llama.rope.dimension_count", uint32_t(p.dim / p.n_head));
-  w.set_f32("llama.rope.freq_base", 10000.0f);
-  w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.set_u32("llama.vocab_size", uint32_t(p.n_vocab));
+  w.set_u32(K + "context_length", uint32_t(p.n_ctx));
+  w.set_u32(K + "embedding_length", uint32_t(p.dim));
+  w.set_u32(K + "block_count", uint32_t(p.n_layer));
+  w.set_u32(K + "feed_forward_length", uint32_t(p.ffn_dim));
+  w.set_u32(K + "attention.head_count", uint32_t(p.n_head));
+  w.set_u32(K + "attention.head_count_kv", uint32_t(p.n_kv_head));
+  if (at.qk_norm) {
+    w.set_u32(K + "attention.key_length", uint32_t(hd));
+    w.set_u32(K + "attention.value_length", uint32_t(hd));
+  }
+  w.set_u32(K + "rope.dimension_count", uint32_t(hd));
+  w.set_f32(K + "rope.freq_base", opts.arch == architecture::llama ? 10000.0f : 1000000.0f);
+  w.set_f32(K + "attention.layer_norm_rms_epsilon", opts.arch == architecture::gemma3 ? 1e-6f : 1e-5f);
+  // A window shorter than the test prompts plus their continuations, so that it matters.
+  if (at.swa_period > 0) w.set_u32(K + "attention.sliding_window", 8);
+  w.set_u32(K + "vocab_size", uint32_t(p.n_vocab));
 
-  const vocab_spec v = make_byte_level_vocab(p.n_vocab);
+  // The architecture's chat control tokens end the vocab, as in the real files (llama.cpp
+  // looks some up by text: it refuses a phi3 vocab without them).
+  std::vector<std::string> controls;
+  switch (opts.arch) {
+    case architecture::llama: break;
+    case architecture::qwen2:
+    case architecture::qwen3: controls = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}; break;
+    case architecture::gemma3: controls = {"<start_of_turn>", "<end_of_turn>"}; break;
+    case architecture::phi3: controls = {"<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"}; break;
+  }
+  vocab_spec v = make_byte_level_vocab(p.n_vocab - int32_t(controls.size()));
+  for (auto& t : controls) {
+    v.tokens.push_back(t);
+    v.token_types.push_back(3);  // control
+  }
   w.set_string("tokenizer.ggml.model", v.model);
   w.set_string("tokenizer.ggml.pre", "gpt-2");
   w.set_strings("tokenizer.ggml.tokens", v.tokens);
@@ -104,37 +135,59 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
 
   rng r(seed);
   // Uniform weights with variance 1/fan_in keep activations of order one through the layers.
-  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, kernels::dtype t) {
-    std::vector<float> xs(size_t(rows * cols));
-    const float a = std::sqrt(3.0f / float(cols));
-    for (auto& x : xs) x = r.uniform() * a;
-    w.add_tensor(name, {cols, rows}, t, encode(t, xs, cols));
-  };
-  auto norm = [&](const std::string& name, int64_t n) {
+  auto values = [&](int64_t n, float a) {
     std::vector<float> xs(static_cast<size_t>(n));
-    for (auto& x : xs) x = 1.0f + 0.1f * r.uniform();
+    for (auto& x : xs) x = r.uniform() * a;
+    return xs;
+  };
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, kernels::dtype t, float gain = 1.0f) {
+    w.add_tensor(name, {cols, rows}, t, encode(t, values(rows * cols, gain * std::sqrt(3.0f / float(cols))), cols));
+  };
+  auto f32_vector = [&](const std::string& name, std::vector<float> xs) {
+    const int64_t n = int64_t(xs.size());
     w.add_tensor(name, {n}, kernels::dtype::f32, encode(kernels::dtype::f32, xs, n));
   };
-  const int64_t hd = p.dim / p.n_head;
-  // The embedding keeps a unit scale per element so the first RMSNorm sees a normal input.
-  {
-    std::vector<float> xs(size_t(int64_t(p.n_vocab) * p.dim));
-    for (auto& x : xs) x = r.uniform();
-    w.add_tensor("token_embd.weight", {p.dim, p.n_vocab}, type, encode(type, xs, p.dim));
-  }
+  auto norm = [&](const std::string& name, int64_t n) {
+    std::vector<float> xs = values(n, 0.1f);
+    for (auto& x : xs) x += 1.0f;
+    f32_vector(name, std::move(xs));
+  };
+  // The embedding keeps a unit scale per element so the first RMSNorm sees a normal input; a
+  // tied head takes output_scale here.
+  w.add_tensor("token_embd.weight", {p.dim, p.n_vocab}, type,
+               encode(type, values(int64_t(p.n_vocab) * p.dim, tied ? opts.output_scale : 1.0f), p.dim));
   norm("output_norm.weight", p.dim);
-  if (!p.tied_output) matrix("output.weight", p.n_vocab, p.dim, type);
+  if (!tied) matrix("output.weight", p.n_vocab, p.dim, type, opts.output_scale);
   for (int32_t l = 0; l < p.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     norm(b + "attn_norm.weight", p.dim);
-    matrix(b + "attn_q.weight", p.n_head * hd, p.dim, type);
-    matrix(b + "attn_k.weight", p.n_kv_head * hd, p.dim, type);
-    matrix(b + "attn_v.weight", p.n_kv_head * hd, p.dim, type);
-    matrix(b + "attn_output.weight", p.dim, p.n_head * hd, type);
+    if (at.fused_qkv_allowed) {
+      matrix(b + "attn_qkv.weight", q_dim + 2 * kv_dim, p.dim, type);
+    } else {
+      matrix(b + "attn_q.weight", q_dim, p.dim, type);
+      matrix(b + "attn_k.weight", kv_dim, p.dim, type);
+      matrix(b + "attn_v.weight", kv_dim, p.dim, type);
+    }
+    if (at.qkv_bias) {
+      f32_vector(b + "attn_q.bias", values(q_dim, 0.5f));
+      f32_vector(b + "attn_k.bias", values(kv_dim, 0.5f));
+      f32_vector(b + "attn_v.bias", values(kv_dim, 0.5f));
+    }
+    if (at.qk_norm) {
+      norm(b + "attn_q_norm.weight", hd);
+      norm(b + "attn_k_norm.weight", hd);
+    }
+    matrix(b + "attn_output.weight", p.dim, q_dim, type);
+    if (at.post_norms) norm(b + "post_attention_norm.weight", p.dim);
     norm(b + "ffn_norm.weight", p.dim);
-    matrix(b + "ffn_gate.weight", p.ffn_dim, p.dim, type);
-    matrix(b + "ffn_up.weight", p.ffn_dim, p.dim, type);
+    if (at.fused_gate_up) {
+      matrix(b + "ffn_up.weight", 2 * int64_t(p.ffn_dim), p.dim, type);
+    } else {
+      matrix(b + "ffn_gate.weight", p.ffn_dim, p.dim, type);
+      matrix(b + "ffn_up.weight", p.ffn_dim, p.dim, type);
+    }
     matrix(b + "ffn_down.weight", p.dim, p.ffn_dim, type);
+    if (at.post_norms) norm(b + "post_ffw_norm.weight", p.dim);
   }
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (!dir.empty()) std::filesystem::create_directories(dir);

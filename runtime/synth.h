@@ -1,12 +1,14 @@
 #pragma once
-// Synthetic Llama models: random weights in a standard GGUF file (llama.* keys, standard
-// tensor names, a gpt2-style byte-level vocabulary), loadable by any GGUF reader. They
-// exercise the engine at real shapes without shipping trained weights.
+// Synthetic models: random weights in a standard GGUF file (`{arch}.*` keys, standard tensor
+// names, a gpt2-style byte-level vocabulary), loadable by any GGUF reader (llama.cpp among
+// them). They exercise the engine at real shapes, and each architecture's forward pass against
+// llama.cpp's, without shipping trained weights.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "kernels/tensor_types.h"
+#include "runtime/architecture.h"
 
 namespace tandem {
 
@@ -21,9 +23,21 @@ const std::vector<synth_preset>& synth_presets();
 // Throws failure(invalid_argument) listing the presets when `name` is unknown.
 const synth_preset& find_synth_preset(const std::string& name);
 
-// Writes the model to `path` (atomically). Same (preset, dtype, seed) → same bytes.
+struct synth_options {
+  architecture arch = architecture::llama;
+  // Multiplies the output head's weights: > 1 makes the random model's choices "peaky" (large
+  // top-2 margins), so that comparisons with another implementation are decided by margins
+  // well above rounding.
+  float output_scale = 1.0f;
+};
+
+// Writes the model to `path` (atomically). Same (preset, dtype, seed, options) → same bytes.
+// The architecture's parts (Qwen 2's q/k/v biases, Qwen 3's and Gemma 3's q/k norms and wider
+// heads, Gemma 3's post-norms and sliding window, Phi-3's fused matrices) are all written;
+// Phi-3 never ties its output head (llama.cpp requires output.weight), the rest follow the
+// preset. Architectures other than llama end the vocab with their chat control tokens.
 void synthesize_model(const synth_preset& p, kernels::dtype type, const std::string& path,
-                      uint64_t seed = 42);
+                      uint64_t seed = 42, const synth_options& opts = {});
 
 // The model `generate` and `serve` use when no --model is given: the preset and dtype
 // below, made on first use under the cache directory

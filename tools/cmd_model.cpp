@@ -113,10 +113,12 @@ void add_model(CLI::App& app) {
   std::string presets;
   for (const auto& p : synth_presets()) presets += "\n  " + p.name + ": " + p.description;
   auto* synth = model_cmd->add_subcommand(
-      "synth", "Write a random-weight Llama GGUF (standard keys, byte-level vocab). Presets:" + presets);
+      "synth", "Write a random-weight GGUF (standard keys, byte-level vocab) of any supported architecture. Presets:" +
+                   presets);
   struct synth_opts {
-    std::string preset = "tiny", dtype = "f32", out;
+    std::string preset = "tiny", dtype = "f32", out, arch = "llama";
     uint64_t seed = 42;
+    float output_scale = 1.0f;
   };
   auto so = std::make_shared<synth_opts>();
   synth->add_option("--preset", so->preset, "Model shape")->check(CLI::IsMember([] {
@@ -127,9 +129,18 @@ void add_model(CLI::App& app) {
   synth->add_option("--dtype", so->dtype, "Weight type")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}));
   synth->add_option("--out", so->out, "Output .gguf path")->required();
   synth->add_option("--seed", so->seed, "Random seed for the weights");
+  synth->add_option("--arch", so->arch, "Architecture (general.architecture)")->check(CLI::IsMember([] {
+    std::vector<std::string> n;
+    for (const auto& a : architectures()) n.emplace_back(a.name);
+    return n;
+  }()));
+  synth->add_option("--output-scale", so->output_scale,
+                    "Gain of the output head's weights: > 1 makes the model's choices peaky (large top-2 margins)")
+      ->check(CLI::PositiveNumber);
   synth->callback([so] {
     const auto t0 = std::chrono::steady_clock::now();
-    synthesize_model(find_synth_preset(so->preset), *kernels::dtype_from_name(so->dtype), so->out, so->seed);
+    synthesize_model(find_synth_preset(so->preset), *kernels::dtype_from_name(so->dtype), so->out, so->seed,
+                     synth_options{*find_architecture(so->arch), so->output_scale});
     spdlog::info("wrote {} ({} {}) in {:.2f} s", so->out, so->preset, so->dtype,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   });

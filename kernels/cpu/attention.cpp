@@ -68,47 +68,44 @@ constexpr int32_t kMaxFastHeadDim = 256;
 
 void attention_paged(const float* q, int32_t n_q, const float* const* k_blocks,
                      const float* const* v_blocks, int32_t block_size, int32_t n_tokens,
-                     int32_t head_dim, float scale, float* scores, float* out) {
-  // scores[h][t] = q_h · k_t * scale
-  for (int32_t t0 = 0, b = 0; t0 < n_tokens; t0 += block_size, ++b) {
-    const int32_t n = std::min(block_size, n_tokens - t0);
-    for (int32_t j = 0; j < n; ++j) {
-      const float* k = k_blocks[b] + int64_t(j) * head_dim;
-      for (int32_t h = 0; h < n_q; ++h)
-        scores[int64_t(h) * n_tokens + t0 + j] = dot(q + int64_t(h) * head_dim, k, head_dim) * scale;
-    }
+                     int32_t head_dim, float scale, float* scores, float* out, int32_t first) {
+  // scores[h][t - first] = q_h · k_t * scale, for the keys t in [first, n_tokens)
+  const int32_t n = n_tokens - first;
+  for (int32_t t = first; t < n_tokens; ++t) {
+    const float* k = k_blocks[t / block_size] + int64_t(t % block_size) * head_dim;
+    for (int32_t h = 0; h < n_q; ++h)
+      scores[int64_t(h) * n + t - first] = dot(q + int64_t(h) * head_dim, k, head_dim) * scale;
   }
   for (int32_t h = 0; h < n_q; ++h) {
-    float* s = scores + int64_t(h) * n_tokens;
-    const float mx = *std::max_element(s, s + n_tokens);
+    float* s = scores + int64_t(h) * n;
+    const float mx = *std::max_element(s, s + n);
     float sum = 0.0f;
-    for (int32_t t = 0; t < n_tokens; ++t) {
+    for (int32_t t = 0; t < n; ++t) {
       s[t] = std::exp(s[t] - mx);
       sum += s[t];
     }
     const float inv = 1.0f / sum;
-    for (int32_t t = 0; t < n_tokens; ++t) s[t] *= inv;
+    for (int32_t t = 0; t < n; ++t) s[t] *= inv;
   }
   std::memset(out, 0, sizeof(float) * size_t(n_q) * size_t(head_dim));
-  for (int32_t t0 = 0, b = 0; t0 < n_tokens; t0 += block_size, ++b) {
-    const int32_t n = std::min(block_size, n_tokens - t0);
-    for (int32_t j = 0; j < n; ++j) {
-      const float* v = v_blocks[b] + int64_t(j) * head_dim;
-      for (int32_t h = 0; h < n_q; ++h)
-        axpy(scores[int64_t(h) * n_tokens + t0 + j], v, out + int64_t(h) * head_dim, head_dim);
-    }
+  for (int32_t t = first; t < n_tokens; ++t) {
+    const float* v = v_blocks[t / block_size] + int64_t(t % block_size) * head_dim;
+    for (int32_t h = 0; h < n_q; ++h) axpy(scores[int64_t(h) * n + t - first], v, out + int64_t(h) * head_dim, head_dim);
   }
 }
 
 void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
                                 int32_t pos0, const float* const* k_blocks,
                                 const float* const* v_blocks, int32_t block_size,
-                                int32_t head_dim, float scale, float* out, int64_t out_stride) {
+                                int32_t head_dim, float scale, float* out, int64_t out_stride,
+                                int32_t window) {
   if (n_tok <= 0) return;
   float* scores = thread_buffer(sizeof(float) * size_t(n_rep) * size_t(pos0 + n_tok));
-  for (int32_t i = 0; i < n_tok; ++i)
-    attention_paged(q + i * q_stride, n_rep, k_blocks, v_blocks, block_size, pos0 + i + 1,
-                    head_dim, scale, scores, out + i * out_stride);
+  for (int32_t i = 0; i < n_tok; ++i) {
+    const int32_t p = pos0 + i;
+    attention_paged(q + i * q_stride, n_rep, k_blocks, v_blocks, block_size, p + 1, head_dim, scale, scores,
+                    out + i * out_stride, window > 0 ? std::max(0, p - window + 1) : 0);
+  }
 }
 
 namespace {
@@ -126,12 +123,12 @@ void widen_blocks(const void* const* blocks, dtype t, int32_t n_blocks, int64_t 
 void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
                                 int32_t pos0, const void* const* k_blocks, const void* const* v_blocks,
                                 dtype kv_type, int32_t block_size, int32_t head_dim, float scale, float* out,
-                                int64_t out_stride) {
+                                int64_t out_stride, int32_t window) {
   if (n_tok <= 0) return;
   if (kv_type == dtype::f32) {
     attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, reinterpret_cast<const float* const*>(k_blocks),
                                reinterpret_cast<const float* const*>(v_blocks), block_size, head_dim, scale, out,
-                               out_stride);
+                               out_stride, window);
     return;
   }
   const int32_t nb = (pos0 + n_tok + block_size - 1) / block_size;
@@ -141,7 +138,7 @@ void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok,
   widen_blocks(k_blocks, kv_type, nb, be, buf.data(), kf);
   widen_blocks(v_blocks, kv_type, nb, be, buf.data() + nb * be, vf);
   attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, kf.data(), vf.data(), block_size, head_dim, scale, out,
-                             out_stride);
+                             out_stride, window);
 }
 
 int32_t attention_tile_tokens(int32_t n_rep) { return std::max<int32_t>(1, kMaxTileRows / std::max(1, n_rep)); }
@@ -296,7 +293,7 @@ constexpr int32_t MR = 6;  // query rows per microkernel call
 template <dtype T>
 void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
                         int32_t pos0, const void* const* k_blocks, const void* const* v_blocks,
-                        int32_t bs, int32_t D, float scale, float* out, int64_t out_stride) {
+                        int32_t bs, int32_t D, float scale, float* out, int64_t out_stride, int32_t window) {
   const int32_t R = n_tok * n_rep;
   // Scratch: qs [R][D], o [R][D], p [R][KC], kt [D][KC], then per-row m, l, alpha.
   const size_t floats = size_t(R) * D * 2 + size_t(R) * KC + size_t(D) * KC + size_t(R) * 3;
@@ -322,10 +319,13 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
   }
 
   const int32_t n_keys = pos0 + n_tok;  // the last token sees positions [0, n_keys)
+  // With a sliding window, row r's token (position p) sees [p - window + 1, p]: chunks wholly
+  // before the first token's window are skipped.
+  const int32_t first_key = window > 0 ? std::max(0, pos0 - window + 1) : 0;
   constexpr int64_t es = elem_size(T);
   const uint8_t* kp[KC];
   const void* vp[KC];
-  for (int32_t c0 = 0; c0 < n_keys; c0 += KC) {
+  for (int32_t c0 = first_key / KC * KC; c0 < n_keys; c0 += KC) {
     const int32_t n = std::min(KC, n_keys - c0);
     for (int32_t j = 0; j < KC; ++j) {
       const int32_t pos = c0 + j;
@@ -351,8 +351,10 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
     // Online softmax: rescale each row's running sum and output by 2^(m_old - m_new).
     for (int32_t r = 0; r < R; ++r) {
       float* pr = p + int64_t(r) * KC;
-      const int32_t valid = std::min(n, pos0 + r / n_rep - c0 + 1);  // keys this row sees
-      if (valid <= 0) {  // the whole chunk is in this row's future
+      const int32_t p_row = pos0 + r / n_rep;
+      const int32_t valid = std::min(n, p_row - c0 + 1);  // keys this row sees: lanes [low, valid)
+      const int32_t low = window > 0 ? std::max(0, p_row - window + 1 - c0) : 0;
+      if (valid <= low) {  // the whole chunk is in this row's future (or behind its window)
         alpha[r] = 1.0f;
         for (int v = 0; v < 4; ++v) _mm512_store_ps(pr + 16 * v, _mm512_setzero_ps());
         continue;
@@ -361,7 +363,7 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
       __mmask16 mk[4];
       __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
       for (int v = 0; v < 4; ++v) {
-        mk[v] = lanes_below(valid - 16 * v);
+        mk[v] = __mmask16(lanes_below(valid - 16 * v) & ~lanes_below(low - 16 * v));
         s[v] = _mm512_load_ps(pr + 16 * v);
         mx = _mm512_mask_max_ps(mx, mk[v], mx, s[v]);
       }
@@ -396,13 +398,13 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
 void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
                       const void* const* k_blocks, const void* const* v_blocks, dtype kv_type,
                       int32_t block_size, int32_t head_dim, float scale, float* out,
-                      int64_t out_stride) {
+                      int64_t out_stride, int32_t window) {
   if (n_tok <= 0 || n_rep <= 0) return;
   if (kv_type != dtype::f32 && kv_type != dtype::f16 && kv_type != dtype::bf16)
     throw std::invalid_argument("attention: K/V must be f32, f16 or bf16");
   if (!have_avx512() || head_dim % 16 != 0 || head_dim <= 0 || head_dim > kMaxFastHeadDim) {
     attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, k_blocks, v_blocks, kv_type, block_size,
-                               head_dim, scale, out, out_stride);
+                               head_dim, scale, out, out_stride, window);
     return;
   }
   const auto tile_fn = kv_type == dtype::f32   ? &causal_tile_avx512<dtype::f32>
@@ -411,16 +413,16 @@ void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n
   const int32_t tile = attention_tile_tokens(n_rep);
   for (int32_t i = 0; i < n_tok; i += tile)
     tile_fn(q + i * q_stride, q_stride, std::min(tile, n_tok - i), n_rep, pos0 + i, k_blocks, v_blocks, block_size,
-            head_dim, scale, out + i * out_stride, out_stride);
+            head_dim, scale, out + i * out_stride, out_stride, window);
 }
 
 void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
                       const float* const* k_blocks, const float* const* v_blocks,
                       int32_t block_size, int32_t head_dim, float scale, float* out,
-                      int64_t out_stride) {
+                      int64_t out_stride, int32_t window) {
   attention_causal(q, q_stride, n_tok, n_rep, pos0, reinterpret_cast<const void* const*>(k_blocks),
                    reinterpret_cast<const void* const*>(v_blocks), dtype::f32, block_size, head_dim, scale, out,
-                   out_stride);
+                   out_stride, window);
 }
 
 }  // namespace tandem::kernels::cpu

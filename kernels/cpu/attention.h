@@ -12,14 +12,16 @@ namespace tandem::kernels::cpu {
 //   k_blocks: n_blocks pointers, each [block_size][head_dim]; same for v_blocks
 //   scores:   scratch [n_q][n_tokens]
 //   out:      [n_q][head_dim]
-// Positions 0..n_tokens-1 of the context are attended (causality is the caller's n_tokens).
+// Positions first..n_tokens-1 of the context are attended (causality is the caller's n_tokens,
+// a sliding window its first).
 void attention_paged(const float* q, int32_t n_q, const float* const* k_blocks,
                      const float* const* v_blocks, int32_t block_size, int32_t n_tokens,
-                     int32_t head_dim, float scale, float* scores, float* out);
+                     int32_t head_dim, float scale, float* scores, float* out, int32_t first = 0);
 
 // Causal attention of a run of n_tok consecutive query tokens of one sequence, for the n_rep
-// query heads of one KV head (GQA group). Token i of the run sits at position pos0 + i and
-// attends to context positions [0, pos0 + i], whose K/V rows must already be in the blocks.
+// query heads of one KV head (GQA group). Token i of the run sits at position p = pos0 + i and
+// attends to context positions [0, p] (window > 0: [p - window + 1, p], a sliding window),
+// whose K/V rows must already be in the blocks.
 //   q:   the group's heads of token i at q + i * q_stride, as [n_rep][head_dim]
 //   out: the same layout at out + i * out_stride
 //   k_blocks, v_blocks: the sequence's blocks in order, each [block_size][head_dim]
@@ -31,25 +33,25 @@ void attention_paged(const float* q, int32_t n_q, const float* const* k_blocks,
 void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
                       const float* const* k_blocks, const float* const* v_blocks,
                       int32_t block_size, int32_t head_dim, float scale, float* out,
-                      int64_t out_stride);
+                      int64_t out_stride, int32_t window = 0);
 
 // As above with K/V blocks of kv_type (f32, f16 or bf16; each block [block_size][head_dim] of
 // that type): the kernel widens them as it reads them (a half-size cache reads half the bytes).
 void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
                       const void* const* k_blocks, const void* const* v_blocks, dtype kv_type,
                       int32_t block_size, int32_t head_dim, float scale, float* out,
-                      int64_t out_stride);
+                      int64_t out_stride, int32_t window = 0);
 
 // attention_causal through attention_paged only (for tests and CPUs without AVX-512).
 void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
                                 int32_t pos0, const float* const* k_blocks,
                                 const float* const* v_blocks, int32_t block_size,
-                                int32_t head_dim, float scale, float* out, int64_t out_stride);
+                                int32_t head_dim, float scale, float* out, int64_t out_stride, int32_t window = 0);
 
 void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
                                 int32_t pos0, const void* const* k_blocks, const void* const* v_blocks,
                                 dtype kv_type, int32_t block_size, int32_t head_dim, float scale, float* out,
-                                int64_t out_stride);
+                                int64_t out_stride, int32_t window = 0);
 
 // Query tokens per tile of attention_causal for a GQA group of n_rep heads: callers that split
 // a long run into tasks (one thread each) should cut it at multiples of this.

@@ -150,6 +150,44 @@ void rope_apply(float* x, const float* cs, int64_t n_tokens, int64_t n_heads, in
   }
 }
 
+void rope_apply_neox(float* x, const float* cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* ct = cs + t * head_dim;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* p = x + (t * n_heads + h) * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float c = ct[2 * i], s = ct[2 * i + 1];
+        const float a = p[i], b = p[i + half];
+        p[i] = a * c - b * s;
+        p[i + half] = a * s + b * c;
+      }
+    }
+  }
+}
+
+void gelu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  constexpr float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + std::tanh(k * g * (1.0f + 0.044715f * g * g))) * up[i];
+  }
+}
+
+void add_rows(float* x, const float* b, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) x[r * n + i] += b[i];
+}
+
+void softcap(float* x, int64_t n, float cap) {
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inv);
+}
+
+void scale_inplace(float* x, int64_t n, float a) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= a;
+}
+
 void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
           float freq_base) {
   std::vector<float> cs(size_t(n_tokens * (head_dim / 2) * 2));

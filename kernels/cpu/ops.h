@@ -27,6 +27,17 @@ void rope_table(const int32_t* pos, int64_t n_tokens, int64_t head_dim, float fr
                 float freq_scale = 1.0f, const float* freq_factors = nullptr);
 // ... then the rotation, with exactly rope's arithmetic.
 void rope_apply(float* x, const float* cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim);
+// The same rotation in GPT-NeoX's layout: element i turns with element i + head_dim/2 (pair i
+// of cs), as Qwen, Gemma and Phi-3 use.
+void rope_apply_neox(float* x, const float* cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim);
+// out = gelu(gate) * up, GELU in its tanh form (ggml_gelu's; Gemma's FFN), elementwise over n.
+void gelu_mul(const float* gate, const float* up, float* out, int64_t n);
+// x[r, :] += b for rows r of x: [rows, n] (a bias).
+void add_rows(float* x, const float* b, int64_t rows, int64_t n);
+// x = cap * tanh(x / cap) over n (Gemma 2's final-logit soft-capping).
+void softcap(float* x, int64_t n, float cap);
+// x *= a over n.
+void scale_inplace(float* x, int64_t n, float a);
 // In-place softmax over n values; returns nothing, leaves probabilities summing to 1.
 void softmax(float* x, int64_t n);
 

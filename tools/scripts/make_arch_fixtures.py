@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+# Development tool (needs ../shared/peers; the tests only read what it writes): makes the
+# per-architecture conformance fixtures under tests/data/arch.
+#   1. tandem model synth --preset arch --arch A --output-scale 8 (f32 and q8_0): small random
+#      models with each architecture's parts and "peaky" output heads (large top-2 margins).
+#      Not committed: synth makes the same bytes again, so the test makes them and checks their
+#      FNV-1a 64 against the one recorded here;
+#   2. llama-server (llama.cpp, f32 KV cache, flash attention off: its CPU kernel rounds through f16) tokenizes fixed prompts and continues them greedily,
+#      streaming, with n_probs: llama.cpp's token ids and top-k log-probabilities at every step.
+#      Byte tokens >= 0x80 are banned by logit_bias (llama-server fails on a stream whose text is
+#      not UTF-8); its reported log-probabilities are those of the raw logits, before the bias.
+#   tools/scripts/make_arch_fixtures.py BUILD_DIR [PEERS_DIR]
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+build = os.path.abspath(sys.argv[1])
+peers = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "..", "shared", "peers", "llama.cpp"))
+out = os.path.join(root, "tests", "data", "arch")
+os.makedirs(out, exist_ok=True)
+work = tempfile.mkdtemp()
+
+# The peers' library links are flattened into text files: stage real links beside copies.
+bindir = os.path.join(work, "bin")
+os.makedirs(bindir)
+for b in os.listdir(os.path.join(peers, "bin")):
+    src = os.path.join(peers, "bin", b)
+    with open(src, "rb") as f:
+        head = f.read(256)
+    if len(head) < 200 and b"\0" not in head and b"\n" not in head:
+        os.symlink(head.decode(), os.path.join(bindir, b))
+    else:
+        shutil.copy(src, os.path.join(bindir, b))
+
+ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
+DTYPES = ["f32", "q8_0"]
+# The second prompt runs past Gemma 3's sliding window (8 in these files) before generating.
+PROMPTS = ["Once upon a time", "The quick brown fox jumps over the lazy dog, and then"]
+STEPS = 24
+TOP_K = 8
+BANNED = [3 + b for b in range(128, 256)]  # the byte tokens of bytes 0x80-0xff (synth vocab layout)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def post(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=60)
+
+
+cases = []
+for arch in ARCHS:
+    for dtype in DTYPES:
+        name = f"{arch}-{dtype}.gguf"
+        path = os.path.join(work, name)
+        subprocess.run([os.path.join(build, "tools", "tandem"), "model", "synth", "--preset", "arch", "--arch", arch,
+                        "--dtype", dtype, "--output-scale", "8", "--seed", "11", "--out", path],
+                       check=True, capture_output=True)
+        with open(path, "rb") as f:
+            h = 0xcbf29ce484222325
+            for b in f.read():
+                h = ((h ^ b) * 0x100000001b3) & 0xffffffffffffffff
+        fnv = "%016x" % h
+        port = free_port()
+        srv = subprocess.Popen([os.path.join(bindir, "llama-server"), "-m", path, "-t", "1", "-c", "256", "-np", "1",
+                                "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--port", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(100):
+                try:
+                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
+                        break
+                except Exception:
+                    time.sleep(0.2)
+            for prompt in PROMPTS:
+                ids = json.load(post(port, "/tokenize", {"content": prompt, "add_special": True}))["tokens"]
+                body = {"prompt": ids, "n_predict": STEPS, "n_probs": TOP_K, "temperature": 0, "stream": True,
+                        "logit_bias": [[t, False] for t in BANNED], "cache_prompt": False}
+                steps = []
+                with post(port, "/completion", body) as r:
+                    for line in r:
+                        line = line.decode().strip()
+                        if not line.startswith("data: "):
+                            continue
+                        ev = json.loads(line[6:])
+                        if "error" in ev:
+                            raise SystemExit(f"{name}: llama-server: {ev['error']}")
+                        for p in ev.get("completion_probabilities", []):
+                            steps.append({"id": p["id"],
+                                          "top": [[t["id"], round(t["logprob"], 6)] for t in p["top_logprobs"]]})
+                cases.append({"file": name, "arch": arch, "dtype": dtype, "seed": 11, "output_scale": 8,
+                              "fnv1a64": fnv, "prompt": prompt, "prompt_ids": ids,
+                              "steps": steps})
+                print(f"{name}: '{prompt}' -> {len(steps)} steps")
+        finally:
+            srv.terminate()
+            srv.wait()
+
+with open(os.path.join(out, "reference.json"), "w") as f:
+    json.dump({"made_by": "tools/scripts/make_arch_fixtures.py", "llama_cpp": "../shared/peers/llama.cpp (81ff7abe50b9)",
+               "banned": BANNED, "top_k": TOP_K, "cases": cases}, f, indent=1)
+shutil.rmtree(work)
+print("wrote", out)
