@@ -318,15 +318,16 @@ struct attention_problem {
     }
   }
   // out[i][r][d] in double, straight from the definition.
-  std::vector<double> reference(float scale) const {
+  // window > 0: token p sees positions [p - window + 1, p] only.
+  std::vector<double> reference(float scale, int32_t window = 0) const {
     std::vector<double> out(q.size(), 0.0);
     for (int32_t i = 0; i < n_tok; ++i)
       for (int32_t r = 0; r < n_rep; ++r) {
         const float* qr = q.data() + (int64_t(i) * n_rep + r) * hd;
-        const int32_t n = pos0 + i + 1;
-        std::vector<double> s(static_cast<size_t>(n));
+        const int32_t n = pos0 + i + 1, first = window > 0 ? std::max(0, n - window) : 0;
+        std::vector<double> s(static_cast<size_t>(n), -1e300);
         double mx = -1e300;
-        for (int32_t t = 0; t < n; ++t) {
+        for (int32_t t = first; t < n; ++t) {
           const float* k = kb[size_t(t / bs)] + int64_t(t % bs) * hd;
           double d = 0;
           for (int32_t c = 0; c < hd; ++c) d += double(qr[c]) * k[c];
@@ -334,9 +335,9 @@ struct attention_problem {
           mx = std::max(mx, s[size_t(t)]);
         }
         double sum = 0;
-        for (auto& e : s) sum += (e = std::exp(e - mx));
+        for (auto& e : s) sum += (e = std::exp(e - mx));  // positions before the window: exp(-huge) = 0
         double* o = out.data() + (int64_t(i) * n_rep + r) * hd;
-        for (int32_t t = 0; t < n; ++t) {
+        for (int32_t t = first; t < n; ++t) {
           const float* v = vb[size_t(t / bs)] + int64_t(t % bs) * hd;
           for (int32_t c = 0; c < hd; ++c) o[c] += s[size_t(t)] / sum * v[c];
         }
@@ -379,6 +380,39 @@ TEST(attention, causal_kernel_matches_double_reference) {
           EXPECT_LE(worst_fast, 2e-5);
           EXPECT_LE(worst_slow, 2e-5);
         }
+}
+
+// Gemma 3's sliding layers: both kernels skip what lies behind the window, whole chunks of 64
+// keys included, and agree with the definition.
+TEST(attention, sliding_window_matches_double_reference) {
+  uint32_t seed = 99;
+  for (int32_t hd : {16, 32, 8})
+    for (int32_t window : {1, 5, 8, 64, 100})
+      for (auto [pos0, n_tok] : {std::pair{0, 1}, {0, 20}, {3, 1}, {70, 1}, {130, 33}, {200, 50}}) {
+        SCOPED_TRACE("hd=" + std::to_string(hd) + " window=" + std::to_string(window) + " pos0=" +
+                     std::to_string(pos0) + " n_tok=" + std::to_string(n_tok));
+        const int32_t n_rep = 2, bs = 16;
+        const attention_problem p(n_tok, n_rep, pos0, bs, hd, seed++);
+        const float scale = 1.0f / std::sqrt(float(hd));
+        const std::vector<double> ref = p.reference(scale, window), full = p.reference(scale);
+        const int64_t stride = int64_t(n_rep) * hd;
+        std::vector<float> fast(size_t(n_tok) * stride), slow(fast);
+        cpu::attention_causal(p.q.data(), stride, n_tok, n_rep, pos0, p.kb.data(), p.vb.data(), bs, hd, scale,
+                              fast.data(), stride, window);
+        cpu::attention_causal_reference(p.q.data(), stride, n_tok, n_rep, pos0, p.kb.data(), p.vb.data(), bs, hd,
+                                        scale, slow.data(), stride, window);
+        double worst_fast = 0, worst_slow = 0, moved = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          worst_fast = std::max(worst_fast, std::fabs(fast[i] - ref[i]));
+          worst_slow = std::max(worst_slow, std::fabs(slow[i] - ref[i]));
+          moved = std::max(moved, std::fabs(ref[i] - full[i]));
+        }
+        EXPECT_LE(worst_fast, 2e-5);
+        EXPECT_LE(worst_slow, 2e-5);
+        if (pos0 + 1 > window) {
+          EXPECT_GT(moved, 1e-3) << "the window changes the result";
+        }
+      }
 }
 
 // ---- elementwise ops: the engine's fast variants against the reference ones ----
