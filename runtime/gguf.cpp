@@ -159,7 +159,7 @@ int64_t tensor_info::n_elements() const {
   return n;
 }
 
-file file::open(const std::string& path) {
+file file::open(const std::string& path, bool skip_unsupported_types) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw failure(errc::io_error, "cannot open model file '" + path + "': " + std::strerror(errno));
   struct stat st {};
@@ -170,6 +170,7 @@ file file::open(const std::string& path) {
   file f;
   f.path_ = path;
   f.size_ = size_t(st.st_size);
+  f.skip_unsupported_ = skip_unsupported_types;
   if (f.size_ > 0) {
     void* m = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
@@ -207,6 +208,8 @@ file& file::operator=(file&& o) noexcept {
     version_ = o.version_;
     kv_ = std::move(o.kv_);
     tensors_ = std::move(o.tensors_);
+    skip_unsupported_ = o.skip_unsupported_;
+    unsupported_ = std::move(o.unsupported_);
   }
   return *this;
 }
@@ -278,7 +281,8 @@ void file::parse_image(const uint8_t* base, size_t size) {
     tensors_.push_back(std::move(ti));
   }
 
-  if (!unsupported.empty()) {
+  unsupported_ = unsupported;
+  if (!unsupported.empty() && !skip_unsupported_) {
     std::string list;
     for (size_t i = 0; i < unsupported.size() && i < 6; ++i) list += (i ? ", " : "") + unsupported[i];
     if (unsupported.size() > 6) list += " and " + std::to_string(unsupported.size() - 6) + " more";

@@ -60,7 +60,9 @@ class file {
  public:
   // Maps and validates `path`. Throws tandem::failure with errc::io_error, malformed_file or
   // unsupported and a message naming the problem (and the offending key or tensor).
-  static file open(const std::string& path);
+  // skip_unsupported_types: tensors of types tandem lacks are left out of tensors() and listed
+  // in unsupported_tensors() instead of refused (for `model inspect`).
+  static file open(const std::string& path, bool skip_unsupported_types = false);
   // Parses an in-memory image (same validation); the buffer must outlive the file.
   static file parse(const void* data, size_t size, std::string name = "<memory>");
 
@@ -74,6 +76,8 @@ class file {
   const tensor_info* find_tensor(std::string_view name) const;
   const value* find(std::string_view key) const;
   uint64_t file_size() const { return size_; }
+  // "'name' (TYPE, type N)" for each tensor of a type tandem lacks (open with skip_unsupported_types).
+  const std::vector<std::string>& unsupported_tensors() const { return unsupported_; }
   const std::string& path() const { return path_; }
 
   // Typed getters: throw failure(missing_key) when absent (unless a default is given) and
@@ -99,6 +103,8 @@ class file {
   uint32_t version_ = 0;
   std::map<std::string, value> kv_;
   std::vector<tensor_info> tensors_;
+  bool skip_unsupported_ = false;
+  std::vector<std::string> unsupported_;
 };
 
 // Builds a GGUF v3 file: metadata first, then tensors (data copied, aligned to `alignment`).

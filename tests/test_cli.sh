@@ -98,6 +98,22 @@ done
 grep -q '"n_kv_head": 2' "$work/inspect.json" && grep -q '"q8_0"' "$work/inspect.json" && pass "inspect json" \
   || fail "inspect json: $(cat "$work/inspect.json")"
 "$bin" model inspect "$model" | grep -q "llama" && pass "inspect text" || fail "inspect text"
+# A file tandem cannot serve is still inspected: an unknown architecture (every "llama" of the
+# tiny file becomes "mamba", keys included) and a tensor retyped as Q2_K (type 10) are named.
+perl -0777 -pe 's/llama/mamba/g; s/(output_norm\.weight\x01\0\0\0.{8})\0\0\0\0/$1\x0a\0\0\0/s' \
+  <"$work/tiny.gguf" >"$work/mamba.gguf"
+"$bin" model inspect "$work/mamba.gguf" >"$work/mamba.txt" 2>&1 || fail "inspect of an unsupported file exits 0"
+grep -q "architecture 'mamba'" "$work/mamba.txt" && grep -q "'output_norm.weight' (Q2_K, type 10)" "$work/mamba.txt" \
+  && grep -q "cannot serve" "$work/mamba.txt" && pass "inspect names what tandem lacks" \
+  || fail "inspect of an unsupported file: $(cat "$work/mamba.txt")"
+"$bin" model inspect "$work/mamba.gguf" --json 2>/dev/null | grep -q '"loads": false' && pass "inspect json: loads false" \
+  || fail "inspect json of an unsupported file"
+for a in qwen2 qwen3 gemma3 phi3; do
+  "$bin" model synth --preset arch --arch $a --dtype q8_0 --out "$work/$a.gguf" 2>/dev/null || fail "synth --arch $a"
+  "$bin" model inspect "$work/$a.gguf" | grep -q "architecture   $a, .*(supported)" && pass "inspect $a" || fail "inspect $a"
+  "$bin" generate --model "$work/$a.gguf" --prompt "Once" -n 4 --temperature 0 --json 2>/dev/null | grep -q '"token_ids":\[' \
+    && pass "generate on a $a synth" || fail "generate on a $a synth"
+done
 
 # 7b. 4-6 bit types: synth refuses widths the block does not divide, a k-quant synth loads and
 # generates, and llama.cpp's own Q4_K_M file (tests/data/kquant) is served over HTTP.

@@ -7,7 +7,9 @@
 #include <iostream>
 #include <map>
 
+#include "runtime/errors.h"
 #include "runtime/model.h"
+#include "runtime/vocab_gguf.h"
 #include "runtime/synth.h"
 #include "tools/commands.h"
 
@@ -51,21 +53,87 @@ kernels::cpu::matmul_mode parse_matmul_mode(const std::string& value) {
 
 namespace {
 
-void inspect(const std::string& path, bool json) {
-  auto m = model::load(path);
-  const auto& c = m->config();
+// What tandem makes of each part of a GGUF file, read even when tandem cannot serve it.
+struct support_report {
+  nlohmann::json j;
+  std::vector<std::string> lacks;  // one line per missing capability
+};
+
+support_report check_support(const std::string& path) {
+  support_report r;
+  const auto f = gguf::file::open(path, /*skip_unsupported_types=*/true);
+  const std::string arch = f.get_string("general.architecture", "(none)");
+  const bool arch_ok = find_architecture(arch).has_value();
+  r.j["architecture"] = {{"name", arch}, {"supported", arch_ok}};
+  if (!arch_ok)
+    r.lacks.push_back("architecture '" + arch + "' (tandem runs " + std::string(architecture_names()) + ")");
   std::map<std::string, std::pair<int, uint64_t>> by_type;  // type -> (tensors, bytes)
-  for (const auto& t : m->file().tensors()) {
+  for (const auto& t : f.tensors()) {
     auto& e = by_type[std::string(kernels::to_string(t.type))];
     ++e.first;
     e.second += t.size_bytes;
   }
+  for (auto& [t, e] : by_type) r.j["tensor_types"][t] = {{"tensors", e.first}, {"bytes", e.second}, {"supported", true}};
+  for (const auto& u : f.unsupported_tensors()) {
+    r.j["unsupported_tensors"].push_back(u);
+    if (r.lacks.size() < 20) r.lacks.push_back("tensor " + u);
+  }
+  nlohmann::json tok = {{"model", f.get_string("tokenizer.ggml.model", "(none)")},
+                        {"pre", f.get_string("tokenizer.ggml.pre", "(none)")}};
+  try {
+    const tokenizer t(vocab_from_gguf(f));
+    tok["supported"] = true;
+    tok["n_vocab"] = t.n_vocab();
+  } catch (const failure& e) {
+    tok["supported"] = false;
+    tok["error"] = e.what();
+    r.lacks.push_back(std::string("tokenizer: ") + e.what());
+  }
+  r.j["tokenizer"] = tok;
+  const std::string tmpl = f.get_string("tokenizer.chat_template", "");
+  r.j["chat_template"] = {{"present", !tmpl.empty()}, {"bytes", tmpl.size()}};
+  return r;
+}
+
+void inspect(const std::string& path, bool json) {
+  support_report r = check_support(path);
+  std::shared_ptr<const model> m;
+  try {
+    m = model::load(path);
+  } catch (const failure& e) {
+    // The parts above may all be fine and the file still not load (a tensor missing, a key
+    // out of range, a feature like YaRN): the loader's own message says which.
+    if (r.lacks.empty()) r.lacks.push_back(e.what());
+  }
+  r.j["path"] = path;
+  r.j["loads"] = m != nullptr;
+  r.j["lacks"] = r.lacks;
+  const double mib = 1024.0 * 1024.0;
+  if (!m) {
+    if (json) {
+      std::cout << r.j.dump(2) << "\n";
+      return;
+    }
+    std::printf("file           %s\n", path.c_str());
+    std::printf("architecture   %s (%s)\n", r.j["architecture"]["name"].get<std::string>().c_str(),
+                r.j["architecture"]["supported"].get<bool>() ? "supported" : "not supported");
+    for (auto& [t, e] : r.j["tensor_types"].items())
+      std::printf("tensors %-6s %d tensors, %.2f MiB (supported)\n", t.c_str(), e["tensors"].get<int>(),
+                  double(e["bytes"].get<uint64_t>()) / mib);
+    std::printf("tokenizer      %s / pre %s (%s)\n", r.j["tokenizer"]["model"].get<std::string>().c_str(),
+                r.j["tokenizer"]["pre"].get<std::string>().c_str(),
+                r.j["tokenizer"]["supported"].get<bool>() ? "supported" : "not supported");
+    std::printf("chat template  %s\n", r.j["chat_template"]["present"].get<bool>() ? "present" : "none");
+    std::printf("tandem cannot serve this file; it lacks:\n");
+    for (const auto& l : r.lacks) std::printf("  - %s\n", l.c_str());
+    return;
+  }
+  const auto& c = m->config();
   // Memory for serving: the weights plus the KV cache of one full context (f32 KV).
   const uint64_t kv_per_token = uint64_t(c.n_layer) * 2 * c.n_kv_head * c.head_dim * sizeof(float);
-  nlohmann::json j = {
-      {"path", path},
+  nlohmann::json& j = r.j;
+  j.update({
       {"name", c.name},
-      {"architecture", "llama"},
       {"n_params", c.n_params},
       {"n_vocab", c.n_vocab},
       {"dim", c.dim},
@@ -77,28 +145,31 @@ void inspect(const std::string& path, bool json) {
       {"n_ctx", c.n_ctx},
       {"rms_eps", c.rms_eps},
       {"rope_freq_base", c.rope_freq_base},
+      {"sliding_window", c.sliding_window},
       {"tied_output", c.tied_output},
-      {"tokenizer", m->tok().spec().model},
       {"weight_bytes", m->weight_bytes()},
       {"kv_bytes_per_token", kv_per_token},
       {"kv_bytes_full_context", kv_per_token * uint64_t(c.n_ctx)},
       {"identity", fmt::format("{:016x}", m->identity())},
-  };
-  for (auto& [t, e] : by_type) j["tensor_types"][t] = {{"tensors", e.first}, {"bytes", e.second}};
+  });
   if (json) {
     std::cout << j.dump(2) << "\n";
     return;
   }
-  const double mib = 1024.0 * 1024.0;
   std::printf("model          %s (%s)\n", c.name.c_str(), path.c_str());
-  std::printf("architecture   llama, %.2f M parameters\n", double(c.n_params) / 1e6);
+  std::printf("architecture   %s, %.2f M parameters (supported)\n", std::string(to_string(c.arch)).c_str(),
+              double(c.n_params) / 1e6);
   std::printf("shape          dim %d, %d layers, %d heads (%d KV, head %d), FFN %d\n", c.dim, c.n_layer,
               c.n_head, c.n_kv_head, c.head_dim, c.ffn_dim);
-  std::printf("vocab          %d (%s tokenizer), context %d, output head %s\n", c.n_vocab,
-              m->tok().spec().model.c_str(), c.n_ctx, c.tied_output ? "tied" : "separate");
-  std::printf("rope / norm    freq base %g, rms eps %g\n", double(c.rope_freq_base), double(c.rms_eps));
-  for (auto& [t, e] : by_type)
-    std::printf("tensors %-6s %d tensors, %.2f MiB\n", t.c_str(), e.first, double(e.second) / mib);
+  std::printf("vocab          %d (%s tokenizer, pre %s), context %d, output head %s\n", c.n_vocab,
+              m->tok().spec().model.c_str(), j["tokenizer"]["pre"].get<std::string>().c_str(), c.n_ctx,
+              c.tied_output ? "tied" : "separate");
+  std::printf("rope / norm    freq base %g, rms eps %g%s\n", double(c.rope_freq_base), double(c.rms_eps),
+              c.sliding_window > 0 ? fmt::format(", sliding window {}", c.sliding_window).c_str() : "");
+  for (auto& [t, e] : j["tensor_types"].items())
+    std::printf("tensors %-6s %d tensors, %.2f MiB\n", t.c_str(), e["tensors"].get<int>(),
+                double(e["bytes"].get<uint64_t>()) / mib);
+  std::printf("chat template  %s\n", j["chat_template"]["present"].get<bool>() ? "present" : "none (ChatML is used)");
   std::printf("memory         weights %.2f MiB; KV %.1f KiB/token, %.2f MiB for a full context\n",
               double(m->weight_bytes()) / mib, double(kv_per_token) / 1024.0,
               double(kv_per_token * uint64_t(c.n_ctx)) / mib);
@@ -145,7 +216,9 @@ void add_model(CLI::App& app) {
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   });
 
-  auto* insp = model_cmd->add_subcommand("inspect", "Architecture, parameter count, tensor types, memory");
+  auto* insp = model_cmd->add_subcommand(
+      "inspect", "What tandem supports of any GGUF file (architecture, each tensor type, tokenizer, template) and what "
+                 "it lacks; for a file it serves also the shape, parameter count and memory");
   auto path = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
   insp->add_option("file", *path, "GGUF model file (default: the built-in default model)");
