@@ -67,6 +67,7 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
   // Qwen 3 and Gemma 3 have heads wider than dim / n_head (Qwen3-0.6B: 128 for 1024 / 16): so here.
   const int64_t hd = p.dim / p.n_head * (at.qk_norm ? 2 : 1);
   const int64_t q_dim = p.n_head * hd, kv_dim = p.n_kv_head * hd;
+  const int32_t n_vocab = opts.vocab ? int32_t(opts.vocab->tokens.size()) : p.n_vocab;
   if (p.dim % be != 0 || p.ffn_dim % be != 0 || q_dim % be != 0)
     throw failure(errc::invalid_argument, std::string(kernels::to_string(type)) + " needs widths that are multiples of " +
                                               std::to_string(be) + " (preset '" + p.name + "': dim " +
@@ -106,10 +107,10 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
   w.set_f32(K + "attention.layer_norm_rms_epsilon", opts.arch == architecture::gemma3 ? 1e-6f : 1e-5f);
   // A window shorter than the test prompts plus their continuations, so that it matters.
   if (at.swa_period > 0) w.set_u32(K + "attention.sliding_window", 8);
-  w.set_u32(K + "vocab_size", uint32_t(p.n_vocab));
+  w.set_u32(K + "vocab_size", uint32_t(n_vocab));
 
-  // The architecture's chat control tokens end the vocab, as in the real files (llama.cpp
-  // looks some up by text: it refuses a phi3 vocab without them).
+  // The architecture's chat control tokens end the built-in vocab, as in the real files
+  // (llama.cpp looks some up by text: it refuses a phi3 vocab without them).
   std::vector<std::string> controls;
   switch (opts.arch) {
     case architecture::llama: break;
@@ -118,20 +119,31 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
     case architecture::gemma3: controls = {"<start_of_turn>", "<end_of_turn>"}; break;
     case architecture::phi3: controls = {"<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"}; break;
   }
-  vocab_spec v = make_byte_level_vocab(p.n_vocab - int32_t(controls.size()));
-  for (auto& t : controls) {
-    v.tokens.push_back(t);
-    v.token_types.push_back(3);  // control
+  vocab_spec v;
+  if (opts.vocab) {
+    v = *opts.vocab;
+  } else {
+    v = make_byte_level_vocab(p.n_vocab - int32_t(controls.size()));
+    v.pre = "gpt-2";
+    for (auto& t : controls) {
+      v.tokens.push_back(t);
+      v.token_types.push_back(3);  // control
+    }
   }
   w.set_string("tokenizer.ggml.model", v.model);
-  w.set_string("tokenizer.ggml.pre", "gpt-2");
+  w.set_string("tokenizer.ggml.pre", v.pre);
   w.set_strings("tokenizer.ggml.tokens", v.tokens);
   if (!v.token_types.empty()) w.set_i32s("tokenizer.ggml.token_type", v.token_types);
+  if (!v.scores.empty()) w.set_f32s("tokenizer.ggml.scores", v.scores);
   w.set_strings("tokenizer.ggml.merges", v.merges);
-  w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(v.bos_id));
-  w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(v.eos_id));
-  w.set_u32("tokenizer.ggml.unknown_token_id", uint32_t(v.unk_id));
-  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  auto set_id = [&](const char* key, token_id id) {
+    if (id >= 0) w.set_u32(key, uint32_t(id));
+  };
+  set_id("tokenizer.ggml.bos_token_id", v.bos_id);
+  set_id("tokenizer.ggml.eos_token_id", v.eos_id);
+  set_id("tokenizer.ggml.unknown_token_id", v.unk_id);
+  set_id("tokenizer.ggml.padding_token_id", v.pad_id);
+  w.set_bool("tokenizer.ggml.add_bos_token", v.add_bos);
 
   rng r(seed);
   // Uniform weights with variance 1/fan_in keep activations of order one through the layers.
@@ -154,10 +166,10 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
   };
   // The embedding keeps a unit scale per element so the first RMSNorm sees a normal input; a
   // tied head takes output_scale here.
-  w.add_tensor("token_embd.weight", {p.dim, p.n_vocab}, type,
-               encode(type, values(int64_t(p.n_vocab) * p.dim, tied ? opts.output_scale : 1.0f), p.dim));
+  w.add_tensor("token_embd.weight", {p.dim, n_vocab}, type,
+               encode(type, values(int64_t(n_vocab) * p.dim, tied ? opts.output_scale : 1.0f), p.dim));
   norm("output_norm.weight", p.dim);
-  if (!tied) matrix("output.weight", p.n_vocab, p.dim, type, opts.output_scale);
+  if (!tied) matrix("output.weight", n_vocab, p.dim, type, opts.output_scale);
   for (int32_t l = 0; l < p.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     norm(b + "attn_norm.weight", p.dim);

