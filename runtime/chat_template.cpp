@@ -1,5 +1,7 @@
 #include "runtime/chat_template.h"
 
+#include <nlohmann/json.hpp>
+
 namespace tandem {
 
 std::string_view to_string(chat_format f) {
@@ -74,6 +76,45 @@ status render_chat(chat_format f, const std::vector<chat_message>& messages, std
     }
   }
   return {errc::invalid_argument, "unknown chat format"};
+}
+
+chat_template::chat_template(const std::string& source, std::string bos_token, std::string eos_token,
+                             bool vocab_adds_bos)
+    : bos_(std::move(bos_token)), eos_(std::move(eos_token)), strip_bos_(vocab_adds_bos) {
+  fallback_ = detect_chat_format(source);
+  if (source.empty()) {
+    fallback_reason_ = "the model has no chat template";
+    return;
+  }
+  try {
+    jinja_ = jinja::template_::parse(source);
+  } catch (const failure& e) {
+    fallback_reason_ = std::string("its chat template does not parse (") + e.what() + ")";
+  }
+}
+
+std::string chat_template::describe() const {
+  return jinja_ ? "jinja" : std::string(to_string(fallback_)) + " (" + fallback_reason_ + ")";
+}
+
+status chat_template::render(const std::vector<chat_message>& messages, std::string& out) const {
+  if (!jinja_) return render_chat(fallback_, messages, out);
+  out.clear();
+  if (messages.empty()) return {errc::invalid_argument, "messages must not be empty"};
+  // The variables transformers and llama.cpp give a chat template.
+  nlohmann::ordered_json ctx;
+  ctx["messages"] = nlohmann::ordered_json::array();
+  for (const auto& m : messages) ctx["messages"].push_back({{"role", m.role}, {"content", m.content}});
+  ctx["add_generation_prompt"] = true;
+  ctx["bos_token"] = bos_;
+  ctx["eos_token"] = eos_;
+  try {
+    out = jinja_->render(ctx);
+  } catch (const failure& e) {
+    return {errc::invalid_argument, std::string("chat template: ") + e.what()};
+  }
+  if (strip_bos_ && !bos_.empty() && out.rfind(bos_, 0) == 0) out.erase(0, bos_.size());
+  return {};
 }
 
 }  // namespace tandem

@@ -1,17 +1,20 @@
 #pragma once
-// Chat messages -> one prompt string. A GGUF file may carry a Jinja template in
-// `tokenizer.chat_template`; rather than run Jinja, the template is recognised by the markers
-// of the common families (as llama.cpp does) and rendered by hand. Files without a template,
-// or with one not recognised, use ChatML, documented in docs/protocol.md.
+// Chat messages -> one prompt string. The model's own Jinja template (GGUF
+// `tokenizer.chat_template`, or a file given with --chat-template) is rendered by tandem's
+// Jinja interpreter (runtime/jinja.h) as transformers and llama.cpp render it. Files without a
+// template, or with one the interpreter cannot parse, fall back to a hand-written format picked
+// by the template's markers (ChatML when there is none), documented in docs/protocol.md.
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/errors.h"
+#include "runtime/jinja.h"
 
 namespace tandem {
 
 struct chat_message {
-  std::string role;     // "system", "user", "assistant"
+  std::string role;     // "system", "user", "assistant" (and "tool" for templates that take it)
   std::string content;
 };
 
@@ -24,5 +27,32 @@ chat_format detect_chat_format(const std::string& jinja_template);
 // The prompt for `messages`, ending where the assistant's answer starts. invalid_argument for
 // an empty list or an unknown role.
 status render_chat(chat_format f, const std::vector<chat_message>& messages, std::string& out);
+
+class chat_template {
+ public:
+  // `source`: the Jinja text ("" for none). bos/eos: the vocabulary's token texts, which
+  // templates print as bos_token / eos_token. vocab_adds_bos: the tokenizer puts BOS in front
+  // itself, so a rendering that starts with bos_token loses it (llama.cpp does the same: one
+  // BOS, not two). A template that does not parse falls back to the format its markers
+  // suggest; fallback_reason() then says why.
+  chat_template(const std::string& source, std::string bos_token, std::string eos_token, bool vocab_adds_bos);
+
+  // What renders: "jinja" (the template) or the fallback format's name.
+  std::string describe() const;
+  bool uses_jinja() const { return jinja_.has_value(); }
+  const std::string& fallback_reason() const { return fallback_reason_; }
+
+  // The prompt, ending where the assistant's answer starts (add_generation_prompt). Errors
+  // (invalid_argument): an empty list, a role the fallback format lacks, or the template's own
+  // raise_exception (its message passed through).
+  status render(const std::vector<chat_message>& messages, std::string& out) const;
+
+ private:
+  std::optional<jinja::template_> jinja_;
+  chat_format fallback_ = chat_format::chatml;
+  std::string fallback_reason_;
+  std::string bos_, eos_;
+  bool strip_bos_ = false;
+};
 
 }  // namespace tandem

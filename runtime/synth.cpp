@@ -144,6 +144,7 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
   set_id("tokenizer.ggml.unknown_token_id", v.unk_id);
   set_id("tokenizer.ggml.padding_token_id", v.pad_id);
   w.set_bool("tokenizer.ggml.add_bos_token", v.add_bos);
+  if (!opts.chat_template.empty()) w.set_string("tokenizer.chat_template", opts.chat_template);
 
   rng r(seed);
   // Uniform weights with variance 1/fan_in keep activations of order one through the layers.

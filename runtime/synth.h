@@ -34,6 +34,7 @@ struct synth_options {
   // A real vocabulary (vocab_from_tokenizer_json) instead of the built-in byte-level one; its
   // size replaces the preset's n_vocab.
   std::optional<vocab_spec> vocab;
+  std::string chat_template;  // written as tokenizer.chat_template when not empty
 };
 
 // Writes the model to `path` (atomically). Same (preset, dtype, seed, options) → same bytes.

@@ -127,4 +127,18 @@ vocab_spec vocab_from_tokenizer_json(const std::string& path, const std::string&
   }
 }
 
+std::string chat_template_beside(const std::string& tokenizer_json_path) {
+  const auto cfg = std::filesystem::path(tokenizer_json_path).parent_path() / "tokenizer_config.json";
+  if (!std::filesystem::exists(cfg)) return "";
+  const json j = read_json(cfg.string());
+  const auto it = j.find("chat_template");
+  if (it == j.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  // Newer files hold a list of named templates: the "default" one is the chat template.
+  if (it->is_array())
+    for (const auto& t : *it)
+      if (t.value("name", "") == "default" && t.contains("template")) return t["template"].get<std::string>();
+  throw failure(errc::malformed_file, "'" + cfg.string() + "': chat_template is neither a string nor named templates");
+}
+
 }  // namespace tandem

@@ -17,4 +17,8 @@ namespace tandem {
 // post-processor. Throws failure(io_error / malformed_file / unsupported) naming the problem.
 vocab_spec vocab_from_tokenizer_json(const std::string& path, const std::string& pre = "");
 
+// The chat_template of the tokenizer_config.json beside `tokenizer_json_path` ("" when there is
+// none), as convert_hf_to_gguf.py stores it in tokenizer.chat_template.
+std::string chat_template_beside(const std::string& tokenizer_json_path);
+
 }  // namespace tandem

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/chat_template.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/synth.h"
@@ -123,6 +124,29 @@ TEST_P(RealVocab, ChatContinuationEqualsLlamaCpp) {
   EXPECT_GE(step, 8);
   EXPECT_GE(checked, step / 3) << "enough choices are clear to compare";
   std::printf("%s: %d steps, %d clear, worst |dlogprob| %.3f\n", GetParam().c_str(), step, checked, double(worst));
+}
+
+// The vocabulary's own chat template (tokenizer_config.json's, stored by synth as
+// tokenizer.chat_template) renders conversations as llama.cpp does, and the prompt tokenizes to
+// the ids llama-server's chat endpoint prefills (one BOS, control tokens as tokens).
+TEST_P(RealVocab, ChatTemplateRendersAndTokenizesAsLlamaCpp) {
+  const json& v = vocab_case(GetParam());
+  const std::string tj = tokenizer_json(v);
+  const tokenizer tok(vocab_from_tokenizer_json(tj));
+  const std::string source = chat_template_beside(tj);
+  ASSERT_FALSE(source.empty());
+  auto text_of = [&](token_id id) { return id >= 0 ? tok.token_text(id) : std::string(); };
+  const chat_template tmpl(source, text_of(tok.bos()), text_of(tok.eos()), tok.spec().add_bos);
+  ASSERT_TRUE(tmpl.uses_jinja()) << tmpl.describe();
+  ASSERT_GE(v["conversations"].size(), 2u);
+  for (const auto& c : v["conversations"]) {
+    std::vector<chat_message> msgs;
+    for (const auto& m : c["messages"]) msgs.push_back({m["role"], m["content"]});
+    std::string prompt;
+    ASSERT_TRUE(tmpl.render(msgs, prompt).ok());
+    EXPECT_EQ(prompt, c["prompt"].get<std::string>());
+    EXPECT_EQ(tok.encode(prompt, tok.spec().add_bos, true), c["ids"].get<std::vector<token_id>>()) << prompt;
+  }
 }
 
 TEST(RealVocab, RefusesWhatItCannotRead) {

@@ -43,7 +43,7 @@ class ServerTest : public ::testing::Test {
     pc.loaded_model = tiny();
     pc.kv_blocks_per_worker = 256;
     pipe = std::make_unique<pipeline>(pc);
-    server::served_model sm{"tiny", tiny()->config().n_ctx, chat_format::chatml};
+    server::served_model sm{"tiny", tiny()->config().n_ctx, nullptr};
     sc.port = 0;
     srv = std::make_unique<server::http_server>(*pipe, sm, sc);
     port = srv->port();

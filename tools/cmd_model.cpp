@@ -217,8 +217,11 @@ void add_model(CLI::App& app) {
                     "tokenizer.ggml.pre for --vocab-from when its pre-tokenizer is not recognised (llama-bpe, qwen2, gpt-2)");
   synth->callback([so] {
     const auto t0 = std::chrono::steady_clock::now();
-    synth_options opts{*find_architecture(so->arch), so->output_scale, std::nullopt};
-    if (!so->vocab_from.empty()) opts.vocab = vocab_from_tokenizer_json(so->vocab_from, so->pre);
+    synth_options opts{*find_architecture(so->arch), so->output_scale, std::nullopt, ""};
+    if (!so->vocab_from.empty()) {
+      opts.vocab = vocab_from_tokenizer_json(so->vocab_from, so->pre);
+      opts.chat_template = chat_template_beside(so->vocab_from);
+    }
     else if (!so->pre.empty()) throw CLI::ValidationError("--pre", "needs --vocab-from");
     synthesize_model(find_synth_preset(so->preset), *kernels::dtype_from_name(so->dtype), so->out, so->seed, opts);
     spdlog::info("wrote {} ({} {}) in {:.2f} s", so->out, so->preset, so->dtype,

@@ -4,10 +4,13 @@
 #include <atomic>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "actors/node.h"
 #include "actors/pipeline.h"
+#include "runtime/chat_template.h"
 #include "runtime/model.h"
 #include "tools/commands.h"
 #include "tools/server/http_server.h"
@@ -16,7 +19,7 @@ namespace tandem::cli {
 namespace {
 
 struct serve_options {
-  std::string model, model_name, mode = "disaggregated", host = "127.0.0.1", api_key, admin_key, kv_transport = "local",
+  std::string model, model_name, chat_template_file, mode = "disaggregated", host = "127.0.0.1", api_key, admin_key, kv_transport = "local",
               matmul = "batch-invariant", kv_dtype = "f16";
   int port = 8080, prefill_workers = 1, decode_workers = 1, colocated_workers = 1, threads = 1, io_threads = 2,
       max_worker_restarts = 5;
@@ -89,6 +92,24 @@ int run_node(const serve_options& o) {
   return stopped ? 0 : 1;
 }
 
+// The model's chat template (or the --chat-template file). A file the user names must parse; a
+// model's own template that does not falls back to a hand-written format, with a warning.
+std::shared_ptr<const chat_template> load_chat_template(const model& m, const std::string& file) {
+  std::string source = m.file().get_string("tokenizer.chat_template", "");
+  if (!file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw failure(errc::io_error, "cannot read --chat-template '" + file + "'");
+    source.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const tokenizer& tok = m.tok();
+  auto text_of = [&](token_id id) { return id >= 0 ? tok.token_text(id) : std::string(); };
+  auto t = std::make_shared<const chat_template>(source, text_of(tok.bos()), text_of(tok.eos()), tok.spec().add_bos);
+  if (!file.empty() && !t->uses_jinja())
+    throw failure(errc::invalid_argument, "--chat-template '" + file + "': " + t->fallback_reason());
+  if (!source.empty() && !t->uses_jinja()) spdlog::warn("chat template: {}; using {}", t->fallback_reason(), t->describe());
+  return t;
+}
+
 int run_serve(const serve_options& o) {
   if (o.role == "prefill" || o.role == "decode") return run_node(o);
   if (!o.join.empty()) throw CLI::ValidationError("--join", "is for --role prefill or decode");
@@ -132,7 +153,7 @@ int run_serve(const serve_options& o) {
   server::served_model sm;
   sm.id = o.model_name.empty() ? std::filesystem::path(cfg.model_path).stem().string() : o.model_name;
   sm.context_length = p.get_model().config().n_ctx;
-  sm.chat = detect_chat_format(p.get_model().file().get_string("tokenizer.chat_template", ""));
+  sm.chat = load_chat_template(p.get_model(), o.chat_template_file);
 
   server::server_config sc;
   sc.host = o.host;
@@ -146,8 +167,8 @@ int run_serve(const serve_options& o) {
   sc.io_threads = o.io_threads;
   sc.stop_on_signals = true;  // SIGINT/SIGTERM: stop accepting, drain, exit 0
   server::http_server srv(p, sm, sc);
-  spdlog::info("serving model '{}' ({} mode, chat format {}) on http://{}:{} (WebSocket: /ws)", sm.id, o.mode,
-               to_string(sm.chat), o.host, srv.port());
+  spdlog::info("serving model '{}' ({} mode, chat template {}) on http://{}:{} (WebSocket: /ws)", sm.id, o.mode,
+               sm.chat->describe(), o.host, srv.port());
   if (o.role == "router")
     spdlog::info("router: prefill and decode nodes join at {}:{} (tandem serve --role prefill|decode --join ...)",
                  o.cluster_host, p.cluster_port());
@@ -165,6 +186,10 @@ void add_serve(CLI::App& app) {
   cmd->fallthrough();  // --config belongs to the top-level app (CLI11 reads config files there)
   cmd->add_option("-m,--model", o->model, "GGUF model file (default: the built-in synthetic model)");
   cmd->add_option("--model-name", o->model_name, "Model id clients send in 'model' (default: the file's name)");
+  cmd->add_option("--chat-template", o->chat_template_file,
+                  "A Jinja chat template file to render chat messages with, instead of the model's own "
+                  "tokenizer.chat_template")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--mode", o->mode, "disaggregated or colocated")->check(CLI::IsMember({"disaggregated", "colocated"}));
   cmd->add_option("--prefill-workers", o->prefill_workers, "Prefill workers (disaggregated)")->check(CLI::Range(1, 256));
   cmd->add_option("--decode-workers", o->decode_workers, "Decode workers (disaggregated)")->check(CLI::Range(1, 256));

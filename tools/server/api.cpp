@@ -119,7 +119,8 @@ std::optional<api_error> parse_messages(const json& b, const served_model& m, ap
     msgs.push_back(std::move(cm));
   }
   std::string prompt;
-  if (status st = render_chat(m.chat, msgs, prompt); !st.ok()) return bad(st.message(), "messages");
+  const status st = m.chat ? m.chat->render(msgs, prompt) : render_chat(chat_format::chatml, msgs, prompt);
+  if (!st.ok()) return bad(st.message(), "messages");
   out.gen.prompt = std::move(prompt);
   out.gen.parse_special = true;  // the template's markers are control tokens (as llama-server and vLLM read them)
   out.chat = true;

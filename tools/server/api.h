@@ -4,6 +4,7 @@
 // (docs/protocol.md) parsed into a generation_request, and errors in OpenAI's error JSON.
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,8 @@ using json = nlohmann::json;
 struct served_model {
   std::string id;              // the name clients put in "model"
   int32_t context_length = 0;
-  chat_format chat = chat_format::chatml;
+  // Renders chat messages (the model's Jinja template, or a fallback format); null: ChatML.
+  std::shared_ptr<const chat_template> chat;
 };
 
 struct api_error {
