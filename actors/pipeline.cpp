@@ -364,7 +364,9 @@ std::optional<request_spec> make_spec(connection_inbox& in, request_id id, const
                                       const generation_request& req) {
   request_spec spec;
   spec.id = id;
-  spec.prompt = req.prompt_tokens.empty() ? mdl.tok().encode(req.prompt, req.add_bos, req.parse_special) : req.prompt_tokens;
+  spec.prompt = req.prompt_tokens.empty()
+                    ? mdl.tok().encode(req.prompt, req.add_bos, req.parse_special, req.literal_ranges)
+                    : req.prompt_tokens;
   spec.max_tokens = req.max_tokens;
   spec.sampling = req.sampling;
   spec.ignore_eos = req.ignore_eos;

@@ -98,6 +98,9 @@ struct generation_request {
   // Control tokens written in `prompt` (<|im_start|>, <|eot_id|>) are their tokens: set for
   // prompts rendered from a chat template; raw completion prompts keep them as characters.
   bool parse_special = false;
+  // With parse_special: byte ranges of `prompt` where control tokens stay characters (text a
+  // chat template copied from a message: chat_template::render).
+  std::vector<tokenizer::byte_range> literal_ranges;
   int32_t max_tokens = 64;
   sampling_params sampling{.temperature = 0.0f};
   bool ignore_eos = false;

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 namespace tandem {
 
 std::string_view to_string(chat_format f) {
@@ -79,8 +81,10 @@ status render_chat(chat_format f, const std::vector<chat_message>& messages, std
 }
 
 chat_template::chat_template(const std::string& source, std::string bos_token, std::string eos_token,
-                             bool vocab_adds_bos)
-    : bos_(std::move(bos_token)), eos_(std::move(eos_token)), strip_bos_(vocab_adds_bos) {
+                             bool vocab_adds_bos, std::vector<std::string> control_tokens)
+    : bos_(std::move(bos_token)), eos_(std::move(eos_token)), strip_bos_(vocab_adds_bos),
+      controls_(std::move(control_tokens)) {
+  std::erase(controls_, std::string());
   fallback_ = detect_chat_format(source);
   if (source.empty()) {
     fallback_reason_ = "the model has no chat template";
@@ -97,23 +101,77 @@ std::string chat_template::describe() const {
   return jinja_ ? "jinja" : std::string(to_string(fallback_)) + " (" + fallback_reason_ + ")";
 }
 
-status chat_template::render(const std::vector<chat_message>& messages, std::string& out) const {
-  if (!jinja_) return render_chat(fallback_, messages, out);
+namespace {
+
+// U+FFFE, a noncharacter: marks, inside a message's content, the first byte of a control-token
+// text, so that after rendering (templates trim, split and concatenate content freely) its
+// position is known. A U+FFFE of the content itself is doubled.
+constexpr std::string_view kMark = "\xEF\xBF\xBE";
+
+std::string mark_controls(const std::string& content, const std::vector<std::string>& controls) {
+  std::string out;
+  out.reserve(content.size());
+  for (size_t i = 0; i < content.size();) {
+    if (content.compare(i, kMark.size(), kMark) == 0) {
+      out.append(kMark).append(kMark);
+      i += kMark.size();
+      continue;
+    }
+    const bool starts_control =
+        std::any_of(controls.begin(), controls.end(), [&](const std::string& c) { return content.compare(i, c.size(), c) == 0; });
+    out += content[i++];
+    if (starts_control) out.append(kMark);
+  }
+  return out;
+}
+
+// Removes the marks; each marked byte becomes a one-byte literal range.
+void unmark(std::string& s, std::vector<tokenizer::byte_range>* literal) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    if (s.compare(i, kMark.size(), kMark) != 0) {
+      out += s[i++];
+      continue;
+    }
+    i += kMark.size();
+    if (s.compare(i, kMark.size(), kMark) == 0) {
+      out.append(kMark);
+      i += kMark.size();
+    } else if (literal && !out.empty()) {
+      literal->push_back({uint32_t(out.size() - 1), uint32_t(out.size())});
+    }
+  }
+  s.swap(out);
+}
+
+}  // namespace
+
+status chat_template::render(const std::vector<chat_message>& messages, std::string& out,
+                             std::vector<tokenizer::byte_range>* literal) const {
   out.clear();
+  if (literal) literal->clear();
   if (messages.empty()) return {errc::invalid_argument, "messages must not be empty"};
-  // The variables transformers and llama.cpp give a chat template.
-  nlohmann::ordered_json ctx;
-  ctx["messages"] = nlohmann::ordered_json::array();
-  for (const auto& m : messages) ctx["messages"].push_back({{"role", m.role}, {"content", m.content}});
-  ctx["add_generation_prompt"] = true;
-  ctx["bos_token"] = bos_;
-  ctx["eos_token"] = eos_;
-  try {
-    out = jinja_->render(ctx);
-  } catch (const failure& e) {
-    return {errc::invalid_argument, std::string("chat template: ") + e.what()};
+  std::vector<chat_message> marked = messages;
+  for (auto& m : marked) m.content = mark_controls(m.content, controls_);
+  if (!jinja_) {
+    if (status st = render_chat(fallback_, marked, out); !st.ok()) return st;
+  } else {
+    // The variables transformers and llama.cpp give a chat template.
+    nlohmann::ordered_json ctx;
+    ctx["messages"] = nlohmann::ordered_json::array();
+    for (const auto& m : marked) ctx["messages"].push_back({{"role", m.role}, {"content", m.content}});
+    ctx["add_generation_prompt"] = true;
+    ctx["bos_token"] = bos_;
+    ctx["eos_token"] = eos_;
+    try {
+      out = jinja_->render(ctx);
+    } catch (const failure& e) {
+      return {errc::invalid_argument, std::string("chat template: ") + e.what()};
+    }
   }
   if (strip_bos_ && !bos_.empty() && out.rfind(bos_, 0) == 0) out.erase(0, bos_.size());
+  unmark(out, literal);
   return {};
 }
 

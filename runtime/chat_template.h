@@ -10,6 +10,7 @@
 
 #include "runtime/errors.h"
 #include "runtime/jinja.h"
+#include "runtime/tokenizer.h"
 
 namespace tandem {
 
@@ -35,7 +36,10 @@ class chat_template {
   // itself, so a rendering that starts with bos_token loses it (llama.cpp does the same: one
   // BOS, not two). A template that does not parse falls back to the format its markers
   // suggest; fallback_reason() then says why.
-  chat_template(const std::string& source, std::string bos_token, std::string eos_token, bool vocab_adds_bos);
+  // control_tokens: the vocabulary's control-token texts; where a message's content holds one,
+  // render() reports its bytes as literal, so that the user's "<|im_start|>" is not the token.
+  chat_template(const std::string& source, std::string bos_token, std::string eos_token, bool vocab_adds_bos,
+                std::vector<std::string> control_tokens = {});
 
   // What renders: "jinja" (the template) or the fallback format's name.
   std::string describe() const;
@@ -45,7 +49,10 @@ class chat_template {
   // The prompt, ending where the assistant's answer starts (add_generation_prompt). Errors
   // (invalid_argument): an empty list, a role the fallback format lacks, or the template's own
   // raise_exception (its message passed through).
-  status render(const std::vector<chat_message>& messages, std::string& out) const;
+  // `literal` (if given) gets the byte ranges of `out` that copy control-token text from the
+  // messages: tokenizer::encode(out, add_bos, true, literal) keeps them characters.
+  status render(const std::vector<chat_message>& messages, std::string& out,
+                std::vector<tokenizer::byte_range>* literal = nullptr) const;
 
  private:
   std::optional<jinja::template_> jinja_;
@@ -53,6 +60,7 @@ class chat_template {
   std::string fallback_reason_;
   std::string bos_, eos_;
   bool strip_bos_ = false;
+  std::vector<std::string> controls_;
 };
 
 }  // namespace tandem

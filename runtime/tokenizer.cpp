@@ -182,7 +182,18 @@ tokenizer::tokenizer(tokenizer&&) noexcept = default;
 tokenizer& tokenizer::operator=(tokenizer&&) noexcept = default;
 
 std::vector<token_id> tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+  return encode(text, add_bos, parse_special, {});
+}
+
+std::vector<token_id> tokenizer::encode(std::string_view text, bool add_bos, bool parse_special,
+                                        std::span<const byte_range> literal) const {
   const impl& t = *impl_;
+  // Whether [b, e) of text touches a literal range (those are sorted and few).
+  auto in_literal = [&](size_t b, size_t e) {
+    for (const auto& [lb, le] : literal)
+      if (b < le && lb < e) return true;
+    return false;
+  };
   std::vector<token_id> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos && t.spec.bos_id >= 0) out.push_back(t.spec.bos_id);
@@ -197,17 +208,25 @@ std::vector<token_id> tokenizer::encode(std::string_view text, bool add_bos, boo
     if (!parse_special && t.types[size_t(sid)] != type_user_defined) continue;
     const std::string& st = t.spec.tokens[size_t(sid)];
     next.clear();
+    const bool may_be_literal = !literal.empty() && t.types[size_t(sid)] != type_user_defined;
     for (const fragment& f : frags) {
       if (f.id >= 0 || f.text.find(st) == std::string_view::npos) {
         next.push_back(f);
         continue;
       }
-      std::string_view rest = f.text;
-      for (size_t p; (p = rest.find(st)) != std::string_view::npos; rest.remove_prefix(p + st.size())) {
-        if (p > 0) next.push_back({-1, rest.substr(0, p)});
+      // Cut at each occurrence outside the literal ranges; the text between cuts stays one piece.
+      size_t start = 0, from = 0;
+      for (size_t p; (p = f.text.find(st, from)) != std::string_view::npos;) {
+        const size_t at = size_t(f.text.data() - text.data()) + p;
+        if (may_be_literal && in_literal(at, at + st.size())) {
+          from = p + 1;
+          continue;
+        }
+        if (p > start) next.push_back({-1, f.text.substr(start, p - start)});
         next.push_back({sid, {}});
+        start = from = p + st.size();
       }
-      if (!rest.empty()) next.push_back({-1, rest});
+      if (start < f.text.size()) next.push_back({-1, f.text.substr(start)});
     }
     frags.swap(next);
   }
@@ -247,6 +266,10 @@ std::string tokenizer::decode(std::span<const token_id> ids, bool strip_leading_
     out.erase(0, 1);
   }
   return out;
+}
+
+int32_t tokenizer::token_type(token_id id) const {
+  return id >= 0 && id < n_vocab() ? impl_->types[size_t(id)] : 0;
 }
 
 int32_t tokenizer::n_vocab() const { return static_cast<int32_t>(impl_->spec.tokens.size()); }

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tandem {
@@ -42,6 +43,13 @@ class tokenizer {
   // only with parse_special (prompts rendered from a chat template), else plain characters —
   // llama.cpp's rules (llama_tokenize's parse_special).
   std::vector<token_id> encode(std::string_view text, bool add_bos, bool parse_special = false) const;
+  // As above, with parse_special, except that no control or unknown token is recognised across
+  // the byte ranges [first, second) of `literal` (sorted): text a chat template copied from
+  // a user's message, whose "<|im_start|>" stays characters there while the template's own
+  // markers around it are tokens.
+  using byte_range = std::pair<uint32_t, uint32_t>;
+  std::vector<token_id> encode(std::string_view text, bool add_bos, bool parse_special,
+                               std::span<const byte_range> literal) const;
   // The raw bytes a token stands for (byte tokens give their byte, "▁" gives a space,
   // gpt2 byte-unicode is mapped back). Control tokens give "". May be part of a UTF-8 char.
   std::string token_bytes(token_id id) const;
@@ -54,6 +62,9 @@ class tokenizer {
   token_id eos() const;
   bool is_eog(token_id id) const;  // end of generation: EOS (and EOT-like control tokens)
   const std::string& token_text(token_id id) const;  // the vocab entry as stored in the file
+  // GGUF token type: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
+  // (inferred when the file gives none). 0 for an id out of range.
+  int32_t token_type(token_id id) const;
   const vocab_spec& spec() const;
 
  private:

@@ -119,10 +119,13 @@ std::optional<api_error> parse_messages(const json& b, const served_model& m, ap
     msgs.push_back(std::move(cm));
   }
   std::string prompt;
-  const status st = m.chat ? m.chat->render(msgs, prompt) : render_chat(chat_format::chatml, msgs, prompt);
+  const status st = m.chat ? m.chat->render(msgs, prompt, &out.gen.literal_ranges)
+                           : render_chat(chat_format::chatml, msgs, prompt);
   if (!st.ok()) return bad(st.message(), "messages");
   out.gen.prompt = std::move(prompt);
-  out.gen.parse_special = true;  // the template's markers are control tokens (as llama-server and vLLM read them)
+  // The template's markers are control tokens (as llama-server and vLLM read them); the same
+  // texts inside a message's content are not (literal_ranges), unlike llama-server.
+  out.gen.parse_special = true;
   out.chat = true;
   return std::nullopt;
 }
