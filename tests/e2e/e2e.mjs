@@ -203,6 +203,16 @@ await check('chromium: chat page streams an answer; dashboard shows the workers'
     assert.ok(answer.length > 0, 'streamed text shown');
     const meta = await page.textContent('.answer .meta');
     assert.match(meta, /TTFT [\d.]+ ms · TPOT [\d.]+ ms/);
+    // A second turn carries the conversation (messages, rendered by the chat template).
+    const sent = [];
+    await page.exposeFunction('noteFrame', (f) => sent.push(JSON.parse(f)));
+    await page.evaluate(() => { const s = WebSocket.prototype.send; WebSocket.prototype.send = function (d) { window.noteFrame(d); return s.call(this, d); }; });
+    await page.fill('#prompt', 'And then?');
+    await page.click('#send');
+    await page.waitForFunction(() => document.querySelectorAll('.answer[data-done="1"]').length === 2, null, { timeout: 30000 });
+    assert.equal(sent.length, 1);
+    assert.deepEqual(sent[0].messages.map((m) => m.role), ['user', 'assistant', 'user']);
+    assert.equal(sent[0].messages[2].content, 'And then?');
     await page.goto(`${base}/dashboard`);
     await page.waitForSelector('tr.worker', { timeout: 10000 });
     const names = await page.$$eval('tr.worker td:first-child', (tds) => tds.map((t) => t.textContent));

@@ -19,11 +19,12 @@ std::string_view chat_page() {
  label{font-size:13px;color:#445}
 </style></head>
 <body>
-<header><b>tandem</b><span>chat over the WebSocket protocol</span><a href="/dashboard">dashboard</a><span id="status">connecting…</span></header>
+<header><b>tandem</b><span>chat over the WebSocket protocol (the model's chat template)</span><a href="/dashboard">dashboard</a><span id="status">connecting…</span></header>
 <div id="log"></div>
 <form id="f"><textarea id="prompt" placeholder="Say something">Once upon a time</textarea>
 <div><label>max tokens <input id="max" type="number" value="64" min="1" style="width:70px"></label><br>
 <label>temperature <input id="temp" type="number" value="0" step="0.1" min="0" max="2" style="width:70px"></label><br>
+<label><input id="raw" type="checkbox"> raw completion</label><br>
 <button id="send" type="submit">Send</button></div></form>
 <script>
 const log = document.getElementById('log'), status = document.getElementById('status');
@@ -31,6 +32,9 @@ const key = new URLSearchParams(location.search).get('api_key');
 const ws = new WebSocket((location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/ws' + (key ? '?api_key=' + encodeURIComponent(key) : ''));
 const live = {};
 let next = 1;
+// The conversation so far: each send carries it as 'messages', which the server renders with
+// the model's chat template; 'raw completion' sends the text alone as a prompt instead.
+const history = [];
 ws.onopen = () => status.textContent = 'connected';
 ws.onclose = () => status.textContent = 'disconnected';
 ws.onmessage = (m) => {
@@ -44,6 +48,7 @@ ws.onmessage = (m) => {
     const tpot = r.count > 1 ? ((performance.now() - r.first) / (r.count - 1)).toFixed(1) : '…';
     r.meta.textContent = 'TTFT ' + ttft + ' ms · TPOT ' + tpot + ' ms · ' + r.count + ' tokens';
   } else if (f.type === 'done') {
+    if (r.chat) history.push({role: 'assistant', content: r.body.textContent});
     const t = f.timings;
     r.meta.textContent = 'TTFT ' + t.ttft_ms.toFixed(1) + ' ms · TPOT ' + t.tpot_ms.toFixed(2) + ' ms · ' +
       f.usage.completion_tokens + ' tokens · KV ' + t.kv_bytes + ' B in ' + t.kv_transfer_ms.toFixed(2) + ' ms · ' + f.finish_reason;
@@ -64,10 +69,17 @@ document.getElementById('f').onsubmit = (e) => {
   const meta = document.createElement('div'); meta.className = 'meta'; meta.textContent = 'waiting…';
   box.appendChild(body); box.appendChild(meta); log.appendChild(box);
   const id = 'c' + (next++);
-  live[id] = {box, body, meta, t0: performance.now(), first: 0, count: 0};
-  ws.send(JSON.stringify({type: 'generate', id, prompt: text,
-    max_tokens: parseInt(document.getElementById('max').value, 10),
-    temperature: parseFloat(document.getElementById('temp').value)}));
+  const chat = !document.getElementById('raw').checked;
+  live[id] = {box, body, meta, chat, t0: performance.now(), first: 0, count: 0};
+  const frame = {type: 'generate', id, max_tokens: parseInt(document.getElementById('max').value, 10),
+    temperature: parseFloat(document.getElementById('temp').value)};
+  if (chat) {
+    history.push({role: 'user', content: text});
+    frame.messages = history.slice();
+  } else {
+    frame.prompt = text;
+  }
+  ws.send(JSON.stringify(frame));
 };
 </script></body></html>
 )HTML";
