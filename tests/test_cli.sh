@@ -120,6 +120,10 @@ done
 expect_error "multiples of 256" model synth --preset tiny --dtype q4_k --out "$work/x.gguf"
 "$bin" model synth --preset kquant --dtype q5_k --out "$work/kq5.gguf" 2>/dev/null || fail "synth q5_k"
 "$bin" model inspect "$work/kq5.gguf" | grep -q "q5_k" && pass "inspect shows q5_k" || fail "inspect q5_k"
+"$bin" bench kernels --model "$work/kq5.gguf" --threads 1 --prompt-tokens 32 --decode-tokens 4 --matmul batch-invariant \
+  --json 2>/dev/null | grep -q '"dtype": *"q5_k"' && pass "bench kernels --model: rows labelled by the file's type" \
+  || fail "bench kernels --model label"
+expect_error "excludes" bench kernels --model "$work/kq5.gguf" --dtypes q8_0
 "$bin" generate --model "$work/kq5.gguf" --prompt "Once" -n 8 --temperature 0 --json 2>/dev/null | grep -q '"token_ids":\[' \
   && pass "generate on a q5_k synth" || fail "generate on a q5_k synth"
 kq=$data/kquant/kq-Q4_K_M.gguf

@@ -115,6 +115,22 @@ double median(std::vector<double> v) {
 // reported as medians and as ratios tandem / llama.cpp. Prefill: `prompt_tokens` after
 // `context - prompt_tokens` tokens (llama-bench -p P -d context-P); decode: `decode_tokens`
 // from position `context` (-n D -d context).
+// What to run: each --dtypes value on the preset's cached synthetic model, or the one --model
+// file, labelled by its dominant weight type.
+struct bench_target {
+  std::string label, path;
+};
+std::vector<bench_target> bench_targets(const bench_opts& o) {
+  if (!o.model.empty()) return {{std::string(kernels::to_string(model::load(o.model)->weight_type())), o.model}};
+  std::vector<bench_target> out;
+  for (const auto& dt_name : o.dtypes) {
+    const auto dt = kernels::dtype_from_name(dt_name);
+    if (!dt) throw failure(errc::invalid_argument, "unknown dtype '" + dt_name + "'");
+    out.push_back({dt_name, cached_synth_model(o.preset, *dt)});
+  }
+  return out;
+}
+
 int run_against_llama(const bench_opts& o) {
   bench::llama_bench ref(o.llama_dir);
   const std::vector<int> contexts = o.contexts.empty() ? std::vector<int>{o.prompt_tokens} : o.contexts;
@@ -125,10 +141,7 @@ int run_against_llama(const bench_opts& o) {
   };
   std::vector<row> rows;
   std::map<std::string, std::shared_ptr<const model>> models;
-  for (const auto& dt_name : o.dtypes) {
-    const auto dt = kernels::dtype_from_name(dt_name);
-    if (!dt) throw failure(errc::invalid_argument, "unknown dtype '" + dt_name + "'");
-    const std::string path = o.model.empty() ? cached_synth_model(o.preset, *dt) : o.model;
+  for (const auto& [dt_name, path] : bench_targets(o)) {
     auto m = model::load(path);
     for (int ctx : contexts) {
       if (ctx < o.prompt_tokens || ctx + o.decode_tokens > m->config().n_ctx)
@@ -202,10 +215,7 @@ int run_bench(const bench_opts& o) {
                  gf, kernels::cpu::isa_name(), bw, dispatch[t]);
   }
 
-  for (const auto& dt_name : o.dtypes) {
-    const auto dt = kernels::dtype_from_name(dt_name);
-    if (!dt) throw failure(errc::invalid_argument, "unknown dtype '" + dt_name + "'");
-    const std::string path = o.model.empty() ? cached_synth_model(o.preset, *dt) : o.model;
+  for (const auto& [dt_name, path] : bench_targets(o)) {
     auto m = model::load(path);
     const auto& c = m->config();
     const token_cost tc = cost_of(*m);
@@ -295,8 +305,10 @@ void add_bench(CLI::App& app) {
     for (const auto& p : synth_presets()) n.push_back(p.name);
     return n;
   }()));
-  k->add_option("--model", o->model, "Use this GGUF file instead of a synthetic preset (one dtype)");
-  k->add_option("--dtypes", o->dtypes, "Weight types to run")
+  auto* model_opt = k->add_option("--model", o->model,
+                                  "Use this GGUF file instead of a synthetic preset (rows labelled by its weight type)");
+  k->add_option("--dtypes", o->dtypes, "Weight types to run (synthetic models of --preset)")
+      ->excludes(model_opt)
       ->delimiter(',')
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}));
   k->add_option("--threads", o->threads, "Thread counts to run")->delimiter(',')->check(CLI::Range(1, 1024));
