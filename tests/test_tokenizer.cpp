@@ -777,3 +777,27 @@ TEST(PreTokenizer, AnUnknownPreIsRefusedByName) {
 }
 
 }  // namespace tandem
+
+// A SentencePiece vocabulary set up as Gemma's (no space prefix, byte fallback, BOS, control turn
+// markers, a user-defined token) against llama-tokenize (tests/data/spm, written by
+// tools/scripts/make_spm_fixtures.py; the real Gemma vocabulary needs a tokenizer.model no
+// package here ships, so the pieces are stories260K's).
+TEST(GemmaStyleSpm, TokenizesAsLlamaCpp) {
+  using namespace tandem;
+  const std::string dir = std::string(TANDEM_TEST_DATA_DIR) + "/spm";
+  std::ifstream in(dir + "/reference.json");
+  ASSERT_TRUE(in) << "missing test data: tests/data/spm/reference.json";
+  const auto ref = nlohmann::json::parse(in);
+  const auto f = gguf::file::open(dir + "/" + ref["vocab"].get<std::string>());
+  const tokenizer tok(vocab_from_gguf(f));
+  ASSERT_FALSE(tok.spec().add_space_prefix);
+  int n = 0;
+  for (const auto& c : ref["cases"]) {
+    const std::string text = c["text"];
+    const bool ps = c["parse_special"];
+    EXPECT_EQ(tok.encode(text, true, ps), c["ids"].get<std::vector<token_id>>())
+        << (ps ? "(parse_special) '" : "'") << text << "'";
+    ++n;
+  }
+  EXPECT_GE(n, 40);
+}
