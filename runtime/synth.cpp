@@ -15,6 +15,8 @@ const std::vector<synth_preset>& synth_presets() {
       {"tiny", 64, 192, 2, 4, 2, 300, 256, true, "2 layers, dim 64, GQA 4/2, tied head: fast tests"},
       {"arch", 64, 128, 2, 4, 2, 320, 256, false,
        "2 layers, dim 64, FFN 128, GQA 4/2, untied head: each architecture against llama.cpp"},
+      {"arch-kquant", 256, 256, 1, 4, 2, 320, 256, false,
+       "1 layer, dim 256, FFN 256, GQA 4/2: the architectures in llama-quantize's k-quant presets"},
       {"small", 256, 704, 4, 8, 4, 512, 1024, false, "4 layers, dim 256, GQA 8/4: quick end-to-end runs"},
       {"kquant", 256, 512, 1, 4, 2, 512, 512, false,
        "1 layer, dim 256, FFN 512, GQA 4/2: every row a multiple of 256, for the k-quant tests"},

@@ -5,6 +5,8 @@
 #      models with each architecture's parts and "peaky" output heads (large top-2 margins).
 #      Not committed: synth makes the same bytes again, so the test makes them and checks their
 #      FNV-1a 64 against the one recorded here;
+#      Q4_K_M: an f32 synth of preset arch-kquant (rows multiples of 256) quantized by
+#      llama-quantize, committed (tandem's quantizer is not llama.cpp's);
 #   2. llama-server (llama.cpp, f32 KV cache, flash attention off: its CPU kernel rounds through f16) tokenizes fixed prompts and continues them greedily,
 #      streaming, with n_probs: llama.cpp's token ids and top-k log-probabilities at every step.
 #      Byte tokens >= 0x80 are banned by logit_bias (llama-server fails on a stream whose text is
@@ -40,7 +42,7 @@ for b in os.listdir(os.path.join(peers, "bin")):
         shutil.copy(src, os.path.join(bindir, b))
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
-DTYPES = ["f32", "q8_0"]
+DTYPES = ["f32", "q8_0", "Q4_K_M"]
 # The second prompt runs past Gemma 3's sliding window (8 in these files) before generating.
 PROMPTS = ["Once upon a time", "The quick brown fox jumps over the lazy dog, and then"]
 STEPS = 24
@@ -66,10 +68,18 @@ cases = []
 for arch in ARCHS:
     for dtype in DTYPES:
         name = f"{arch}-{dtype}.gguf"
-        path = os.path.join(work, name)
-        subprocess.run([os.path.join(build, "tools", "tandem"), "model", "synth", "--preset", "arch", "--arch", arch,
-                        "--dtype", dtype, "--output-scale", "8", "--seed", "11", "--out", path],
+        committed = dtype == "Q4_K_M"
+        if committed and arch == "llama":
+            continue  # tests/data/kquant has llama's
+        path = os.path.join(out if committed else work, name)
+        synth_out = os.path.join(work, "f32-" + name) if committed else path
+        subprocess.run([os.path.join(build, "tools", "tandem"), "model", "synth", "--preset",
+                        "arch-kquant" if committed else "arch", "--arch", arch, "--dtype", "f32" if committed else dtype,
+                        "--output-scale", "8", "--seed", "11", "--out", synth_out],
                        check=True, capture_output=True)
+        if committed:
+            subprocess.run([os.path.join(bindir, "llama-quantize"), synth_out, path, dtype, "1"], check=True,
+                           capture_output=True)
         with open(path, "rb") as f:
             h = 0xcbf29ce484222325
             for b in f.read():
@@ -102,7 +112,7 @@ for arch in ARCHS:
                         for p in ev.get("completion_probabilities", []):
                             steps.append({"id": p["id"],
                                           "top": [[t["id"], round(t["logprob"], 6)] for t in p["top_logprobs"]]})
-                cases.append({"file": name, "arch": arch, "dtype": dtype, "seed": 11, "output_scale": 8,
+                cases.append({"file": name, "arch": arch, "dtype": dtype, "seed": 11, "output_scale": 8, "committed": committed,
                               "fnv1a64": fnv, "prompt": prompt, "prompt_ids": ids,
                               "steps": steps})
                 print(f"{name}: '{prompt}' -> {len(steps)} steps")
