@@ -78,6 +78,8 @@ void validate(const vocab_spec& s) {
   check_special_id(s.eos_id, "tokenizer.ggml.eos_token_id", n);
   check_special_id(s.unk_id, "tokenizer.ggml.unknown_token_id", n);
   check_special_id(s.pad_id, "tokenizer.ggml.padding_token_id", n);
+  check_special_id(s.eot_id, "tokenizer.ggml.eot_token_id", n);
+  check_special_id(s.eom_id, "tokenizer.ggml.eom_token_id", n);
   if (s.model == "gpt2") {
     for (size_t i = 0; i < s.merges.size(); ++i) {
       const std::string& m = s.merges[i];
@@ -165,10 +167,11 @@ tokenizer::tokenizer(vocab_spec spec) : impl_(std::make_unique<impl>()) {
     return t.spec.tokens[size_t(a)].size() > t.spec.tokens[size_t(b)].size();
   });
 
-  static constexpr std::array<std::string_view, 5> kEotTexts = {
-      "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"};
+  static constexpr std::array<std::string_view, 6> kEotTexts = {
+      "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"};
   t.eog.assign(n, 0);
-  if (t.spec.eos_id >= 0) t.eog[t.spec.eos_id] = 1;
+  for (token_id id : {t.spec.eos_id, t.spec.eot_id, t.spec.eom_id})
+    if (id >= 0 && size_t(id) < n) t.eog[size_t(id)] = 1;
   for (size_t i = 0; i < n; ++i) {
     if (t.types[i] == type_control &&
         std::find(kEotTexts.begin(), kEotTexts.end(), t.spec.tokens[i]) != kEotTexts.end()) {

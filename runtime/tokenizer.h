@@ -25,6 +25,7 @@ struct vocab_spec {
                                      // 4 user-defined, 5 unused, 6 byte; may be empty
   std::vector<std::string> merges;   // tokenizer.ggml.merges (gpt2): "left right", by rank
   token_id bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
+  token_id eot_id = -1, eom_id = -1;  // tokenizer.ggml.eot/eom_token_id: also end a turn
   bool add_bos = true;               // tokenizer.ggml.add_bos_token
   bool add_eos = false;              // tokenizer.ggml.add_eos_token
   bool add_space_prefix = true;      // tokenizer.ggml.add_space_prefix (llama only)

@@ -47,6 +47,8 @@ vocab_spec vocab_from_gguf(const gguf::file& f) {
   s.eos_id = read_id(f, "tokenizer.ggml.eos_token_id", def(2));
   s.unk_id = read_id(f, "tokenizer.ggml.unknown_token_id", def(0));
   s.pad_id = read_id(f, "tokenizer.ggml.padding_token_id", -1);
+  s.eot_id = read_id(f, "tokenizer.ggml.eot_token_id", -1);
+  s.eom_id = read_id(f, "tokenizer.ggml.eom_token_id", -1);
   s.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", llama);
   s.add_eos = f.get_bool("tokenizer.ggml.add_eos_token", false);
   s.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix", llama);

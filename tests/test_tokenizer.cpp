@@ -801,3 +801,20 @@ TEST(GemmaStyleSpm, TokenizesAsLlamaCpp) {
   }
   EXPECT_GE(n, 40);
 }
+
+// tokenizer.ggml.eot_token_id / eom_token_id end a turn whatever their text (Llama 3.1's
+// <|eom_id|> for tool calls; files naming their own end-of-turn token); bad ids are refused.
+TEST(EndOfTurn, EotAndEomIdsEndGeneration) {
+  using namespace tandem;
+  vocab_spec v = make_byte_level_vocab(300);
+  ASSERT_FALSE(tokenizer(v).is_eog(290));
+  v.eot_id = 290;
+  v.eom_id = 291;
+  const tokenizer t(v);
+  EXPECT_TRUE(t.is_eog(290));
+  EXPECT_TRUE(t.is_eog(291));
+  EXPECT_TRUE(t.is_eog(v.eos_id));
+  EXPECT_FALSE(t.is_eog(292));
+  v.eot_id = 300;
+  EXPECT_THROW(tokenizer{v}, failure);
+}
