@@ -234,7 +234,13 @@ void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m,
   // The panel kernels are both exact and the fastest this level has (docs/performance.md),
   // so both modes take them; `fastest` differs only on levels without panels.
   if (level == isa::avx512_bf16 && w.panels) return matmul_panels(w, x, m, y, pool);
-  if (is_dequantized_on_the_fly(w.type)) return matmul_dequantized(level, w, x, m, y, pool, mode);
+  if (is_dequantized_on_the_fly(w.type)) {
+    // Integer kernels where AVX2 is (exact, batch-invariant); `fastest` with a large batch and
+    // the scalar level dequantize tiles for the f32 paths (OpenBLAS GEMM on prefill).
+    const bool big = mode == matmul_mode::fastest && m > decode_max_m(level, dtype::q8_0);
+    if ((level == isa::avx2 || level == isa::avx512) && !big) return matmul_kquant_avx2(w, x, m, y, pool);
+    return matmul_dequantized(level, w, x, m, y, pool, mode);
+  }
   const bool gemm = mode == matmul_mode::fastest && m > decode_max_m(level, w.type);
   switch (level) {
     case isa::scalar: return matmul_scalar(w, x, m, y, pool, gemm);

@@ -62,6 +62,9 @@ void matmul_panels(const weight_view& w, const float* x, int64_t m, float* y, th
 // ---- block types without kernels of their own (matmul_dequant.cpp) ----
 // The contract of matmul_with_isa for w.type with is_dequantized_on_the_fly(w.type): tiles of
 // 64 rows dequantized to f32 and multiplied by `level`'s f32 kernels.
+// Q4_0 and the k-quants on AVX2 (and AVX-512 without VNNI): int8 rows, exact integer sums,
+// batch-invariant (matmul_kquant_avx2.cpp).
+void matmul_kquant_avx2(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool);
 void matmul_dequantized(isa level, const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
                         matmul_mode mode);
 
