@@ -39,7 +39,10 @@ const std::string& want_str(const value& v, const char* what) {
   return v.str();
 }
 
-std::vector<value> items_of(const value& v) {
+}  // namespace
+
+// A list's items, a dict's keys, a string's characters (jinja_internal.h).
+std::vector<value> items_of(const value& v, source_pos pos) {
   if (v.is_list()) return v.list().items;
   if (v.is_dict()) {
     std::vector<value> keys;
@@ -52,8 +55,10 @@ std::vector<value> items_of(const value& v) {
     return chars;
   }
   if (v.is_undefined()) return {};
-  fail("'" + std::string(type_name(v)) + "' object is not iterable");
+  fail("'" + std::string(type_name(v)) + "' object is not iterable", pos);
 }
+
+namespace {
 
 // Simple case mapping for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic: the scripts chat
 // templates and their role names meet. Other characters pass through unchanged (Python would map

@@ -484,21 +484,7 @@ void if_stmt::exec(evaluator& ev) const {
 }
 
 // The items a for loop (or a filter) walks: a list's items, a dict's keys, a string's characters.
-static std::vector<value> iterate(const value& v, source_pos pos) {
-  if (v.is_list()) return v.list().items;
-  if (v.is_dict()) {
-    std::vector<value> keys;
-    for (const auto& [k, val] : v.dict().items) keys.emplace_back(k);
-    return keys;
-  }
-  if (v.is_string()) {
-    std::vector<value> chars;
-    for (auto c : utf8_chars(v.str())) chars.emplace_back(std::string(c));
-    return chars;
-  }
-  if (v.is_undefined()) return {};
-  fail("'" + std::string(type_name(v)) + "' object is not iterable", pos);
-}
+static std::vector<value> iterate(const value& v, source_pos pos) { return items_of(v, pos); }
 
 void for_stmt::exec(evaluator& ev) const {
   std::vector<value> items = iterate(iterable->eval(ev), pos);

@@ -405,6 +405,9 @@ void evaluator::with_scope(std::shared_ptr<frame> parent, F&& fn) {
 // Builtins (jinja_builtins.cpp).
 const value* find_global(const std::string& name);  // range, namespace, dict, raise_exception, ...
 value call_filter(evaluator& ev, const std::string& name, const value& input, call_args& args);
+// What a for loop or a filter walks: a list's items, a dict's keys, a string's characters
+// (undefined: nothing); anything else fails "not iterable" at pos.
+std::vector<value> items_of(const value& v, source_pos pos = {});
 bool call_test(evaluator& ev, const std::string& name, const value& input, call_args& args);
 // A bound method (str.strip, dict.items, ...) or undefined when `obj` has no method `name`.
 value find_method(const value& obj, const std::string& name);

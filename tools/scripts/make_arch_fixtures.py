@@ -15,12 +15,12 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_peers import free_port, post, stage_bin, stream_completion, wait_healthy  # noqa: E402
 
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 build = os.path.abspath(sys.argv[1])
@@ -29,17 +29,7 @@ out = os.path.join(root, "tests", "data", "arch")
 os.makedirs(out, exist_ok=True)
 work = tempfile.mkdtemp()
 
-# The peers' library links are flattened into text files: stage real links beside copies.
-bindir = os.path.join(work, "bin")
-os.makedirs(bindir)
-for b in os.listdir(os.path.join(peers, "bin")):
-    src = os.path.join(peers, "bin", b)
-    with open(src, "rb") as f:
-        head = f.read(256)
-    if len(head) < 200 and b"\0" not in head and b"\n" not in head:
-        os.symlink(head.decode(), os.path.join(bindir, b))
-    else:
-        shutil.copy(src, os.path.join(bindir, b))
+bindir = stage_bin(peers, work)
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
 DTYPES = ["f32", "q8_0", "Q4_K_M"]
@@ -49,19 +39,6 @@ STEPS = 24
 TOP_K = 8
 BANNED = [3 + b for b in range(128, 256)]  # the byte tokens of bytes 0x80-0xff (synth vocab layout)
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def post(port, path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    return urllib.request.urlopen(req, timeout=60)
 
 
 cases = []
@@ -90,28 +67,12 @@ for arch in ARCHS:
                                 "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--port", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            for _ in range(100):
-                try:
-                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
-                        break
-                except Exception:
-                    time.sleep(0.2)
+            wait_healthy(port)
             for prompt in PROMPTS:
                 ids = json.load(post(port, "/tokenize", {"content": prompt, "add_special": True}))["tokens"]
                 body = {"prompt": ids, "n_predict": STEPS, "n_probs": TOP_K, "temperature": 0, "stream": True,
                         "logit_bias": [[t, False] for t in BANNED], "cache_prompt": False}
-                steps = []
-                with post(port, "/completion", body) as r:
-                    for line in r:
-                        line = line.decode().strip()
-                        if not line.startswith("data: "):
-                            continue
-                        ev = json.loads(line[6:])
-                        if "error" in ev:
-                            raise SystemExit(f"{name}: llama-server: {ev['error']}")
-                        for p in ev.get("completion_probabilities", []):
-                            steps.append({"id": p["id"],
-                                          "top": [[t["id"], round(t["logprob"], 6)] for t in p["top_logprobs"]]})
+                steps = stream_completion(port, body)
                 cases.append({"file": name, "arch": arch, "dtype": dtype, "seed": 11, "output_scale": 8, "committed": committed,
                               "fnv1a64": fnv, "prompt": prompt, "prompt_ids": ids,
                               "steps": steps})

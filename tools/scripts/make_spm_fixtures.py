@@ -15,21 +15,14 @@ import tempfile
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 peers = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "..", "shared", "peers", "llama.cpp"))
 sys.path.insert(0, os.path.join(peers, "gguf-py"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf  # noqa: E402
+from llama_peers import stage_bin  # noqa: E402
 
 out = os.path.join(root, "tests", "data", "spm")
 os.makedirs(out, exist_ok=True)
 work = tempfile.mkdtemp()
-bindir = os.path.join(work, "bin")
-os.makedirs(bindir)
-for b in os.listdir(os.path.join(peers, "bin")):
-    src = os.path.join(peers, "bin", b)
-    with open(src, "rb") as f:
-        head = f.read(256)
-    if len(head) < 200 and b"\0" not in head and b"\n" not in head:
-        os.symlink(head.decode(), os.path.join(bindir, b))
-    else:
-        shutil.copy(src, os.path.join(bindir, b))
+bindir = stage_bin(peers, work)
 
 src = gguf.GGUFReader(os.path.join(root, "tests", "data", "stories260K.gguf"))
 field = lambda k: src.fields[k]

