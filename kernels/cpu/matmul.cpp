@@ -122,7 +122,16 @@ const char* isa_label(isa level) {
 }
 
 isa best_isa() {
-  static const isa level = detect();
+  // TANDEM_ISA=scalar|avx2|avx512|avx512_bf16 caps the level (to measure or test a lower one on
+  // this CPU); a name it does not know, or a level above the CPU's, leaves the detected one.
+  static const isa level = [] {
+    const isa detected = detect();
+    const char* env = std::getenv("TANDEM_ISA");
+    if (!env) return detected;
+    for (isa l : {isa::scalar, isa::avx2, isa::avx512, isa::avx512_bf16})
+      if (std::string_view(env) == isa_label(l) && int(l) <= int(detected)) return l;
+    return detected;
+  }();
   return level;
 }
 
