@@ -124,6 +124,12 @@ expect_error "multiples of 256" model synth --preset tiny --dtype q4_k --out "$w
   --json 2>/dev/null | grep -q '"dtype": *"q5_k"' && pass "bench kernels --model: rows labelled by the file's type" \
   || fail "bench kernels --model label"
 expect_error "excludes" bench kernels --model "$work/kq5.gguf" --dtypes q8_0
+# TANDEM_ISA caps the matmul level: the AVX2 integer kernels (or scalar) serve the same file.
+for level in avx2 scalar; do
+  TANDEM_ISA=$level "$bin" bench kernels --model "$work/kq5.gguf" --threads 1 --prompt-tokens 32 --decode-tokens 4 \
+    --matmul batch-invariant --json 2>/dev/null | grep -q "\"isa\": *\"$level\"" && pass "TANDEM_ISA=$level runs" \
+    || fail "TANDEM_ISA=$level"
+done
 "$bin" generate --model "$work/kq5.gguf" --prompt "Once" -n 8 --temperature 0 --json 2>/dev/null | grep -q '"token_ids":\[' \
   && pass "generate on a q5_k synth" || fail "generate on a q5_k synth"
 kq=$data/kquant/kq-Q4_K_M.gguf
