@@ -15,6 +15,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cpu/matmul_impl.h"
 
@@ -71,13 +72,23 @@ void unpack_k4(uint16_t dh, uint16_t dminh, const uint8_t* scales, const uint8_t
     const int64_t g = 8 * s + 2 * j;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + g * 32), lo);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + (g + 1) * 32), hi);
-    for (int h = 0; h < 2; ++h) {
-      uint8_t sc, m;
-      k4_scale_min(2 * j + h, scales, sc, m);
-      u.isc[2 * (g + h)] = u.isc[2 * (g + h) + 1] = int16_t(sc);
-      u.fd[g + h] = d;
-      u.mn[g + h] = dmin * float(m);
-    }
+  }
+  // The eight 6-bit scales and mins at once, 32 bits at a time (k4_scale_min's layout: sub-blocks
+  // 0-3 in the low 6 bits of bytes 0-3 / 4-7, 4-7 in the nibbles of bytes 8-11 and the top two
+  // bits of bytes 0-3 / 4-7).
+  uint32_t w[3];
+  std::memcpy(w, scales, sizeof w);
+  const uint32_t six = 0x3f3f3f3fu, four = 0x0f0f0f0fu, two = 0x03030303u;
+  const uint32_t sc_w[2] = {w[0] & six, (w[2] & four) | (((w[0] >> 6) & two) << 4)};
+  const uint32_t m_w[2] = {w[1] & six, ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4)};
+  uint8_t sc[8], m[8];
+  std::memcpy(sc, sc_w, 8);
+  std::memcpy(m, m_w, 8);
+  for (int i = 0; i < 8; ++i) {
+    const int64_t g = 8 * s + i;
+    u.isc[2 * g] = u.isc[2 * g + 1] = int16_t(sc[i]);
+    u.fd[g] = d;
+    u.mn[g] = dmin * float(m[i]);
   }
 }
 
@@ -133,41 +144,41 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// One group of 32: acc += dx * fd * Σ isc · q · xq.
-inline __m256 group_dot(const unpacked_row& u, int64_t g, const int8_t* xq, const float* dx, __m256 acc) {
-  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.q + g * 32));
-  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32));
-  // |q| * (x with q's sign) = q * x, in pairs of int16 (|q| <= 32, |x| <= 127: no overflow).
-  const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
-  // Elements 0-15 are the low 128 bits of p16, 16-31 the high: each half its own scale.
-  const __m256i s32 = _mm256_madd_epi16(p16, u.sv[g]);
-  return _mm256_fmadd_ps(_mm256_set1_ps(dx[g] * u.fd[g]), _mm256_cvtepi32_ps(s32), acc);
-}
-
-// One row (unpacked) · one token's quantized x. Four accumulators (groups g % 4) keep the FMA
-// latency out of the way; the order is fixed, so the result is too.
-float dot_row(const unpacked_row& u, int64_t ng, const int8_t* xq, const float* dx, const int32_t* sx) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t g = 0;
-  for (; g + 4 <= ng; g += 4) {
-    a0 = group_dot(u, g, xq, dx, a0);
-    a1 = group_dot(u, g + 1, xq, dx, a1);
-    a2 = group_dot(u, g + 2, xq, dx, a2);
-    a3 = group_dot(u, g + 3, xq, dx, a3);
+// One row (unpacked) · T tokens' quantized x (T = 1..4: the row's q and scale vectors are
+// loaded once for all of them). Each token has two accumulators (groups g % 2) in group order,
+// whatever T is, so its result does not depend on the tokens beside it.
+template <int T>
+void dot_rows(const unpacked_row& u, int64_t ng, int64_t k, const int8_t* xq, const float* dx, const int32_t* sx,
+              float* out, int64_t out_stride) {
+  __m256 acc[T][2];
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.q + g * 32));
+    const __m256i aq = _mm256_sign_epi8(q, q);
+    for (int t = 0; t < T; ++t) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * k + g * 32));
+      // |q| * (x with q's sign) = q * x, in pairs of int16 (|q| <= 32, |x| <= 127: no overflow);
+      // elements 0-15 are the low 128 bits, 16-31 the high: each half its own scale (sv).
+      const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q)), u.sv[g]);
+      acc[t][g & 1] = _mm256_fmadd_ps(_mm256_set1_ps(dx[t * ng + g] * u.fd[g]), _mm256_cvtepi32_ps(s32), acc[t][g & 1]);
+    }
   }
-  for (; g < ng; ++g) a0 = group_dot(u, g, xq, dx, a0);
-  float sum = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  if (u.has_min) {
-    __m256 c = _mm256_setzero_ps();
-    int64_t h = 0;
-    for (; h + 8 <= ng; h += 8)
-      c = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dx + h), _mm256_loadu_ps(u.mn + h)),
-                          _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sx + h))), c);
-    float corr = hsum(c);
-    for (; h < ng; ++h) corr += dx[h] * u.mn[h] * float(sx[h]);
-    sum -= corr;
+  for (int t = 0; t < T; ++t) {
+    float sum = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+    if (u.has_min) {
+      const float* d = dx + t * ng;
+      const int32_t* s = sx + t * ng;
+      __m256 c = _mm256_setzero_ps();
+      int64_t h = 0;
+      for (; h + 8 <= ng; h += 8)
+        c = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(d + h), _mm256_loadu_ps(u.mn + h)),
+                            _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + h))), c);
+      float corr = hsum(c);
+      for (; h < ng; ++h) corr += d[h] * u.mn[h] * float(s[h]);
+      sum -= corr;
+    }
+    out[t * out_stride] = sum;
   }
-  return sum;
 }
 
 }  // namespace
@@ -197,7 +208,18 @@ void matmul_kquant_avx2(const weight_view& w, const float* x, int64_t m, float* 
     for (int64_t r = r0; r < r1; ++r) {
       unpack(w, r, u);
       finish(u, ng);
-      for (int64_t i = 0; i < m; ++i) y[i * w.rows + r] = dot_row(u, ng, xq + i * k, dx + i * ng, sx + i * ng);
+      for (int64_t i = 0; i < m;) {
+        const int64_t t = std::min<int64_t>(4, m - i);
+        const int8_t* xi = xq + i * k;
+        float* yi = y + i * w.rows + r;
+        switch (t) {
+          case 1: dot_rows<1>(u, ng, k, xi, dx + i * ng, sx + i * ng, yi, w.rows); break;
+          case 2: dot_rows<2>(u, ng, k, xi, dx + i * ng, sx + i * ng, yi, w.rows); break;
+          case 3: dot_rows<3>(u, ng, k, xi, dx + i * ng, sx + i * ng, yi, w.rows); break;
+          default: dot_rows<4>(u, ng, k, xi, dx + i * ng, sx + i * ng, yi, w.rows); break;
+        }
+        i += t;
+      }
     }
   });
 }
