@@ -15,17 +15,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/matmul_impl.h"
 
 namespace tandem::kernels::cpu::detail {
 namespace {
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Weights c..c+7 of a row as f32.
 template <dtype T>

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/matmul_impl.h"
 
 namespace tandem::kernels::cpu::detail {
@@ -135,13 +136,6 @@ void unpack(const weight_view& w, int64_t r, const unpacked_row& u) {
     case dtype::q6_k: return unpack_q6_k(static_cast<const block_q6_k*>(row), k / qk_k, u);
     default: return;  // callers pass only the four types above
   }
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // One row (unpacked) · T tokens' quantized x (T = 1..4: the row's q and scale vectors are

@@ -23,7 +23,6 @@ import calendar
 import json
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -31,6 +30,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_peers import free_port, stage_bin  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEMPLATES = os.path.join(ROOT, "tests", "data", "templates")
@@ -137,26 +139,6 @@ CONFIG = {
     "zephyr.jinja": {"convs": BASIC},
     "deepseek-r1-distill.jinja": {"convs": BASIC + ["thinking", "tool_call"], "thinking": [True]},
 }
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def working_bin(src):
-    """llama.cpp's folder may hold its library links as small text files; make a usable copy."""
-    dst = tempfile.mkdtemp(prefix="llama-bin-")
-    for name in os.listdir(src):
-        f = os.path.join(src, name)
-        if os.path.islink(f) or os.path.getsize(f) > 200:
-            shutil.copy2(f, dst, follow_symlinks=False)
-        else:
-            os.symlink(open(f).read().strip(), os.path.join(dst, name))
-    return dst
 
 
 def gguf_without_auto_bos(src, dst):
@@ -292,7 +274,8 @@ def main():
     ap.add_argument("--check-jinja2", action="store_true")
     args = ap.parse_args()
 
-    bin_dir = working_bin(args.llama_bin)
+    # stage_bin wants the folder holding bin/ (the peers' llama.cpp).
+    bin_dir = stage_bin(os.path.dirname(os.path.abspath(args.llama_bin)), tempfile.mkdtemp(prefix="llama-bin-"))
     model = os.path.join(bin_dir, "model.gguf")
     gguf_without_auto_bos(MODEL, model)
     # stories260K's vocabulary: what llama.cpp passes as bos_token / eos_token.
@@ -359,7 +342,7 @@ def main():
         print("skipped (llama.cpp refused): %s %s: %s" % s)
     for name, label, l, j in mismatched:
         print("jinja2 differs: %s %s\n  llama.cpp: %r\n  jinja2:    %r" % (name, label, l, j))
-    shutil.rmtree(bin_dir, ignore_errors=True)
+    shutil.rmtree(os.path.dirname(bin_dir), ignore_errors=True)
 
 
 if __name__ == "__main__":
