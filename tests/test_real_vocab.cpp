@@ -6,8 +6,8 @@
 //    tokenizes to llama.cpp's ids, with and without parse_special;
 //  - a small random model with that vocabulary (model synth --vocab-from), teacher-forced along
 //    llama.cpp's greedy continuation of a chat prompt written with the control tokens, gives
-//    llama.cpp's top-8 log-probabilities and greedy choices (Q8_0 tolerances, as in
-//    test_arch_conformance).
+//    llama.cpp's top-8 log-probabilities and greedy choices (Q8_0: x quantized as ggml does,
+//    measured worst difference 1e-5; tolerance 0.05).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -101,7 +101,7 @@ TEST_P(RealVocab, ChatContinuationEqualsLlamaCpp) {
     for (const auto& t : st["top"]) {
       const float d = std::fabs(logits[t[0].get<size_t>()] - lse - t[1].get<float>());
       worst = std::max(worst, d);
-      EXPECT_LE(d, 0.75f) << GetParam() << " step " << step << " token " << t[0];
+      EXPECT_LE(d, 0.05f) << GetParam() << " step " << step << " token " << t[0];
     }
     token_id best = -1, second = -1;
     for (token_id i = 0; i < token_id(logits.size()); ++i) {
@@ -114,7 +114,7 @@ TEST_P(RealVocab, ChatContinuationEqualsLlamaCpp) {
       }
     }
     const token_id theirs = st["id"];
-    if (logits[size_t(best)] - logits[size_t(second)] > 1.0f) {
+    if (logits[size_t(best)] - logits[size_t(second)] > 0.1f) {
       EXPECT_EQ(best, theirs) << GetParam() << " step " << step;
       ++checked;
     }

@@ -150,6 +150,10 @@ struct scratch_set {
 };
 }  // namespace
 
+void round_scales_f16(float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = f16_to_f32(f32_to_f16(d[i]));
+}
+
 void* thread_scratch(scratch_slot slot, size_t bytes) {
   thread_local scratch_set s;
   if (s.cap[slot] < bytes) {

@@ -178,9 +178,9 @@ void quantize_x_q8_avx2(const float* x, int64_t n, int8_t* q, float* d) {
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    // Keep the scale in f32 (ggml rounds it to f16): it never leaves this call.
-    const float scale = _mm_cvtss_f32(m4) / 127.0f;
-    const __m256 inv = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+    // As ggml's quantize_row_q8_0: the multiplier is 127 / max (not 1 / scale), nearest-even.
+    const float top = _mm_cvtss_f32(m4), scale = top / 127.0f;
+    const __m256 inv = _mm256_set1_ps(top != 0.0f ? 127.0f / top : 0.0f);
     __m256i i[4];
     for (int j = 0; j < 4; ++j) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // nearest
     // Packing interleaves 128-bit lanes; the permute restores element order.
@@ -219,6 +219,7 @@ void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thre
       auto* xd = reinterpret_cast<float*>(buf);  // [m, nb]
       auto* xq = reinterpret_cast<int8_t*>(buf + m * nb * 4);  // [m, k]
       for (int64_t i = 0; i < m; ++i) quantize_x_q8_avx2(x + i * k, k, xq + i * k, xd + i * nb);
+      round_scales_f16(xd, m * nb);  // Q8_0 x Q8_0 as llama.cpp computes it
       return pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
         for_cache_tiles(w, r0, r1, [&](int64_t t0, int64_t t1) { decode_q8_rows(w, xq, xd, m, y, t0, t1); });
       });

@@ -98,7 +98,7 @@ struct q8_pairs {
   int32_t* bias;
   float* d;
   static size_t bytes(int64_t m, int64_t k) { return size_t(m * ((k / 32 + 1) / 2) * 192); }
-  // Quantizes row i of x (k values) into buf (as ggml's quantize_row_q8_0, scales kept in f32).
+  // Quantizes row i of x (k values) into buf (as ggml's quantize_row_q8_0, scales rounded to f16).
   q8_pairs(void* buf, int64_t i, const float* x, int64_t k) : np((k / q8_0_block + 1) / 2) {
     auto* base = static_cast<uint8_t*>(buf) + i * np * 192;
     q = reinterpret_cast<int8_t*>(base);
@@ -106,6 +106,7 @@ struct q8_pairs {
     d = reinterpret_cast<float*>(base + np * 128);
     std::memset(base, 0, size_t(np) * 192);
     quantize_x_q8_avx2(x, k, q, d);  // scales land in d[0, nb): spread them out, last first
+    round_scales_f16(d, k / q8_0_block);  // Q8_0 x Q8_0 as llama.cpp computes it
     for (int64_t b = k / q8_0_block - 1; b >= 0; --b) {
       const float scale = d[b];
       std::fill(d + b / 2 * 16 + b % 2 * 8, d + b / 2 * 16 + b % 2 * 8 + 8, scale);

@@ -44,9 +44,12 @@ void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, th
                    bool vnni_bf16, bool gemm);
 
 // Quantizes n floats of x (n % 32 == 0) to int8 q[n] and one f32 scale per 32 in d[n / 32],
-// as ggml's quantize_row_q8_0 (but the scale is not rounded to f16). AVX2: the VNNI kernel
-// uses it too.
+// as ggml's quantize_row_q8_0 (but the scale is left in f32: see round_scales_f16). AVX2: the
+// VNNI kernel uses it too.
 void quantize_x_q8_avx2(const float* x, int64_t n, int8_t* q, float* d);
+// d[i] = its value rounded to f16 and back: for Q8_0 weights, x's scales as ggml stores them in
+// its block_q8_0, so that Q8_0 x Q8_0 dot products are llama.cpp's (to float summation order).
+void round_scales_f16(float* d, int64_t n);
 
 // ---- panels (matmul_panels.cpp): the batch-invariant kernels of the avx512_bf16 level ----
 constexpr int64_t panel_rows = 64;

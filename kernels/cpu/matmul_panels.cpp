@@ -565,6 +565,9 @@ void run_panels(const weight_view& w, const float* x, int64_t m, float* y, threa
     convert([&](int64_t r0, int64_t r1) {
       for (int64_t i = r0; i < r1; ++i) {
         quantize_x_q8_avx2(x + i * k, k, q + i * nb * 32, d + i * nb);
+        // Q8_0 weights meet x as llama.cpp's Q8_0 x Q8_0 dot (scales in f16); the k-quants keep
+        // f32 scales (llama.cpp's Q8_K activations have f32 ones).
+        if constexpr (T == dtype::q8_0) round_scales_f16(d + i * nb, nb);
         for (int64_t b = 0; b < nb; ++b) {
           int32_t lo = 0, hi = 0;
           for (int j = 0; j < 16; ++j) lo += q[(i * nb + b) * 32 + j];
