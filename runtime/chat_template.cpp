@@ -97,6 +97,14 @@ chat_template::chat_template(const std::string& source, std::string bos_token, s
   }
 }
 
+chat_template chat_template::for_vocab(const std::string& source, const tokenizer& tok) {
+  auto text_of = [&](token_id id) { return id >= 0 ? tok.token_text(id) : std::string(); };
+  std::vector<std::string> controls;
+  for (token_id i = 0; i < tok.n_vocab(); ++i)
+    if (tok.token_type(i) == 3) controls.push_back(tok.token_text(i));  // 3: control
+  return chat_template(source, text_of(tok.bos()), text_of(tok.eos()), tok.spec().add_bos, std::move(controls));
+}
+
 std::string chat_template::describe() const {
   return jinja_ ? "jinja" : std::string(to_string(fallback_)) + " (" + fallback_reason_ + ")";
 }

@@ -41,6 +41,9 @@ class chat_template {
   chat_template(const std::string& source, std::string bos_token, std::string eos_token, bool vocab_adds_bos,
                 std::vector<std::string> control_tokens = {});
 
+  // The template for a vocabulary: its BOS/EOS texts, whether it adds BOS, its control tokens.
+  static chat_template for_vocab(const std::string& source, const tokenizer& tok);
+
   // What renders: "jinja" (the template) or the fallback format's name.
   std::string describe() const;
   bool uses_jinja() const { return jinja_.has_value(); }

@@ -293,20 +293,11 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   grow(s.proj, T * c.dim);
   grow(s.gate, T * c.ffn_dim);
   grow(s.up, T * c.ffn_dim);
-  // One angle table per distinct (base, scale) among the layers, computed once per forward.
-  std::vector<std::pair<float, float>> rope_kinds;
-  std::vector<size_t> layer_rope(size_t(c.n_layer));
-  for (int32_t l = 0; l < c.n_layer; ++l) {
-    const layer_weights& w = model_->layers()[size_t(l)];
-    const std::pair<float, float> k{w.rope_freq_base, w.rope_freq_scale};
-    auto it = std::find(rope_kinds.begin(), rope_kinds.end(), k);
-    layer_rope[size_t(l)] = size_t(it - rope_kinds.begin());
-    if (it == rope_kinds.end()) rope_kinds.push_back(k);
-  }
-  if (s.rope_cs.size() < rope_kinds.size()) s.rope_cs.resize(rope_kinds.size());
-  for (size_t i = 0; i < rope_kinds.size(); ++i) {
+  // One angle table per distinct (base, scale) of the layers (model.h: rope_variants).
+  if (s.rope_cs.size() < c.rope_variants.size()) s.rope_cs.resize(c.rope_variants.size());
+  for (size_t i = 0; i < c.rope_variants.size(); ++i) {
     grow(s.rope_cs[i], T * c.head_dim);
-    cpu::rope_table(pos.data(), T, c.head_dim, rope_kinds[i].first, s.rope_cs[i].data(), rope_kinds[i].second,
+    cpu::rope_table(pos.data(), T, c.head_dim, c.rope_variants[i].first, s.rope_cs[i].data(), c.rope_variants[i].second,
                     c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
   }
   const architecture_traits& arch = traits(c.arch);
@@ -388,7 +379,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
       cpu::rms_norm(s.q.data(), w.q_norm.data(), s.q.data(), T * c.n_head, c.head_dim, c.rms_eps);
       cpu::rms_norm(s.k.data(), w.k_norm.data(), s.k.data(), T * c.n_kv_head, c.head_dim, c.rms_eps);
     }
-    const float* cs = s.rope_cs[layer_rope[size_t(l)]].data();
+    const float* cs = s.rope_cs[size_t(w.rope_variant)].data();
     rope_apply(s.q.data(), cs, T, c.n_head, c.head_dim);
     rope_apply(s.k.data(), cs, T, c.n_kv_head, c.head_dim);
     const int32_t window = w.sliding ? c.sliding_window : 0;

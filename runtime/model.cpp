@@ -1,5 +1,6 @@
 #include "runtime/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <xxhash.h>
 
@@ -205,8 +206,11 @@ std::shared_ptr<const model> model::load(const std::string& path) {
       w.w_down = mat(p + "ffn_down.weight", c.dim, c.ffn_dim);
       w.ffn_post_norm = opt_vec(p + "post_ffw_norm.weight", c.dim, at.post_norms);
       w.sliding = at.swa_period > 0 && l % at.swa_period < at.swa_period - 1;
-      w.rope_freq_base = w.sliding ? at.swa_rope_freq_base : c.rope_freq_base;
-      w.rope_freq_scale = w.sliding ? 1.0f : c.rope_freq_scale;
+      const std::pair<float, float> rope = w.sliding ? std::pair{at.swa_rope_freq_base, 1.0f}
+                                                     : std::pair{c.rope_freq_base, c.rope_freq_scale};
+      auto it = std::find(c.rope_variants.begin(), c.rope_variants.end(), rope);
+      w.rope_variant = int32_t(it - c.rope_variants.begin());
+      if (it == c.rope_variants.end()) c.rope_variants.push_back(rope);
       m->layers_.push_back(std::move(w));
     }
     std::string unused;

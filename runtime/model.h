@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
@@ -31,6 +32,9 @@ struct llama_config {
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;          // linear position scaling: 1 / llama.rope.scaling.factor
   std::vector<float> rope_freq_factors;  // rope_freqs.weight (Llama 3.1+ scaling): [head_dim / 2], or empty
+  // The distinct (base, scale) pairs the layers rotate with: one for most models, two for
+  // Gemma 3 (its local layers' own base); the engine makes one angle table per pair.
+  std::vector<std::pair<float, float>> rope_variants;
   float attn_scale = 0.0f;     // on q·k: 1/sqrt(head_dim) (Gemma 3 27B: 1/sqrt(dim/n_head))
   float embedding_scale = 1.0f;   // sqrt(dim) for Gemma, else 1
   float final_logit_softcap = 0;  // {arch}.final_logit_softcapping: logits = c·tanh(logits/c); 0: none
@@ -55,8 +59,7 @@ struct layer_weights {
   kernels::weight_view w_down;   // [dim, ffn_dim]
   std::vector<float> ffn_post_norm;   // [dim] (Gemma 3)
   bool sliding = false;          // attends to the last sliding_window positions only
-  float rope_freq_base = 10000.0f;    // this layer's (Gemma 3's local layers have their own)
-  float rope_freq_scale = 1.0f;
+  int32_t rope_variant = 0;      // index into llama_config::rope_variants: this layer's RoPE
 };
 
 class model {

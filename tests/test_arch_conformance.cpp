@@ -27,6 +27,7 @@
 #include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/synth.h"
+#include "tests/conformance_support.h"
 
 using namespace tandem;
 using json = nlohmann::json;
@@ -67,16 +68,6 @@ std::shared_ptr<const model> fixture_model(const json& c) {
       << file << ": synth no longer writes the bytes the fixture was made from; rerun "
       << "tools/scripts/make_arch_fixtures.py";
   return made[file] = model::load(path);
-}
-
-std::vector<float> log_softmax(const std::vector<float>& x) {
-  const float mx = *std::max_element(x.begin(), x.end());
-  double sum = 0;
-  for (float v : x) sum += std::exp(double(v) - mx);
-  const float lse = mx + float(std::log(sum));
-  std::vector<float> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = x[i] - lse;
-  return out;
 }
 
 // Tolerances on log-probabilities (these peaky models' logits are of order 25). f32: the same
@@ -132,34 +123,10 @@ TEST_P(ArchConformance, LogProbsAndGreedyChoicesEqualLlamaCpp) {
       const seq_id s = eng.create_sequence();
       std::vector<float> logits;
       ASSERT_TRUE(eng.prefill(s, ids, logits).ok());
-      float worst = 0;
-      int checked = 0, step = 0;
-      for (const auto& st : c["steps"]) {
-        const auto lp = log_softmax(logits);
-        for (const auto& t : st["top"]) {
-          const float d = std::fabs(lp[t[0].get<size_t>()] - t[1].get<float>());
-          worst = std::max(worst, d);
-          EXPECT_LE(d, tol) << GetParam() << " '" << prompt << "' step " << step << " token " << t[0];
-        }
-        // tandem's greedy choice among the tokens llama.cpp was allowed.
-        token_id best = -1, second = -1;
-        for (token_id i = 0; i < token_id(lp.size()); ++i) {
-          if (banned.count(i)) continue;
-          if (best < 0 || lp[size_t(i)] > lp[size_t(best)]) {
-            second = best;
-            best = i;
-          } else if (second < 0 || lp[size_t(i)] > lp[size_t(second)]) {
-            second = i;
-          }
-        }
-        const token_id theirs = st["id"];
-        if (lp[size_t(best)] - lp[size_t(second)] > clear_margin) {
-          EXPECT_EQ(best, theirs) << GetParam() << " '" << prompt << "' step " << step;
-          ++checked;
-        }
-        ASSERT_TRUE(eng.decode(std::span(&s, 1), std::span(&theirs, 1), logits).ok());
-        ++step;
-      }
+      const auto r = testing_support::teacher_force(eng, s, logits, c["steps"], banned, tol, clear_margin,
+                                                    GetParam() + " '" + prompt + "'");
+      const int step = r.steps, checked = r.clear;
+      const float worst = r.worst;
       EXPECT_GE(checked, step / 3) << "enough choices are clear in these peaky models";
       std::printf("%s %-40.40s threads %d: %d steps, %d clear, worst |dlogprob| %.2e (tolerance %.0e)\n",
                   GetParam().c_str(), prompt.c_str(), threads, step, checked, double(worst), double(tol));

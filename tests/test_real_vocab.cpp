@@ -24,6 +24,7 @@
 #include "runtime/model.h"
 #include "runtime/synth.h"
 #include "runtime/vocab_hf.h"
+#include "tests/conformance_support.h"
 
 using namespace tandem;
 using json = nlohmann::json;
@@ -91,36 +92,9 @@ TEST_P(RealVocab, ChatContinuationEqualsLlamaCpp) {
   const seq_id s = eng.create_sequence();
   std::vector<float> logits;
   ASSERT_TRUE(eng.prefill(s, ids, logits).ok());
-  int step = 0, checked = 0;
-  float worst = 0;
-  for (const auto& st : chat["steps"]) {
-    const float mx = *std::max_element(logits.begin(), logits.end());
-    double sum = 0;
-    for (float x : logits) sum += std::exp(double(x) - mx);
-    const float lse = mx + float(std::log(sum));
-    for (const auto& t : st["top"]) {
-      const float d = std::fabs(logits[t[0].get<size_t>()] - lse - t[1].get<float>());
-      worst = std::max(worst, d);
-      EXPECT_LE(d, 0.05f) << GetParam() << " step " << step << " token " << t[0];
-    }
-    token_id best = -1, second = -1;
-    for (token_id i = 0; i < token_id(logits.size()); ++i) {
-      if (banned.count(i)) continue;
-      if (best < 0 || logits[size_t(i)] > logits[size_t(best)]) {
-        second = best;
-        best = i;
-      } else if (second < 0 || logits[size_t(i)] > logits[size_t(second)]) {
-        second = i;
-      }
-    }
-    const token_id theirs = st["id"];
-    if (logits[size_t(best)] - logits[size_t(second)] > 0.1f) {
-      EXPECT_EQ(best, theirs) << GetParam() << " step " << step;
-      ++checked;
-    }
-    ASSERT_TRUE(eng.decode(std::span(&s, 1), std::span(&theirs, 1), logits).ok());
-    ++step;
-  }
+  const auto r = testing_support::teacher_force(eng, s, logits, chat["steps"], banned, 0.05f, 0.1f, GetParam());
+  const int step = r.steps, checked = r.clear;
+  const float worst = r.worst;
   EXPECT_GE(step, 8);
   EXPECT_GE(checked, step / 3) << "enough choices are clear to compare";
   std::printf("%s: %d steps, %d clear, worst |dlogprob| %.3f\n", GetParam().c_str(), step, checked, double(worst));
@@ -135,8 +109,7 @@ TEST_P(RealVocab, ChatTemplateRendersAndTokenizesAsLlamaCpp) {
   const tokenizer tok(vocab_from_tokenizer_json(tj));
   const std::string source = chat_template_beside(tj);
   ASSERT_FALSE(source.empty());
-  auto text_of = [&](token_id id) { return id >= 0 ? tok.token_text(id) : std::string(); };
-  const chat_template tmpl(source, text_of(tok.bos()), text_of(tok.eos()), tok.spec().add_bos);
+  const chat_template tmpl = chat_template::for_vocab(source, tok);
   ASSERT_TRUE(tmpl.uses_jinja()) << tmpl.describe();
   ASSERT_GE(v["conversations"].size(), 2u);
   for (const auto& c : v["conversations"]) {
@@ -155,12 +128,7 @@ TEST_P(RealVocab, ControlTokensInMessageContentStayText) {
   const json& v = vocab_case(GetParam());
   const std::string tj = tokenizer_json(v);
   const tokenizer tok(vocab_from_tokenizer_json(tj));
-  std::vector<std::string> controls;
-  for (token_id i = 0; i < tok.n_vocab(); ++i)
-    if (tok.token_type(i) == 3) controls.push_back(tok.token_text(i));
-  auto text_of = [&](token_id id) { return id >= 0 ? tok.token_text(id) : std::string(); };
-  const chat_template tmpl(chat_template_beside(tj), text_of(tok.bos()), text_of(tok.eos()), tok.spec().add_bos,
-                           controls);
+  const chat_template tmpl = chat_template::for_vocab(chat_template_beside(tj), tok);
   const bool llama = GetParam() == "llama3";
   const std::string end = llama ? "<|eot_id|>" : "<|im_end|>", start = llama ? "<|start_header_id|>" : "<|im_start|>";
   // Also a U+FFFE of the user's, which the marking must keep.
@@ -179,6 +147,7 @@ TEST_P(RealVocab, ControlTokensInMessageContentStayText) {
   EXPECT_EQ(count(naive, end_id), 3);
   EXPECT_EQ(tok.decode(guarded).find("Quote: " + end + start), tok.decode(naive).find("Quote: ")) << "same text";
   // Without marks (no control list) the rendering is the same text and every marker a token.
+  auto text_of = [&](token_id id) { return id >= 0 ? tok.token_text(id) : std::string(); };
   const chat_template plain(chat_template_beside(tj), text_of(tok.bos()), text_of(tok.eos()), tok.spec().add_bos);
   std::string prompt2;
   std::vector<tokenizer::byte_range> none;

@@ -101,13 +101,7 @@ std::shared_ptr<const chat_template> load_chat_template(const model& m, const st
     if (!in) throw failure(errc::io_error, "cannot read --chat-template '" + file + "'");
     source.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  const tokenizer& tok = m.tok();
-  auto text_of = [&](token_id id) { return id >= 0 ? tok.token_text(id) : std::string(); };
-  std::vector<std::string> controls;
-  for (token_id i = 0; i < tok.n_vocab(); ++i)
-    if (tok.token_type(i) == 3) controls.push_back(tok.token_text(i));
-  auto t = std::make_shared<const chat_template>(source, text_of(tok.bos()), text_of(tok.eos()), tok.spec().add_bos,
-                                                 std::move(controls));
+  auto t = std::make_shared<const chat_template>(chat_template::for_vocab(source, m.tok()));
   if (!file.empty() && !t->uses_jinja())
     throw failure(errc::invalid_argument, "--chat-template '" + file + "': " + t->fallback_reason());
   if (!source.empty() && !t->uses_jinja()) spdlog::warn("chat template: {}; using {}", t->fallback_reason(), t->describe());
