@@ -170,7 +170,6 @@ file file::open(const std::string& path, bool skip_unsupported_types) {
   file f;
   f.path_ = path;
   f.size_ = size_t(st.st_size);
-  f.skip_unsupported_ = skip_unsupported_types;
   if (f.size_ > 0) {
     void* m = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
@@ -182,7 +181,7 @@ file file::open(const std::string& path, bool skip_unsupported_types) {
   }
   ::close(fd);
   try {
-    f.parse_image(static_cast<const uint8_t*>(f.map_), f.size_);
+    f.parse_image(static_cast<const uint8_t*>(f.map_), f.size_, skip_unsupported_types);
   } catch (const failure& e) {
     throw failure(e.code(), "'" + path + "': " + e.what());
   }
@@ -208,7 +207,6 @@ file& file::operator=(file&& o) noexcept {
     version_ = o.version_;
     kv_ = std::move(o.kv_);
     tensors_ = std::move(o.tensors_);
-    skip_unsupported_ = o.skip_unsupported_;
     unsupported_ = std::move(o.unsupported_);
   }
   return *this;
@@ -218,7 +216,7 @@ file::~file() {
   if (map_) ::munmap(map_, size_);
 }
 
-void file::parse_image(const uint8_t* base, size_t size) {
+void file::parse_image(const uint8_t* base, size_t size, bool skip_unsupported_types) {
   cursor c(base, size);
   if (size < 4) malformed("file is too small to be GGUF (" + std::to_string(size) + " bytes)");
   const uint32_t magic = c.read<uint32_t>("magic");
@@ -282,7 +280,7 @@ void file::parse_image(const uint8_t* base, size_t size) {
   }
 
   unsupported_ = unsupported;
-  if (!unsupported.empty() && !skip_unsupported_) {
+  if (!unsupported.empty() && !skip_unsupported_types) {
     std::string list;
     for (size_t i = 0; i < unsupported.size() && i < 6; ++i) list += (i ? ", " : "") + unsupported[i];
     if (unsupported.size() > 6) list += " and " + std::to_string(unsupported.size() - 6) + " more";

@@ -95,7 +95,8 @@ class file {
 
  private:
   file() = default;
-  void parse_image(const uint8_t* base, size_t size);
+  // skip_unsupported_types: as open's.
+  void parse_image(const uint8_t* base, size_t size, bool skip_unsupported_types = false);
 
   std::string path_;
   void* map_ = nullptr;
@@ -103,7 +104,6 @@ class file {
   uint32_t version_ = 0;
   std::map<std::string, value> kv_;
   std::vector<tensor_info> tensors_;
-  bool skip_unsupported_ = false;
   std::vector<std::string> unsupported_;
 };
 
