@@ -183,9 +183,10 @@ void matmul_kquant_avx2(const weight_view& w, const float* x, int64_t m, float* 
   auto* xq = static_cast<int8_t*>(thread_scratch(scratch_x, size_t(m * k) + size_t(m * ng) * 8));
   auto* dx = reinterpret_cast<float*>(xq + m * k);
   auto* sx = reinterpret_cast<int32_t*>(dx + m * ng);
+  const bool has_min = w.type == dtype::q4_k || w.type == dtype::q5_k;  // only mins need x's sums
   for (int64_t i = 0; i < m; ++i) {
     quantize_x_q8_avx2(x + i * k, k, xq + i * k, dx + i * ng);
-    for (int64_t g = 0; g < ng; ++g) {
+    for (int64_t g = 0; has_min && g < ng; ++g) {
       int32_t s = 0;
       for (int e = 0; e < 32; ++e) s += xq[i * k + g * 32 + e];
       sx[i * ng + g] = s;
@@ -198,7 +199,7 @@ void matmul_kquant_avx2(const weight_view& w, const float* x, int64_t m, float* 
     uint8_t* rest = buf + ng * 32;
     const unpacked_row u{reinterpret_cast<int8_t*>(rest), reinterpret_cast<int16_t*>(rest + k),
                          reinterpret_cast<float*>(rest + k + ng * 4), reinterpret_cast<float*>(rest + k + ng * 8),
-                         reinterpret_cast<__m256i*>(buf), w.type == dtype::q4_k || w.type == dtype::q5_k};
+                         reinterpret_cast<__m256i*>(buf), has_min};
     for (int64_t r = r0; r < r1; ++r) {
       unpack(w, r, u);
       finish(u, ng);
