@@ -30,7 +30,14 @@ inline std::vector<float> log_softmax(const std::vector<float>& x) {
 struct forced_run {
   int steps = 0, clear = 0;  // steps fed; steps where tandem's choice was clear enough to compare
   float worst = 0;           // largest |log-probability difference| seen
+  std::vector<float> step_worst;  // each step's largest difference
 };
+
+inline float median(std::vector<float> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
 
 // From `logits` (after the prompt of sequence s), feeds llama.cpp's token at each of `steps`,
 // expecting each of its top-k log-probabilities within `tol` of tandem's, and tandem's greedy
@@ -42,11 +49,14 @@ inline forced_run teacher_force(engine& eng, seq_id s, std::vector<float> logits
   forced_run run;
   for (const auto& st : steps) {
     const auto lp = log_softmax(logits);
+    float here = 0;
     for (const auto& t : st["top"]) {
       const float d = std::fabs(lp[t[0].get<size_t>()] - t[1].get<float>());
-      run.worst = std::max(run.worst, d);
+      here = std::max(here, d);
       EXPECT_LE(d, tol) << what << " step " << run.steps << " token " << t[0];
     }
+    run.worst = std::max(run.worst, here);
+    run.step_worst.push_back(here);
     token_id best = -1, second = -1;
     for (token_id i = 0; i < token_id(lp.size()); ++i) {
       if (banned.count(i)) continue;

@@ -255,6 +255,13 @@ void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m,
     return matmul_dequantized(level, w, x, m, y, pool, mode);
   }
   const bool gemm = mode == matmul_mode::fastest && m > decode_max_m(level, w.type);
+  if (w.type == dtype::bf16 && !gemm) {
+    // As the panel kernels and llama.cpp's BF16 dot: x rounded to bf16 for bf16 weights, on every
+    // level, so that each product is exact and only the summation order differs between them.
+    auto* xr = static_cast<float*>(thread_scratch(scratch_x_bf16, size_t(m * w.cols) * sizeof(float)));
+    for (int64_t i = 0; i < m * w.cols; ++i) xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    x = xr;
+  }
   switch (level) {
     case isa::scalar: return matmul_scalar(w, x, m, y, pool, gemm);
     case isa::avx2: return matmul_avx2(w, x, m, y, pool, gemm);

@@ -166,30 +166,52 @@ void dequant_avx2(dtype t, const void* src, float* dst, int64_t n) {
 
 }  // namespace
 
+namespace {
+// |x| of 8 floats.
+inline __m256 abs8(__m256 v) { return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))); }
+inline float hmax8(__m256 v) {
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+// q[0, 32) = nearest-even(x[0, 32) * inv), as int8 in element order.
+inline void round_block32(const float* x, __m256 inv, int8_t* q) {
+  __m256i i[4];
+  for (int j = 0; j < 4; ++j) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), inv));
+  // Packing interleaves 128-bit lanes; the permute restores element order.
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(p, order));
+}
+}  // namespace
+
 void quantize_x_q8_avx2(const float* x, int64_t n, int8_t* q, float* d) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int64_t b = 0; b < n / q8_0_block; ++b) {
     const float* xb = x + b * q8_0_block;
-    __m256 v[4], amax = _mm256_setzero_ps();
-    for (int j = 0; j < 4; ++j) {
-      v[j] = _mm256_loadu_ps(xb + 8 * j);
-      amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], abs_mask));
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) amax = _mm256_max_ps(amax, abs8(_mm256_loadu_ps(xb + 8 * j)));
     // As ggml's quantize_row_q8_0: the multiplier is 127 / max (not 1 / scale), nearest-even.
-    const float top = _mm_cvtss_f32(m4), scale = top / 127.0f;
-    const __m256 inv = _mm256_set1_ps(top != 0.0f ? 127.0f / top : 0.0f);
-    __m256i i[4];
-    for (int j = 0; j < 4; ++j) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // nearest
-    // Packing interleaves 128-bit lanes; the permute restores element order.
-    const __m256i p =
-        _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    const __m256i ordered = _mm256_permutevar8x32_epi32(p, order);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * q8_0_block), ordered);
-    d[b] = scale;
+    const float top = hmax8(amax);
+    round_block32(xb, _mm256_set1_ps(top != 0.0f ? 127.0f / top : 0.0f), q + b * q8_0_block);
+    d[b] = top / 127.0f;
+  }
+}
+
+void quantize_x_q8k_avx2(const float* x, int64_t n, int8_t* q, float* d) {
+  for (int64_t s = 0; s < n / qk_k; ++s) {
+    const float* xs = x + s * qk_k;
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < qk_k / 8; ++j) amax = _mm256_max_ps(amax, abs8(_mm256_loadu_ps(xs + 8 * j)));
+    // ggml's quantize_row_q8_K_ref: iscale = -127 / (the signed element of largest |x|), scale
+    // 1 / iscale. Its sign only flips every q and the scale together, so 127 / max|x| gives the
+    // same products; nearest-even, as its nearest_int.
+    const float top = hmax8(amax);
+    const float iscale = top != 0.0f ? 127.0f / top : 0.0f;
+    const float scale = top != 0.0f ? 1.0f / iscale : 0.0f;
+    for (int b = 0; b < qk_k / q8_0_block; ++b) {
+      round_block32(xs + b * q8_0_block, _mm256_set1_ps(iscale), q + s * qk_k + b * q8_0_block);
+      d[s * (qk_k / q8_0_block) + b] = scale;
+    }
   }
 }
 

@@ -44,8 +44,9 @@ inline __m512 load16(const uint8_t* row, int64_t c, __mmask16 mask = 0xffff) {
 // ---------------------------------------------------------------- decode
 
 // Rows [r0, r1) of f32/f16/bf16 W against M inputs. x: [M, k], y: [M, n] (n = w.rows).
-// bf16 weights widen exactly to f32 (shift), so there is no activation rounding here: measured
-// as fast as vdpbf16ps at these m, since decode waits on memory either way.
+// bf16 weights widen exactly to f32 (shift) and meet x already rounded to bf16 (matmul_with_isa),
+// so each product is exact as in vdpbf16ps: measured as fast as vdpbf16ps at these m, since
+// decode waits on memory either way.
 template <dtype T, int M>
 void decode_float(const weight_view& w, const float* x, float* y, int64_t r0, int64_t r1) {
   // Two FMA chains per input whatever M is, so that a row's sum is computed in the same order

@@ -47,6 +47,10 @@ void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, th
 // as ggml's quantize_row_q8_0 (but the scale is left in f32: see round_scales_f16). AVX2: the
 // VNNI kernel uses it too.
 void quantize_x_q8_avx2(const float* x, int64_t n, int8_t* q, float* d);
+// The k-quants' x (n % 256 == 0): one f32 scale per 256 as ggml's Q8_K (quantize_row_q8_K_ref),
+// so that k-quant dot products are llama.cpp's to float summation order; the scale is written
+// to each of its eight 32-blocks' d entries (d[n / 32]), the layout the kernels read.
+void quantize_x_q8k_avx2(const float* x, int64_t n, int8_t* q, float* d);
 // d[i] = its value rounded to f16 and back: for Q8_0 weights, x's scales as ggml stores them in
 // its block_q8_0, so that Q8_0 x Q8_0 dot products are llama.cpp's (to float summation order).
 void round_scales_f16(float* d, int64_t n);
@@ -88,7 +92,8 @@ enum scratch_slot {
   scratch_deq_rows = 3,   // matmul_dequantized: a tile's rows in f32, its panel, its output
   scratch_deq_panel = 4,
   scratch_deq_y = 5,
-  scratch_slots = 6
+  scratch_x_bf16 = 6,     // matmul_with_isa: x rounded to bf16 for bf16 weights
+  scratch_slots = 7
 };
 void* thread_scratch(scratch_slot slot, size_t bytes);
 

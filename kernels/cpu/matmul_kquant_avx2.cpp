@@ -1,7 +1,8 @@
 // Integer matmul for Q4_0 and the k-quants (Q4_K, Q5_K, Q6_K) with AVX2, for CPUs without
 // AVX-512 VNNI (which have their panel kernels, matmul_panels.cpp).
 //
-// x is quantized once per call to int8 per 32 (quantize_x_q8_avx2, an f32 scale per 32) and
+// x is quantized once per call to int8 as llama.cpp does (Q8_0 for Q4_0, Q8_K for the
+// k-quants; a scale per 32-block either way, repeated for Q8_K's per 256) and
 // each weight row is unpacked once into signed int8 values with their integer sub-block scales
 // (per 16 elements), a float factor and a float "min" term per 32:
 //   value[e] = fd[g] * isc[e / 16] * q[e] - mn[g],  g = e / 32
@@ -185,7 +186,12 @@ void matmul_kquant_avx2(const weight_view& w, const float* x, int64_t m, float* 
   auto* sx = reinterpret_cast<int32_t*>(dx + m * ng);
   const bool has_min = w.type == dtype::q4_k || w.type == dtype::q5_k;  // only mins need x's sums
   for (int64_t i = 0; i < m; ++i) {
-    quantize_x_q8_avx2(x + i * k, k, xq + i * k, dx + i * ng);
+    if (w.type == dtype::q4_0) {  // as llama.cpp: Q8_0 x for Q4_0, Q8_K for the k-quants
+      quantize_x_q8_avx2(x + i * k, k, xq + i * k, dx + i * ng);
+      round_scales_f16(dx + i * ng, ng);
+    } else {
+      quantize_x_q8k_avx2(x + i * k, k, xq + i * k, dx + i * ng);
+    }
     for (int64_t g = 0; has_min && g < ng; ++g) {
       int32_t s = 0;
       for (int e = 0; e < 32; ++e) s += xq[i * k + g * 32 + e];

@@ -7,7 +7,7 @@
 //   f32:  one FMA chain over k, in order (the chain crosses k blocks through y, stored and
 //         reloaded exactly);
 //   bf16: x rounded to bf16 for every m, one vdpbf16ps chain over k pairs, in order;
-//   q8_0: x quantized per 32-block for every m (q8_0 with an f32 scale), each block's dot
+//   q8_0: x quantized per 32-block for every m (as ggml's Q8_0), each block's dot
 //         product in int32 with vpdpbusd (exact, so its order cannot matter), then one FMA
 //         chain over blocks: acc = fma(float(isum), d_w * d_x, acc).
 // Neither m, nor the row's place in a microkernel tile, nor how panels or rows are split over
@@ -25,7 +25,8 @@
 //                                   high ones 2g+1;
 //                                   u8 [8][64] scales, u8 [8][64] mins (6 bits each);
 //                                   f16 [64] d, f16 [64] dmin }  = 9472 bytes (file: 9216).
-//         x is quantized per 32 as for q8_0; each sub-block j's dot product is exact in int32
+//         x is quantized per 256 as ggml's Q8_K (its one scale repeated in each 32-block's
+//         entry); each sub-block j's dot product is exact in int32
 //         (vpdpbusd of the nibbles, u8 0..15, by x's s8), then one FMA chain per element:
 //         acc = fma(float(isum_j), d*sc_j * d_x, acc); acc = fnmadd(dmin*m_j * d_x, float(sum_x), acc).
 //   q4_0: [k/32] blocks of { u8 [4][64][4]: the file's nibble bytes (low: k 4e.., high:
@@ -564,10 +565,14 @@ void run_panels(const weight_view& w, const float* x, int64_t m, float* y, threa
     auto* sum16 = reinterpret_cast<int32_t*>(buf + m * nb * 40);
     convert([&](int64_t r0, int64_t r1) {
       for (int64_t i = r0; i < r1; ++i) {
-        quantize_x_q8_avx2(x + i * k, k, q + i * nb * 32, d + i * nb);
-        // Q8_0 weights meet x as llama.cpp's Q8_0 x Q8_0 dot (scales in f16); the k-quants keep
-        // f32 scales (llama.cpp's Q8_K activations have f32 ones).
-        if constexpr (T == dtype::q8_0) round_scales_f16(d + i * nb, nb);
+        // x as llama.cpp quantizes it for the weight type: Q8_0 (scales per 32, in f16) for
+        // Q8_0 and Q4_0, Q8_K (an f32 scale per 256) for the k-quants.
+        if constexpr (T == dtype::q8_0 || T == dtype::q4_0) {
+          quantize_x_q8_avx2(x + i * k, k, q + i * nb * 32, d + i * nb);
+          round_scales_f16(d + i * nb, nb);
+        } else {
+          quantize_x_q8k_avx2(x + i * k, k, q + i * nb * 32, d + i * nb);
+        }
         for (int64_t b = 0; b < nb; ++b) {
           int32_t lo = 0, hi = 0;
           for (int j = 0; j < 16; ++j) lo += q[(i * nb + b) * 32 + j];

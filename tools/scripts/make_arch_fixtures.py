@@ -1,12 +1,13 @@
 #!/usr/bin/python3
 # Development tool (needs ../shared/peers; the tests only read what it writes): makes the
 # per-architecture conformance fixtures under tests/data/arch.
-#   1. tandem model synth --preset arch --arch A --output-scale 8 (f32 and q8_0): small random
-#      models with each architecture's parts and "peaky" output heads (large top-2 margins).
-#      Not committed: synth makes the same bytes again, so the test makes them and checks their
-#      FNV-1a 64 against the one recorded here;
-#      Q4_K_M: an f32 synth of preset arch-kquant (rows multiples of 256) quantized by
-#      llama-quantize, committed (tandem's quantizer is not llama.cpp's);
+#   1. tandem model synth --preset arch --arch A --output-scale 8 (f32, f16, bf16 and q8_0): small
+#      random models with each architecture's parts and "peaky" output heads (large top-2
+#      margins). Not committed: synth makes the same bytes again, so the test makes them and
+#      checks their FNV-1a 64 against the one recorded here;
+#      Q4_0, Q4_K_M, Q5_K_M, Q6_K (between them every Q4_0, Q4_K, Q5_K and Q6_K tensor): an f32
+#      synth of preset arch-kquant (rows multiples of 256) quantized by llama-quantize,
+#      committed (tandem's quantizer is not llama.cpp's);
 #   2. llama-server (llama.cpp, f32 KV cache, flash attention off: its CPU kernel rounds through f16) tokenizes fixed prompts and continues them greedily,
 #      streaming, with n_probs: llama.cpp's token ids and top-k log-probabilities at every step.
 #      Byte tokens >= 0x80 are banned by logit_bias (llama-server fails on a stream whose text is
@@ -32,7 +33,8 @@ work = tempfile.mkdtemp()
 bindir = stage_bin(peers, work)
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
-DTYPES = ["f32", "q8_0", "Q4_K_M"]
+DTYPES = ["f32", "f16", "bf16", "q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K"]
+PRESETS = {"Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K"}  # llama-quantize's; the others are synth's types
 # The second prompt runs past Gemma 3's sliding window (8 in these files) before generating.
 PROMPTS = ["Once upon a time", "The quick brown fox jumps over the lazy dog, and then"]
 STEPS = 24
@@ -45,9 +47,7 @@ cases = []
 for arch in ARCHS:
     for dtype in DTYPES:
         name = f"{arch}-{dtype}.gguf"
-        committed = dtype == "Q4_K_M"
-        if committed and arch == "llama":
-            continue  # tests/data/kquant has llama's
+        committed = dtype in PRESETS
         path = os.path.join(out if committed else work, name)
         synth_out = os.path.join(work, "f32-" + name) if committed else path
         subprocess.run([os.path.join(build, "tools", "tandem"), "model", "synth", "--preset",
@@ -82,7 +82,9 @@ for arch in ARCHS:
             srv.wait()
 
 with open(os.path.join(out, "reference.json"), "w") as f:
-    json.dump({"made_by": "tools/scripts/make_arch_fixtures.py", "llama_cpp": "../shared/peers/llama.cpp (81ff7abe50b9)",
-               "banned": BANNED, "top_k": TOP_K, "cases": cases}, f, indent=1)
+    head = {"made_by": "tools/scripts/make_arch_fixtures.py", "llama_cpp": "../shared/peers/llama.cpp (81ff7abe50b9)",
+            "banned": BANNED, "top_k": TOP_K}
+    # One case a line: small, and diffs show which cases changed.
+    f.write(json.dumps(head)[:-1] + ', "cases": [\n' + ",\n".join(json.dumps(c) for c in cases) + "\n]}\n")
 shutil.rmtree(work)
 print("wrote", out)
