@@ -137,7 +137,7 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
   w.set_strings("tokenizer.ggml.tokens", v.tokens);
   if (!v.token_types.empty()) w.set_i32s("tokenizer.ggml.token_type", v.token_types);
   if (!v.scores.empty()) w.set_f32s("tokenizer.ggml.scores", v.scores);
-  w.set_strings("tokenizer.ggml.merges", v.merges);
+  if (v.model == "gpt2" || !v.merges.empty()) w.set_strings("tokenizer.ggml.merges", v.merges);
   auto set_id = [&](const char* key, token_id id) {
     if (id >= 0) w.set_u32(key, uint32_t(id));
   };
@@ -145,7 +145,11 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
   set_id("tokenizer.ggml.eos_token_id", v.eos_id);
   set_id("tokenizer.ggml.unknown_token_id", v.unk_id);
   set_id("tokenizer.ggml.padding_token_id", v.pad_id);
+  set_id("tokenizer.ggml.eot_token_id", v.eot_id);
+  set_id("tokenizer.ggml.eom_token_id", v.eom_id);
   w.set_bool("tokenizer.ggml.add_bos_token", v.add_bos);
+  if (v.add_eos) w.set_bool("tokenizer.ggml.add_eos_token", true);  // absent: false, as llama.cpp reads it
+  if (v.model == "llama") w.set_bool("tokenizer.ggml.add_space_prefix", v.add_space_prefix);
   if (!opts.chat_template.empty()) w.set_string("tokenizer.chat_template", opts.chat_template);
 
   rng r(seed);

@@ -6,8 +6,12 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "runtime/errors.h"
+#include "runtime/tokenizer_internal.h"
 
 namespace tandem {
 namespace {
@@ -67,36 +71,68 @@ vocab_spec vocab_from_tokenizer_json(const std::string& path, const std::string&
     if (model.value("type", "") != "BPE")
       throw failure(errc::unsupported, "'" + path + "': tokenizer model '" + model.value("type", "?") +
                                            "' is not supported (byte-level BPE only)");
-    if (model.value("byte_fallback", false))
-      throw failure(errc::unsupported, "'" + path + "': a BPE with byte_fallback (SentencePiece-style, as Gemma's) "
-                                       "is not supported here: convert it with llama.cpp");
+    // A BPE with byte fallback is a SentencePiece BPE in Hugging Face's form (Llama 2, Gemma):
+    // llama.cpp's "llama" tokenizer, which merges by token score instead of merge rank.
+    const bool spm = model.value("byte_fallback", false);
     vocab_spec s;
-    s.model = "gpt2";
-    s.pre = pre.empty() ? detect_pre(t.value("pre_tokenizer", json())) : pre;
+    s.model = spm ? "llama" : "gpt2";
+    s.pre = spm ? "default" : pre.empty() ? detect_pre(t.value("pre_tokenizer", json())) : pre;
     if (s.pre.empty())
       throw failure(errc::unsupported, "'" + path + "': its pre-tokenizer is not one tandem recognises (Llama 3's, "
                                        "Qwen 2's, GPT-2's): name it with --pre");
     // id -> text over the model's vocab and the added tokens.
     std::map<int64_t, std::pair<std::string, int32_t>> by_id;  // id -> (text, type)
-    for (const auto& [text, id] : model.at("vocab").items()) by_id[id.get<int64_t>()] = {text, 1};
-    for (const auto& a : t.value("added_tokens", json::array()))
-      by_id[a.at("id").get<int64_t>()] = {a.at("content").get<std::string>(), a.value("special", false) ? 3 : 4};
+    for (const auto& [text, id] : model.at("vocab").items())
+      by_id[id.get<int64_t>()] = {text, spm && detail::parse_byte_token(text) >= 0 ? 6 : 1};
+    const std::string unk = model.contains("unk_token") && model["unk_token"].is_string() ? model["unk_token"].get<std::string>() : "";
+    for (const auto& a : t.value("added_tokens", json::array())) {
+      const std::string text = a.at("content").get<std::string>();
+      by_id[a.at("id").get<int64_t>()] = {text, spm && text == unk ? 2 : a.value("special", false) ? 3 : 4};
+    }
     if (by_id.empty() || by_id.begin()->first != 0 || by_id.rbegin()->first != int64_t(by_id.size()) - 1)
       throw failure(errc::malformed_file, "'" + path + "': token ids are not 0..n-1 without gaps");
+    std::unordered_map<std::string, int64_t> id_by_text;
     for (auto& [id, e] : by_id) {
       s.tokens.push_back(e.first);
       s.token_types.push_back(e.second);
+      id_by_text.emplace(e.first, id);
     }
+    std::vector<std::pair<std::string, std::string>> merges;
     for (const auto& m : model.at("merges")) {  // "a b" (old format) or ["a", "b"]
-      if (m.is_string()) s.merges.push_back(m.get<std::string>());
-      else s.merges.push_back(m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+      if (m.is_string()) {
+        const std::string ab = m.get<std::string>();
+        const size_t sp = ab.find(' ');
+        if (sp == std::string::npos) throw failure(errc::malformed_file, "'" + path + "': merge '" + ab + "' has no space");
+        merges.emplace_back(ab.substr(0, sp), ab.substr(sp + 1));
+      } else {
+        merges.emplace_back(m.at(0).get<std::string>(), m.at(1).get<std::string>());
+      }
+    }
+    if (spm) {
+      // SentencePiece keeps a score per piece, which tokenizer.json drops; its BPE ranks pieces by
+      // score, and Hugging Face's converter writes the merges in that order. So a piece's score
+      // is minus the rank of the first merge that makes it: merging the best-scored pair
+      // (llama.cpp) then picks the merge of lowest rank (Hugging Face). Pieces no merge makes
+      // (single characters, bytes, added tokens) score below every merge, as unreachable
+      // ones should; control, unknown and byte tokens 0, as SentencePiece writes them.
+      const float unreachable = -float(merges.size()) - 1.0f;
+      s.scores.assign(s.tokens.size(), unreachable);
+      for (size_t i = 0; i < s.tokens.size(); ++i)
+        if (s.token_types[i] == 2 || s.token_types[i] == 3 || s.token_types[i] == 6) s.scores[i] = 0.0f;
+      for (size_t r = merges.size(); r-- > 0;) {
+        const auto it = id_by_text.find(merges[r].first + merges[r].second);
+        if (it != id_by_text.end() && s.token_types[size_t(it->second)] == 1) s.scores[size_t(it->second)] = -float(r);
+      }
+    } else {
+      for (const auto& [a, b] : merges) s.merges.push_back(a + " " + b);
     }
     auto id_of = [&](const std::string& text) -> token_id {
       if (text.empty()) return -1;
-      for (const auto& [id, e] : by_id)
-        if (e.first == text) return token_id(id);
+      const auto it = id_by_text.find(text);
+      if (it != id_by_text.end()) return token_id(it->second);
       throw failure(errc::malformed_file, "'" + path + "': special token '" + text + "' is not in the vocabulary");
     };
+    if (spm && !unk.empty()) s.unk_id = id_of(unk);
     // BOS/EOS as convert_hf_to_gguf takes them: tokenizer_config.json first.
     // Without a word from the files, llama.cpp adds BOS for the Llama 3 pre-tokenizer only.
     s.add_bos = s.pre == "llama-bpe" || s.pre == "llama3";
@@ -120,7 +156,15 @@ vocab_spec vocab_from_tokenizer_json(const std::string& path, const std::string&
     };
     scan(t.value("post_processor", json()));
     s.add_eos = false;
+    // SentencePiece's dummy prefix ("▁" before the text) is the normalizer's Prepend (Llama 2's;
+    // Gemma's normalizer only replaces spaces).
     s.add_space_prefix = false;
+    std::function<void(const json&)> prepends = [&](const json& n) {
+      if (!n.is_object()) return;
+      if (n.value("type", "") == "Prepend" && n.value("prepend", "") == "\xE2\x96\x81") s.add_space_prefix = true;
+      for (const auto& m : n.value("normalizers", json::array())) prepends(m);
+    };
+    if (spm) prepends(t.value("normalizer", json()));
     return s;
   } catch (const json::exception& e) {
     throw failure(errc::malformed_file, "'" + path + "' is not a tokenizer.json: " + e.what());

@@ -9,10 +9,13 @@
 
 namespace tandem {
 
-// Byte-level BPE vocabularies only (model.type "BPE" with a ByteLevel pre-tokenizer). The
+// Byte-level BPE vocabularies (model.type "BPE" with a ByteLevel pre-tokenizer): the
 // pre-tokenizer name (tokenizer.ggml.pre) is recognised from the Split regex (Llama 3's is
-// "llama-bpe", Qwen 2's "qwen2", plain ByteLevel "gpt-2"), or given as `pre`. Added tokens
-// become control tokens when special, user-defined otherwise. BOS/EOS come from
+// "llama-bpe", Qwen 2's "qwen2", plain ByteLevel "gpt-2"), or given as `pre`. And SentencePiece
+// BPEs in Hugging Face's form (a BPE with byte_fallback: Llama 2, Gemma): model "llama", the
+// scores rebuilt from the merge ranks, "<0xXX>" byte tokens, the unknown token, the space
+// prefix from the normalizer. Added tokens become control tokens when special, user-defined
+// otherwise. BOS/EOS come from
 // tokenizer_config.json (bos_token, eos_token, add_bos_token), else from a TemplateProcessing
 // post-processor. Throws failure(io_error / malformed_file / unsupported) naming the problem.
 vocab_spec vocab_from_tokenizer_json(const std::string& path, const std::string& pre = "");

