@@ -2,8 +2,8 @@
 # Development tool (needs ../shared/peers; the tests only read what it writes): a SentencePiece
 # vocabulary set up as Gemma's is (no space prefix, byte fallback, BOS added, <start_of_turn> and
 # <end_of_turn> control tokens, a user-defined token), and llama.cpp's tokenization of a corpus
-# with it. The real Gemma vocabulary needs its tokenizer.model, which no package here ships: the
-# pieces and scores are stories260K's (tests/data), the settings Gemma's.
+# with it: the pieces and scores are stories260K's (tests/data), the settings Gemma's, so the
+# test needs no npm package (the real Gemma 3 vocabulary is tests/test_real_vocab's).
 #   tools/scripts/make_spm_fixtures.py [PEERS_DIR]  -> tests/data/spm/{gemma-style-vocab.gguf,reference.json}
 import json
 import os
