@@ -9,12 +9,22 @@ namespace tandem {
 
 namespace {
 kv_layout checked(const kv_layout& l) {
-  if (!kv_dtype_supported(l.dtype))
-    throw failure(errc::invalid_argument,
-                  "the KV cache holds f32, f16 or bf16, not " + std::string(kernels::to_string(l.dtype)));
+  if (const auto why = kv_dtype_problem(l.dtype, l.head_dim); !why.empty()) throw failure(errc::invalid_argument, why);
+  if (l.bytes_per_layer() % 4 != 0)
+    throw failure(errc::invalid_argument, "KV blocks of " + std::to_string(l.block_size) + " positions of " +
+                                              std::string(kernels::to_string(l.dtype)) + " are not whole 4-byte words");
   return l;
 }
 }  // namespace
+
+std::string kv_dtype_problem(kernels::dtype t, int32_t head_dim) {
+  if (!kv_dtype_supported(t))
+    return "the KV cache holds f32, f16, bf16 or q8_0, not " + std::string(kernels::to_string(t));
+  if (head_dim <= 0 || head_dim % kernels::block_elems(t) != 0)
+    return "a " + std::string(kernels::to_string(t)) + " KV cache needs head_dim a multiple of " +
+           std::to_string(kernels::block_elems(t)) + "; this model's is " + std::to_string(head_dim);
+  return "";
+}
 
 kv_block_pool::kv_block_pool(kv_layout layout, int32_t n_blocks)
     : layout_(checked(layout)),

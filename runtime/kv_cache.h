@@ -4,10 +4,12 @@
 //   block: [n_layer][2 (k, v)][n_kv_head][block_size][head_dim]  of the layout's dtype
 // so that attention for one (layer, kv head) reads each block's keys as one contiguous run.
 // The dtype is f32, f16 (the engine's default: half the bytes to read per decode step, to
-// move over a KV link and to keep in the host store) or bf16; attention reads it directly.
+// move over a KV link and to keep in the host store), bf16 or q8_0 (a quarter of f32's plus a
+// scale per 32: 34 bytes per 32 elements, as llama.cpp's -ctk q8_0); attention reads it directly.
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -23,19 +25,26 @@ struct kv_layout {
   int32_t block_size = 16;
   kernels::dtype dtype = kernels::dtype::f32;  // of each stored K/V element
   int64_t elems_per_layer() const { return int64_t(2) * n_kv_head * block_size * head_dim; }
-  int64_t bytes_per_layer() const { return elems_per_layer() * (dtype == kernels::dtype::f32 ? 4 : 2); }
+  // One position's K (or V) row of one head: head_dim elements of dtype (q8_0: head_dim / 32
+  // blocks of 34 bytes).
+  int64_t row_bytes() const { return kernels::row_bytes(dtype, head_dim); }
+  int64_t bytes_per_layer() const { return int64_t(2) * n_kv_head * block_size * row_bytes(); }
   int64_t bytes_per_block() const { return int64_t(n_layer) * bytes_per_layer(); }
   // The pool and payloads count in 4-byte words (kv_payload); a layer is whole words for
-  // every dtype (2 bytes x an even element count).
+  // every dtype (2 bytes x an even element count; q8_0: 34 bytes x an even row count, the
+  // pool's check).
   int64_t words_per_layer() const { return bytes_per_layer() / 4; }
   int64_t words_per_block() const { return int64_t(n_layer) * words_per_layer(); }
   bool operator==(const kv_layout&) const = default;
 };
 
-// Whether the KV cache can hold elements of type t (f32, f16, bf16).
+// Whether the KV cache can hold elements of type t (f32, f16, bf16, q8_0).
 constexpr bool kv_dtype_supported(kernels::dtype t) {
-  return t == kernels::dtype::f32 || t == kernels::dtype::f16 || t == kernels::dtype::bf16;
+  return t == kernels::dtype::f32 || t == kernels::dtype::f16 || t == kernels::dtype::bf16 ||
+         t == kernels::dtype::q8_0;
 }
+// "" when a KV cache of dtype t holds rows of head_dim (q8_0 needs whole 32-blocks), else why not.
+std::string kv_dtype_problem(kernels::dtype t, int32_t head_dim);
 
 using block_id = int32_t;
 
@@ -74,8 +83,7 @@ class kv_block_pool {
   uint8_t* bytes(block_id b) { return reinterpret_cast<uint8_t*>(block_data(b)); }
   // In bytes.
   int64_t offset(int32_t layer, int32_t kv, int32_t head) const {
-    return ((int64_t(layer) * 2 + kv) * layout_.n_kv_head + head) * layout_.block_size * layout_.head_dim *
-           (layout_.dtype == kernels::dtype::f32 ? 4 : 2);
+    return ((int64_t(layer) * 2 + kv) * layout_.n_kv_head + head) * layout_.block_size * layout_.row_bytes();
   }
   kv_layout layout_;
   std::vector<float> data_;

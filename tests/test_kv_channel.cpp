@@ -32,9 +32,9 @@ namespace {
 struct shape {
   int32_t layers = 2, n_kv_head = 2, block_size = 16, head_dim = 32;
   kernels::dtype dtype = kernels::dtype::f32;
-  // Payload words (4 bytes): f16/bf16 elements take half a word each.
+  // Payload words (4 bytes): f16/bf16 elements take half a word each, q8_0 34 bytes per 32.
   size_t floats() const {
-    return size_t(layers) * 2 * n_kv_head * block_size * head_dim / (dtype == kernels::dtype::f32 ? 1 : 2);
+    return size_t(layers) * 2 * n_kv_head * block_size * size_t(kernels::row_bytes(dtype, head_dim)) / 4;
   }
 };
 
@@ -251,16 +251,18 @@ TEST_P(KvChannel, FramesArriveBitwiseEqualInSubmitOrder) {
   for (size_t i = 0; i < frames.size(); ++i) expect_same(got.frames[i], *frames[i]);
 }
 
-// A half-size KV cache's blocks (f16, bf16) travel as their own bytes: half an f32 frame.
+// A half-size KV cache's blocks (f16, bf16) travel as their own bytes: half an f32 frame; a
+// q8_0 cache's 34/128 of it.
 TEST_P(KvChannel, HalfPrecisionBlocksArriveBitwiseEqual) {
   collector got;
   kv_receiver r(rx_opts(), got.handler());
   kv_sender s(tx_opts(r));
   std::vector<std::shared_ptr<const kv_frame>> frames;
   uint64_t req = 300;
-  for (auto dt : {kernels::dtype::f16, kernels::dtype::bf16, kernels::dtype::f32})
+  for (auto dt : {kernels::dtype::f16, kernels::dtype::bf16, kernels::dtype::f32, kernels::dtype::q8_0})
     frames.push_back(make_frame(16, 0, req, 1, shape{.dtype = dt}, req)), ++req;
   EXPECT_EQ(payload_bytes(*frames[0]) * 2, payload_bytes(*frames[2]));
+  EXPECT_EQ(payload_bytes(*frames[3]) * 128, payload_bytes(*frames[2]) * 34);
   for (const auto& f : frames) {
     const auto st = s.wait(s.submit(f));
     ASSERT_EQ(st.state, transfer_state::done) << st.error.to_string();
@@ -500,6 +502,21 @@ TEST_P(KvChannel, GarbageOnTheSocketDoesNotStopTheReceiver) {
   expect_same(got.frames[0], *f);
 }
 
+// q8_0 rows are whole 32-blocks: a header that claims q8_0 KV of head_dim 16 is refused, naming it.
+TEST(KvChannelWire, Q8BlocksNeedWholeBlocksPerRow) {
+  const auto ok = make_frame(2, 0, 4, 1, shape{.dtype = kernels::dtype::q8_0});
+  wire::frame_header h;
+  ASSERT_TRUE(wire::decode_frame_header(wire::encode_frame_header(1, *ok).substr(wire::prefix_bytes), h));
+  EXPECT_EQ(h.total_payload, payload_bytes(*ok));
+  auto bad = std::make_shared<kv_frame>(*ok);
+  auto blocks = std::make_shared<std::vector<kv_block_export>>(*ok->blocks);
+  for (auto& b : *blocks) b.head_dim = 16;
+  bad->blocks = blocks;
+  const auto st = wire::decode_frame_header(wire::encode_frame_header(1, *bad).substr(wire::prefix_bytes), h);
+  EXPECT_EQ(st.code(), errc::invalid_argument);
+  EXPECT_NE(st.message().find("head_dim"), std::string::npos) << st.message();
+}
+
 TEST(KvChannelWire, MutatedFrameHeadersNeverCrashTheDecoder) {
   const auto f = make_frame(3, 1, 2, 3);
   const std::string whole = wire::encode_frame_header(5, *f);
@@ -517,7 +534,9 @@ TEST(KvChannelWire, MutatedFrameHeadersNeverCrashTheDecoder) {
     wire::frame_header g;
     if (wire::decode_frame_header(m, g)) {  // whatever decodes is within bounds
       EXPECT_LE(g.total_payload, wire::max_frame_payload);
-      for (size_t b = 0; b < g.blocks.size(); ++b) EXPECT_EQ(g.payload_bytes[b], wire::block_floats(g.blocks[b]) * 4);
+      for (size_t b = 0; b < g.blocks.size(); ++b)
+        EXPECT_EQ(g.payload_bytes[b],
+                  uint64_t(kernels::row_bytes(g.blocks[b].dtype, int64_t(wire::block_floats(g.blocks[b])))));
     }
   }
 }

@@ -401,6 +401,50 @@ TEST(attention, causal_kernel_matches_double_reference) {
         }
 }
 
+// K/V stored in a narrower type (the KV cache's f16, bf16, q8_0): the tiled kernel reads the
+// typed blocks directly and agrees with the reference run on their widened values.
+TEST(attention, typed_kv_blocks_match_the_reference) {
+  uint32_t seed = 41;
+  for (tk::dtype t : {tk::dtype::f16, tk::dtype::bf16, tk::dtype::q8_0})
+    for (int32_t hd : {32, 64, 128})
+      for (auto [pos0, n_tok] : {std::pair{0, 1}, {0, 40}, {63, 2}, {130, 33}, {200, 1}}) {
+        SCOPED_TRACE(std::string(tk::to_string(t)) + " hd=" + std::to_string(hd) + " pos0=" + std::to_string(pos0) +
+                     " n_tok=" + std::to_string(n_tok));
+        const int32_t n_rep = 4, bs = 16;
+        const attention_problem p(n_tok, n_rep, pos0, bs, hd, seed++);
+        const int64_t row = tk::row_bytes(t, hd);
+        // Each block's K and V rows in type t.
+        std::vector<std::vector<uint8_t>> kt(p.kb.size()), vt(p.vb.size());
+        std::vector<const void*> kb, vb;
+        for (size_t b = 0; b < p.kb.size(); ++b) {
+          kt[b].resize(size_t(bs * row));
+          vt[b].resize(size_t(bs * row));
+          for (int32_t r = 0; r < bs; ++r) {
+            tk::quantize_row(t, p.kb[b] + int64_t(r) * hd, kt[b].data() + r * row, hd);
+            tk::quantize_row(t, p.vb[b] + int64_t(r) * hd, vt[b].data() + r * row, hd);
+          }
+          kb.push_back(kt[b].data());
+          vb.push_back(vt[b].data());
+        }
+        const float scale = 1.0f / std::sqrt(float(hd));
+        const int64_t stride = int64_t(n_rep) * hd;
+        std::vector<float> fast(size_t(n_tok) * stride), slow(fast);
+        cpu::attention_causal(p.q.data(), stride, n_tok, n_rep, pos0, kb.data(), vb.data(), t, bs, hd, scale,
+                              fast.data(), stride);
+        cpu::attention_causal_reference(p.q.data(), stride, n_tok, n_rep, pos0, kb.data(), vb.data(), t, bs, hd,
+                                        scale, slow.data(), stride);
+        const std::vector<double> exact = p.reference(scale);
+        double worst = 0, moved = 0;
+        for (size_t i = 0; i < fast.size(); ++i) {
+          worst = std::max(worst, std::fabs(double(fast[i]) - slow[i]));
+          moved = std::max(moved, std::fabs(double(slow[i]) - exact[i]));
+        }
+        EXPECT_LE(worst, 2e-5);
+        EXPECT_GT(moved, 1e-5) << "the narrower type changed nothing: was it used?";
+        EXPECT_LE(moved, t == tk::dtype::f16 ? 5e-3 : 5e-2) << "rounding K/V moves the output by its precision";
+      }
+}
+
 // Gemma 3's sliding layers: both kernels skip what lies behind the window, whole chunks of 64
 // keys included, and agree with the definition.
 TEST(attention, sliding_window_matches_double_reference) {

@@ -250,7 +250,7 @@ int run_bench(const bench_opts& o) {
       }
       const double P = o.prompt_tokens, D = o.decode_tokens;
       const double kv_token_bytes =
-          double(c.n_layer) * 2 * c.n_kv_head * c.head_dim * (eo.kv_dtype == kernels::dtype::f32 ? 4 : 2);
+          double(c.n_layer) * 2 * c.n_kv_head * double(kernels::row_bytes(eo.kv_dtype, c.head_dim));
       const double prefill_flops = P * tc.matmul_flops + tc.head_flops + attn_flops(c, (P + 1) / 2) * P;
       const double mean_ctx = P + (D + 1) / 2;
       const double decode_flops = D * (tc.matmul_flops + tc.head_flops + attn_flops(c, mean_ctx));

@@ -39,8 +39,9 @@ CLI::Option* add_kv_dtype_option(CLI::App* cmd, std::string& value) {
   return cmd
       ->add_option("--kv-dtype", value,
                    "Element type of the KV cache: f16 (half of f32's bytes per decode step, per KV transfer and in "
-                   "the host store), bf16 or f32 (exact activations, twice the bytes)")
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
+                   "the host store), bf16, q8_0 (a quarter of f32's plus a scale per 32; head_dim a multiple of 32) "
+                   "or f32 (exact activations, twice f16's bytes)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}))
       ->capture_default_str();
 }
 

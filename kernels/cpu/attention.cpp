@@ -145,23 +145,27 @@ int32_t attention_tile_tokens(int32_t n_rep) { return std::max<int32_t>(1, kMaxT
 
 // ------------------------------------------------------------------ AVX-512 tiled kernel
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
 namespace {
 
 constexpr int32_t KC = 64;  // keys per chunk: 4 zmm of scores per query row
 
-// 16 K/V elements of type T from element e of a row, as f32 (f16 and bf16 widen exactly).
+// 16 K/V elements of type T from element e (a multiple of 16) of a row, as f32 (f16 and bf16
+// widen exactly; q8_0: q * d of e's 32-block).
 template <dtype T>
 inline __m512 load16(const void* row, int64_t e) {
   if constexpr (T == dtype::f32) {
     return _mm512_loadu_ps(static_cast<const float*>(row) + e);
+  } else if constexpr (T == dtype::q8_0) {
+    const auto* b = static_cast<const block_q8_0*>(row) + e / 32;
+    const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + e % 32))));
+    return _mm512_mul_ps(q, _mm512_set1_ps(_cvtsh_ss(b->d)));
   } else {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + e));
     if constexpr (T == dtype::f16) return _mm512_cvtph_ps(h);
     else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
 }
-constexpr int64_t elem_size(dtype t) { return t == dtype::f32 ? 4 : 2; }
 
 inline __mmask16 lanes_below(int32_t n) {
   return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
@@ -184,12 +188,12 @@ inline __m512 exp2_ps(__m512 t) {
   return _mm512_scalef_ps(p, n);
 }
 
-// dst[c * ld + r] = src[r][c] for 16 rows of 16 elements of type T, as f32 (an in-register
-// transpose).
+// dst[c * ld + r] = src[r][e + c] for 16 rows of 16 elements of type T, as f32 (an
+// in-register transpose).
 template <dtype T>
-inline void transpose16x16(const void* const* src, float* dst, int64_t ld) {
+inline void transpose16x16(const void* const* src, int64_t e, float* dst, int64_t ld) {
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = load16<T>(src[i], 0);
+  for (int i = 0; i < 16; ++i) r[i] = load16<T>(src[i], e);
   // t[2k], t[2k+1]: rows 2k, 2k+1 interleaved (columns 4L, 4L+1 and 4L+2, 4L+3 of each lane L)
   for (int k = 0; k < 8; ++k) {
     t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
@@ -322,7 +326,7 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
   // With a sliding window, row r's token (position p) sees [p - window + 1, p]: chunks wholly
   // before the first token's window are skipped.
   const int32_t first_key = window > 0 ? std::max(0, pos0 - window + 1) : 0;
-  constexpr int64_t es = elem_size(T);
+  const int64_t rbytes = kernels::row_bytes(T, D);
   const uint8_t* kp[KC];
   const void* vp[KC];
   for (int32_t c0 = first_key / KC * KC; c0 < n_keys; c0 += KC) {
@@ -330,7 +334,7 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
     for (int32_t j = 0; j < KC; ++j) {
       const int32_t pos = c0 + j;
       if (j < n) {
-        const int64_t off = int64_t(pos % bs) * D * es;
+        const int64_t off = int64_t(pos % bs) * rbytes;
         kp[j] = static_cast<const uint8_t*>(k_blocks[pos / bs]) + off;
         vp[j] = static_cast<const uint8_t*>(v_blocks[pos / bs]) + off;
       } else {
@@ -341,8 +345,8 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
     for (int32_t jg = 0; jg < KC; jg += 16)
       for (int32_t dg = 0; dg < D; dg += 16) {
         const void* rows[16];
-        for (int i = 0; i < 16; ++i) rows[i] = kp[jg + i] + dg * es;  // zero_row holds kMaxFastHeadDim zeros
-        transpose16x16<T>(rows, kt + int64_t(dg) * KC + jg, KC);
+        for (int i = 0; i < 16; ++i) rows[i] = kp[jg + i];  // zero_row: kMaxFastHeadDim zero floats' bytes
+        transpose16x16<T>(rows, dg, kt + int64_t(dg) * KC + jg, KC);
       }
     for (int32_t r0 = 0; r0 < R; r0 += MR)
       with_rows(std::min(MR, R - r0), [&](auto rr) {
@@ -400,8 +404,9 @@ void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n
                       int32_t block_size, int32_t head_dim, float scale, float* out,
                       int64_t out_stride, int32_t window) {
   if (n_tok <= 0 || n_rep <= 0) return;
-  if (kv_type != dtype::f32 && kv_type != dtype::f16 && kv_type != dtype::bf16)
-    throw std::invalid_argument("attention: K/V must be f32, f16 or bf16");
+  if (kv_type != dtype::f32 && kv_type != dtype::f16 && kv_type != dtype::bf16 && kv_type != dtype::q8_0)
+    throw std::invalid_argument("attention: K/V must be f32, f16, bf16 or q8_0");
+  if (head_dim % block_elems(kv_type) != 0) throw std::invalid_argument("attention: q8_0 K/V need head_dim % 32 == 0");
   if (!have_avx512() || head_dim % 16 != 0 || head_dim <= 0 || head_dim > kMaxFastHeadDim) {
     attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, k_blocks, v_blocks, kv_type, block_size,
                                head_dim, scale, out, out_stride, window);
@@ -409,6 +414,7 @@ void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n
   }
   const auto tile_fn = kv_type == dtype::f32   ? &causal_tile_avx512<dtype::f32>
                        : kv_type == dtype::f16 ? &causal_tile_avx512<dtype::f16>
+                       : kv_type == dtype::q8_0 ? &causal_tile_avx512<dtype::q8_0>
                                                : &causal_tile_avx512<dtype::bf16>;
   const int32_t tile = attention_tile_tokens(n_rep);
   for (int32_t i = 0; i < n_tok; i += tile)

@@ -35,7 +35,7 @@ void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n
                       int32_t block_size, int32_t head_dim, float scale, float* out,
                       int64_t out_stride, int32_t window = 0);
 
-// As above with K/V blocks of kv_type (f32, f16 or bf16; each block [block_size][head_dim] of
+// As above with K/V blocks of kv_type (f32, f16, bf16 or q8_0; each block [block_size][head_dim] of
 // that type): the kernel widens them as it reads them (a half-size cache reads half the bytes).
 void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
                       const void* const* k_blocks, const void* const* v_blocks, dtype kv_type,

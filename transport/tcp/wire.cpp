@@ -285,8 +285,10 @@ status decode_frame_header(std::string_view body, frame_header& h) {
                                           ")"};
     if (!kv_dtype_supported(k.dtype))
       return {errc::invalid_argument, "block " + std::to_string(i) + ": KV element type " + std::to_string(dt) +
-                                          " is not f32, f16 or bf16"};
-    const uint64_t want = floats * (k.dtype == kernels::dtype::f32 ? 4 : 2);
+                                          " is not f32, f16, bf16 or q8_0"};
+    if (const auto why = kv_dtype_problem(k.dtype, k.head_dim); !why.empty())
+      return {errc::invalid_argument, "block " + std::to_string(i) + ": " + why};
+    const uint64_t want = uint64_t(kernels::row_bytes(k.dtype, int64_t(floats)));  // whole rows: whole blocks
     if (bytes != want)
       return {errc::invalid_argument, "block " + std::to_string(i) + ": payload of " + std::to_string(bytes) +
                                           " bytes, its shape holds " + std::to_string(want)};
