@@ -293,22 +293,26 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   grow(s.proj, T * c.dim);
   grow(s.gate, T * c.ffn_dim);
   grow(s.up, T * c.ffn_dim);
-  // One angle table per distinct (base, scale) of the layers (model.h: rope_variants).
-  if (s.rope_cs.size() < c.rope_variants.size()) s.rope_cs.resize(c.rope_variants.size());
-  for (size_t i = 0; i < c.rope_variants.size(); ++i) {
-    grow(s.rope_cs[i], T * c.head_dim);
-    cpu::rope_table(pos.data(), T, c.head_dim, c.rope_variants[i].first, s.rope_cs[i].data(), c.rope_variants[i].second,
-                    c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
-  }
   const architecture_traits& arch = traits(c.arch);
   const auto rope_apply = arch.rope == rope_style::neox ? &cpu::rope_apply_neox : &cpu::rope_apply;
 
   // Row-wise elementwise work: split over the pool when the batch is big enough to pay for a
-  // dispatch (prefill), inline otherwise (decode).
+  // dispatch (prefill), inline otherwise (decode). Rows are independent: the same results
+  // whatever the split (the serial parts of a 2-thread prefill were its weak scaling).
   auto rows_parallel = [&](int64_t width, auto&& fn) {
     if (T * width < (int64_t(1) << 15) || pool_threads_.size() == 1) return fn(int64_t(0), T);
     pool_threads_.parallel_for(T, 1, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); });
   };
+  // One angle table per distinct (base, scale) of the layers (model.h: rope_variants).
+  if (s.rope_cs.size() < c.rope_variants.size()) s.rope_cs.resize(c.rope_variants.size());
+  for (size_t i = 0; i < c.rope_variants.size(); ++i) {
+    grow(s.rope_cs[i], T * c.head_dim);
+    rows_parallel(16 * c.head_dim, [&](int64_t r0, int64_t r1) {  // sin/cos: dearer than a copy
+      cpu::rope_table(pos.data() + r0, r1 - r0, c.head_dim, c.rope_variants[i].first,
+                      s.rope_cs[i].data() + r0 * c.head_dim, c.rope_variants[i].second,
+                      c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+    });
+  }
   auto rms_norm = [&](const std::vector<float>& norm_w) {
     rows_parallel(c.dim, [&](int64_t r0, int64_t r1) {
       cpu::rms_norm(s.x.data() + r0 * c.dim, norm_w.data(), s.xn.data() + r0 * c.dim, r1 - r0, c.dim, c.rms_eps);
@@ -345,10 +349,12 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   // x: [T, dim] ← token embeddings
   const auto& emb = model_->tok_embd();
   const int64_t emb_row = kernels::row_bytes(emb.type, c.dim);
-  for (int64_t t = 0; t < T; ++t)
-    kernels::dequantize_row(emb.type, static_cast<const uint8_t*>(emb.data) + batch[size_t(t)].token * emb_row,
-                            s.x.data() + t * c.dim, c.dim);
-  if (c.embedding_scale != 1.0f) cpu::scale_inplace(s.x.data(), T * c.dim, c.embedding_scale);
+  rows_parallel(c.dim, [&](int64_t r0, int64_t r1) {
+    for (int64_t t = r0; t < r1; ++t)
+      kernels::dequantize_row(emb.type, static_cast<const uint8_t*>(emb.data) + batch[size_t(t)].token * emb_row,
+                              s.x.data() + t * c.dim, c.dim);
+    if (c.embedding_scale != 1.0f) cpu::scale_inplace(s.x.data() + r0 * c.dim, (r1 - r0) * c.dim, c.embedding_scale);
+  });
 
   // Attention work, the same for every layer: runs of consecutive entries of one sequence
   // (consecutive positions), cut into tiles, times KV heads; the longest contexts first.
@@ -370,35 +376,41 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     rms_norm(w.attn_norm);
     // q: [T, n_head, head_dim], k and v: [T, n_kv_head, head_dim]
     matmuls(s.xn.data(), {{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}});
-    if (!w.bq.empty()) {
-      cpu::add_rows(s.q.data(), w.bq.data(), T, q_dim);
-      cpu::add_rows(s.k.data(), w.bk.data(), T, kv_dim);
-      cpu::add_rows(s.v.data(), w.bv.data(), T, kv_dim);
-    }
-    if (!w.q_norm.empty()) {  // each head normalised on its own: rows of head_dim
-      cpu::rms_norm(s.q.data(), w.q_norm.data(), s.q.data(), T * c.n_head, c.head_dim, c.rms_eps);
-      cpu::rms_norm(s.k.data(), w.k_norm.data(), s.k.data(), T * c.n_kv_head, c.head_dim, c.rms_eps);
-    }
     const float* cs = s.rope_cs[size_t(w.rope_variant)].data();
-    rope_apply(s.q.data(), cs, T, c.n_head, c.head_dim);
-    rope_apply(s.k.data(), cs, T, c.n_kv_head, c.head_dim);
     const int32_t window = w.sliding ? c.sliding_window : 0;
-
-    // Every entry's K/V goes into the cache first (in the cache's dtype): later entries of the
-    // batch attend to it.
     const kernels::dtype kvt = pool_.layout().dtype;
     const int64_t row_bytes = kernels::row_bytes(kvt, c.head_dim);
-    for (int64_t t = 0; t < T; ++t) {
-      const int32_t p = pos[size_t(t)];
-      const block_id b = seqs[size_t(t)]->blocks[size_t(p / bs)];
-      const int64_t off = int64_t(p % bs) * row_bytes;
-      for (int32_t h = 0; h < c.n_kv_head; ++h) {
-        kernels::quantize_row(kvt, s.k.data() + t * kv_dim + int64_t(h) * c.head_dim,
-                              static_cast<uint8_t*>(pool_.k(b, l, h)) + off, c.head_dim);
-        kernels::quantize_row(kvt, s.v.data() + t * kv_dim + int64_t(h) * c.head_dim,
-                              static_cast<uint8_t*>(pool_.v(b, l, h)) + off, c.head_dim);
+    // Per token, split over the pool in a prefill (each row on its own: the same arithmetic
+    // whatever the split): biases, per-head q/k norms, RoPE, then its K/V into the cache (in
+    // the cache's dtype; later entries of the batch attend to it).
+    rows_parallel(q_dim + 2 * kv_dim, [&](int64_t r0, int64_t r1) {
+      const int64_t n = r1 - r0;
+      float* q = s.q.data() + r0 * q_dim;
+      float* k = s.k.data() + r0 * kv_dim;
+      float* v = s.v.data() + r0 * kv_dim;
+      if (!w.bq.empty()) {
+        cpu::add_rows(q, w.bq.data(), n, q_dim);
+        cpu::add_rows(k, w.bk.data(), n, kv_dim);
+        cpu::add_rows(v, w.bv.data(), n, kv_dim);
       }
-    }
+      if (!w.q_norm.empty()) {  // each head normalised on its own: rows of head_dim
+        cpu::rms_norm(q, w.q_norm.data(), q, n * c.n_head, c.head_dim, c.rms_eps);
+        cpu::rms_norm(k, w.k_norm.data(), k, n * c.n_kv_head, c.head_dim, c.rms_eps);
+      }
+      rope_apply(q, cs + r0 * c.head_dim, n, c.n_head, c.head_dim);
+      rope_apply(k, cs + r0 * c.head_dim, n, c.n_kv_head, c.head_dim);
+      for (int64_t t = r0; t < r1; ++t) {
+        const int32_t p = pos[size_t(t)];
+        const block_id b = seqs[size_t(t)]->blocks[size_t(p / bs)];
+        const int64_t off = int64_t(p % bs) * row_bytes;
+        for (int32_t h = 0; h < c.n_kv_head; ++h) {
+          kernels::quantize_row(kvt, s.k.data() + t * kv_dim + int64_t(h) * c.head_dim,
+                                static_cast<uint8_t*>(pool_.k(b, l, h)) + off, c.head_dim);
+          kernels::quantize_row(kvt, s.v.data() + t * kv_dim + int64_t(h) * c.head_dim,
+                                static_cast<uint8_t*>(pool_.v(b, l, h)) + off, c.head_dim);
+        }
+      }
+    });
 
     if (after_layer) after_layer(l);
 
@@ -425,12 +437,11 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
 
     // Gemma's post-norms normalise a block's output before it joins the residual.
     auto add_residual = [&](const std::vector<float>& post_norm) {
-      if (!post_norm.empty())
-        rows_parallel(c.dim, [&](int64_t r0, int64_t r1) {
-          cpu::rms_norm(s.proj.data() + r0 * c.dim, post_norm.data(), s.proj.data() + r0 * c.dim, r1 - r0, c.dim,
-                        c.rms_eps);
-        });
-      cpu::add_inplace(s.x.data(), s.proj.data(), T * c.dim);
+      rows_parallel(c.dim, [&](int64_t r0, int64_t r1) {
+        float* proj = s.proj.data() + r0 * c.dim;
+        if (!post_norm.empty()) cpu::rms_norm(proj, post_norm.data(), proj, r1 - r0, c.dim, c.rms_eps);
+        cpu::add_inplace(s.x.data() + r0 * c.dim, proj, (r1 - r0) * c.dim);
+      });
     };
     cpu::matmul(w.wo, s.attn.data(), T, s.proj.data(), pool_threads_, opts_.matmul);
     add_residual(w.attn_post_norm);
