@@ -15,7 +15,10 @@ ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
 
 if [ "${TANDEM_SKIP_SANITIZERS:-0}" != "1" ]; then
   echo "== ASan + UBSan build and tests"
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_SANITIZE=ON -DTANDEM_CUDA=OFF >/dev/null
+  # -g1: line tables for the sanitizers' stack traces without full debug info, which is most of
+  # this build's time on 2 cores.
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+    -DTANDEM_SANITIZE=ON -DTANDEM_CUDA=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 1800
