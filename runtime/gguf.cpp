@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -305,6 +306,19 @@ void file::parse_image(const uint8_t* base, size_t size, bool skip_unsupported_t
                 std::to_string(ti.offset + ti.size_bytes) + ") lies outside the data section (" +
                 std::to_string(data_size) + " bytes): file truncated or offset corrupt");
     ti.data = base + data_start + ti.offset;
+  }
+  // No two tensors share bytes: a writer lays them out one after the other, and a file whose
+  // offsets overlap was corrupted (it would load and compute garbage).
+  std::vector<const tensor_info*> by_offset;
+  for (const auto& ti : tensors_) by_offset.push_back(&ti);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const tensor_info& a = *by_offset[i - 1];
+    const tensor_info& b = *by_offset[i];
+    if (a.size_bytes > 0 && b.offset < a.offset + a.size_bytes)
+      malformed("tensors '" + a.name + "' [" + std::to_string(a.offset) + ", " + std::to_string(a.offset + a.size_bytes) +
+                ") and '" + b.name + "' [" + std::to_string(b.offset) + ", " + std::to_string(b.offset + b.size_bytes) +
+                ") overlap in the data section: offsets corrupt");
   }
 }
 

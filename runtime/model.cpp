@@ -88,7 +88,12 @@ std::shared_ptr<const model> model::load(const std::string& path) {
     // newer architectures always carry it.
     const std::string eps_key = K + "attention.layer_norm_rms_epsilon";
     c.rms_eps = float(*arch == architecture::llama ? f.get_float(eps_key, 1e-5) : f.get_float(eps_key));
+    if (!(std::isfinite(c.rms_eps) && c.rms_eps > 0))  // NaN, infinite, zero or negative: every norm is garbage
+      throw failure(errc::malformed_file, eps_key + " is " + std::to_string(c.rms_eps) + ": it must be a positive number");
     c.rope_freq_base = float(f.get_float(K + "rope.freq_base", 10000.0));
+    if (!(std::isfinite(c.rope_freq_base) && c.rope_freq_base > 0))
+      throw failure(errc::malformed_file, K + "rope.freq_base is " + std::to_string(c.rope_freq_base) +
+                                              ": it must be a positive number");
     if (c.n_head % c.n_kv_head != 0)
       throw failure(errc::malformed_file, std::to_string(c.n_head) + " query heads do not divide into " +
                                               std::to_string(c.n_kv_head) + " KV heads");

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "runtime/errors.h"
 #include "runtime/gguf.h"
@@ -272,4 +273,49 @@ TEST(Gguf, ModelLoaderNamesWhatIsMissing) {
     EXPECT_EQ(e.code(), errc::missing_key);
     EXPECT_NE(std::string(e.what()).find("blk.1.ffn_up.weight"), std::string::npos);
   }
+}
+
+// Two tensors whose data ranges overlap (a corrupted offset that still lies inside the data
+// section and is aligned) are refused, naming both; before, the file loaded and computed garbage.
+TEST(Gguf, OverlappingTensorsAreRefused) {
+  auto b = good_file();
+  const size_t name = find(b, "b.weight");
+  const size_t off_pos = name + 8 + 4 + 8 + 4;  // name, n_dims, one dim, type
+  const uint64_t inside_a = 32;                // a.weight holds [0, 256)
+  std::memcpy(&b[off_pos], &inside_a, 8);
+  std::string msg;
+  EXPECT_EQ(parse_error(b, &msg), errc::malformed_file);
+  EXPECT_NE(msg.find("overlap"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("a.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("b.weight"), std::string::npos) << msg;
+}
+
+// An RMS epsilon or a RoPE base that is NaN, infinite, zero or negative is refused by name.
+TEST(Gguf, NonsenseNormEpsilonAndRopeBaseAreRefused) {
+  const auto full = temp_path("tiny-eps.gguf");
+  synthesize_model(find_synth_preset("tiny"), kernels::dtype::f32, full);
+  auto f = gguf::file::open(full);
+  auto with = [&](const std::string& key, float value) {
+    gguf::writer w;
+    for (const auto& [k, v] : f.metadata()) w.set(k, v);
+    w.set_f32(key, value);
+    for (const auto& t : f.tensors()) {
+      const auto* d = static_cast<const uint8_t*>(t.data);
+      w.add_tensor(t.name, t.shape, t.type, std::vector<uint8_t>(d, d + t.size_bytes));
+    }
+    const auto p = temp_path("tiny-bad.gguf");
+    w.write(p);
+    return p;
+  };
+  for (const std::string key : {"llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base"})
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 0.0f, -1e-5f}) {
+      try {
+        model::load(with(key, bad));
+        ADD_FAILURE() << key << " = " << bad << " loaded";
+      } catch (const failure& e) {
+        EXPECT_EQ(e.code(), errc::malformed_file) << e.what();
+        EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+      }
+    }
+  EXPECT_NO_THROW(model::load(with("llama.attention.layer_norm_rms_epsilon", 1e-6f)));
 }
