@@ -365,37 +365,53 @@ VNNI_BF16 void kernel_q4k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* 
     TANDEM_UNROLL for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], acc[i][v]);
 }
 
-// y[R, 16] (+)= x[R, k] · one 16-row quarter v0 of a q4_0 panel, blocks [b0, b0 + nbk).
-template <int R>
+// y[R, 16V] (+)= x[R, k] · the 16-row quarters [v0, v0 + V) of a q4_0 panel, blocks [b0, b0 + nbk)
+// (quarter v at y + 16 v under mask[v]); as kernel_q4k, R and V change no lane's arithmetic.
+template <int R, int V>
 VNNI_BF16 void kernel_q40(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* panel, int64_t nbk, int v0,
-                          float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
+                          float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  __m512 acc[R];
+  __m512 acc[R][V];
   TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    acc[i] = accumulate ? _mm512_maskz_loadu_ps(mask, y + i * ldy) : _mm512_setzero_ps();
+    TANDEM_UNROLL for (int v = 0; v < V; ++v)
+      acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
   for (int64_t b = 0; b < nbk; ++b) {
     const uint8_t* blk = panel + b * q40_block_bytes;
     const int64_t xb = b0 + b;
-    __m512i s[R];
-    TANDEM_UNROLL for (int i = 0; i < R; ++i) s[i] = _mm512_set1_epi32(-8 * (x.bias[(i0 + i) * x.nb + xb] / -128));
+    __m512i s[R][V];
+    TANDEM_UNROLL for (int i = 0; i < R; ++i) {
+      const __m512i bias = _mm512_set1_epi32(-8 * (x.bias[(i0 + i) * x.nb + xb] / -128));
+      TANDEM_UNROLL for (int v = 0; v < V; ++v) s[i][v] = bias;
+    }
     TANDEM_UNROLL for (int e = 0; e < 4; ++e) {
-      const __m512i raw = _mm512_load_si512(blk + (e * PR + 16 * v0) * 4);
-      const __m512i lo = _mm512_and_si512(raw, low4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      __m512i xa[R], xc[R];
       TANDEM_UNROLL for (int i = 0; i < R; ++i) {
         int32_t a, c;
         std::memcpy(&a, x.q + ((i0 + i) * x.nb + xb) * 32 + 4 * e, 4);
         std::memcpy(&c, x.q + ((i0 + i) * x.nb + xb) * 32 + 16 + 4 * e, 4);
-        s[i] = _mm512_dpbusd_epi32(s[i], lo, _mm512_set1_epi32(a));
-        s[i] = _mm512_dpbusd_epi32(s[i], hi, _mm512_set1_epi32(c));
+        xa[i] = _mm512_set1_epi32(a);
+        xc[i] = _mm512_set1_epi32(c);
+      }
+      TANDEM_UNROLL for (int v = 0; v < V; ++v) {
+        const __m512i raw = _mm512_load_si512(blk + (e * PR + 16 * (v0 + v)) * 4);
+        const __m512i lo = _mm512_and_si512(raw, low4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        TANDEM_UNROLL for (int i = 0; i < R; ++i) {
+          s[i][v] = _mm512_dpbusd_epi32(s[i][v], lo, xa[i]);
+          s[i][v] = _mm512_dpbusd_epi32(s[i][v], hi, xc[i]);
+        }
       }
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q40_d_offset + 32 * v0)));
-    TANDEM_UNROLL for (int i = 0; i < R; ++i)
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(i0 + i) * x.nb + xb])),
-                               acc[i]);
+    TANDEM_UNROLL for (int v = 0; v < V; ++v) {
+      const __m512 dw =
+          _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q40_d_offset + 32 * (v0 + v))));
+      TANDEM_UNROLL for (int i = 0; i < R; ++i)
+        acc[i][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][v]),
+                                    _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(i0 + i) * x.nb + xb])), acc[i][v]);
+    }
   }
-  TANDEM_UNROLL for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
+  TANDEM_UNROLL for (int i = 0; i < R; ++i)
+    TANDEM_UNROLL for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], acc[i][v]);
 }
 
 // y[R, 16V] (+)= x[R, k] · the 16-row quarters [v0, v0 + V) of a q6_k panel, super-blocks
@@ -529,10 +545,16 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
                  });
       }
     } else if constexpr (T == dtype::q4_0) {
-      quarters(std::integral_constant<int, MR_Q4K>{}, k / q4_0_block, KB_Q8, q40_block_bytes,
-               [&](auto rows, int64_t i, int64_t b0, const uint8_t* p, int64_t nbk, int v, float* yp, bool acc) {
-                 kernel_q40<decltype(rows)::value>(*xq, i, b0, p, nbk, v, yp, n, mask[v], acc);
-               });
+      if (i1 - i0 == 1) {  // decode: the whole panel per pass
+        for (int64_t b0 = 0; b0 < k / q4_0_block; b0 += KB_Q8)
+          kernel_q40<1, 4>(*xq, i0, b0, panel + b0 * q40_block_bytes, std::min(KB_Q8, k / q4_0_block - b0), 0,
+                           y + i0 * n + j0, n, mask, b0 > 0);
+      } else {
+        quarters(std::integral_constant<int, MR_Q4K>{}, k / q4_0_block, KB_Q8, q40_block_bytes,
+                 [&](auto rows, int64_t i, int64_t b0, const uint8_t* p, int64_t nbk, int v, float* yp, bool acc) {
+                   kernel_q40<decltype(rows)::value, 1>(*xq, i, b0, p, nbk, v, yp, n, mask + v, acc);
+                 });
+      }
     } else if constexpr (T == dtype::q8_0) {
       const int64_t nb = k / q8_0_block;
       for (int64_t b0 = 0; b0 < nb; b0 += KB_Q8) {
