@@ -1,5 +1,7 @@
 #include "kernels/tensor_types.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 
 namespace tandem::kernels {
@@ -323,6 +325,19 @@ void quantize_row_q8_0(const float* src, block_q8_0* dst, int64_t n) {
   }
 }
 
+namespace {
+// f32 -> f16 8 at a time with F16C (round to nearest even, as f32_to_f16; NaNs stay NaN, their
+// payload bits aside): the f16 KV cache's writes went through the scalar routine, 2% of a
+// bench-76m run under perf.
+__attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+}
+const bool have_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+}  // namespace
+
 void quantize_row(dtype t, const float* src, void* dst, int64_t n) {
   switch (t) {
     case dtype::f32:
@@ -330,6 +345,7 @@ void quantize_row(dtype t, const float* src, void* dst, int64_t n) {
       return;
     case dtype::f16: {
       auto d = static_cast<uint16_t*>(dst);
+      if (have_f16c) return f32_to_f16_f16c(src, d, n);
       for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
       return;
     }

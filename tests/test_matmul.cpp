@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <memory>
 #include <ostream>
@@ -527,4 +528,29 @@ TEST(ops, rms_norm_matches_double) {
   }
 }
 
+}  // namespace
+
+namespace {
+// Rows converted to f16 (the f16 KV cache's writes, vectorised where F16C is) round exactly as
+// the scalar f32_to_f16: nearest-even, subnormals, overflow to infinity, NaN stays NaN.
+TEST(tensor_types, f16_rows_round_as_the_scalar_conversion) {
+  std::mt19937 rng(17);
+  std::vector<float> x;
+  for (uint32_t special : {0x00000000u, 0x80000000u, 0x33000000u, 0x33000001u, 0x387fe000u, 0x38800000u,
+                           0x477fefffu, 0x477ff000u, 0x7f800000u, 0xff800000u, 0x3f801000u, 0x3f803000u})
+    x.push_back(std::bit_cast<float>(special));
+  for (int i = 0; i < 100000; ++i) x.push_back(std::bit_cast<float>(uint32_t(rng())));
+  x.resize(x.size() / 8 * 8 + 3);  // a scalar tail too
+  std::vector<uint16_t> row(x.size());
+  tk::quantize_row(tk::dtype::f16, x.data(), row.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint16_t want = tk::f32_to_f16(x[i]);
+    if (std::isnan(x[i])) {
+      EXPECT_TRUE((row[i] & 0x7c00u) == 0x7c00u && (row[i] & 0x3ffu) != 0) << i;
+      EXPECT_EQ(row[i] & 0x8000u, want & 0x8000u) << i;
+    } else {
+      ASSERT_EQ(row[i], want) << std::hexfloat << x[i];
+    }
+  }
+}
 }  // namespace
