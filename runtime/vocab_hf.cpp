@@ -70,7 +70,7 @@ vocab_spec vocab_from_tokenizer_json(const std::string& path, const std::string&
     const json& model = t.at("model");
     if (model.value("type", "") != "BPE")
       throw failure(errc::unsupported, "'" + path + "': tokenizer model '" + model.value("type", "?") +
-                                           "' is not supported (byte-level BPE only)");
+                                           "' is not supported (BPE only: byte-level, or SentencePiece-style with byte_fallback)");
     // A BPE with byte fallback is a SentencePiece BPE in Hugging Face's form (Llama 2, Gemma):
     // llama.cpp's "llama" tokenizer, which merges by token score instead of merge rank.
     const bool spm = model.value("byte_fallback", false);

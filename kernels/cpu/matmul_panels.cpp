@@ -519,12 +519,18 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
         }
       }
     };
+    // Decode (one x row): the panel's blocks in passes of KB, all its rows at once
+    // (kern(first block, its bytes, blocks, y of the panel's first row)).
+    auto decode_passes = [&](int64_t nblocks, int64_t kb, int64_t block_bytes, auto&& kern) {
+      for (int64_t b0 = 0; b0 < nblocks; b0 += kb)
+        kern(b0, panel + b0 * block_bytes, std::min(kb, nblocks - b0), y + i0 * n + j0);
+    };
     if constexpr (T == dtype::q6_k) {
       if (i1 - i0 == 1) {  // decode: Q6K_DECODE_V quarters per pass
-        for (int64_t b0 = 0; b0 < k / qk_k; b0 += KB_Q6K)
+        decode_passes(k / qk_k, KB_Q6K, q6k_block_bytes, [&](int64_t b0, const uint8_t* p, int64_t nbk, float* yp) {
           for (int v = 0; v < 4; v += Q6K_DECODE_V)
-            kernel_q6k<1, Q6K_DECODE_V>(*xq, i0, b0, panel + b0 * q6k_block_bytes, std::min(KB_Q6K, k / qk_k - b0), v,
-                                        y + i0 * n + j0 + 16 * v, n, mask + v, b0 > 0);
+            kernel_q6k<1, Q6K_DECODE_V>(*xq, i0, b0, p, nbk, v, yp + 16 * v, n, mask + v, b0 > 0);
+        });
       } else {
         quarters(std::integral_constant<int, MR_Q6K>{}, k / qk_k, KB_Q6K, q6k_block_bytes,
                  [&](auto rows, int64_t i, int64_t b0, const uint8_t* p, int64_t nbk, int v, float* yp, bool acc) {
@@ -535,9 +541,9 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
       constexpr bool q5 = T == dtype::q5_k;
       constexpr int64_t bytes = q5 ? q5k_block_bytes : q4k_block_bytes;
       if (i1 - i0 == 1) {  // decode: the whole panel per pass
-        for (int64_t b0 = 0; b0 < k / qk_k; b0 += KB_Q4K)
-          kernel_q4k<1, 4, q5>(*xq, i0, b0, panel + b0 * bytes, std::min(KB_Q4K, k / qk_k - b0), 0, y + i0 * n + j0, n,
-                               mask, b0 > 0);
+        decode_passes(k / qk_k, KB_Q4K, bytes, [&](int64_t b0, const uint8_t* p, int64_t nbk, float* yp) {
+          kernel_q4k<1, 4, q5>(*xq, i0, b0, p, nbk, 0, yp, n, mask, b0 > 0);
+        });
       } else {
         quarters(std::integral_constant<int, MR_Q4K>{}, k / qk_k, KB_Q4K, bytes,
                  [&](auto rows, int64_t i, int64_t b0, const uint8_t* p, int64_t nbk, int v, float* yp, bool acc) {
@@ -546,9 +552,9 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
       }
     } else if constexpr (T == dtype::q4_0) {
       if (i1 - i0 == 1) {  // decode: the whole panel per pass
-        for (int64_t b0 = 0; b0 < k / q4_0_block; b0 += KB_Q8)
-          kernel_q40<1, 4>(*xq, i0, b0, panel + b0 * q40_block_bytes, std::min(KB_Q8, k / q4_0_block - b0), 0,
-                           y + i0 * n + j0, n, mask, b0 > 0);
+        decode_passes(k / q4_0_block, KB_Q8, q40_block_bytes, [&](int64_t b0, const uint8_t* p, int64_t nbk, float* yp) {
+          kernel_q40<1, 4>(*xq, i0, b0, p, nbk, 0, yp, n, mask, b0 > 0);
+        });
       } else {
         quarters(std::integral_constant<int, MR_Q4K>{}, k / q4_0_block, KB_Q8, q40_block_bytes,
                  [&](auto rows, int64_t i, int64_t b0, const uint8_t* p, int64_t nbk, int v, float* yp, bool acc) {
