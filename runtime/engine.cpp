@@ -380,6 +380,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     const int32_t window = w.sliding ? c.sliding_window : 0;
     const kernels::dtype kvt = pool_.layout().dtype;
     const int64_t row_bytes = kernels::row_bytes(kvt, c.head_dim);
+    const cpu::k_order k_order = cpu::kv_k_order(kvt);  // K transposed in its blocks but for q8_0
     // Per token, split over the pool in a prefill (each row on its own: the same arithmetic
     // whatever the split): biases, per-head q/k norms, RoPE, then its K/V into the cache (in
     // the cache's dtype; later entries of the batch attend to it).
@@ -404,8 +405,8 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
         const block_id b = seqs[size_t(t)]->blocks[size_t(p / bs)];
         const int64_t off = int64_t(p % bs) * row_bytes;
         for (int32_t h = 0; h < c.n_kv_head; ++h) {
-          kernels::quantize_row(kvt, s.k.data() + t * kv_dim + int64_t(h) * c.head_dim,
-                                static_cast<uint8_t*>(pool_.k(b, l, h)) + off, c.head_dim);
+          cpu::store_k_row(kvt, k_order, s.k.data() + t * kv_dim + int64_t(h) * c.head_dim, pool_.k(b, l, h),
+                           p % bs, bs, c.head_dim);
           kernels::quantize_row(kvt, s.v.data() + t * kv_dim + int64_t(h) * c.head_dim,
                                 static_cast<uint8_t*>(pool_.v(b, l, h)) + off, c.head_dim);
         }
@@ -431,7 +432,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
         vp[size_t(b)] = pool_.v(sq.blocks[size_t(b)], l, task.kv_head);
       }
       const int64_t q_off = int64_t(task.first) * q_dim + int64_t(task.kv_head) * n_rep * c.head_dim;
-      cpu::attention_causal(s.q.data() + q_off, q_dim, task.n_tok, n_rep, pos0, kp.data(), vp.data(), kvt, bs,
+      cpu::attention_causal(s.q.data() + q_off, q_dim, task.n_tok, n_rep, pos0, kp.data(), vp.data(), kvt, k_order, bs,
                             c.head_dim, c.attn_scale, s.attn.data() + q_off, q_dim, window);
     });
 
@@ -509,7 +510,7 @@ status engine::export_kv(seq_id s, int32_t layer_begin, int32_t layer_end, int32
     e.head_dim = lay.head_dim;
     e.request = request;
     e.epoch = epoch;
-    // block memory: [n_layer][2][n_kv_head][block_size][head_dim]; a layer range is contiguous
+    // block memory: [n_layer][2][n_kv_head][block_size x head_dim]; a layer range is contiguous
     const float* src = pool_.block_data(sq.blocks[i]) + int64_t(layer_begin) * per_layer;
     e.payload.assign(src, src + int64_t(layer_end - layer_begin) * per_layer);
     e.checksum = e.compute_checksum();

@@ -1,8 +1,11 @@
 #pragma once
 // Paged KV cache: a preallocated pool of fixed-size blocks, and per-sequence block tables.
 // A block holds `block_size` consecutive positions of one sequence for every layer:
-//   block: [n_layer][2 (k, v)][n_kv_head][block_size][head_dim]  of the layout's dtype
+//   block: [n_layer][2 (k, v)][n_kv_head][block_size x head_dim]  of the layout's dtype
 // so that attention for one (layer, kv head) reads each block's keys as one contiguous run.
+// V is [block_size][head_dim]; K is [head_dim][block_size] (transposed: decode's q . K reads 16
+// positions per vector) except in a q8_0 cache, whose K rows keep their 32-blocks
+// (kernels::cpu::kv_k_order, store_k_row).
 // The dtype is f32, f16 (the engine's default: half the bytes to read per decode step, to
 // move over a KV link and to keep in the host store), bf16 or q8_0 (a quarter of f32's plus a
 // scale per 32: 34 bytes per 32 elements, as llama.cpp's -ctk q8_0); attention reads it directly.
@@ -69,7 +72,8 @@ class kv_block_pool {
   const float* block_data(block_id b) const {
     return data_.data() + int64_t(b) * layout_.words_per_block();
   }
-  // k/v rows of one (layer, kv head) in a block: [block_size][head_dim] of layout().dtype
+  // k/v of one (layer, kv head) in a block, block_size x head_dim of layout().dtype (K in
+  // kv_k_order(dtype), V position-major)
   void* k(block_id b, int32_t layer, int32_t head) { return bytes(b) + offset(layer, 0, head); }
   void* v(block_id b, int32_t layer, int32_t head) { return bytes(b) + offset(layer, 1, head); }
   const void* k(block_id b, int32_t layer, int32_t head) const {
@@ -125,7 +129,8 @@ struct kv_block_export {
   uint64_t request = 0;            // whose KV (0: untagged, e.g. a local export)
   uint32_t epoch = 0;              // which prefill attempt of that request made it
   uint64_t checksum = 0;           // XXH3-64 over every field above and the payload
-  // [layer_end-layer_begin][2][n_kv_head][block_size][head_dim] of dtype, in 4-byte words
+  // [layer_end-layer_begin][2][n_kv_head][block_size x head_dim] of dtype, as the pool holds
+  // it (K transposed but for q8_0), in 4-byte words
   kv_payload payload;
 
   uint64_t compute_checksum() const;  // = kv_checksum(*this) over the whole payload

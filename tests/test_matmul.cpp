@@ -402,48 +402,86 @@ TEST(attention, causal_kernel_matches_double_reference) {
         }
 }
 
-// K/V stored in a narrower type (the KV cache's f16, bf16, q8_0): the tiled kernel reads the
-// typed blocks directly and agrees with the reference run on their widened values.
+// K/V stored as the KV cache stores them (f32, f16, bf16, q8_0; K position-major or
+// transposed): the tiled kernel reads the typed blocks directly and agrees with the reference
+// run on their widened values. Block sizes: 16 and 32 (a transposed K read in place), 5 (16-key
+// groups straddle blocks: gathered).
 TEST(attention, typed_kv_blocks_match_the_reference) {
   uint32_t seed = 41;
-  for (tk::dtype t : {tk::dtype::f16, tk::dtype::bf16, tk::dtype::q8_0})
-    for (int32_t hd : {32, 64, 128})
-      for (auto [pos0, n_tok] : {std::pair{0, 1}, {0, 40}, {63, 2}, {130, 33}, {200, 1}}) {
-        SCOPED_TRACE(std::string(tk::to_string(t)) + " hd=" + std::to_string(hd) + " pos0=" + std::to_string(pos0) +
-                     " n_tok=" + std::to_string(n_tok));
-        const int32_t n_rep = 4, bs = 16;
-        const attention_problem p(n_tok, n_rep, pos0, bs, hd, seed++);
-        const int64_t row = tk::row_bytes(t, hd);
-        // Each block's K and V rows in type t.
-        std::vector<std::vector<uint8_t>> kt(p.kb.size()), vt(p.vb.size());
-        std::vector<const void*> kb, vb;
-        for (size_t b = 0; b < p.kb.size(); ++b) {
-          kt[b].resize(size_t(bs * row));
-          vt[b].resize(size_t(bs * row));
-          for (int32_t r = 0; r < bs; ++r) {
-            tk::quantize_row(t, p.kb[b] + int64_t(r) * hd, kt[b].data() + r * row, hd);
-            tk::quantize_row(t, p.vb[b] + int64_t(r) * hd, vt[b].data() + r * row, hd);
+  for (tk::dtype t : {tk::dtype::f32, tk::dtype::f16, tk::dtype::bf16, tk::dtype::q8_0})
+    for (cpu::k_order ko : {cpu::k_order::position_major, cpu::k_order::dim_major})
+      for (int32_t bs : {16, 32, 5})
+        for (int32_t hd : {32, 64, 128})
+          for (auto [pos0, n_tok] : {std::pair{0, 1}, {0, 40}, {63, 2}, {130, 33}, {200, 1}}) {
+            if (t == tk::dtype::q8_0 && ko == cpu::k_order::dim_major) continue;  // refused: next test
+            SCOPED_TRACE(std::string(tk::to_string(t)) + (ko == cpu::k_order::dim_major ? " dim-major" : " rows") +
+                         " bs=" + std::to_string(bs) + " hd=" + std::to_string(hd) + " pos0=" + std::to_string(pos0) +
+                         " n_tok=" + std::to_string(n_tok));
+            const int32_t n_rep = 4;
+            const attention_problem p(n_tok, n_rep, pos0, bs, hd, seed++);
+            const int64_t row = tk::row_bytes(t, hd);
+            // Each block's K and V rows in type t; slots past the last position hold NaN bytes
+            // (a reused block's leftovers may be anything): the kernel must not let them in.
+            std::vector<std::vector<uint8_t>> kt(p.kb.size()), vt(p.vb.size());
+            std::vector<const void*> kb, vb;
+            const int32_t n_pos = pos0 + n_tok;
+            for (size_t b = 0; b < p.kb.size(); ++b) {
+              kt[b].assign(size_t(bs * row), 0xff);
+              vt[b].assign(size_t(bs * row), 0xff);
+              for (int32_t r = 0; r < bs && int32_t(b) * bs + r < n_pos; ++r) {
+                cpu::store_k_row(t, ko, p.kb[b] + int64_t(r) * hd, kt[b].data(), r, bs, hd);
+                tk::quantize_row(t, p.vb[b] + int64_t(r) * hd, vt[b].data() + r * row, hd);
+                std::vector<float> back(static_cast<size_t>(hd)), want(static_cast<size_t>(hd));
+                cpu::load_k_row(t, ko, kt[b].data(), r, bs, hd, back.data());
+                std::vector<uint8_t> q(static_cast<size_t>(row));
+                tk::quantize_row(t, p.kb[b] + int64_t(r) * hd, q.data(), hd);
+                tk::dequantize_row(t, q.data(), want.data(), hd);
+                ASSERT_EQ(back, want) << "a stored K row loads back as its rounded values";
+              }
+              kb.push_back(kt[b].data());
+              vb.push_back(vt[b].data());
+            }
+            const float scale = 1.0f / std::sqrt(float(hd));
+            const int64_t stride = int64_t(n_rep) * hd;
+            std::vector<float> fast(size_t(n_tok) * stride), slow(fast);
+            cpu::attention_causal(p.q.data(), stride, n_tok, n_rep, pos0, kb.data(), vb.data(), t, ko, bs, hd, scale,
+                                  fast.data(), stride);
+            cpu::attention_causal_reference(p.q.data(), stride, n_tok, n_rep, pos0, kb.data(), vb.data(), t, ko, bs,
+                                            hd, scale, slow.data(), stride);
+            const std::vector<double> exact = p.reference(scale);
+            double worst = 0, moved = 0;
+            for (size_t i = 0; i < fast.size(); ++i) {
+              ASSERT_TRUE(std::isfinite(fast[i])) << i;
+              worst = std::max(worst, std::fabs(double(fast[i]) - slow[i]));
+              moved = std::max(moved, std::fabs(double(slow[i]) - exact[i]));
+            }
+            EXPECT_LE(worst, 2e-5);
+            if (t == tk::dtype::f32) {
+              EXPECT_LE(moved, 2e-5);
+            } else {
+              EXPECT_GT(moved, 1e-5) << "the narrower type changed nothing: was it used?";
+              // f16 keeps 11 bits, bf16 8; q8_0 about 8 relative to a 32-block's largest
+              // value, which for these N(0,1) rows is coarser than bf16 at the median.
+              const double tol = t == tk::dtype::f16 ? 5e-3 : t == tk::dtype::bf16 ? 5e-2 : 8e-2;
+              EXPECT_LE(moved, tol) << "rounding K/V moves the output by its precision";
+            }
           }
-          kb.push_back(kt[b].data());
-          vb.push_back(vt[b].data());
-        }
-        const float scale = 1.0f / std::sqrt(float(hd));
-        const int64_t stride = int64_t(n_rep) * hd;
-        std::vector<float> fast(size_t(n_tok) * stride), slow(fast);
-        cpu::attention_causal(p.q.data(), stride, n_tok, n_rep, pos0, kb.data(), vb.data(), t, bs, hd, scale,
-                              fast.data(), stride);
-        cpu::attention_causal_reference(p.q.data(), stride, n_tok, n_rep, pos0, kb.data(), vb.data(), t, bs, hd,
-                                        scale, slow.data(), stride);
-        const std::vector<double> exact = p.reference(scale);
-        double worst = 0, moved = 0;
-        for (size_t i = 0; i < fast.size(); ++i) {
-          worst = std::max(worst, std::fabs(double(fast[i]) - slow[i]));
-          moved = std::max(moved, std::fabs(double(slow[i]) - exact[i]));
-        }
-        EXPECT_LE(worst, 2e-5);
-        EXPECT_GT(moved, 1e-5) << "the narrower type changed nothing: was it used?";
-        EXPECT_LE(moved, t == tk::dtype::f16 ? 5e-3 : 5e-2) << "rounding K/V moves the output by its precision";
-      }
+}
+
+// A transposed K holds a row's elements block_size apart: it is f32, f16 or bf16, never q8_0
+// (whose scales belong to 32 elements of one row).
+TEST(attention, q8_0_k_is_kept_position_major) {
+  EXPECT_EQ(cpu::kv_k_order(tk::dtype::q8_0), cpu::k_order::position_major);
+  for (tk::dtype t : {tk::dtype::f32, tk::dtype::f16, tk::dtype::bf16})
+    EXPECT_EQ(cpu::kv_k_order(t), cpu::k_order::dim_major);
+  std::vector<float> q(64, 1.0f), out(64);
+  std::vector<uint8_t> blk(size_t(16 * tk::row_bytes(tk::dtype::q8_0, 64)));
+  const void* b = blk.data();
+  EXPECT_THROW(cpu::attention_causal(q.data(), 64, 1, 1, 0, &b, &b, tk::dtype::q8_0, cpu::k_order::dim_major, 16, 64,
+                                     0.125f, out.data(), 64),
+               std::invalid_argument);
+  EXPECT_THROW(cpu::store_k_row(tk::dtype::q8_0, cpu::k_order::dim_major, q.data(), blk.data(), 0, 16, 64),
+               std::invalid_argument);
 }
 
 // Gemma 3's sliding layers: both kernels skip what lies behind the window, whole chunks of 64

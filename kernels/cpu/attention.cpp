@@ -1,6 +1,7 @@
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -109,34 +110,68 @@ void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok,
 }
 
 namespace {
-// Blocks [0, n_blocks) of a typed K or V as f32 copies in `buf`, and pointers to them.
-void widen_blocks(const void* const* blocks, dtype t, int32_t n_blocks, int64_t block_elems, float* buf,
-                  std::vector<const float*>& out) {
-  out.resize(size_t(n_blocks));
-  for (int32_t b = 0; b < n_blocks; ++b) {
-    dequantize_row(t, blocks[b], buf + b * block_elems, block_elems);
-    out[size_t(b)] = buf + b * block_elems;
-  }
+int64_t dim_major_elem_bytes(dtype t) {
+  if (t == dtype::f32) return 4;
+  if (t == dtype::f16 || t == dtype::bf16) return 2;
+  throw std::invalid_argument("attention: a dim-major K needs f32, f16 or bf16 elements");
+}
+
+// A head_dim-row scratch for the scatter and gather of dim-major rows (typed: 4 bytes an
+// element at most).
+uint8_t* row_scratch(int32_t head_dim) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < size_t(head_dim) * 4) buf.resize(size_t(head_dim) * 4);
+  return buf.data();
 }
 }  // namespace
 
-void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
-                                int32_t pos0, const void* const* k_blocks, const void* const* v_blocks,
-                                dtype kv_type, int32_t block_size, int32_t head_dim, float scale, float* out,
-                                int64_t out_stride, int32_t window) {
-  if (n_tok <= 0) return;
-  if (kv_type == dtype::f32) {
-    attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, reinterpret_cast<const float* const*>(k_blocks),
-                               reinterpret_cast<const float* const*>(v_blocks), block_size, head_dim, scale, out,
-                               out_stride, window);
+void store_k_row(dtype t, k_order o, const float* k, void* block, int32_t slot, int32_t block_size,
+                 int32_t head_dim) {
+  auto* base = static_cast<uint8_t*>(block);
+  if (o == k_order::position_major) {
+    quantize_row(t, k, base + int64_t(slot) * row_bytes(t, head_dim), head_dim);
     return;
   }
+  const int64_t es = dim_major_elem_bytes(t);
+  uint8_t* row = row_scratch(head_dim);
+  quantize_row(t, k, row, head_dim);  // elementwise rounding: the same values a row store keeps
+  for (int32_t d = 0; d < head_dim; ++d)
+    std::memcpy(base + (int64_t(d) * block_size + slot) * es, row + d * es, size_t(es));
+}
+
+void load_k_row(dtype t, k_order o, const void* block, int32_t slot, int32_t block_size, int32_t head_dim,
+                float* k) {
+  const auto* base = static_cast<const uint8_t*>(block);
+  if (o == k_order::position_major) {
+    dequantize_row(t, base + int64_t(slot) * row_bytes(t, head_dim), k, head_dim);
+    return;
+  }
+  const int64_t es = dim_major_elem_bytes(t);
+  uint8_t* row = row_scratch(head_dim);
+  for (int32_t d = 0; d < head_dim; ++d)
+    std::memcpy(row + d * es, base + (int64_t(d) * block_size + slot) * es, size_t(es));
+  dequantize_row(t, row, k, head_dim);
+}
+
+void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
+                                int32_t pos0, const void* const* k_blocks, const void* const* v_blocks,
+                                dtype kv_type, k_order ko, int32_t block_size, int32_t head_dim, float scale,
+                                float* out, int64_t out_stride, int32_t window) {
+  if (n_tok <= 0) return;
+  // Every block widened to f32 rows ([block_size][head_dim]), then the f32 reference.
   const int32_t nb = (pos0 + n_tok + block_size - 1) / block_size;
   const int64_t be = int64_t(block_size) * head_dim;
   std::vector<float> buf(size_t(2 * nb * be));
-  std::vector<const float*> kf, vf;
-  widen_blocks(k_blocks, kv_type, nb, be, buf.data(), kf);
-  widen_blocks(v_blocks, kv_type, nb, be, buf.data() + nb * be, vf);
+  std::vector<const float*> kf(static_cast<size_t>(nb)), vf(static_cast<size_t>(nb));
+  for (int32_t b = 0; b < nb; ++b) {
+    float* kb = buf.data() + b * be;
+    float* vb = buf.data() + (nb + b) * be;
+    for (int32_t slot = 0; slot < block_size; ++slot)
+      load_k_row(kv_type, ko, k_blocks[b], slot, block_size, head_dim, kb + int64_t(slot) * head_dim);
+    dequantize_row(kv_type, v_blocks[b], vb, be);
+    kf[size_t(b)] = kb;
+    vf[size_t(b)] = vb;
+  }
   attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, kf.data(), vf.data(), block_size, head_dim, scale, out,
                              out_stride, window);
 }
@@ -152,6 +187,9 @@ constexpr int32_t KC = 64;  // keys per chunk: 4 zmm of scores per query row
 
 // 16 K/V elements of type T from element e (a multiple of 16) of a row, as f32 (f16 and bf16
 // widen exactly; q8_0: q * d of e's 32-block).
+template <dtype T>
+constexpr int64_t kElemBytes = T == dtype::f32 ? 4 : 2;  // f32, f16, bf16
+
 template <dtype T>
 inline __m512 load16(const void* row, int64_t e) {
   if constexpr (T == dtype::f32) {
@@ -243,6 +281,41 @@ inline void qk_block(const float* qs, int32_t D, const float* kt, float* s) {
     for (int v = 0; v < 4; ++v) _mm512_store_ps(s + i * KC + 16 * v, acc[i][v]);
 }
 
+// s[RR][KC] = qs[RR][D] . K[D][KC] for dim-major K: the 16 keys of group g are elements
+// kg[g] + d * ld for each d (16 consecutive positions of one block), read in place.
+template <dtype T, int RR>
+inline void qk_block_dim_major(const float* qs, int32_t D, const void* const* kg, int64_t ld, float* s) {
+  __m512 acc[RR][4];
+  for (int i = 0; i < RR; ++i)
+    for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (int32_t d = 0; d < D; ++d) {
+    const int64_t e = int64_t(d) * ld;
+    const __m512 k0 = load16<T>(kg[0], e), k1 = load16<T>(kg[1], e), k2 = load16<T>(kg[2], e),
+                 k3 = load16<T>(kg[3], e);
+    for (int i = 0; i < RR; ++i) {
+      const __m512 b = _mm512_set1_ps(qs[int64_t(i) * D + d]);
+      acc[i][0] = _mm512_fmadd_ps(b, k0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(b, k1, acc[i][1]);
+      acc[i][2] = _mm512_fmadd_ps(b, k2, acc[i][2]);
+      acc[i][3] = _mm512_fmadd_ps(b, k3, acc[i][3]);
+    }
+  }
+  for (int i = 0; i < RR; ++i)
+    for (int v = 0; v < 4; ++v) _mm512_store_ps(s + i * KC + 16 * v, acc[i][v]);
+}
+
+// One element e of a row of type T (f32, f16, bf16) as f32.
+template <dtype T>
+inline float load1(const void* row, int64_t e) {
+  if constexpr (T == dtype::f32) {
+    return static_cast<const float*>(row)[e];
+  } else {
+    const uint16_t h = static_cast<const uint16_t*>(row)[e];
+    if constexpr (T == dtype::f16) return _cvtsh_ss(h);
+    else return std::bit_cast<float>(uint32_t(h) << 16);
+  }
+}
+
 // o[RR][col0 .. col0 + 16 CV) = alpha[i] * o + p[RR][0..n) · V rows vp[0..n) (of type T)
 template <dtype T, int RR, int CV>
 inline void pv_block(const float* p, int32_t n, const void* const* vp, int32_t col0,
@@ -293,8 +366,8 @@ inline void with_rows(int32_t rr, F&& f) {
 constexpr int32_t MR = 6;  // query rows per microkernel call
 
 // One tile: R = n_tok * n_rep query rows (row r: token r / n_rep, head r % n_rep); K/V of
-// type T.
-template <dtype T>
+// type T, K in order KO.
+template <dtype T, k_order KO>
 void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
                         int32_t pos0, const void* const* k_blocks, const void* const* v_blocks,
                         int32_t bs, int32_t D, float scale, float* out, int64_t out_stride, int32_t window) {
@@ -331,27 +404,52 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
   const void* vp[KC];
   for (int32_t c0 = first_key / KC * KC; c0 < n_keys; c0 += KC) {
     const int32_t n = std::min(KC, n_keys - c0);
-    for (int32_t j = 0; j < KC; ++j) {
+    for (int32_t j = 0; j < n; ++j) {
       const int32_t pos = c0 + j;
-      if (j < n) {
-        const int64_t off = int64_t(pos % bs) * rbytes;
-        kp[j] = static_cast<const uint8_t*>(k_blocks[pos / bs]) + off;
-        vp[j] = static_cast<const uint8_t*>(v_blocks[pos / bs]) + off;
-      } else {
-        kp[j] = reinterpret_cast<const uint8_t*>(zero_row);  // zero bits: 0 in every type
-      }
+      vp[j] = static_cast<const uint8_t*>(v_blocks[pos / bs]) + int64_t(pos % bs) * rbytes;
     }
-    // kt[d][j] = K[c0 + j][d]
-    for (int32_t jg = 0; jg < KC; jg += 16)
-      for (int32_t dg = 0; dg < D; dg += 16) {
-        const void* rows[16];
-        for (int i = 0; i < 16; ++i) rows[i] = kp[jg + i];  // zero_row: kMaxFastHeadDim zero floats' bytes
-        transpose16x16<T>(rows, dg, kt + int64_t(dg) * KC + jg, KC);
+    // Lanes at or past n hold whatever the buffers hold (a block's unwritten slots, another
+    // row's keys): the softmax masks them and P.V stops at n.
+    if constexpr (KO == k_order::dim_major) {
+      if (bs % 16 == 0) {  // each 16-key group lies in one block: read it in place
+        const void* kg[4];
+        for (int g = 0; g < 4; ++g) {
+          const int32_t pos = std::min(c0 + 16 * g, c0 + (n - 1) / 16 * 16);  // past n: an earlier group
+          kg[g] = static_cast<const uint8_t*>(k_blocks[pos / bs]) + int64_t(pos % bs) * kElemBytes<T>;
+        }
+        for (int32_t r0 = 0; r0 < R; r0 += MR)
+          with_rows(std::min(MR, R - r0), [&](auto rr) {
+            qk_block_dim_major<T, decltype(rr)::value>(qs + int64_t(r0) * D, D, kg, bs, p + int64_t(r0) * KC);
+          });
+      } else {  // groups straddle blocks: gather kt[d][j] = K[c0 + j][d]
+        for (int32_t j = 0; j < KC; ++j) {
+          const int32_t pos = c0 + std::min(j, n - 1);
+          const void* blk = k_blocks[pos / bs];
+          for (int32_t d = 0; d < D; ++d) kt[int64_t(d) * KC + j] = load1<T>(blk, int64_t(d) * bs + pos % bs);
+        }
+        for (int32_t r0 = 0; r0 < R; r0 += MR)
+          with_rows(std::min(MR, R - r0), [&](auto rr) {
+            qk_block<decltype(rr)::value>(qs + int64_t(r0) * D, D, kt, p + int64_t(r0) * KC);
+          });
       }
-    for (int32_t r0 = 0; r0 < R; r0 += MR)
-      with_rows(std::min(MR, R - r0), [&](auto rr) {
-        qk_block<decltype(rr)::value>(qs + int64_t(r0) * D, D, kt, p + int64_t(r0) * KC);
-      });
+    } else {
+      for (int32_t j = 0; j < KC; ++j) {
+        const int32_t pos = c0 + j;
+        kp[j] = j < n ? static_cast<const uint8_t*>(k_blocks[pos / bs]) + int64_t(pos % bs) * rbytes
+                      : reinterpret_cast<const uint8_t*>(zero_row);  // zero bits: 0 in every type
+      }
+      // kt[d][j] = K[c0 + j][d]
+      for (int32_t jg = 0; jg < KC; jg += 16)
+        for (int32_t dg = 0; dg < D; dg += 16) {
+          const void* rows[16];
+          for (int i = 0; i < 16; ++i) rows[i] = kp[jg + i];  // zero_row: kMaxFastHeadDim zero floats' bytes
+          transpose16x16<T>(rows, dg, kt + int64_t(dg) * KC + jg, KC);
+        }
+      for (int32_t r0 = 0; r0 < R; r0 += MR)
+        with_rows(std::min(MR, R - r0), [&](auto rr) {
+          qk_block<decltype(rr)::value>(qs + int64_t(r0) * D, D, kt, p + int64_t(r0) * KC);
+        });
+    }
     // Online softmax: rescale each row's running sum and output by 2^(m_old - m_new).
     for (int32_t r = 0; r < R; ++r) {
       float* pr = p + int64_t(r) * KC;
@@ -400,22 +498,39 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
 #pragma GCC pop_options
 
 void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
-                      const void* const* k_blocks, const void* const* v_blocks, dtype kv_type,
+                      const void* const* k_blocks, const void* const* v_blocks, dtype kv_type, k_order ko,
                       int32_t block_size, int32_t head_dim, float scale, float* out,
                       int64_t out_stride, int32_t window) {
   if (n_tok <= 0 || n_rep <= 0) return;
   if (kv_type != dtype::f32 && kv_type != dtype::f16 && kv_type != dtype::bf16 && kv_type != dtype::q8_0)
     throw std::invalid_argument("attention: K/V must be f32, f16, bf16 or q8_0");
   if (head_dim % block_elems(kv_type) != 0) throw std::invalid_argument("attention: q8_0 K/V need head_dim % 32 == 0");
+  if (ko == k_order::dim_major && kv_type == dtype::q8_0)
+    throw std::invalid_argument("attention: a q8_0 K is kept position-major");
   if (!have_avx512() || head_dim % 16 != 0 || head_dim <= 0 || head_dim > kMaxFastHeadDim) {
-    attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, k_blocks, v_blocks, kv_type, block_size,
+    attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, k_blocks, v_blocks, kv_type, ko, block_size,
                                head_dim, scale, out, out_stride, window);
     return;
   }
-  const auto tile_fn = kv_type == dtype::f32   ? &causal_tile_avx512<dtype::f32>
-                       : kv_type == dtype::f16 ? &causal_tile_avx512<dtype::f16>
-                       : kv_type == dtype::q8_0 ? &causal_tile_avx512<dtype::q8_0>
-                                               : &causal_tile_avx512<dtype::bf16>;
+  using tile_kernel = void (*)(const float*, int64_t, int32_t, int32_t, int32_t, const void* const*,
+                               const void* const*, int32_t, int32_t, float, float*, int64_t, int32_t);
+  tile_kernel tile_fn = nullptr;
+  const bool dm = ko == k_order::dim_major;
+  switch (kv_type) {
+    case dtype::f32:
+      tile_fn = dm ? &causal_tile_avx512<dtype::f32, k_order::dim_major>
+                   : &causal_tile_avx512<dtype::f32, k_order::position_major>;
+      break;
+    case dtype::f16:
+      tile_fn = dm ? &causal_tile_avx512<dtype::f16, k_order::dim_major>
+                   : &causal_tile_avx512<dtype::f16, k_order::position_major>;
+      break;
+    case dtype::bf16:
+      tile_fn = dm ? &causal_tile_avx512<dtype::bf16, k_order::dim_major>
+                   : &causal_tile_avx512<dtype::bf16, k_order::position_major>;
+      break;
+    default: tile_fn = &causal_tile_avx512<dtype::q8_0, k_order::position_major>; break;  // checked above
+  }
   const int32_t tile = attention_tile_tokens(n_rep);
   for (int32_t i = 0; i < n_tok; i += tile)
     tile_fn(q + i * q_stride, q_stride, std::min(tile, n_tok - i), n_rep, pos0 + i, k_blocks, v_blocks, block_size,
@@ -427,8 +542,8 @@ void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n
                       int32_t block_size, int32_t head_dim, float scale, float* out,
                       int64_t out_stride, int32_t window) {
   attention_causal(q, q_stride, n_tok, n_rep, pos0, reinterpret_cast<const void* const*>(k_blocks),
-                   reinterpret_cast<const void* const*>(v_blocks), dtype::f32, block_size, head_dim, scale, out,
-                   out_stride, window);
+                   reinterpret_cast<const void* const*>(v_blocks), dtype::f32, k_order::position_major, block_size,
+                   head_dim, scale, out, out_stride, window);
 }
 
 }  // namespace tandem::kernels::cpu

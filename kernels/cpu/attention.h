@@ -6,6 +6,23 @@
 
 namespace tandem::kernels::cpu {
 
+// How a KV block holds its K rows. position_major: [block_size][head_dim], a position's row
+// contiguous (V always, and K of a q8_0 cache, whose 32-blocks run along a row as llama.cpp's
+// do). dim_major: [head_dim][block_size], K transposed, so that q . K reads 16 consecutive
+// positions' element d as one vector and decode attention needs no per-step transpose.
+enum class k_order { position_major, dim_major };
+
+// The order a KV cache of dtype t keeps K in: dim_major for f32, f16 and bf16, position_major
+// for q8_0 (a transposed q8_0 K would need a scale per 32 positions: another format).
+constexpr k_order kv_k_order(dtype t) { return t == dtype::q8_0 ? k_order::position_major : k_order::dim_major; }
+
+// Position `slot` of a K block (block_size positions, head_dim elements each, of type t, in
+// order o): stores k[head_dim] into it, or loads it back widened to f32.
+void store_k_row(dtype t, k_order o, const float* k, void* block, int32_t slot, int32_t block_size,
+                 int32_t head_dim);
+void load_k_row(dtype t, k_order o, const void* block, int32_t slot, int32_t block_size, int32_t head_dim,
+                float* k);
+
 // The reference kernel (plain C++). The n_q query heads that share one KV head (a GQA group)
 // attend together, so each key and value row is read once per group.
 //   q:        [n_q][head_dim]
@@ -35,10 +52,12 @@ void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n
                       int32_t block_size, int32_t head_dim, float scale, float* out,
                       int64_t out_stride, int32_t window = 0);
 
-// As above with K/V blocks of kv_type (f32, f16, bf16 or q8_0; each block [block_size][head_dim] of
-// that type): the kernel widens them as it reads them (a half-size cache reads half the bytes).
+// As above with K/V blocks of kv_type (f32, f16, bf16 or q8_0; V blocks [block_size][head_dim]
+// of that type, K blocks in order ko, dim_major for all but q8_0): the kernel widens them as it
+// reads them (a half-size cache reads half the bytes). With dim_major K and a block size that
+// is a multiple of 16, q . K streams the blocks as they are (no transpose).
 void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
-                      const void* const* k_blocks, const void* const* v_blocks, dtype kv_type,
+                      const void* const* k_blocks, const void* const* v_blocks, dtype kv_type, k_order ko,
                       int32_t block_size, int32_t head_dim, float scale, float* out,
                       int64_t out_stride, int32_t window = 0);
 
@@ -50,7 +69,7 @@ void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok,
 
 void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
                                 int32_t pos0, const void* const* k_blocks, const void* const* v_blocks,
-                                dtype kv_type, int32_t block_size, int32_t head_dim, float scale, float* out,
+                                dtype kv_type, k_order ko, int32_t block_size, int32_t head_dim, float scale, float* out,
                                 int64_t out_stride, int32_t window = 0);
 
 // Query tokens per tile of attention_causal for a GQA group of n_rep heads: callers that split
