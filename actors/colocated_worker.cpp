@@ -94,7 +94,7 @@ void kick(self_ptr self) {
 
 void on_token(self_ptr self, colocated_worker_state::seq_entry& e, token_id tok) {
   const request_id id = e.spec.id;
-  if (!e.spec.ignore_eos && self->state.we->eng->get_model().tok().is_eog(tok)) {
+  if (ends_generation(e.spec.sampling, e.spec.ignore_eos, self->state.we->eng->get_model().tok(), tok)) {
     self->send(e.req, done_atom::value, std::string("stop"));
     drop(self, id);
     return;

@@ -78,7 +78,7 @@ void kick(self_ptr self) {
 // Handles one sampled token of a running sequence: stream it, or end the request.
 void on_token(self_ptr self, decode_worker_state::active_seq& a, token_id tok) {
   const request_id id = a.spec.id;
-  if (!a.spec.ignore_eos && self->state.we->eng->get_model().tok().is_eog(tok)) {
+  if (ends_generation(a.spec.sampling, a.spec.ignore_eos, self->state.we->eng->get_model().tok(), tok)) {
     retire(self, id, "stop");
     return;
   }

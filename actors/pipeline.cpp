@@ -370,7 +370,7 @@ std::optional<request_spec> make_spec(connection_inbox& in, request_id id, const
   spec.max_tokens = req.max_tokens;
   spec.sampling = req.sampling;
   spec.ignore_eos = req.ignore_eos;
-  status bad = spec.sampling.validate();
+  status bad = spec.sampling.validate(mdl.config().n_vocab);
   if (bad.ok() && spec.prompt.empty()) bad = {errc::invalid_argument, "the prompt is empty"};
   if (bad.ok() && spec.max_tokens < 1) bad = {errc::invalid_argument, "max_tokens must be at least 1"};
   for (token_id t : spec.prompt)

@@ -227,7 +227,7 @@ void apply(self_ptr self, step_result& r) {
       continue;
     }
     const request_id id = it->spec.id;
-    const bool eog = !it->spec.ignore_eos && st.we->eng->get_model().tok().is_eog(tok->token);
+    const bool eog = ends_generation(it->spec.sampling, it->spec.ignore_eos, st.we->eng->get_model().tok(), tok->token);
     const int32_t index = it->spec.resumed;  // 0, or where a migrated request goes on
     const bool last = index + 1 >= it->spec.max_tokens;
     if (eog) {

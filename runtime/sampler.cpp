@@ -2,17 +2,55 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <string>
 #include <numeric>
 #include <vector>
 
 namespace tandem {
 
-status sampling_params::validate() const {
+status sampling_params::validate(int32_t n_vocab) const {
+  if (bias_tokens.size() != bias_values.size())
+    return {errc::invalid_argument, "logit_bias needs one value per token"};
+  for (float b : bias_values)
+    if (!std::isfinite(b) || b < -100.0f || b > 100.0f)
+      return {errc::invalid_argument, "logit_bias values must be numbers in [-100, 100]"};
+  if (min_tokens < 0) return {errc::invalid_argument, "min_tokens must be >= 0"};
+  if (n_vocab > 0) {
+    for (token_id t : bias_tokens)
+      if (t < 0 || t >= n_vocab)
+        return {errc::invalid_argument, "logit_bias token " + std::to_string(t) + " is outside the vocabulary"};
+    for (token_id t : stop_tokens)
+      if (t < 0 || t >= n_vocab)
+        return {errc::invalid_argument, "stop_token_ids: token " + std::to_string(t) + " is outside the vocabulary"};
+  }
   if (!std::isfinite(temperature) || temperature < 0.0f)
     return {errc::invalid_argument, "temperature must be a finite number >= 0"};
   if (!(top_p > 0.0f && top_p <= 1.0f)) return {errc::invalid_argument, "top_p must be in (0, 1]"};
   if (top_k < 0) return {errc::invalid_argument, "top_k must be >= 0 (0 disables it)"};
   return {};
+}
+
+std::span<const float> adjusted_logits(std::span<const float> logits, const sampling_params& p, uint64_t token_index,
+                                       const tokenizer& tok, std::vector<float>& buf) {
+  if (!p.adjusts(token_index)) return logits;
+  buf.assign(logits.begin(), logits.end());
+  const int32_t n = int32_t(buf.size());
+  for (size_t i = 0; i < p.bias_tokens.size(); ++i)
+    if (p.bias_tokens[i] >= 0 && p.bias_tokens[i] < n) buf[size_t(p.bias_tokens[i])] += p.bias_values[i];
+  if (uint64_t(p.min_tokens) > token_index) {
+    const float ban = -std::numeric_limits<float>::infinity();
+    for (int32_t t = 0; t < n && t < tok.n_vocab(); ++t)
+      if (tok.is_eog(t)) buf[size_t(t)] = ban;
+    for (token_id t : p.stop_tokens)
+      if (t >= 0 && t < n) buf[size_t(t)] = ban;
+  }
+  return buf;
+}
+
+bool ends_generation(const sampling_params& p, bool ignore_eos, const tokenizer& tok, token_id t) {
+  if (!ignore_eos && tok.is_eog(t)) return true;
+  return std::find(p.stop_tokens.begin(), p.stop_tokens.end(), t) != p.stop_tokens.end();
 }
 
 namespace {

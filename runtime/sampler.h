@@ -4,6 +4,7 @@
 // on another worker continues exactly as it would have where it started.
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "runtime/errors.h"
 #include "runtime/tokenizer.h"
@@ -15,10 +16,34 @@ struct sampling_params {
   int32_t top_k = 40;        // <= 0: no top-k cut
   float top_p = 0.95f;       // >= 1: no nucleus cut
   uint64_t seed = 0;
+  // OpenAI's logit_bias: bias_values[i] (in [-100, 100]) added to the logit of bias_tokens[i]
+  // before any other step (greedy included); -100 in effect bans a token.
+  std::vector<token_id> bias_tokens;
+  std::vector<float> bias_values;
+  // Generation ends when one of these is sampled (finish "stop"; the token is not output),
+  // whatever ignore_eos says (vLLM's stop_token_ids).
+  std::vector<token_id> stop_tokens;
+  // Before output token min_tokens, end-of-generation and stop tokens cannot be sampled
+  // (vLLM's min_tokens).
+  int32_t min_tokens = 0;
 
-  // invalid_argument naming the bad field, or ok.
-  status validate() const;
+  // invalid_argument naming the bad field, or ok. With n_vocab > 0, token ids are checked too.
+  status validate(int32_t n_vocab = 0) const;
+  // Whether logits are changed before sampling at output index `token_index`.
+  bool adjusts(uint64_t token_index) const { return !bias_tokens.empty() || uint64_t(min_tokens) > token_index; }
 };
+
+// The logits output token `token_index` is sampled from: logit_bias added, and before
+// min_tokens the end-of-generation tokens of `tok` and the stop tokens set to -inf. Returns
+// `logits` itself when nothing applies, else a view of `buf`. Every step of the request, on
+// any worker, applies the same function of (params, index, logits): a resumed request
+// continues exactly.
+std::span<const float> adjusted_logits(std::span<const float> logits, const sampling_params& p, uint64_t token_index,
+                                       const tokenizer& tok, std::vector<float>& buf);
+
+// Whether sampling `t` ends the generation: an end-of-generation token (unless ignore_eos) or
+// one of p.stop_tokens.
+bool ends_generation(const sampling_params& p, bool ignore_eos, const tokenizer& tok, token_id t);
 
 // Uniform double in [0, 1) for draw `index` of stream `seed` (splitmix64 over both).
 double sample_uniform(uint64_t seed, uint64_t index);

@@ -85,10 +85,14 @@ step_result run_step(engine& eng, step_work work) {
   r.error = eng.forward(batch, logits, hook);
   if (r.error.ok()) {
     const size_t V = size_t(eng.config().n_vocab);
-    for (size_t i = 0; i < rows.size(); ++i)
-      r.tokens.push_back({rows[i].id, sample(std::span(logits).subspan(i * V, V), *rows[i].sampling,
-                                             uint64_t(rows[i].index)),
-                          rows[i].index});
+    std::vector<float> adjusted;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& sp = *rows[i].sampling;
+      const uint64_t index = uint64_t(rows[i].index);
+      const auto l = adjusted_logits(std::span<const float>(logits).subspan(i * V, V), sp, index,
+                                     eng.get_model().tok(), adjusted);
+      r.tokens.push_back({rows[i].id, sample(l, sp, index), rows[i].index});
+    }
     for (auto [i, s] : chunk_seq) {
       const auto& c = work.chunks[i];
       if (!c.last || !c.export_kv) continue;

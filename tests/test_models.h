@@ -32,9 +32,10 @@ inline std::vector<token_id> alone(const model& m, const std::vector<token_id>& 
   std::vector<float> logits;
   EXPECT_TRUE(eng.prefill(s, prompt, logits).ok());
   std::vector<token_id> out;
+  std::vector<float> adjusted;
   for (int32_t i = 0; i < max_tokens; ++i) {
-    const token_id t = sample(logits, sp, uint64_t(i));
-    if (!ignore_eos && m.tok().is_eog(t)) break;
+    const token_id t = sample(adjusted_logits(logits, sp, uint64_t(i), m.tok(), adjusted), sp, uint64_t(i));
+    if (ends_generation(sp, ignore_eos, m.tok(), t)) break;
     out.push_back(t);
     if (i + 1 < max_tokens) {
       EXPECT_TRUE(eng.decode(std::span(&s, 1), std::span(&t, 1), logits).ok());

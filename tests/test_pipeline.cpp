@@ -348,6 +348,13 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
       j.prompt = prompt_of(60, i, 300);
       j.sp = i % 2 == 0 ? sampling_params{.temperature = 0.0f}
                         : sampling_params{.temperature = 0.9f, .top_k = 20, .seed = uint64_t(50 + i)};
+      if (i >= 2) {  // logit_bias and min_tokens resume exactly too (functions of index and logits)
+        for (token_id t = 10; t < 40; t += 3) {
+          j.sp.bias_tokens.push_back(t);
+          j.sp.bias_values.push_back(i == 2 ? 4.0f : -3.0f);
+        }
+        j.sp.min_tokens = 100;
+      }
       j.h = p.submit({.prompt_tokens = j.prompt, .max_tokens = 120, .sampling = j.sp, .ignore_eos = true});
       jobs.push_back(std::move(j));
     }

@@ -43,7 +43,7 @@ class ServerTest : public ::testing::Test {
     pc.loaded_model = tiny();
     pc.kv_blocks_per_worker = 256;
     pipe = std::make_unique<pipeline>(pc);
-    server::served_model sm{"tiny", tiny()->config().n_ctx, nullptr};
+    server::served_model sm{"tiny", tiny()->config().n_ctx, nullptr, tiny()->config().n_vocab};
     sc.port = 0;
     srv = std::make_unique<server::http_server>(*pipe, sm, sc);
     port = srv->port();
@@ -235,6 +235,132 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
   EXPECT_EQ(request(http::verb::get, "/admin/state").status, 404);  // off without --admin-key
   // Still serving everyone else.
   EXPECT_EQ(request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"ok","max_tokens":2})").status, 200);
+  expect_clean();
+}
+
+// Issue 20: a parameter tandem does not implement is a 400 naming it, never a silent 200;
+// at the value that asks for nothing it is accepted. `model` may be left out, and chat
+// generates until the model stops or the context is full.
+TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
+  start();
+  auto refused = [&](const std::string& target, json body, const std::string& param) {
+    auto r = request(http::verb::post, target, body.dump());
+    EXPECT_EQ(r.status, 400) << body.dump() << " -> " << r.body;
+    const json j = json::parse(r.body, nullptr, false);
+    EXPECT_EQ(j["error"]["param"], param) << r.body;
+  };
+  const json comp = {{"model", "tiny"}, {"prompt", "Once"}, {"max_tokens", 3}};
+  const json chat = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 3}};
+  const std::vector<std::pair<std::string, json>> asks = {
+      {"logprobs", 2}, {"echo", true}, {"suffix", "end"}, {"best_of", 2}, {"presence_penalty", 0.5},
+      {"frequency_penalty", 1}, {"repetition_penalty", 1.2}, {"no_such_field", 1},
+      // implemented, but checked: ids outside the vocabulary, biases outside [-100, 100]
+      {"logit_bias", {{"999999", 1}}}, {"logit_bias", {{"x", 1}}}, {"logit_bias", {{"5", 101}}},
+      {"stop_token_ids", {-1}}, {"min_tokens", -1}, {"min_tokens", 1.5}};
+  for (const auto& [k, v] : asks) {
+    json b = comp;
+    b[k] = v;
+    refused("/v1/completions", b, k);
+  }
+  for (const auto& [k, v] : std::vector<std::pair<std::string, json>>{
+           {"logprobs", true},
+           {"top_logprobs", 3},
+           {"response_format", {{"type", "json_object"}}},
+           {"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}})},
+           {"tool_choice", "required"},
+           {"max_tokens_typo", 4}}) {
+    json b = chat;
+    b[k] = v;
+    refused("/v1/chat/completions", b, k);
+  }
+  json so = comp;
+  so["stream"] = true;
+  so["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  refused("/v1/completions", so, "stream_options");
+
+  // The values that ask for nothing pass, as OpenAI's clients send them.
+  json quiet = chat;
+  quiet.update({{"logprobs", false}, {"presence_penalty", 0}, {"frequency_penalty", 0}, {"logit_bias", json::object()},
+                {"response_format", {{"type", "text"}}}, {"tool_choice", "none"}, {"tools", json::array()},
+                {"n", 1}, {"user", "u-1"}, {"top_logprobs", nullptr}});
+  auto ok = request(http::verb::post, "/v1/chat/completions", quiet.dump());
+  EXPECT_EQ(ok.status, 200) << ok.body;
+
+  // No model named: the served one. Chat without max_tokens runs to the end (EOS or context),
+  // not to 16 tokens.
+  json nomodel = {{"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}}, {"ignore_eos", true},
+                  {"temperature", 0}};
+  auto r = request(http::verb::post, "/v1/chat/completions", nomodel.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_GT(j["usage"]["completion_tokens"].get<int>(), 16);
+  EXPECT_EQ(j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>(),
+            tiny()->config().n_ctx + 1)
+      << "generated until the context was full";
+  // Legacy completions keep OpenAI's default of 16.
+  auto c = request(http::verb::post, "/v1/completions", json({{"prompt", "Once"}, {"ignore_eos", true}}).dump());
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(json::parse(c.body)["usage"]["completion_tokens"], 16);
+  expect_clean();
+}
+
+// logit_bias, stop_token_ids and min_tokens change the output as they say, on both APIs, and
+// leave the stream exactly resumable (each is a function of the token index and the logits).
+TEST_F(ServerTest, LogitBiasStopTokenIdsAndMinTokens) {
+  start();
+  const tokenizer& tok = tiny()->tok();
+  const auto greedy = pipe->submit({.prompt = "Once upon a time", .max_tokens = 8, .ignore_eos = true}).wait(30s);
+  ASSERT_EQ(greedy.tokens.size(), 8u);
+  auto complete = [&](json extra) {
+    json b = {{"model", "tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}};
+    b.update(extra);
+    auto r = request(http::verb::post, "/v1/completions", b.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body, nullptr, false);
+  };
+  // -100 bans the greedy first token; +100 on one token makes every output that token.
+  const std::string first = std::to_string(greedy.tokens[0]);
+  auto banned = complete({{"logit_bias", {{first, -100}}}});
+  EXPECT_NE(banned["choices"][0]["text"].get<std::string>(), greedy.text);
+  const token_id forced = greedy.tokens[0] == 100 ? 101 : 100;
+  auto all = complete({{"logit_bias", {{std::to_string(forced), 100}}}});
+  EXPECT_EQ(all["choices"][0]["text"].get<std::string>(), tok.decode(std::vector<token_id>(8, forced)));
+  // Sampled at temperature 1 too: the bias comes before sampling.
+  auto hot = complete({{"logit_bias", {{std::to_string(forced), 100}}}, {"temperature", 1.0}, {"seed", 3}});
+  EXPECT_EQ(hot["choices"][0]["text"].get<std::string>(), tok.decode(std::vector<token_id>(8, forced)));
+
+  // A stop token id ends the answer before it, with finish "stop", ignore_eos or not.
+  // (the first token that is new after the first; the random tiny model repeats itself)
+  size_t cut = 1;
+  while (cut < 8 && std::find(greedy.tokens.begin(), greedy.tokens.begin() + long(cut), greedy.tokens[cut]) !=
+                        greedy.tokens.begin() + long(cut))
+    ++cut;
+  if (cut == 8) cut = 0;
+  auto stopped = complete({{"stop_token_ids", {greedy.tokens[cut]}}});
+  EXPECT_EQ(stopped["usage"]["completion_tokens"], int(cut));
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(stopped["choices"][0]["text"].get<std::string>(),
+            tok.decode(std::vector<token_id>(greedy.tokens.begin(), greedy.tokens.begin() + long(cut))));
+
+  // EOS pushed up by +100 ends at once; min_tokens holds it back for that many tokens.
+  const std::string eos = std::to_string(tok.eos());
+  auto at_once = complete({{"logit_bias", {{eos, 100}}}, {"ignore_eos", false}});
+  EXPECT_EQ(at_once["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(at_once["choices"][0]["finish_reason"], "stop");
+  auto held = complete({{"logit_bias", {{eos, 100}}}, {"ignore_eos", false}, {"min_tokens", 5}});
+  EXPECT_EQ(held["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(held["choices"][0]["finish_reason"], "stop");
+
+  // The WebSocket protocol takes the same fields (checked by the same parser): one frame.
+  server::api_request ar;
+  server::served_model sm{"tiny", tiny()->config().n_ctx, nullptr, tiny()->config().n_vocab};
+  EXPECT_FALSE(server::parse_ws_generate(json{{"type", "generate"}, {"id", "w"}, {"prompt", "x"},
+                                              {"logit_bias", {{"7", -100}}}, {"stop_token_ids", {3}}, {"min_tokens", 2}},
+                                         sm, ar));
+  EXPECT_EQ(ar.gen.sampling.bias_tokens, std::vector<token_id>{7});
+  EXPECT_EQ(ar.gen.sampling.stop_tokens, std::vector<token_id>{3});
+  EXPECT_EQ(ar.gen.sampling.min_tokens, 2);
   expect_clean();
 }
 

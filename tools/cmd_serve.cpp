@@ -151,6 +151,7 @@ int run_serve(const serve_options& o) {
   server::served_model sm;
   sm.id = o.model_name.empty() ? std::filesystem::path(cfg.model_path).stem().string() : o.model_name;
   sm.context_length = p.get_model().config().n_ctx;
+  sm.n_vocab = p.get_model().config().n_vocab;
   sm.chat = load_chat_template(p.get_model(), o.chat_template_file);
 
   server::server_config sc;

@@ -28,11 +28,61 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+// Which body fields a request may carry. Every field is one of: read (parsed below), inert (no
+// effect on any server's output by its definition: `user`, an end-user id for abuse
+// monitoring), or not implemented, in which case only the value that asks for nothing (null,
+// false, 0, an empty list, "none", `{"type": "text"}`) is accepted and anything else is a 400
+// naming the field; an unknown field is a 400 too. Nothing is silently ignored.
+enum class endpoint { completions, chat, websocket };
+
+bool is_empty_value(const json& v) {
+  return v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_number() && v.get<double>() == 0.0) ||
+         ((v.is_array() || v.is_object() || v.is_string()) && v.empty());
+}
+
+std::optional<api_error> check_fields(const json& b, endpoint ep) {
+  static const char* const shared[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
+                                       "stream", "stream_options", "ignore_eos", "user", "logit_bias",
+                                       "min_tokens", "stop_token_ids"};
+  for (const auto& [key, v] : b.items()) {
+    if (std::find_if(std::begin(shared), std::end(shared), [&](const char* k) { return key == k; }) != std::end(shared))
+      continue;
+    if (ep == endpoint::completions && key == "prompt") continue;
+    if (ep == endpoint::chat && (key == "messages" || key == "max_completion_tokens")) continue;
+    if (ep == endpoint::websocket && (key == "type" || key == "id" || key == "prompt" || key == "messages")) continue;
+    // Known to OpenAI-compatible servers, not implemented by tandem (docs/protocol.md).
+    static const char* const unimplemented[] = {
+        "logprobs", "top_logprobs", "echo", "suffix", "best_of", "presence_penalty", "frequency_penalty",
+        "repetition_penalty", "response_format", "tools",
+        "tool_choice", "parallel_tool_calls", "functions", "function_call", "store", "metadata", "modalities",
+        "audio", "prediction", "reasoning_effort", "service_tier", "web_search_options", "min_p", "typical_p",
+        "grammar", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "use_beam_search",
+        "length_penalty", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+        "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs", "documents",
+        "priority", "mirostat", "n_probs", "cache_prompt", "samplers", "dynatemp_range", "xtc_probability",
+        "dry_multiplier", "n_predict", "id_slot", "return_tokens", "post_sampling_probs", "verbosity",
+        "prompt_cache_key", "safety_identifier", "truncate_prompt_tokens"};
+    const bool known = std::find_if(std::begin(unimplemented), std::end(unimplemented),
+                                    [&](const char* k) { return key == k; }) != std::end(unimplemented);
+    if (!known) return bad("unknown parameter '" + key + "'", key);
+    const bool nothing_asked =
+        is_empty_value(v) || (key == "best_of" && v == json(1)) || (key == "repetition_penalty" && v == json(1)) ||
+        (key == "tool_choice" && v == json("none")) ||
+        (key == "response_format" && v.is_object() && v.size() == 1 && v.value("type", "") == "text") ||
+        (key == "service_tier" && (v == json("auto") || v == json("default")));
+    if (!nothing_asked) return bad("'" + key + "' is not supported by tandem (yet); leave it out or null", key);
+  }
+  return std::nullopt;
+}
+
 // Fields every generation shares: model, limits, sampling, stop, streaming.
-std::optional<api_error> parse_common(const json& b, const served_model& m, api_request& out, bool openai) {
+std::optional<api_error> parse_common(const json& b, const served_model& m, api_request& out, endpoint ep) {
   if (!b.is_object()) return bad("the body must be a JSON object");
-  if (openai) {
-    if (!b.contains("model") || !b["model"].is_string()) return bad("'model' is required and must be a string", "model");
+  if (auto e = check_fields(b, ep)) return e;
+  // `model` may be left out (one model is served, as llama-server and vLLM allow); given, it
+  // must name the served one.
+  if (b.contains("model") && !b["model"].is_null()) {
+    if (!b["model"].is_string()) return bad("'model' must be a string", "model");
     const std::string name = b["model"].get<std::string>();
     if (name != m.id) return bad("unknown model '" + name + "'; this server serves '" + m.id + "'", "model");
   }
@@ -44,8 +94,9 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
       return bad(std::string("'") + key + "' must be between " + json(lo).dump() + " and " + json(hi).dump(), key);
     return std::nullopt;
   };
-  double max_tokens = 16;
-  if (!openai) max_tokens = 64;
+  // Defaults: legacy completions 16 (OpenAI's), the WebSocket protocol 64, chat until the
+  // model stops or the context is full (as OpenAI, vLLM and llama-server).
+  double max_tokens = ep == endpoint::completions ? 16 : ep == endpoint::websocket ? 64 : m.context_length;
   const char* max_key = b.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   if (auto e = number(max_key, 1, m.context_length, max_tokens)) return e;
   if (b.contains(max_key) && b[max_key].is_number() && !b[max_key].is_number_integer())
@@ -62,7 +113,7 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
   out.gen.sampling.top_p = float(top_p);
   out.gen.sampling.top_k = int32_t(top_k);
   out.gen.sampling.seed = seed >= 0 ? uint64_t(seed) : std::random_device{}();
-  if (b.contains("n") && !(b["n"].is_number_integer() && b["n"].get<int64_t>() == 1))
+  if (b.contains("n") && !b["n"].is_null() && !(b["n"].is_number_integer() && b["n"].get<int64_t>() == 1))
     return bad("only 'n': 1 is supported", "n");
 
   if (b.contains("stop") && !b["stop"].is_null()) {
@@ -82,14 +133,60 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
     if (!b["stream"].is_boolean()) return bad("'stream' must be a boolean", "stream");
     out.stream = b["stream"].get<bool>();
   }
-  if (b.contains("stream_options") && b["stream_options"].is_object()) {
+  if (b.contains("stream_options") && !b["stream_options"].is_null()) {
     const auto& so = b["stream_options"];
+    if (!so.is_object()) return bad("'stream_options' must be an object", "stream_options");
+    for (const auto& [key, v] : so.items())
+      if (key != "include_usage" && !is_empty_value(v))
+        return bad("'stream_options." + key + "' is not supported by tandem", "stream_options");
     if (so.contains("include_usage")) {
       if (!so["include_usage"].is_boolean()) return bad("'stream_options.include_usage' must be a boolean", "stream_options");
       out.include_usage = so["include_usage"].get<bool>();
     }
   }
-  if (b.contains("ignore_eos") && b["ignore_eos"].is_boolean()) out.gen.ignore_eos = b["ignore_eos"].get<bool>();
+  if (b.contains("ignore_eos") && !b["ignore_eos"].is_null()) {
+    if (!b["ignore_eos"].is_boolean()) return bad("'ignore_eos' must be a boolean", "ignore_eos");
+    out.gen.ignore_eos = b["ignore_eos"].get<bool>();
+  }
+  if (b.contains("user") && !b["user"].is_null() && !b["user"].is_string()) return bad("'user' must be a string", "user");
+
+  // logit_bias: {"token id": bias in [-100, 100]} (OpenAI's form: ids as object keys).
+  if (b.contains("logit_bias") && !b["logit_bias"].is_null()) {
+    const auto& lb = b["logit_bias"];
+    if (!lb.is_object()) return bad("'logit_bias' must be an object of token id -> bias", "logit_bias");
+    if (lb.size() > 1024) return bad("'logit_bias' may name at most 1024 tokens", "logit_bias");
+    for (const auto& [key, v] : lb.items()) {
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != key.size() || id < 0 || id >= m.n_vocab)
+        return bad("'logit_bias' key '" + key + "' is not a token id of this model (0.." + std::to_string(m.n_vocab - 1) + ")",
+                   "logit_bias");
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < -100 || v.get<double>() > 100)
+        return bad("'logit_bias' values must be numbers in [-100, 100]", "logit_bias");
+      out.gen.sampling.bias_tokens.push_back(token_id(id));
+      out.gen.sampling.bias_values.push_back(v.get<float>());
+    }
+  }
+  double min_tokens = 0;
+  if (auto e = number("min_tokens", 0, m.context_length, min_tokens)) return e;
+  if (b.contains("min_tokens") && b["min_tokens"].is_number() && !b["min_tokens"].is_number_integer())
+    return bad("'min_tokens' must be an integer", "min_tokens");
+  out.gen.sampling.min_tokens = int32_t(min_tokens);
+  if (b.contains("stop_token_ids") && !b["stop_token_ids"].is_null()) {
+    const auto& st = b["stop_token_ids"];
+    if (!st.is_array() || st.size() > 64) return bad("'stop_token_ids' must be an array of up to 64 token ids", "stop_token_ids");
+    for (const auto& x : st) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= m.n_vocab)
+        return bad("'stop_token_ids' must hold token ids of this model (0.." + std::to_string(m.n_vocab - 1) + ")",
+                   "stop_token_ids");
+      out.gen.sampling.stop_tokens.push_back(token_id(x.get<int64_t>()));
+    }
+  }
   return std::nullopt;
 }
 
@@ -148,13 +245,13 @@ std::optional<api_error> parse_prompt(const json& p, api_request& out) {
 }  // namespace
 
 std::optional<api_error> parse_completion(const json& b, const served_model& m, api_request& out) {
-  if (auto e = parse_common(b, m, out, true)) return e;
+  if (auto e = parse_common(b, m, out, endpoint::completions)) return e;
   if (!b.contains("prompt")) return bad("'prompt' is required", "prompt");
   return parse_prompt(b["prompt"], out);
 }
 
 std::optional<api_error> parse_chat_completion(const json& b, const served_model& m, api_request& out) {
-  if (auto e = parse_common(b, m, out, true)) return e;
+  if (auto e = parse_common(b, m, out, endpoint::chat)) return e;
   return parse_messages(b, m, out);
 }
 
@@ -163,7 +260,7 @@ std::optional<api_error> parse_ws_generate(const json& f, const served_model& m,
   if (!f.contains("id") || !(f["id"].is_string() || f["id"].is_number_integer()))
     return bad("'id' is required (a string or an integer chosen by the client)", "id");
   out.client_id = f["id"].is_string() ? f["id"].get<std::string>() : std::to_string(f["id"].get<int64_t>());
-  if (auto e = parse_common(f, m, out, false)) return e;
+  if (auto e = parse_common(f, m, out, endpoint::websocket)) return e;
   if (!f.contains("temperature")) out.gen.sampling.temperature = 0.0f;  // greedy unless asked
   if (f.contains("messages")) return parse_messages(f, m, out);
   if (!f.contains("prompt")) return bad("'prompt' (text or token ids) or 'messages' is required", "prompt");

@@ -21,6 +21,7 @@ struct served_model {
   int32_t context_length = 0;
   // Renders chat messages (the model's Jinja template, or a fallback format); null: ChatML.
   std::shared_ptr<const chat_template> chat;
+  int32_t n_vocab = 0;         // token ids in logit_bias and stop_token_ids are below it
 };
 
 struct api_error {
