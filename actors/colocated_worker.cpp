@@ -45,7 +45,7 @@ void kick(self_ptr self) {
     if (!e.decoding || e.paused) continue;
     e.in_step = true;
     ++running;
-    work.decodes.push_back({id, e.seq, e.last, e.generated, e.spec.sampling});
+    work.decodes.push_back({id, e.seq, e.last, e.generated, e.spec.sampling, e.output});
   }
   // Admission by credits, in arrival order: a prompt waits until its whole request fits.
   std::vector<pending_prefill> pending;
@@ -80,6 +80,7 @@ void kick(self_ptr self) {
     ci.export_kv = false;
     ci.sampling = e.spec.sampling;
     ci.first_index = e.spec.resumed;
+    ci.output = e.output;  // empty unless the request penalizes repeats
     if (!e.announced) {
       e.announced = true;
       self->send(e.req, state_atom::value, request_state::prefilling);
@@ -101,6 +102,7 @@ void on_token(self_ptr self, colocated_worker_state::seq_entry& e, token_id tok)
   }
   self->send(e.req, token_atom::value, e.generated, tok);
   ++e.generated;
+  if (e.spec.sampling.penalizes()) e.output.push_back(tok);
   e.last = tok;
   // The next step feeds the last token at position prompt + generated - 1: full once that is
   // past the last position (a one-token-early stop here once cut outputs short of a lone engine's).
@@ -179,6 +181,7 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
         const request_id id = spec.id;
         colocated_worker_state::seq_entry e;
         e.generated = spec.resumed;  // a migrated request goes on from there
+        if (spec.sampling.penalizes()) e.output = spec.resumed_output();
         e.reuse.expected_reuse = expected_reuse_at_arrival(*st.we->eng, st.claims, spec);
         e.spec = std::move(spec);
         e.req = std::move(req);

@@ -18,6 +18,7 @@ struct colocated_worker_state {
     int32_t prefilled = 0;   // prompt tokens in the cache
     int32_t planned = 0;     // prompt tokens in the step in flight
     int32_t generated = 0;   // tokens sent
+    std::vector<token_id> output;  // the tokens sent, kept only when spec.sampling.penalizes()
     token_id last = 0;
     bool reserved = false;   // KV credits held
     bool decoding = false;

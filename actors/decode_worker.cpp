@@ -56,6 +56,7 @@ void kick(self_ptr self) {
       im.last = a.generated.back();
       im.index = int32_t(a.generated.size());
       im.kv_tokens = int32_t(a.spec.prompt.size());
+      if (im.sampling.penalizes()) im.output = a.generated;
     } else {
       im.feed = a.feed;
       im.index = 0;
@@ -69,7 +70,7 @@ void kick(self_ptr self) {
   for (auto& [id, a] : st.active) {
     if (a.paused) continue;
     a.in_step = true;
-    work.decodes.push_back({id, a.seq, a.last, a.generated, a.spec.sampling});
+    work.decodes.push_back({id, a.seq, a.last, a.generated, a.spec.sampling, a.output});
   }
   if (work.imports.empty() && work.decodes.empty() && work.frees.empty()) return;
   st.we->start(self, std::move(work));
@@ -84,6 +85,7 @@ void on_token(self_ptr self, decode_worker_state::active_seq& a, token_id tok) {
   }
   self->send(a.req, token_atom::value, a.generated, tok);
   ++a.generated;
+  if (a.spec.sampling.penalizes()) a.output.push_back(tok);
   a.last = tok;
   // The next step feeds the last token at position prompt + generated - 1: full once that is
   // past the last position (a one-token-early stop here once cut outputs short of a lone engine's).
@@ -116,6 +118,7 @@ void apply(self_ptr self, step_result& r) {
     s.req = a.req;
     s.seq = im->seq;
     s.generated = int32_t(a.generated.size());
+    if (s.spec.sampling.penalizes() && a.feed.empty()) s.output = a.generated;
     s.last = a.feed.empty() ? a.generated.back() : a.feed.back();
     if (!a.feed.empty() && st.opts.metrics)  // a prompt served from the store: its cache figures
       count_prefix_use(*st.opts.metrics, double(a.feed.size()), double(a.kv_tokens), double(s.spec.prompt.size()));

@@ -42,6 +42,8 @@ struct request_spec {
   int32_t resumed = 0;
 
   int32_t original_prompt_tokens() const { return int32_t(prompt.size()) - resumed; }
+  // The output generated before it migrated: the prompt's last `resumed` tokens.
+  std::vector<token_id> resumed_output() const { return {prompt.end() - resumed, prompt.end()}; }
   int32_t total_tokens() const { return original_prompt_tokens() + max_tokens; }  // KV it can need
 };
 

@@ -16,6 +16,10 @@ status sampling_params::validate(int32_t n_vocab) const {
     if (!std::isfinite(b) || b < -100.0f || b > 100.0f)
       return {errc::invalid_argument, "logit_bias values must be numbers in [-100, 100]"};
   if (min_tokens < 0) return {errc::invalid_argument, "min_tokens must be >= 0"};
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f))
+    return {errc::invalid_argument, "presence_penalty must be in [-2, 2]"};
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
+    return {errc::invalid_argument, "frequency_penalty must be in [-2, 2]"};
   if (n_vocab > 0) {
     for (token_id t : bias_tokens)
       if (t < 0 || t >= n_vocab)
@@ -32,10 +36,23 @@ status sampling_params::validate(int32_t n_vocab) const {
 }
 
 std::span<const float> adjusted_logits(std::span<const float> logits, const sampling_params& p, uint64_t token_index,
-                                       const tokenizer& tok, std::vector<float>& buf) {
+                                       const tokenizer& tok, std::vector<float>& buf,
+                                       std::span<const token_id> output) {
   if (!p.adjusts(token_index)) return logits;
   buf.assign(logits.begin(), logits.end());
   const int32_t n = int32_t(buf.size());
+  if (p.penalizes()) {
+    // Counts in a sorted copy: the same sums in the same order whatever order they came in.
+    std::vector<token_id> seen(output.begin(), output.end());
+    std::sort(seen.begin(), seen.end());
+    for (size_t i = 0; i < seen.size();) {
+      size_t j = i;
+      while (j < seen.size() && seen[j] == seen[i]) ++j;
+      const token_id t = seen[i];
+      if (t >= 0 && t < n) buf[size_t(t)] -= float(j - i) * p.frequency_penalty + p.presence_penalty;
+      i = j;
+    }
+  }
   for (size_t i = 0; i < p.bias_tokens.size(); ++i)
     if (p.bias_tokens[i] >= 0 && p.bias_tokens[i] < n) buf[size_t(p.bias_tokens[i])] += p.bias_values[i];
   if (uint64_t(p.min_tokens) > token_index) {

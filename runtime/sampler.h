@@ -26,20 +26,29 @@ struct sampling_params {
   // Before output token min_tokens, end-of-generation and stop tokens cannot be sampled
   // (vLLM's min_tokens).
   int32_t min_tokens = 0;
+  // OpenAI's penalties, in [-2, 2], over the output so far (not the prompt): the logit of a
+  // token that occurred c times drops by c * frequency_penalty + (c > 0) * presence_penalty.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
 
   // invalid_argument naming the bad field, or ok. With n_vocab > 0, token ids are checked too.
   status validate(int32_t n_vocab = 0) const;
+  bool penalizes() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f; }
   // Whether logits are changed before sampling at output index `token_index`.
-  bool adjusts(uint64_t token_index) const { return !bias_tokens.empty() || uint64_t(min_tokens) > token_index; }
+  bool adjusts(uint64_t token_index) const {
+    return !bias_tokens.empty() || uint64_t(min_tokens) > token_index || penalizes();
+  }
 };
 
-// The logits output token `token_index` is sampled from: logit_bias added, and before
-// min_tokens the end-of-generation tokens of `tok` and the stop tokens set to -inf. Returns
-// `logits` itself when nothing applies, else a view of `buf`. Every step of the request, on
-// any worker, applies the same function of (params, index, logits): a resumed request
-// continues exactly.
+// The logits output token `token_index` is sampled from: logit_bias added, the penalties of
+// the output so far (`output`: output tokens 0..token_index-1, needed only when p.penalizes())
+// subtracted, and before min_tokens the end-of-generation tokens of `tok` and the stop tokens
+// set to -inf. Returns `logits` itself when nothing applies, else a view of `buf`. Every step
+// of the request, on any worker, applies the same function of (params, index, output so far,
+// logits): a resumed request continues exactly.
 std::span<const float> adjusted_logits(std::span<const float> logits, const sampling_params& p, uint64_t token_index,
-                                       const tokenizer& tok, std::vector<float>& buf);
+                                       const tokenizer& tok, std::vector<float>& buf,
+                                       std::span<const token_id> output = {});
 
 // Whether sampling `t` ends the generation: an end-of-generation token (unless ignore_eos) or
 // one of p.stop_tokens.

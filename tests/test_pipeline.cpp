@@ -354,6 +354,8 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
           j.sp.bias_values.push_back(i == 2 ? 4.0f : -3.0f);
         }
         j.sp.min_tokens = 100;
+        j.sp.frequency_penalty = i == 3 ? 0.7f : 0.0f;  // the penalties read the output so far,
+        j.sp.presence_penalty = i >= 4 ? 1.5f : 0.0f;   // carried across the kill
       }
       j.h = p.submit({.prompt_tokens = j.prompt, .max_tokens = 120, .sampling = j.sp, .ignore_eos = true});
       jobs.push_back(std::move(j));

@@ -5,6 +5,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "tests/test_models.h"
@@ -252,8 +253,8 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
   const json comp = {{"model", "tiny"}, {"prompt", "Once"}, {"max_tokens", 3}};
   const json chat = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 3}};
   const std::vector<std::pair<std::string, json>> asks = {
-      {"logprobs", 2}, {"echo", true}, {"suffix", "end"}, {"best_of", 2}, {"presence_penalty", 0.5},
-      {"frequency_penalty", 1}, {"repetition_penalty", 1.2}, {"no_such_field", 1},
+      {"logprobs", 2}, {"echo", true}, {"suffix", "end"}, {"best_of", 2},
+      {"frequency_penalty", 2.5}, {"presence_penalty", -3}, {"repetition_penalty", 1.2}, {"no_such_field", 1},
       // implemented, but checked: ids outside the vocabulary, biases outside [-100, 100]
       {"logit_bias", {{"999999", 1}}}, {"logit_bias", {{"x", 1}}}, {"logit_bias", {{"5", 101}}},
       {"stop_token_ids", {-1}}, {"min_tokens", -1}, {"min_tokens", 1.5}};
@@ -351,6 +352,28 @@ TEST_F(ServerTest, LogitBiasStopTokenIdsAndMinTokens) {
   auto held = complete({{"logit_bias", {{eos, 100}}}, {"ignore_eos", false}, {"min_tokens", 5}});
   EXPECT_EQ(held["usage"]["completion_tokens"], 5);
   EXPECT_EQ(held["choices"][0]["finish_reason"], "stop");
+
+  // Penalties lower repeats: the tiny model's greedy answer repeats itself; with a frequency
+  // penalty the most repeated token comes back fewer times (and the answer matches a lone
+  // engine's with the same penalty, as recovery needs).
+  auto most_repeats = [](const std::vector<token_id>& t) {
+    std::map<token_id, int> c;
+    int best = 0;
+    for (token_id x : t) best = std::max(best, ++c[x]);
+    return best;
+  };
+  const auto plain = pipe->submit({.prompt = "Once upon a time", .max_tokens = 24, .ignore_eos = true}).wait(30s);
+  sampling_params pen{.temperature = 0.0f};
+  pen.frequency_penalty = 2.0f;
+  pen.presence_penalty = 0.5f;
+  const auto penalized =
+      pipe->submit({.prompt = "Once upon a time", .max_tokens = 24, .sampling = pen, .ignore_eos = true}).wait(30s);
+  ASSERT_EQ(penalized.tokens.size(), 24u);
+  EXPECT_LT(most_repeats(penalized.tokens), most_repeats(plain.tokens));
+  EXPECT_EQ(penalized.tokens,
+            testing_support::alone(*tiny(), tiny()->tok().encode("Once upon a time", true), 24, pen, true));
+  auto via_http = complete({{"frequency_penalty", 2.0}, {"presence_penalty", 0.5}, {"max_tokens", 24}});
+  EXPECT_EQ(via_http["choices"][0]["text"].get<std::string>(), penalized.text);
 
   // The WebSocket protocol takes the same fields (checked by the same parser): one frame.
   server::api_request ar;

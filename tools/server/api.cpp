@@ -43,7 +43,7 @@ bool is_empty_value(const json& v) {
 std::optional<api_error> check_fields(const json& b, endpoint ep) {
   static const char* const shared[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
                                        "stream", "stream_options", "ignore_eos", "user", "logit_bias",
-                                       "min_tokens", "stop_token_ids"};
+                                       "min_tokens", "stop_token_ids", "presence_penalty", "frequency_penalty"};
   for (const auto& [key, v] : b.items()) {
     if (std::find_if(std::begin(shared), std::end(shared), [&](const char* k) { return key == k; }) != std::end(shared))
       continue;
@@ -52,8 +52,7 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
     if (ep == endpoint::websocket && (key == "type" || key == "id" || key == "prompt" || key == "messages")) continue;
     // Known to OpenAI-compatible servers, not implemented by tandem (docs/protocol.md).
     static const char* const unimplemented[] = {
-        "logprobs", "top_logprobs", "echo", "suffix", "best_of", "presence_penalty", "frequency_penalty",
-        "repetition_penalty", "response_format", "tools",
+        "logprobs", "top_logprobs", "echo", "suffix", "best_of", "repetition_penalty", "response_format", "tools",
         "tool_choice", "parallel_tool_calls", "functions", "function_call", "store", "metadata", "modalities",
         "audio", "prediction", "reasoning_effort", "service_tier", "web_search_options", "min_p", "typical_p",
         "grammar", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "use_beam_search",
@@ -172,6 +171,11 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
       out.gen.sampling.bias_values.push_back(v.get<float>());
     }
   }
+  double presence = 0, frequency = 0;
+  if (auto e = number("presence_penalty", -2, 2, presence)) return e;
+  if (auto e = number("frequency_penalty", -2, 2, frequency)) return e;
+  out.gen.sampling.presence_penalty = float(presence);
+  out.gen.sampling.frequency_penalty = float(frequency);
   double min_tokens = 0;
   if (auto e = number("min_tokens", 0, m.context_length, min_tokens)) return e;
   if (b.contains("min_tokens") && b["min_tokens"].is_number() && !b["min_tokens"].is_number_integer())
