@@ -117,6 +117,31 @@ await check('openai: errors are APIErrors with the right status', async () => {
   await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'x', max_tokens: 0 }), (e) => e.status === 400);
 });
 
+await check('openai: sampling controls change the output; unimplemented fields are 400s naming them', async () => {
+  const base = { model: 'tiny', prompt: 'Once upon a time', max_tokens: 12, temperature: 0, ignore_eos: true };
+  const plain = await client.completions.create(base);
+  // +100 on one token: every output token is it, so the text is that token's text 12 times.
+  const one = await client.completions.create({ ...base, max_tokens: 1, logit_bias: { '100': 100 } });
+  const forced = await client.completions.create({ ...base, logit_bias: { '100': 100 } });
+  assert.equal(forced.choices[0].text, one.choices[0].text.repeat(12));
+  // -100 bans: every token of the (300-token) vocabulary but 100 banned gives the same text.
+  const bans = {};
+  for (let t = 0; t < 300; t++) if (t !== 100) bans[String(t)] = -100;
+  const onlyOne = await client.completions.create({ ...base, logit_bias: bans });
+  assert.equal(onlyOne.choices[0].text, forced.choices[0].text);
+  assert.notEqual(forced.choices[0].text, plain.choices[0].text);
+  // A frequency penalty changes a repetitive greedy answer.
+  const pen = await client.completions.create({ ...base, frequency_penalty: 2 });
+  assert.notEqual(pen.choices[0].text, plain.choices[0].text);
+  for (const [field, value] of [['logprobs', 2], ['echo', true], ['suffix', 'x'], ['best_of', 3]]) {
+    await assert.rejects(client.completions.create({ ...base, [field]: value }),
+      (e) => e.status === 400 && e.param === field, field);
+  }
+  await assert.rejects(client.chat.completions.create({
+    model: 'tiny', messages: [{ role: 'user', content: 'Hi' }], response_format: { type: 'json_object' } }),
+  (e) => e.status === 400 && e.param === 'response_format');
+});
+
 await check('ws: two interleaved requests, equal to HTTP', async () => {
   const ws = new WebSocket(`ws://127.0.0.1:${port}/ws`);
   await new Promise((res, rej) => { ws.on('open', res); ws.on('error', rej); });
@@ -147,8 +172,9 @@ await check('ws: cancel, then a disconnect frees KV blocks', async () => {
     tick();
   });
   ws.on('message', (m) => frames.push(JSON.parse(m.toString())));
+  // The cancel goes out right behind the request: the tiny model makes 200 tokens in a few ms,
+  // so waiting for a first token first let the answer finish before the cancel arrived.
   ws.send(JSON.stringify({ type: 'generate', id: 'c', prompt: 'Once', max_tokens: 200, ignore_eos: true }));
-  await waitFor((f) => f.type === 'token' && f.id === 'c');
   ws.send(JSON.stringify({ type: 'cancel', id: 'c' }));
   const d = await waitFor((f) => f.type === 'done' && f.id === 'c');
   assert.equal(d.finish_reason, 'cancelled');
