@@ -93,14 +93,15 @@ void kick(self_ptr self) {
   st.we->start(self, std::move(work));
 }
 
-void on_token(self_ptr self, colocated_worker_state::seq_entry& e, token_id tok) {
+void on_token(self_ptr self, colocated_worker_state::seq_entry& e, token_id tok,
+              const std::shared_ptr<const token_logprobs>& lp) {
   const request_id id = e.spec.id;
   if (ends_generation(e.spec.sampling, e.spec.ignore_eos, self->state.we->eng->get_model().tok(), tok)) {
     self->send(e.req, done_atom::value, std::string("stop"));
     drop(self, id);
     return;
   }
-  self->send(e.req, token_atom::value, e.generated, tok);
+  send_token(self, e.req, e.generated, tok, lp);
   ++e.generated;
   if (e.spec.sampling.penalizes()) e.output.push_back(tok);
   e.last = tok;
@@ -155,7 +156,7 @@ void apply(self_ptr self, step_result& r) {
       self->send(e.req, state_atom::value, request_state::decoding);
       self->send(st.router, state_atom::value, t.id, request_state::decoding);
     }
-    on_token(self, e, t.token);
+    on_token(self, e, t.token, t.logprobs);
   }
 }
 

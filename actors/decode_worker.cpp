@@ -77,13 +77,14 @@ void kick(self_ptr self) {
 }
 
 // Handles one sampled token of a running sequence: stream it, or end the request.
-void on_token(self_ptr self, decode_worker_state::active_seq& a, token_id tok) {
+void on_token(self_ptr self, decode_worker_state::active_seq& a, token_id tok,
+              const std::shared_ptr<const token_logprobs>& lp) {
   const request_id id = a.spec.id;
   if (ends_generation(a.spec.sampling, a.spec.ignore_eos, self->state.we->eng->get_model().tok(), tok)) {
     retire(self, id, "stop");
     return;
   }
-  self->send(a.req, token_atom::value, a.generated, tok);
+  send_token(self, a.req, a.generated, tok, lp);
   ++a.generated;
   if (a.spec.sampling.penalizes()) a.output.push_back(tok);
   a.last = tok;
@@ -152,7 +153,7 @@ void apply(self_ptr self, step_result& r) {
       retire(self, t.id, "");
       continue;
     }
-    on_token(self, it->second, t.token);
+    on_token(self, it->second, t.token, t.logprobs);
   }
 }
 

@@ -234,7 +234,7 @@ void apply(self_ptr self, step_result& r) {
     if (eog) {
       self->send(it->req, done_atom::value, std::string("stop"));
     } else {
-      self->send(it->req, token_atom::value, index, tok->token);
+      send_token(self, it->req, index, tok->token, tok->logprobs);
       if (last) self->send(it->req, done_atom::value, std::string("length"));
     }
     const bool finished = eog || last;

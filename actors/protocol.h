@@ -123,6 +123,7 @@ using subscriber_actor = caf::typed_actor<caf::reacts_to<request_event>>;
 using request_actor = caf::typed_actor<
     caf::reacts_to<state_atom, request_state>,                 // lifecycle step (from the router/workers)
     caf::reacts_to<token_atom, int32_t, token_id>,              // token #index (from the worker producing it)
+    caf::reacts_to<token_atom, int32_t, token_id, token_logprobs>,  // ... with its log-probabilities
     caf::reacts_to<kv_atom, uint64_t, double>,                  // KV moved: bytes, ms (from the KV link)
     caf::reacts_to<done_atom, std::string>,                     // finished with this reason
     caf::reacts_to<fail_atom, errc, std::string>,               // ended by an error

@@ -79,6 +79,31 @@ void finish(self_ptr self, request_state end, request_event final_event) {
 }
 
 // No router will take this request any more: it ends (and so does its actor).
+// Output token #index: emitted exactly once, in order (a repeated index is dropped, a gap is a
+// bug upstream).
+void on_token(self_ptr self, int32_t index, token_id tok, const token_logprobs* lp) {
+  auto& st = self->state;
+  if (is_terminal(st.state)) return;
+  if (index < int32_t(st.generated.size())) return;
+  if (index > int32_t(st.generated.size())) {
+    request_event err = make_event(event_kind::error);
+    err.code = errc::invalid_argument;
+    err.message = "token " + std::to_string(index) + " arrived before token " + std::to_string(st.generated.size());
+    finish(self, request_state::failed, std::move(err));
+    return;
+  }
+  const auto now = steady::now();
+  if (st.generated.empty()) st.t_first_token = now;
+  st.t_last_token = now;
+  st.generated.push_back(tok);
+  request_event ev = make_event(event_kind::token);
+  ev.index = index;
+  ev.token = tok;
+  ev.text = st.decoder->push(tok);
+  if (lp) ev.logprobs = *lp;
+  emit(self, std::move(ev));
+}
+
 void router_gone(self_ptr self) {
   if (!is_terminal(self->state.state)) {
     request_event err = make_event(event_kind::error);
@@ -144,28 +169,8 @@ request_actor::behavior_type request_behavior(self_ptr self, request_spec spec, 
           st.t_decode_start = steady::now();
         }
       },
-      [self](token_atom, int32_t index, token_id tok) {
-        auto& st = self->state;
-        if (is_terminal(st.state)) return;
-        // Exactly once, in order: a repeated index is dropped, a gap is a bug upstream.
-        if (index < int32_t(st.generated.size())) return;
-        if (index > int32_t(st.generated.size())) {
-          request_event err = make_event(event_kind::error);
-          err.code = errc::invalid_argument;
-          err.message = "token " + std::to_string(index) + " arrived before token " + std::to_string(st.generated.size());
-          finish(self, request_state::failed, std::move(err));
-          return;
-        }
-        const auto now = steady::now();
-        if (st.generated.empty()) st.t_first_token = now;
-        st.t_last_token = now;
-        st.generated.push_back(tok);
-        request_event ev = make_event(event_kind::token);
-        ev.index = index;
-        ev.token = tok;
-        ev.text = st.decoder->push(tok);
-        emit(self, std::move(ev));
-      },
+      [self](token_atom, int32_t index, token_id tok) { on_token(self, index, tok, nullptr); },
+      [self](token_atom, int32_t index, token_id tok, const token_logprobs& lp) { on_token(self, index, tok, &lp); },
       [self](kv_atom, uint64_t bytes, double ms) {
         self->state.kv_bytes += bytes;
         self->state.kv_ms += ms;

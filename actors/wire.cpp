@@ -9,6 +9,7 @@ void register_wire_types(caf::actor_system_config& cfg) {
   // Message elements (top level) that cross processes; nested types travel inside them.
   // add_message_type<T> also adds std::vector<T> under "std::vector<NAME>".
   cfg.add_message_type<request_spec>("tandem::request_spec");
+  cfg.add_message_type<token_logprobs>("tandem::token_logprobs");
   cfg.add_message_type<prefill_worker_load>("tandem::prefill_worker_load");
   cfg.add_message_type<decode_worker_load>("tandem::decode_worker_load");
   cfg.add_message_type<worker_stats>("tandem::worker_stats");

@@ -30,12 +30,17 @@ namespace tandem {
 
 // Bumped whenever a message type that crosses processes changes shape or meaning. A peer
 // with another version is refused at join time (actors/cluster.h), before any such message.
-constexpr uint32_t wire_version = 2;  // 2: sampling_params carries logit_bias, stop tokens, min_tokens, penalties
+constexpr uint32_t wire_version = 2;  // 2: sampling_params carries logit_bias, stop tokens, min_tokens, penalties, logprobs; token_logprobs
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
   return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.seed, x.bias_tokens,
-           x.bias_values, x.stop_tokens, x.min_tokens, x.presence_penalty, x.frequency_penalty);
+           x.bias_values, x.stop_tokens, x.min_tokens, x.presence_penalty, x.frequency_penalty, x.logprobs);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_logprobs& x) {
+  return f(caf::meta::type_name("token_logprobs"), x.logprob, x.top_ids, x.top_logprobs);
 }
 
 template <class Inspector>

@@ -83,6 +83,15 @@ struct worker_engine {
 };
 
 // Per-step metrics every worker records.
+// Output token #index of a request to its request actor, with its log-probabilities when its
+// sampling asked for them.
+template <class Self>
+void send_token(Self* self, const request_actor& req, int32_t index, token_id tok,
+                const std::shared_ptr<const token_logprobs>& lp) {
+  if (lp) self->send(req, token_atom::value, index, tok, *lp);
+  else self->send(req, token_atom::value, index, tok);
+}
+
 inline void record_step(const worker_options& o, const std::string& kind, const step_result& r, int32_t batch_size) {
   if (!o.metrics) return;
   const metrics::labels l{{"worker", kind + "-" + std::to_string(o.index)}};

@@ -3,6 +3,7 @@
 // through, and the events its stream carries. Plain types, no actor framework, so the public
 // pipeline API and the actors share them.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,6 +58,7 @@ struct request_event {
   int32_t index = 0;             // token: position in the output
   token_id token = -1;           // token: its id
   std::string text;              // token: the UTF-8 text it completes (may be empty)
+  std::optional<token_logprobs> logprobs;  // token: when the request asked for them
   int32_t queue_position = 0;    // accepted
   std::string finish_reason;     // done: "stop", "length" or "cancelled"
   metrics::request_timings timings;  // done

@@ -16,6 +16,7 @@ status sampling_params::validate(int32_t n_vocab) const {
     if (!std::isfinite(b) || b < -100.0f || b > 100.0f)
       return {errc::invalid_argument, "logit_bias values must be numbers in [-100, 100]"};
   if (min_tokens < 0) return {errc::invalid_argument, "min_tokens must be >= 0"};
+  if (logprobs < -1 || logprobs > 20) return {errc::invalid_argument, "logprobs must be in [0, 20] (or -1: none)"};
   if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f))
     return {errc::invalid_argument, "presence_penalty must be in [-2, 2]"};
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
@@ -63,6 +64,29 @@ std::span<const float> adjusted_logits(std::span<const float> logits, const samp
       if (t >= 0 && t < n) buf[size_t(t)] = ban;
   }
   return buf;
+}
+
+token_logprobs logprobs_of(std::span<const float> logits, token_id chosen, int32_t top_n) {
+  token_logprobs out;
+  const int32_t n = int32_t(logits.size());
+  if (n == 0) return out;
+  double mx = logits[0];
+  for (float l : logits) mx = std::max(mx, double(l));
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(double(l) - mx);
+  const double lse = mx + std::log(sum);
+  if (chosen >= 0 && chosen < n) out.logprob = float(double(logits[size_t(chosen)]) - lse);
+  const int32_t k = std::clamp(top_n, 0, n);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  for (int32_t i = 0; i < k; ++i) {
+    out.top_ids.push_back(ids[size_t(i)]);
+    out.top_logprobs.push_back(float(double(logits[size_t(ids[size_t(i)])]) - lse));
+  }
+  return out;
 }
 
 bool ends_generation(const sampling_params& p, bool ignore_eos, const tokenizer& tok, token_id t) {

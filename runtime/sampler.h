@@ -30,6 +30,9 @@ struct sampling_params {
   // token that occurred c times drops by c * frequency_penalty + (c > 0) * presence_penalty.
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  // >= 0: each output token comes with its log-probability and those of the `logprobs` most
+  // likely tokens (at most 20); -1: none.
+  int32_t logprobs = -1;
 
   // invalid_argument naming the bad field, or ok. With n_vocab > 0, token ids are checked too.
   status validate(int32_t n_vocab = 0) const;
@@ -53,6 +56,16 @@ std::span<const float> adjusted_logits(std::span<const float> logits, const samp
 // Whether sampling `t` ends the generation: an end-of-generation token (unless ignore_eos) or
 // one of p.stop_tokens.
 bool ends_generation(const sampling_params& p, bool ignore_eos, const tokenizer& tok, token_id t);
+
+// A sampled token's log-probability and the most likely alternatives, under the model's raw
+// distribution: log_softmax of the logits as the model gave them, before logit_bias,
+// penalties, temperature, top-k or top-p (vLLM's default, "raw_logprobs").
+struct token_logprobs {
+  float logprob = 0.0f;
+  std::vector<token_id> top_ids;     // most likely first (ties: lower id first)
+  std::vector<float> top_logprobs;
+};
+token_logprobs logprobs_of(std::span<const float> logits, token_id chosen, int32_t top_n);
 
 // Uniform double in [0, 1) for draw `index` of stream `seed` (splitmix64 over both).
 double sample_uniform(uint64_t seed, uint64_t index);

@@ -91,7 +91,12 @@ step_result run_step(engine& eng, step_work work) {
       const uint64_t index = uint64_t(rows[i].index);
       const auto l = adjusted_logits(std::span<const float>(logits).subspan(i * V, V), sp, index,
                                      eng.get_model().tok(), adjusted, *rows[i].output);
-      r.tokens.push_back({rows[i].id, sample(l, sp, index), rows[i].index});
+      const token_id tok = sample(l, sp, index);
+      std::shared_ptr<const token_logprobs> lp;
+      if (sp.logprobs >= 0)
+        lp = std::make_shared<token_logprobs>(
+            logprobs_of(std::span<const float>(logits).subspan(i * V, V), tok, sp.logprobs));
+      r.tokens.push_back({rows[i].id, tok, rows[i].index, std::move(lp)});
     }
     for (auto [i, s] : chunk_seq) {
       const auto& c = work.chunks[i];

@@ -70,7 +70,12 @@ struct step_result {
   std::vector<created> created_seqs;
   struct imported { work_id id; seq_id seq; status st; };
   std::vector<imported> imports;
-  struct sampled { work_id id; token_id token; int32_t index; };
+  struct sampled {
+    work_id id;
+    token_id token;
+    int32_t index;
+    std::shared_ptr<const token_logprobs> logprobs;  // when its sampling asks for them
+  };
   std::vector<sampled> tokens;  // for completed prompts (index 0), imports and decodes
   struct exported { work_id id; kv_blocks_ptr kv; };
   std::vector<exported> exports;

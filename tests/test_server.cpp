@@ -253,7 +253,7 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
   const json comp = {{"model", "tiny"}, {"prompt", "Once"}, {"max_tokens", 3}};
   const json chat = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 3}};
   const std::vector<std::pair<std::string, json>> asks = {
-      {"logprobs", 2}, {"echo", true}, {"suffix", "end"}, {"best_of", 2},
+      {"logprobs", 21}, {"logprobs", true}, {"echo", true}, {"suffix", "end"}, {"best_of", 2},
       {"frequency_penalty", 2.5}, {"presence_penalty", -3}, {"repetition_penalty", 1.2}, {"no_such_field", 1},
       // implemented, but checked: ids outside the vocabulary, biases outside [-100, 100]
       {"logit_bias", {{"999999", 1}}}, {"logit_bias", {{"x", 1}}}, {"logit_bias", {{"5", 101}}},
@@ -264,8 +264,8 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
     refused("/v1/completions", b, k);
   }
   for (const auto& [k, v] : std::vector<std::pair<std::string, json>>{
-           {"logprobs", true},
-           {"top_logprobs", 3},
+           {"logprobs", 2},
+           {"top_logprobs", 3},  // without logprobs: true
            {"response_format", {{"type", "json_object"}}},
            {"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}})},
            {"tool_choice", "required"},
@@ -384,6 +384,81 @@ TEST_F(ServerTest, LogitBiasStopTokenIdsAndMinTokens) {
   EXPECT_EQ(ar.gen.sampling.bias_tokens, std::vector<token_id>{7});
   EXPECT_EQ(ar.gen.sampling.stop_tokens, std::vector<token_id>{3});
   EXPECT_EQ(ar.gen.sampling.min_tokens, 2);
+  expect_clean();
+}
+
+// logprobs: the log-probabilities of the model's raw distribution (log_softmax of the logits)
+// for each output token and its most likely alternatives, in each API's form.
+TEST_F(ServerTest, LogprobsOnCompletionsChatAndWebSocket) {
+  start();
+  const std::string prompt = "Once upon a time";
+  // The reference: the first token's distribution straight from an engine.
+  auto shared = tiny();
+  engine eng(shared, engine_options{.n_kv_blocks = 64});
+  const seq_id sq = eng.create_sequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(eng.prefill(sq, tiny()->tok().encode(prompt, true), logits).ok());
+  double mx = *std::max_element(logits.begin(), logits.end()), sum = 0;
+  for (float l : logits) sum += std::exp(double(l) - mx);
+  const token_id first = token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const double first_lp = double(logits[size_t(first)]) - mx - std::log(sum);
+
+  json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true},
+               {"logprobs", 3}};
+  auto r = request(http::verb::post, "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json lp = json::parse(r.body)["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 6u) << lp.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), 6u);
+  ASSERT_EQ(lp["text_offset"].size(), 6u);
+  EXPECT_NEAR(lp["token_logprobs"][0].get<double>(), first_lp, 1e-4);
+  EXPECT_EQ(lp["tokens"][0], tiny()->tok().token_bytes(first));
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  for (size_t i = 0; i < 6; ++i) {
+    const double v = lp["token_logprobs"][i].get<double>();
+    EXPECT_LE(v, 0.0);
+    ASSERT_LE(lp["top_logprobs"][i].size(), 3u);
+    double best = -1e30;
+    for (const auto& [k, x] : lp["top_logprobs"][i].items()) best = std::max(best, x.get<double>());
+    EXPECT_NEAR(v, best, 1e-6) << "greedy: the chosen token is the likeliest";
+  }
+  // Streamed: the chunks' entries add up to the same lists.
+  body["stream"] = true;
+  auto s = request(http::verb::post, "/v1/completions", body.dump());
+  bool done = false;
+  json streamed = json::array();
+  for (const auto& e : sse_events(s.body, done))
+    if (!e["choices"].empty() && e["choices"][0]["logprobs"].is_object())
+      for (const auto& v : e["choices"][0]["logprobs"]["token_logprobs"]) streamed.push_back(v);
+  EXPECT_TRUE(done);
+  EXPECT_EQ(streamed, lp["token_logprobs"]);
+  // Without logprobs: null, as OpenAI's.
+  body.erase("logprobs");
+  body["stream"] = false;
+  EXPECT_TRUE(json::parse(request(http::verb::post, "/v1/completions", body.dump()).body)["choices"][0]["logprobs"].is_null());
+
+  // Chat: logprobs true, top_logprobs 2: content entries with bytes.
+  json chat = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4},
+               {"temperature", 0}, {"ignore_eos", true}, {"logprobs", true}, {"top_logprobs", 2}};
+  auto c = request(http::verb::post, "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(c.status, 200) << c.body;
+  const json content = json::parse(c.body)["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 4u);
+  for (const auto& e : content) {
+    EXPECT_TRUE(e["bytes"].is_array());
+    EXPECT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["top_logprobs"][1]["logprob"].get<double>());
+  }
+
+  // WebSocket: each token frame carries them (parsed the same way as HTTP's).
+  server::api_request ar;
+  server::served_model sm{"tiny", tiny()->config().n_ctx, nullptr, tiny()->config().n_vocab};
+  EXPECT_FALSE(server::parse_ws_generate(json{{"type", "generate"}, {"id", "w"}, {"prompt", "x"}, {"logprobs", 5}}, sm, ar));
+  EXPECT_EQ(ar.gen.sampling.logprobs, 5);
+  json frame;
+  server::add_ws_logprobs(frame, tiny()->tok(), logprobs_of(logits, first, 2));
+  EXPECT_NEAR(frame["logprob"].get<double>(), first_lp, 1e-4);
+  EXPECT_EQ(frame["top_logprobs"][0]["token"], first);
   expect_clean();
 }
 

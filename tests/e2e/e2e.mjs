@@ -133,7 +133,15 @@ await check('openai: sampling controls change the output; unimplemented fields a
   // A frequency penalty changes a repetitive greedy answer.
   const pen = await client.completions.create({ ...base, frequency_penalty: 2 });
   assert.notEqual(pen.choices[0].text, plain.choices[0].text);
-  for (const [field, value] of [['logprobs', 2], ['echo', true], ['suffix', 'x'], ['best_of', 3]]) {
+  // Log-probabilities in both forms: legacy lists on completions, content entries on chat.
+  const lp = await client.completions.create({ ...base, logprobs: 2 });
+  assert.equal(lp.choices[0].logprobs.token_logprobs.length, lp.usage.completion_tokens);
+  assert.ok(lp.choices[0].logprobs.token_logprobs.every((v) => v <= 0));
+  const clp = await client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'Hi' }],
+    max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 2 });
+  assert.equal(clp.choices[0].logprobs.content.length, clp.usage.completion_tokens);
+  assert.equal(clp.choices[0].logprobs.content[0].top_logprobs.length, 2);
+  for (const [field, value] of [['logprobs', 21], ['echo', true], ['suffix', 'x'], ['best_of', 3]]) {
     await assert.rejects(client.completions.create({ ...base, [field]: value }),
       (e) => e.status === 400 && e.param === field, field);
   }

@@ -28,6 +28,32 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+// Bytes as a JSON-safe string: each invalid UTF-8 sequence becomes U+FFFD.
+std::string printable(const std::string& s) {
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+    if (ok) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
+json bytes_json(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
 // Which body fields a request may carry. Every field is one of: read (parsed below), inert (no
 // effect on any server's output by its definition: `user`, an end-user id for abuse
 // monitoring), or not implemented, in which case only the value that asks for nothing (null,
@@ -47,9 +73,13 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
   for (const auto& [key, v] : b.items()) {
     if (std::find_if(std::begin(shared), std::end(shared), [&](const char* k) { return key == k; }) != std::end(shared))
       continue;
-    if (ep == endpoint::completions && key == "prompt") continue;
-    if (ep == endpoint::chat && (key == "messages" || key == "max_completion_tokens")) continue;
-    if (ep == endpoint::websocket && (key == "type" || key == "id" || key == "prompt" || key == "messages")) continue;
+    if (ep == endpoint::completions && (key == "prompt" || key == "logprobs")) continue;
+    if (ep == endpoint::chat && (key == "messages" || key == "max_completion_tokens" || key == "logprobs" ||
+                                 key == "top_logprobs"))
+      continue;
+    if (ep == endpoint::websocket &&
+        (key == "type" || key == "id" || key == "prompt" || key == "messages" || key == "logprobs"))
+      continue;
     // Known to OpenAI-compatible servers, not implemented by tandem (docs/protocol.md).
     static const char* const unimplemented[] = {
         "logprobs", "top_logprobs", "echo", "suffix", "best_of", "repetition_penalty", "response_format", "tools",
@@ -169,6 +199,30 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
         return bad("'logit_bias' values must be numbers in [-100, 100]", "logit_bias");
       out.gen.sampling.bias_tokens.push_back(token_id(id));
       out.gen.sampling.bias_values.push_back(v.get<float>());
+    }
+  }
+  // Log-probabilities: completions and the WebSocket protocol take `logprobs: N` (the legacy
+  // form), chat `logprobs: true` with `top_logprobs: N`; N in 0..20.
+  if (ep == endpoint::chat) {
+    bool want = false;
+    if (b.contains("logprobs") && !b["logprobs"].is_null()) {
+      if (!b["logprobs"].is_boolean()) return bad("'logprobs' must be a boolean (chat)", "logprobs");
+      want = b["logprobs"].get<bool>();
+    }
+    double top = 0;
+    if (auto e = number("top_logprobs", 0, 20, top)) return e;
+    if (b.contains("top_logprobs") && b["top_logprobs"].is_number() && !b["top_logprobs"].is_number_integer())
+      return bad("'top_logprobs' must be an integer", "top_logprobs");
+    if (top > 0 && !want) return bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    out.gen.sampling.logprobs = want ? int32_t(top) : -1;
+  } else if (b.contains("logprobs") && !b["logprobs"].is_null()) {
+    const auto& lp = b["logprobs"];
+    if (lp.is_boolean() && !lp.get<bool>()) {
+      out.gen.sampling.logprobs = -1;
+    } else if (!lp.is_number_integer() || lp.get<int64_t>() < 0 || lp.get<int64_t>() > 20) {
+      return bad("'logprobs' must be an integer in 0..20 (the most likely tokens listed per token)", "logprobs");
+    } else {
+      out.gen.sampling.logprobs = int32_t(lp.get<int64_t>());
     }
   }
   double presence = 0, frequency = 0;
@@ -304,6 +358,45 @@ json error_body(const api_error& e) {
               {"code", e.code.empty() ? json() : json(e.code)}};
   if (e.retry_after_ms > 0) err["retry_after_ms"] = e.retry_after_ms;
   return {{"error", err}};
+}
+
+json chat_logprobs_json(const tokenizer& tok, const std::vector<logprob_entry>& entries) {
+  json content = json::array();
+  for (const auto& e : entries) {
+    const std::string b = tok.token_bytes(e.token);
+    json top = json::array();
+    for (size_t i = 0; i < e.lp.top_ids.size(); ++i) {
+      const std::string tb = tok.token_bytes(e.lp.top_ids[i]);
+      top.push_back({{"token", printable(tb)}, {"logprob", e.lp.top_logprobs[i]}, {"bytes", bytes_json(tb)}});
+    }
+    content.push_back({{"token", printable(b)}, {"logprob", e.lp.logprob}, {"bytes", bytes_json(b)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+json completion_logprobs_json(const tokenizer& tok, const std::vector<logprob_entry>& entries) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& e : entries) {
+    tokens.push_back(printable(tok.token_bytes(e.token)));
+    lps.push_back(e.lp.logprob);
+    json top = json::object();
+    for (size_t i = 0; i < e.lp.top_ids.size(); ++i) {
+      const std::string key = printable(tok.token_bytes(e.lp.top_ids[i]));
+      if (!top.contains(key)) top[key] = e.lp.top_logprobs[i];  // two tokens of one text: the likelier
+    }
+    tops.push_back(top);
+    offsets.push_back(e.text_offset);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+void add_ws_logprobs(json& frame, const tokenizer& tok, const token_logprobs& lp) {
+  frame["logprob"] = lp.logprob;
+  json top = json::array();
+  for (size_t i = 0; i < lp.top_ids.size(); ++i)
+    top.push_back({{"token", lp.top_ids[i]}, {"text", printable(tok.token_bytes(lp.top_ids[i]))},
+                   {"logprob", lp.top_logprobs[i]}});
+  frame["top_logprobs"] = top;
 }
 
 json usage_json(const metrics::request_timings& t) {

@@ -51,6 +51,20 @@ std::optional<api_error> parse_ws_generate(const json& frame, const served_model
 api_error error_from(errc code, const std::string& message, double retry_after_ms);
 json error_body(const api_error& e);
 
+// A generated token's log-probabilities, as each API shows them (token strings are the token's
+// bytes, invalid UTF-8 replaced by U+FFFD; `bytes` keeps them exact).
+struct logprob_entry {
+  token_id token = -1;
+  token_logprobs lp;
+  int64_t text_offset = 0;  // where its text starts in the completion text
+};
+// Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
+json chat_logprobs_json(const tokenizer& tok, const std::vector<logprob_entry>& entries);
+// Legacy completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}.
+json completion_logprobs_json(const tokenizer& tok, const std::vector<logprob_entry>& entries);
+// WebSocket token frames: "logprob" and "top_logprobs": [{"token": id, "text", "logprob"}].
+void add_ws_logprobs(json& frame, const tokenizer& tok, const token_logprobs& lp);
+
 // Usage and tandem's timings for a finished request.
 json usage_json(const metrics::request_timings& t);
 json timings_json(const metrics::request_timings& t);

@@ -108,6 +108,10 @@ struct generation {
   bool ended = false;
   int64_t serial = 0;
   int32_t index = 0;  // tokens shown so far
+  // Log-probabilities (when asked) of the tokens not yet sent: a streamed chunk carries those
+  // that arrived since the last one (a token whose text is held back by a stop string, or is
+  // empty, rides with the next chunk); a whole answer carries all.
+  std::vector<server::logprob_entry> logprobs;
 };
 
 // Applies one event; returns the text to show for a token (after stop strings), and sets
@@ -118,6 +122,7 @@ std::string apply_event(connection& conn, generation& g, const request_event& ev
     case event_kind::token: {
       if (g.ended) return {};
       g.tokens.push_back(ev.token);
+      if (ev.logprobs && ev.token >= 0) g.logprobs.push_back({ev.token, *ev.logprobs, int64_t(g.text.size())});
       std::string shown = g.stops->push(ev.text);
       if (g.stops->stopped()) {
         g.ended = true;
@@ -462,6 +467,16 @@ class http_session : public std::enable_shared_from_this<http_session> {
     --srv_->in_flight;
   }
 
+  // The pending log-probabilities in the request's API form (null when not asked), then
+  // forgotten.
+  json logprobs_json() {
+    if (gen_->req.gen.sampling.logprobs < 0) return nullptr;
+    const tokenizer& tok = srv_->pipe.get_model().tok();
+    json j = gen_->req.chat ? chat_logprobs_json(tok, gen_->logprobs) : completion_logprobs_json(tok, gen_->logprobs);
+    gen_->logprobs.clear();
+    return j;
+  }
+
   const char* object_kind(bool chunked) const {
     if (gen_->req.chat) return chunked ? "chat.completion.chunk" : "chat.completion";
     return "text_completion";
@@ -477,8 +492,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
       choice["delta"] = d;
     } else {
       choice["text"] = delta;
-      choice["logprobs"] = nullptr;
     }
+    choice["logprobs"] = logprobs_json();
     return {{"id", (gen_->req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen_->serial)},
             {"object", object_kind(true)},
             {"created", unix_now()},
@@ -545,10 +560,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
   void respond_json() {
     json choice = {{"index", 0}, {"finish_reason", gen_->finish_reason}};
     if (gen_->req.chat) choice["message"] = {{"role", "assistant"}, {"content", gen_->text}};
-    else {
-      choice["text"] = gen_->text;
-      choice["logprobs"] = nullptr;
-    }
+    else choice["text"] = gen_->text;
+    choice["logprobs"] = logprobs_json();
     json j = {{"id", (gen_->req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen_->serial)},
               {"object", object_kind(false)},
               {"created", unix_now()},
@@ -715,8 +728,12 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
       }
       const bool was_ended = g.ended;
       std::string shown = apply_event(conn_, g, ev);
-      if (ev.kind == event_kind::token && !was_ended && (!shown.empty() || !g.ended))
-        send_frame({{"type", "token"}, {"id", key}, {"index", g.index++}, {"text", shown}, {"token", ev.token}});
+      if (ev.kind == event_kind::token && !was_ended && (!shown.empty() || !g.ended)) {
+        json f = {{"type", "token"}, {"id", key}, {"index", g.index++}, {"text", shown}, {"token", ev.token}};
+        if (ev.logprobs) add_ws_logprobs(f, srv_->pipe.get_model().tok(), *ev.logprobs);
+        send_frame(f);
+      }
+      g.logprobs.clear();  // the frame carried them
       if (ev.kind == event_kind::done) {
         if (!shown.empty()) send_frame({{"type", "token"}, {"id", key}, {"index", g.index++}, {"text", shown}, {"token", -1}});
         send_frame({{"type", "done"},
