@@ -11,6 +11,9 @@
 
 namespace tandem {
 
+// The defaults (llama.cpp's) are tandem's one set: `tandem generate` and the HTTP API use them
+// when a request leaves a field out (`tandem serve --temperature/--top-k/--top-p` change the
+// server's); the WebSocket protocol alone defaults to greedy (docs/protocol.md).
 struct sampling_params {
   float temperature = 0.8f;  // <= 0: greedy (argmax, lowest id on ties)
   int32_t top_k = 40;        // <= 0: no top-k cut

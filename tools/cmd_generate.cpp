@@ -19,8 +19,8 @@ namespace {
 struct generate_opts {
   std::string model, prompt, matmul = "batch-invariant", kv_dtype = "f16";
   int n_predict = 64;
-  float temperature = 0.8f, top_p = 0.95f;
-  int top_k = 40;
+  float temperature = sampling_params{}.temperature, top_p = sampling_params{}.top_p;  // the one set of defaults
+  int top_k = sampling_params{}.top_k;
   int64_t seed = -1;
   int threads = 0;
   int chunk = 256;
@@ -215,11 +215,15 @@ void add_generate(CLI::App& app) {
   cmd->add_option("-m,--model", o->model, "GGUF model file (default: the built-in synthetic model)");
   auto* prompt_opt = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
   cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--temperature,--temp", o->temperature, "Sampling temperature; 0 is greedy")
-      ->check(CLI::Range(0.0f, 100.0f));
-  cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens; 0 disables")->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass in (0, 1]; 1 disables")
-      ->check(CLI::Range(0.000001f, 1.0f));
+  cmd->add_option("--temperature,--temp", o->temperature, "Sampling temperature; 0 is greedy (the server's default too)")
+      ->check(CLI::Range(0.0f, 100.0f))
+      ->capture_default_str();
+  cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens; 0 disables (the server's default too)")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
+  cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass in (0, 1]; 1 disables (the server's default too)")
+      ->check(CLI::Range(0.000001f, 1.0f))
+      ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Sampling seed (default: random; printed with --json)");
   cmd->add_option("-t,--threads", o->threads, "Compute threads (default: all cores)")->check(CLI::Range(0, 1024));
   add_matmul_option(cmd, o->matmul);

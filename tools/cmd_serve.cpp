@@ -28,6 +28,7 @@ struct serve_options {
   double ttft_budget_ms = 0, tpot_budget_ms = 0, grace_s = 10;
   size_t max_body = 1 << 20, max_frame = 1 << 20;
   bool no_prefix_cache = false;
+  sampling_params defaults;  // where an HTTP request leaves temperature, top_k or top_p out
   double route_overlap_weight = 1.0, route_load_weight = 1.0;
   int64_t kv_store_mib = 512, kv_store_disk_mib = 0;
   std::string kv_store_disk;
@@ -152,6 +153,7 @@ int run_serve(const serve_options& o) {
   sm.id = o.model_name.empty() ? std::filesystem::path(cfg.model_path).stem().string() : o.model_name;
   sm.context_length = p.get_model().config().n_ctx;
   sm.n_vocab = p.get_model().config().n_vocab;
+  sm.defaults = o.defaults;
   sm.chat = load_chat_template(p.get_model(), o.chat_template_file);
 
   server::server_config sc;
@@ -185,6 +187,16 @@ void add_serve(CLI::App& app) {
   cmd->fallthrough();  // --config belongs to the top-level app (CLI11 reads config files there)
   cmd->add_option("-m,--model", o->model, "GGUF model file (default: the built-in synthetic model)");
   cmd->add_option("--model-name", o->model_name, "Model id clients send in 'model' (default: the file's name)");
+  cmd->add_option("--temperature", o->defaults.temperature,
+                  "Sampling temperature of HTTP requests that leave it out (tandem generate's default too)")
+      ->check(CLI::Range(0.0f, 2.0f))
+      ->capture_default_str();
+  cmd->add_option("--top-k", o->defaults.top_k, "top_k of HTTP requests that leave it out; 0 disables")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--top-p", o->defaults.top_p, "top_p of HTTP requests that leave it out; 1 disables")
+      ->check(CLI::Range(0.000001f, 1.0f))
+      ->capture_default_str();
   cmd->add_option("--chat-template", o->chat_template_file,
                   "A Jinja chat template file to render chat messages with, instead of the model's own "
                   "tokenizer.chat_template")

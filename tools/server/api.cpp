@@ -132,7 +132,7 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
     return bad(std::string("'") + max_key + "' must be an integer", max_key);
   out.gen.max_tokens = int32_t(max_tokens);
 
-  double temperature = 1.0, top_p = 1.0, top_k = 0, seed = -1;
+  double temperature = m.defaults.temperature, top_p = m.defaults.top_p, top_k = m.defaults.top_k, seed = -1;
   if (auto e = number("temperature", 0, 2, temperature)) return e;
   if (auto e = number("top_p", 0, 1, top_p)) return e;
   if (auto e = number("top_k", 0, 1 << 20, top_k)) return e;

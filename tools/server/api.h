@@ -22,6 +22,7 @@ struct served_model {
   // Renders chat messages (the model's Jinja template, or a fallback format); null: ChatML.
   std::shared_ptr<const chat_template> chat;
   int32_t n_vocab = 0;         // token ids in logit_bias and stop_token_ids are below it
+  sampling_params defaults;    // temperature, top_k, top_p where a request leaves them out
 };
 
 struct api_error {

@@ -509,10 +509,14 @@ class http_session : public std::enable_shared_from_this<http_session> {
     while (out_bytes_ < srv_->cfg.outgoing_limit_bytes && gen_ && conn_.try_next(ev)) {
       if (ev.id != gen_->rid) continue;  // a request this connection gave up on
       if (ev.kind == event_kind::error) return fail(ev);
+      const bool was_ended = gen_->ended;
       std::string shown = apply_event(conn_, *gen_, ev);
       if (gen_->req.stream) {
         if (!sse_started_ && (ev.kind == event_kind::accepted || ev.kind == event_kind::token)) start_sse();
-        if (!shown.empty()) write_raw(chunk(sse(chunk_json(shown, nullptr))));
+        // One chunk per generated token, as documented, even when its text is empty (a token
+        // that ends inside a UTF-8 character, or text a stop string holds back for now).
+        const bool new_token = ev.kind == event_kind::token && ev.token >= 0 && !was_ended;
+        if (new_token || !shown.empty()) write_raw(chunk(sse(chunk_json(shown, nullptr))));
         if (ev.kind == event_kind::done) return end_sse();
       } else if (ev.kind == event_kind::done) {
         return respond_json();
