@@ -49,7 +49,15 @@ expect_error "cannot open" generate --model /nonexistent.gguf --prompt x
 expect_error "prompt" generate --model "$model"
 expect_error "frobnicate" frobnicate
 expect_error "preset" model synth --preset nope --out "$work/x.gguf"
-expect_error "context length" generate --model "$model" --prompt x -n 100000
+# One rule with the server: a prompt longer than the context is refused; a generation that
+# reaches the end of the context stops there ("length"): prompt + output = n_ctx + 1 (512 + 1).
+expect_error "context length" generate --model "$model" --prompt "$(printf 'the cat %.0s' $(seq 400))" -n 4
+full=$("$bin" generate --model "$model" --prompt x -n 100000 --temperature 0 --ignore-eos --json 2>/dev/null)
+n_out=$(printf '%s' "$full" | grep -o '"token_ids":\[[^]]*\]' | tr ',' '\n' | wc -l)
+n_in=$(printf '%s' "$full" | grep -o '"prompt_token_ids":\[[^]]*\]' | tr ',' '\n' | wc -l)
+[ $((n_in + n_out)) -eq 513 ] && printf '%s' "$full" | grep -q '"finish_reason":"length"' \
+  && pass "generate -n past the context stops at it ($n_in + $n_out)" \
+  || fail "generate -n past the context: $n_in + $n_out tokens, want 513"
 printf 'GGUF\3\0\0\0' >"$work/trunc.gguf"
 expect_error "truncated" model inspect "$work/trunc.gguf"
 expect_error "is not http" bench serve --url nope

@@ -486,6 +486,24 @@ TEST_F(ServerTest, KeysGuardTheApiAndAdmin) {
   EXPECT_TRUE(state["router"]["listed"].is_array());
   EXPECT_EQ(state["router"]["kv_links"], 1);
   EXPECT_TRUE(state["live_connections"].is_number_integer());
+
+  // Issue 22 item 8: out-of-range admin fields are refused, not clamped or taken as "any";
+  // every admin 404 is an error object.
+  auto admin = [&](const std::string& path, const json& b) {
+    auto r = request(http::verb::post, path, b.dump(), "boss");
+    const json j = json::parse(r.body, nullptr, false);
+    EXPECT_TRUE(j.contains("error") && j["error"].contains("message")) << path << " " << b.dump() << " -> " << r.body;
+    return std::pair{r.status, j.contains("error") ? j["error"].value("param", json()).dump() : std::string()};
+  };
+  EXPECT_EQ(admin("/admin/kill", {{"kind", "decode"}, {"index", -1}}), (std::pair{400, std::string("\"index\"")}));
+  EXPECT_EQ(admin("/admin/kill", {{"kind", "decode"}, {"index", 7}}).first, 404);  // no decode worker 7
+  EXPECT_EQ(admin("/admin/fault", {{"fault", "stall"}, {"count", 0}}), (std::pair{400, std::string("\"count\"")}));
+  EXPECT_EQ(admin("/admin/fault", {{"fault", "stall"}, {"count", -1}}).first, 400);
+  EXPECT_EQ(admin("/admin/fault", {{"fault", "stall"}, {"stall_ms", int64_t(1e15)}}),
+            (std::pair{400, std::string("\"stall_ms\"")}));
+  EXPECT_EQ(admin("/admin/nope", json::object()).first, 404);
+  // Nothing was armed or killed by those: the next request is served as usual.
+  EXPECT_EQ(request(http::verb::post, "/v1/completions", body, "secret").status, 200);
 }
 
 TEST_F(ServerTest, WebSocketInterleavesCancelsAndFreesOnDisconnect) {

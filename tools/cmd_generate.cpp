@@ -59,15 +59,17 @@ int run_generate(const generate_opts& o) {
 
   const std::vector<token_id> prompt = m->tok().encode(o.prompt, !o.no_bos);
   if (prompt.empty()) throw failure(errc::invalid_argument, "the prompt is empty (and no BOS token was added)");
-  if (int(prompt.size()) + o.n_predict > c.n_ctx)
-    throw failure(errc::context_overflow, "prompt (" + std::to_string(prompt.size()) + " tokens) plus -n " +
-                                              std::to_string(o.n_predict) + " exceeds the context length " +
-                                              std::to_string(c.n_ctx));
+  // The server's rule (one rule, issue 22): a prompt longer than the context is refused; a
+  // generation that reaches the end of the context stops there ("length"), its last token
+  // sampled from the last position, so prompt + generated <= n_ctx + 1.
+  if (int(prompt.size()) > c.n_ctx)
+    throw failure(errc::context_overflow, "prompt has " + std::to_string(prompt.size()) +
+                                              " tokens, more than the context length " + std::to_string(c.n_ctx));
   engine_options eo;
   eo.n_threads = threads;
   eo.matmul = parse_matmul_mode(o.matmul);
   eo.kv_dtype = parse_kv_dtype(o.kv_dtype);
-  eo.n_kv_blocks = (int32_t(prompt.size()) + o.n_predict) / eo.block_size + 2;
+  eo.n_kv_blocks = std::min<int32_t>(int32_t(prompt.size()) + o.n_predict, c.n_ctx) / eo.block_size + 2;
   engine eng(m, eo);
   const seq_id s = eng.create_sequence();
 
@@ -96,6 +98,7 @@ int run_generate(const generate_opts& o) {
     text += piece;
     if (!o.json && !piece.empty()) std::cout << piece << std::flush;
     if (i + 1 == o.n_predict) break;  // the last token needs no forward pass
+    if (int(prompt.size()) + i >= c.n_ctx) break;  // no position left for it: the context is full
     check(eng.decode(std::span(&s, 1), std::span(&t, 1), logits));
   }
   const double decode_ms = ms_since(t_decode);

@@ -346,6 +346,9 @@ class http_session : public std::enable_shared_from_this<http_session> {
       const char* key = b.contains("kind") ? "kind" : "pool";
       if (!b.contains(key) || !b[key].is_string() || (b.contains("index") && !b["index"].is_number_integer()))
         return send_error(api_error{400, "invalid_request_error", usage, "", "invalid_argument"});
+      if (b.contains("index") && b["index"].get<int64_t>() < 0)
+        return send_error(api_error{400, "invalid_request_error", "'index' must be >= 0 (leave it out for a random one)",
+                                    "index", "invalid_argument"});
       std::string killed;
       try {
         killed = srv_->pipe.kill(b[key].get<std::string>(), b.contains("index") ? int(b["index"].get<int64_t>()) : -1);
@@ -353,7 +356,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
         return send_error(api_error{400, "invalid_request_error", f.what(), key, "invalid_argument"});
       }
       if (killed.empty())
-        return send_json(http::status::not_found, {{"killed", false}, {"message", "nothing of that kind is alive"}});
+        return send_error(api_error{404, "invalid_request_error", "nothing of that kind and index is alive", key, "not_found"});
       return send_json(http::status::ok, {{"killed", true}, {"name", killed}});
     }
     if (path == "/admin/fault" && req_.method() == http::verb::post) {
@@ -365,8 +368,13 @@ class http_session : public std::enable_shared_from_this<http_session> {
         return send_error(api_error{400, "invalid_request_error",
                                     "body: {\"fault\": \"corrupt_kv|drop_kv|delay_kv|fail_alloc|stall|stall_link\", \"count\": N, \"stall_ms\": M}", "",
                                     "invalid_argument"});
-      const int count = b.contains("count") ? int(std::clamp<int64_t>(b["count"].get<int64_t>(), 1, 1000)) : 1;
-      const auto stall = std::chrono::milliseconds(b.contains("stall_ms") ? std::clamp<int64_t>(b["stall_ms"].get<int64_t>(), 1, 600000) : 5000);
+      // Out of range is refused, not clamped: a count of 0 arms nothing, so it is no request.
+      if (b.contains("count") && (b["count"].get<int64_t>() < 1 || b["count"].get<int64_t>() > 1000))
+        return send_error(api_error{400, "invalid_request_error", "'count' must be in 1..1000", "count", "invalid_argument"});
+      if (b.contains("stall_ms") && (b["stall_ms"].get<int64_t>() < 1 || b["stall_ms"].get<int64_t>() > 600000))
+        return send_error(api_error{400, "invalid_request_error", "'stall_ms' must be in 1..600000", "stall_ms", "invalid_argument"});
+      const int count = b.contains("count") ? int(b["count"].get<int64_t>()) : 1;
+      const auto stall = std::chrono::milliseconds(b.contains("stall_ms") ? b["stall_ms"].get<int64_t>() : 5000);
       srv_->pipe.inject(f, count, stall);
       return send_json(http::status::ok, {{"armed", count}, {"fault", b["fault"]}});
     }
