@@ -105,7 +105,12 @@ inline void record_step(const worker_options& o, const std::string& kind, const 
       .observe(r.batch_tokens);
   o.metrics->get_counter("tandem_worker_busy_seconds_total", "Seconds spent computing (busy fraction: its rate)", l)
       .inc(r.ms / 1000.0);
-  o.metrics->get_gauge("tandem_worker_kv_free_blocks", "Free KV blocks in the worker's pool", l).set(r.free_blocks);
+  o.metrics->get_gauge("tandem_worker_kv_free_blocks",
+                       "KV blocks free to take in the worker's pool (free, or kept only by the prefix cache)", l)
+      .set(r.free_blocks);
+  o.metrics->get_gauge("tandem_worker_kv_cached_blocks",
+                       "Of the free KV blocks, those the prefix cache keeps for reuse (evicted on demand)", l)
+      .set(r.cached_only_blocks);
 }
 
 // Sends the full blocks of s from block `from_block` on to the host store (fire and forget).

@@ -106,7 +106,10 @@ step_result run_step(engine& eng, step_work work) {
         r.exports.push_back({c.id, std::move(blocks)});
     }
   }
-  r.free_blocks = eng.kv_pool().free_blocks();
+  // As /admin/state counts them: a block only the prefix cache holds is free to take (it is
+  // evicted on demand), so it is counted free, and reported apart.
+  r.free_blocks = eng.available_blocks();
+  r.cached_only_blocks = r.free_blocks - eng.kv_pool().free_blocks();
   r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

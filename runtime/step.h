@@ -65,7 +65,8 @@ struct step_result {
   status error;               // the forward pass failed (nothing changed but frees/imports)
   double ms = 0;
   int32_t batch_tokens = 0;
-  int32_t free_blocks = 0;    // engine pool after the step
+  int32_t free_blocks = 0;    // engine pool after the step: free, or held only by the prefix cache
+  int32_t cached_only_blocks = 0;  // of those, the ones the prefix cache keeps (evictable)
   struct created { work_id id; seq_id seq; };
   std::vector<created> created_seqs;
   struct imported { work_id id; seq_id seq; status st; };

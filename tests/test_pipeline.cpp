@@ -52,6 +52,23 @@ void expect_no_leaks(pipeline& p) {
   }
 }
 
+// Issue 22 item 3: once idle, every worker's tandem_worker_kv_free_blocks gauge reads what
+// /admin/state reads (all blocks free, those the prefix cache keeps included), not a count
+// that looks like a leak.
+void expect_idle_gauges_free(pipeline& p) {
+  expect_no_leaks(p);
+  const std::string prom = p.metrics().to_prometheus();
+  int seen = 0;
+  for (const auto& w : p.stats().workers) {
+    const std::string key = "tandem_worker_kv_free_blocks{worker=\"" + w.name + "\"} ";
+    const size_t at = prom.find(key);
+    if (at == std::string::npos) continue;  // a worker that has not stepped yet
+    ++seen;
+    EXPECT_EQ(std::stod(prom.substr(at + key.size())), double(w.kv_total_blocks)) << w.name;
+  }
+  EXPECT_GT(seen, 0) << prom.substr(0, 2000);
+}
+
 struct topology {
   std::string name;
   serving_mode mode;
@@ -549,7 +566,7 @@ TEST(Pipeline, SharedPrefixIsComputedOnceAndOutputsAreUnchanged) {
       } else {
         EXPECT_EQ(computed, 12 * 180);
       }
-      expect_no_leaks(p);
+      expect_idle_gauges_free(p);
     }
 }
 
