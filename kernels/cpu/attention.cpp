@@ -259,28 +259,6 @@ inline void transpose16x16(const void* const* src, int64_t e, float* dst, int64_
   }
 }
 
-// s[RR][KC] = qs[RR][D] · kt[D][KC]
-template <int RR>
-inline void qk_block(const float* qs, int32_t D, const float* kt, float* s) {
-  __m512 acc[RR][4];
-  for (int i = 0; i < RR; ++i)
-    for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_setzero_ps();
-  for (int32_t d = 0; d < D; ++d) {
-    const float* k = kt + int64_t(d) * KC;
-    const __m512 k0 = _mm512_load_ps(k), k1 = _mm512_load_ps(k + 16), k2 = _mm512_load_ps(k + 32),
-                 k3 = _mm512_load_ps(k + 48);
-    for (int i = 0; i < RR; ++i) {
-      const __m512 b = _mm512_set1_ps(qs[int64_t(i) * D + d]);
-      acc[i][0] = _mm512_fmadd_ps(b, k0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(b, k1, acc[i][1]);
-      acc[i][2] = _mm512_fmadd_ps(b, k2, acc[i][2]);
-      acc[i][3] = _mm512_fmadd_ps(b, k3, acc[i][3]);
-    }
-  }
-  for (int i = 0; i < RR; ++i)
-    for (int v = 0; v < 4; ++v) _mm512_store_ps(s + i * KC + 16 * v, acc[i][v]);
-}
-
 // s[RR][KC] = qs[RR][D] . K[D][KC] for dim-major K: the 16 keys of group g are elements
 // kg[g] + d * ld for each d (16 consecutive positions of one block), read in place.
 template <dtype T, int RR>
@@ -302,6 +280,13 @@ inline void qk_block_dim_major(const float* qs, int32_t D, const void* const* kg
   }
   for (int i = 0; i < RR; ++i)
     for (int v = 0; v < 4; ++v) _mm512_store_ps(s + i * KC + 16 * v, acc[i][v]);
+}
+
+// s[RR][KC] = qs[RR][D] · kt[D][KC] (K transposed into a scratch tile of f32).
+template <int RR>
+inline void qk_block(const float* qs, int32_t D, const float* kt, float* s) {
+  const void* kg[4] = {kt, kt + 16, kt + 32, kt + 48};
+  qk_block_dim_major<dtype::f32, RR>(qs, D, kg, KC, s);
 }
 
 // One element e of a row of type T (f32, f16, bf16) as f32.
