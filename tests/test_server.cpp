@@ -257,7 +257,7 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
   const json comp = {{"model", "tiny"}, {"prompt", "Once"}, {"max_tokens", 3}};
   const json chat = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 3}};
   const std::vector<std::pair<std::string, json>> asks = {
-      {"logprobs", 21}, {"logprobs", true}, {"echo", true}, {"suffix", "end"}, {"best_of", 2},
+      {"logprobs", 21}, {"logprobs", true}, {"echo", 1}, {"suffix", "end"}, {"best_of", 2},
       {"frequency_penalty", 2.5}, {"presence_penalty", -3}, {"repetition_penalty", 1.2}, {"no_such_field", 1},
       // implemented, but checked: ids outside the vocabulary, biases outside [-100, 100]
       {"logit_bias", {{"999999", 1}}}, {"logit_bias", {{"x", 1}}}, {"logit_bias", {{"5", 101}}},
@@ -436,6 +436,24 @@ TEST_F(ServerTest, LogprobsOnCompletionsChatAndWebSocket) {
       for (const auto& v : e["choices"][0]["logprobs"]["token_logprobs"]) streamed.push_back(v);
   EXPECT_TRUE(done);
   EXPECT_EQ(streamed, lp["token_logprobs"]);
+  // echo puts the prompt first (streamed: in the first chunk); with logprobs it is refused (the
+  // prompt's log-probabilities are not computed).
+  json echo = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true},
+               {"echo", true}};
+  auto er = request(http::verb::post, "/v1/completions", echo.dump());
+  ASSERT_EQ(er.status, 200) << er.body;
+  const std::string plain_text = json::parse(r.body)["choices"][0]["text"];
+  EXPECT_EQ(json::parse(er.body)["choices"][0]["text"], prompt + plain_text);
+  echo["stream"] = true;
+  std::string echoed;
+  bool edone = false;
+  for (const auto& e : sse_events(request(http::verb::post, "/v1/completions", echo.dump()).body, edone))
+    if (!e["choices"].empty()) echoed += e["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(echoed, prompt + plain_text);
+  echo["stream"] = false;
+  echo["logprobs"] = 1;
+  EXPECT_EQ(request(http::verb::post, "/v1/completions", echo.dump()).status, 400);
+
   // Without logprobs: null, as OpenAI's.
   body.erase("logprobs");
   body["stream"] = false;

@@ -141,7 +141,9 @@ await check('openai: sampling controls change the output; unimplemented fields a
     max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 2 });
   assert.equal(clp.choices[0].logprobs.content.length, clp.usage.completion_tokens);
   assert.equal(clp.choices[0].logprobs.content[0].top_logprobs.length, 2);
-  for (const [field, value] of [['logprobs', 21], ['echo', true], ['suffix', 'x'], ['best_of', 3]]) {
+  const echoed = await client.completions.create({ ...base, echo: true });
+  assert.equal(echoed.choices[0].text, base.prompt + plain.choices[0].text);
+  for (const [field, value] of [['logprobs', 21], ['suffix', 'x'], ['best_of', 3]]) {
     await assert.rejects(client.completions.create({ ...base, [field]: value }),
       (e) => e.status === 400 && e.param === field, field);
   }

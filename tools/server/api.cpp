@@ -73,7 +73,7 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
   for (const auto& [key, v] : b.items()) {
     if (std::find_if(std::begin(shared), std::end(shared), [&](const char* k) { return key == k; }) != std::end(shared))
       continue;
-    if (ep == endpoint::completions && (key == "prompt" || key == "logprobs")) continue;
+    if (ep == endpoint::completions && (key == "prompt" || key == "logprobs" || key == "echo")) continue;
     if (ep == endpoint::chat && (key == "messages" || key == "max_completion_tokens" || key == "logprobs" ||
                                  key == "top_logprobs"))
       continue;
@@ -304,6 +304,13 @@ std::optional<api_error> parse_prompt(const json& p, api_request& out) {
 
 std::optional<api_error> parse_completion(const json& b, const served_model& m, api_request& out) {
   if (auto e = parse_common(b, m, out, endpoint::completions)) return e;
+  if (b.contains("echo") && !b["echo"].is_null()) {
+    if (!b["echo"].is_boolean()) return bad("'echo' must be a boolean", "echo");
+    out.echo = b["echo"].get<bool>();
+    if (out.echo && out.gen.sampling.logprobs >= 0)
+      return bad("'echo' with 'logprobs' needs the prompt's log-probabilities, which tandem does not compute yet",
+                 "echo");
+  }
   if (!b.contains("prompt")) return bad("'prompt' is required", "prompt");
   return parse_prompt(b["prompt"], out);
 }

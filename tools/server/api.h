@@ -40,6 +40,7 @@ struct api_request {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool chat = false;
+  bool echo = false;           // completions: the prompt's text comes first in the answer
   std::string client_id;       // WebSocket: the client's id for the request
 };
 

@@ -520,7 +520,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
       const bool was_ended = gen_->ended;
       std::string shown = apply_event(conn_, *gen_, ev);
       if (gen_->req.stream) {
-        if (!sse_started_ && (ev.kind == event_kind::accepted || ev.kind == event_kind::token)) start_sse();
+        if (!sse_started_ && (ev.kind == event_kind::accepted || ev.kind == event_kind::token)) {
+          start_sse();
+          if (gen_->req.echo) write_raw(chunk(sse(chunk_json(echoed_prompt(), nullptr))));
+        }
         // One chunk per generated token, as documented, even when its text is empty (a token
         // that ends inside a UTF-8 character, or text a stop string holds back for now).
         const bool new_token = ev.kind == event_kind::token && ev.token >= 0 && !was_ended;
@@ -544,6 +547,13 @@ class http_session : public std::enable_shared_from_this<http_session> {
     }
     finish_generation();
     send_error(e);
+  }
+
+  // echo: the prompt as text (token-id prompts decoded), ahead of the completion.
+  std::string echoed_prompt() const {
+    const generation_request& g = gen_->req.gen;
+    if (!g.prompt_tokens.empty()) return srv_->pipe.get_model().tok().decode(g.prompt_tokens);
+    return g.prompt;
   }
 
   void start_sse() {
@@ -572,7 +582,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   void respond_json() {
     json choice = {{"index", 0}, {"finish_reason", gen_->finish_reason}};
     if (gen_->req.chat) choice["message"] = {{"role", "assistant"}, {"content", gen_->text}};
-    else choice["text"] = gen_->text;
+    else choice["text"] = gen_->req.echo ? echoed_prompt() + gen_->text : gen_->text;
     choice["logprobs"] = logprobs_json();
     json j = {{"id", (gen_->req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen_->serial)},
               {"object", object_kind(false)},
