@@ -34,11 +34,13 @@ shm_transport::shm_transport(size_t arena_bytes) : size_(arena_bytes) {
     throw failure(errc::io_error, "mapping shared memory " + name_ + ": " + std::strerror(e));
   }
   arena_ = static_cast<std::byte*>(p);
+  // Both ends of this link live in this process and hold the mapping, so the name is not
+  // needed past this point: unlinked now, a kill -9 leaves nothing in /dev/shm (issue 22).
+  ::shm_unlink(name_.c_str());
 }
 
 shm_transport::~shm_transport() {
   if (arena_) ::munmap(arena_, size_);
-  ::shm_unlink(name_.c_str());
 }
 
 region_id shm_transport::register_memory(void* base, size_t size) {
