@@ -608,6 +608,50 @@ TEST_F(ServerTest, ShutdownDrainsInFlightRequests) {
   client.join();
 }
 
+// Issue 22 item 6: when the grace period ends with streams still running, each gets the
+// documented shutting_down error (an SSE error event then [DONE]; a WebSocket error frame,
+// then close 1001 "shutting_down") instead of a cut connection.
+TEST_F(ServerTest, GraceEndTellsStreamsWhyTheyEnd) {
+  server::server_config sc;
+  sc.grace = 300ms;
+  start(sc);
+  pipe->inject(fault_kind::stall, 4, 3000ms);  // steps hang: the requests outlive the grace period
+  std::string sse_body;
+  std::thread http_client([&] {
+    sse_body = request(http::verb::post, "/v1/completions",
+                       R"({"model":"tiny","prompt":"x","max_tokens":60,"ignore_eos":true,"stream":true})")
+                   .body;
+  });
+  net::io_context ioc;
+  websocket::stream<tcp::socket> ws(ioc);
+  ws.next_layer().connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+  ws.handshake("localhost", "/ws");
+  ws.write(net::buffer(json({{"type", "generate"}, {"id", "g"}, {"prompt", "Once"}, {"max_tokens", 60}}).dump()));
+  while (pipe->stats().live_requests < 2) std::this_thread::sleep_for(2ms);
+  srv->stop();
+  std::vector<json> frames;
+  beast::error_code ec;
+  for (;;) {
+    beast::flat_buffer b;
+    ws.read(b, ec);
+    if (ec) break;
+    frames.push_back(json::parse(beast::buffers_to_string(b.data())));
+  }
+  EXPECT_EQ(ec, websocket::error::closed) << ec.message();
+  EXPECT_EQ(ws.reason().code, websocket::close_code::going_away);
+  EXPECT_EQ(std::string(ws.reason().reason.c_str()), "shutting_down");
+  bool told = false;
+  for (const auto& f : frames) told = told || (f["type"] == "error" && f["id"] == "g" && f["code"] == "shutting_down");
+  EXPECT_TRUE(told) << json(frames).dump();
+  runner.join();
+  http_client.join();
+  bool done = false;
+  const auto events = sse_events(sse_body, done);
+  EXPECT_TRUE(done) << sse_body;
+  ASSERT_FALSE(events.empty()) << sse_body;
+  EXPECT_EQ(events.back()["error"]["code"], "shutting_down") << sse_body;
+}
+
 namespace {
 // Refuses every other request, as a full queue would (deterministic, unlike a real burst).
 struct every_other_refused : admission_policy {

@@ -5,7 +5,9 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <unordered_map>
 #include <set>
 #include <thread>
@@ -68,8 +70,29 @@ struct http_server::impl : std::enable_shared_from_this<impl> {
   std::atomic<int64_t> in_flight{0};   // generation requests not finished
   std::atomic<int64_t> next_id{1};
 
+  // When the grace period ends, every session still streaming is told (the documented
+  // shutting_down error) before the server stops: one hook per live session, each reaching
+  // its session through a weak pointer on the session's own strand.
+  std::mutex sessions_mu;
+  std::vector<std::pair<std::weak_ptr<void>, std::function<void()>>> grace_hooks;
+
   impl(pipeline& p, served_model m, server_config c) : pipe(p), mdl(std::move(m)), cfg(std::move(c)) {}
   void accept();
+  template <class Session>
+  void watch_grace(const std::shared_ptr<Session>& s) {
+    std::lock_guard<std::mutex> lk(sessions_mu);
+    // Gone sessions are dropped here, so the list stays as long as the live sessions.
+    std::erase_if(grace_hooks, [](const auto& h) { return h.first.expired(); });
+    std::weak_ptr<Session> w = s;
+    grace_hooks.emplace_back(w, [w] {
+      if (auto live = w.lock()) net::dispatch(live->executor(), [live] { live->grace_over(); });
+    });
+  }
+  void grace_over() {
+    std::lock_guard<std::mutex> lk(sessions_mu);
+    for (auto& h : grace_hooks) h.second();
+    grace_hooks.clear();
+  }
 };
 
 namespace {
@@ -150,7 +173,28 @@ std::string apply_event(connection& conn, generation& g, const request_event& ev
 class http_session : public std::enable_shared_from_this<http_session> {
  public:
   http_session(tcp::socket&& s, impl_ptr srv) : stream_(std::move(s)), srv_(std::move(srv)) {}
-  void start() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); }); }
+  void start() {
+    srv_->watch_grace(shared_from_this());
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
+  }
+
+  // The grace period is over and this request is still running: the shutting_down error (an
+  // SSE error event and [DONE], or a 503), not a cut connection.
+  void grace_over() {
+    if (!gen_) return;
+    conn_.cancel(gen_->rid);
+    const api_error e = error_from(errc::shutting_down, "the server is shutting down: the grace period ended", 0);
+    close_after_ = true;
+    if (gen_->req.stream && sse_started_) {
+      write_raw(chunk(sse(error_body(e))));
+      write_raw(chunk("data: [DONE]\n\n"));
+      write_raw("0\r\n\r\n");
+      finish_generation();
+      return;
+    }
+    finish_generation();
+    send_error(e);
+  }
 
  private:
   using request_t = http::request<http::string_body>;
@@ -650,6 +694,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
   ws_session(tcp::socket&& s, impl_ptr srv) : ws_(std::move(s)), srv_(std::move(srv)) {}
   void start(http::request<http::string_body> req) {
     conn_ = srv_->pipe.connect(waker(weak_from_this(), srv_->weak_from_this()));
+    srv_->watch_grace(shared_from_this());
     ws_.read_message_max(srv_->cfg.max_frame_bytes);
     ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
     ws_.async_accept(req, [self = shared_from_this()](beast::error_code ec) {
@@ -668,7 +713,26 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
   size_t out_bytes_ = 0;
   bool writing_ = false;
   bool closed_ = false;
+  bool closing_ = false;  // grace over: close (1001, "shutting_down") once the queue is written
 
+ public:
+  // The grace period is over: each request still running gets the shutting_down error frame,
+  // then the connection closes with 1001 and that reason.
+  void grace_over() {
+    if (closed_ || closing_) return;
+    for (const auto& [key, g] : gens_) {
+      conn_.cancel(g->rid);
+      send_frame({{"type", "error"}, {"id", key}, {"code", "shutting_down"},
+                  {"message", "the server is shutting down: the grace period ended"}});
+    }
+    srv_->in_flight -= int64_t(gens_.size());
+    gens_.clear();
+    keys_.clear();
+    closing_ = true;
+    if (!writing_) write_next();
+  }
+
+ private:
   void read() {
     ws_.async_read(buf_, [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
@@ -784,6 +848,15 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
   }
 
   void write_next() {
+    if (out_.empty() && closing_ && !closed_) {
+      writing_ = true;
+      ws_.async_close(websocket::close_reason(websocket::close_code::going_away, "shutting_down"),
+                      [self = shared_from_this()](beast::error_code) {
+                        self->writing_ = false;
+                        self->gone();
+                      });
+      return;
+    }
     if (out_.empty() || closed_) {
       writing_ = false;
       return;
@@ -823,8 +896,16 @@ void http_session::upgrade() {
 
 // Shutdown: checks every 50 ms until no request is in flight or the grace period is over.
 void drain(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::steady_clock::time_point deadline) {
-  if (im->in_flight.load() <= 0 || std::chrono::steady_clock::now() >= deadline) {
+  if (im->in_flight.load() <= 0) {
     im->ioc.stop();
+    return;
+  }
+  if (std::chrono::steady_clock::now() >= deadline) {
+    // Grace over with requests still running: each is told why it ends, and the server stops
+    // once those words are out (or after 500 ms, for a client that no longer reads).
+    im->grace_over();
+    timer->expires_after(std::chrono::milliseconds(500));
+    timer->async_wait([im, timer](beast::error_code) { im->ioc.stop(); });
     return;
   }
   timer->expires_after(std::chrono::milliseconds(50));
