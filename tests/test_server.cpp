@@ -652,6 +652,37 @@ TEST_F(ServerTest, GraceEndTellsStreamsWhyTheyEnd) {
   EXPECT_EQ(events.back()["error"]["code"], "shutting_down") << sse_body;
 }
 
+// Issue 22 item 1: HTTP/1.1 pipelining. Two generating POSTs written in one go, well past
+// 512 bytes together, get both answers, in order.
+TEST_F(ServerTest, PipelinedPostsAreBothAnswered) {
+  start();
+  for (size_t pad : {100u, 600u, 3000u}) {
+    SCOPED_TRACE("padding " + std::to_string(pad));
+    auto post = [&](const std::string& prompt, int n) {
+      const std::string body = json({{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", n}, {"ignore_eos", true},
+                                     {"user", std::string(pad, 'u')}})
+                                   .dump();
+      return "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+             std::to_string(body.size()) + "\r\n\r\n" + body;
+    };
+    net::io_context ioc;
+    tcp::socket s(ioc);
+    s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+    net::write(s, net::buffer(post("Once upon a time", 20) + post("The dog", 5)));
+    beast::flat_buffer buf;
+    for (int want : {20, 5}) {
+      SCOPED_TRACE("answer of " + std::to_string(want) + " tokens");
+      http::response<http::string_body> res;
+      beast::error_code ec;
+      http::read(s, buf, res, ec);
+      ASSERT_FALSE(ec) << ec.message();
+      ASSERT_EQ(res.result_int(), 200) << res.body();
+      EXPECT_EQ(json::parse(res.body())["usage"]["completion_tokens"], want);
+    }
+  }
+  expect_clean();
+}
+
 namespace {
 // Refuses every other request, as a full queue would (deterministic, unlike a real burst).
 struct every_other_refused : admission_policy {

@@ -74,7 +74,12 @@ struct http_server::impl : std::enable_shared_from_this<impl> {
   // shutting_down error) before the server stops: one hook per live session, each reaching
   // its session through a weak pointer on the session's own strand.
   std::mutex sessions_mu;
-  std::vector<std::pair<std::weak_ptr<void>, std::function<void()>>> grace_hooks;
+  struct session_hooks {
+    std::weak_ptr<void> session;
+    std::function<void()> grace_over;  // posts the session's grace_over on its strand
+    std::function<void()> release;     // once the io_context has stopped: drop self-references
+  };
+  std::vector<session_hooks> grace_hooks;
 
   impl(pipeline& p, served_model m, server_config c) : pipe(p), mdl(std::move(m)), cfg(std::move(c)) {}
   void accept();
@@ -82,16 +87,29 @@ struct http_server::impl : std::enable_shared_from_this<impl> {
   void watch_grace(const std::shared_ptr<Session>& s) {
     std::lock_guard<std::mutex> lk(sessions_mu);
     // Gone sessions are dropped here, so the list stays as long as the live sessions.
-    std::erase_if(grace_hooks, [](const auto& h) { return h.first.expired(); });
+    std::erase_if(grace_hooks, [](const auto& h) { return h.session.expired(); });
     std::weak_ptr<Session> w = s;
-    grace_hooks.emplace_back(w, [w] {
-      if (auto live = w.lock()) net::dispatch(live->executor(), [live] { live->grace_over(); });
-    });
+    grace_hooks.push_back({w,
+                           [w] {
+                             if (auto live = w.lock()) net::dispatch(live->executor(), [live] { live->grace_over(); });
+                           },
+                           [w] {
+                             if (auto live = w.lock()) live->release();
+                           }});
   }
   void grace_over() {
     std::lock_guard<std::mutex> lk(sessions_mu);
-    for (auto& h : grace_hooks) h.second();
-    grace_hooks.clear();
+    for (auto& h : grace_hooks) h.grace_over();
+  }
+  // After run(): nothing runs on the sessions any more; a session that kept itself alive for
+  // a generation lets go, so it is destroyed with what the io_context still holds.
+  void release_sessions() {
+    std::vector<session_hooks> hooks;
+    {
+      std::lock_guard<std::mutex> lk(sessions_mu);
+      hooks.swap(grace_hooks);
+    }
+    for (auto& h : hooks) h.release();
   }
 };
 
@@ -178,6 +196,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
   }
 
+  void release() { keep_alive_.reset(); }
+
   // The grace period is over and this request is still running: the shutting_down error (an
   // SSE error event and [DONE], or a 503), not a cut connection.
   void grace_over() {
@@ -207,6 +227,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   // Streaming (SSE) and pending generation state.
   connection conn_;  // opened with the first generation; its actor subscribes to its requests
   std::array<char, 1024> peek_;   // what the disconnect watch reads
+  std::shared_ptr<http_session> keep_alive_;  // set while a generation runs (see generate)
   bool watching_ = false, read_after_watch_ = false;
   std::unique_ptr<generation> gen_;
   bool sse_started_ = false;
@@ -492,6 +513,11 @@ class http_session : public std::enable_shared_from_this<http_session> {
       conn_ = srv_->pipe.connect(waker(weak_from_this(), srv_->weak_from_this()));
     }
     gen_->rid = conn_.submit(gen_->req.gen);
+    // While it generates, the session is reached only through the pipeline's waker (a weak
+    // pointer): this keeps it alive even when no socket operation is pending (a pipelined
+    // request filled the watch; issue 22 item 1: the session was destroyed and both answers
+    // lost). Released with the generation.
+    keep_alive_ = shared_from_this();
     watch_disconnect();
   }
 
@@ -509,13 +535,19 @@ class http_session : public std::enable_shared_from_this<http_session> {
         self->read_after_watch_ = false;
         return self->read();
       }
-      if (ec && ec != net::error::operation_aborted && self->gen_ && self->gen_->serial == serial) self->close();
+      if (ec && ec != net::error::operation_aborted && self->gen_ && self->gen_->serial == serial) return self->close();
+      // Bytes of a pipelined request: kept, and the watch goes on (up to a bound on what is
+      // buffered), so a client that then goes away is still noticed.
+      if (!ec && self->gen_ && self->gen_->serial == serial && self->buf_.size() < kMaxPipelinedBytes)
+        self->watch_disconnect();
     });
   }
+  static constexpr size_t kMaxPipelinedBytes = size_t(1) << 20;
 
   void finish_generation() {
     if (!gen_) return;
     gen_.reset();
+    keep_alive_.reset();
     --srv_->in_flight;
   }
 
@@ -716,6 +748,8 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
   bool closing_ = false;  // grace over: close (1001, "shutting_down") once the queue is written
 
  public:
+  void release() {}
+
   // The grace period is over: each request still running gets the shutting_down error frame,
   // then the connection closes with 1001 and that reason.
   void grace_over() {
@@ -964,6 +998,7 @@ void http_server::run() {
   for (int i = 1; i < std::max(1, im.cfg.io_threads); ++i) threads.emplace_back([&] { im.ioc.run(); });
   im.ioc.run();
   for (auto& t : threads) t.join();
+  im.release_sessions();
 }
 
 void http_server::stop() {
