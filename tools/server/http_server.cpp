@@ -203,17 +203,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
   void grace_over() {
     if (!gen_) return;
     conn_.cancel(gen_->rid);
-    const api_error e = error_from(errc::shutting_down, "the server is shutting down: the grace period ended", 0);
     close_after_ = true;
-    if (gen_->req.stream && sse_started_) {
-      write_raw(chunk(sse(error_body(e))));
-      write_raw(chunk("data: [DONE]\n\n"));
-      write_raw("0\r\n\r\n");
-      finish_generation();
-      return;
-    }
-    finish_generation();
-    send_error(e);
+    end_with_error(error_from(errc::shutting_down, "the server is shutting down: the grace period ended", 0));
   }
 
  private:
@@ -612,8 +603,11 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
  private:
-  void fail(const request_event& ev) {
-    const api_error e = error_from(ev.code, ev.message, ev.retry_after_ms);
+  void fail(const request_event& ev) { end_with_error(error_from(ev.code, ev.message, ev.retry_after_ms)); }
+
+  // The generation ends with an error: an SSE error event and [DONE] once streaming began,
+  // else the error response.
+  void end_with_error(const api_error& e) {
     if (gen_->req.stream && sse_started_) {
       write_raw(chunk(sse(error_body(e))));
       write_raw(chunk("data: [DONE]\n\n"));
