@@ -45,7 +45,7 @@ void kick(self_ptr self) {
     if (!e.decoding || e.paused) continue;
     e.in_step = true;
     ++running;
-    work.decodes.push_back({id, e.seq, e.last, e.generated, e.spec.sampling, e.output});
+    work.decodes.push_back({id, e.seq, e.last, e.generated, e.spec.sampling, e.output, e.penalty_prompt});
   }
   // Admission by credits, in arrival order: a prompt waits until its whole request fits.
   std::vector<pending_prefill> pending;
@@ -81,6 +81,7 @@ void kick(self_ptr self) {
     ci.sampling = e.spec.sampling;
     ci.first_index = e.spec.resumed;
     ci.output = e.output;  // empty unless the request penalizes repeats
+    ci.prompt = e.penalty_prompt;
     if (!e.announced) {
       e.announced = true;
       self->send(e.req, state_atom::value, request_state::prefilling);
@@ -183,6 +184,7 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
         colocated_worker_state::seq_entry e;
         e.generated = spec.resumed;  // a migrated request goes on from there
         if (spec.sampling.penalizes()) e.output = spec.resumed_output();
+        e.penalty_prompt = spec.prompt_for_penalty();
         e.reuse.expected_reuse = expected_reuse_at_arrival(*st.we->eng, st.claims, spec);
         e.spec = std::move(spec);
         e.req = std::move(req);

@@ -19,6 +19,7 @@ struct colocated_worker_state {
     int32_t planned = 0;     // prompt tokens in the step in flight
     int32_t generated = 0;   // tokens sent
     std::vector<token_id> output;  // the tokens sent, kept only when spec.sampling.penalizes()
+    std::shared_ptr<const std::vector<token_id>> penalty_prompt;  // when spec.sampling.repeats()
     token_id last = 0;
     bool reserved = false;   // KV credits held
     bool decoding = false;

@@ -57,6 +57,7 @@ void kick(self_ptr self) {
       im.index = int32_t(a.generated.size());
       im.kv_tokens = int32_t(a.spec.prompt.size());
       if (im.sampling.penalizes()) im.output = a.generated;
+      im.prompt = a.spec.prompt_for_penalty();
     } else {
       im.feed = a.feed;
       im.index = 0;
@@ -70,7 +71,7 @@ void kick(self_ptr self) {
   for (auto& [id, a] : st.active) {
     if (a.paused) continue;
     a.in_step = true;
-    work.decodes.push_back({id, a.seq, a.last, a.generated, a.spec.sampling, a.output});
+    work.decodes.push_back({id, a.seq, a.last, a.generated, a.spec.sampling, a.output, a.penalty_prompt});
   }
   if (work.imports.empty() && work.decodes.empty() && work.frees.empty()) return;
   st.we->start(self, std::move(work));
@@ -120,6 +121,7 @@ void apply(self_ptr self, step_result& r) {
     s.seq = im->seq;
     s.generated = int32_t(a.generated.size());
     if (s.spec.sampling.penalizes() && a.feed.empty()) s.output = a.generated;
+    s.penalty_prompt = s.spec.prompt_for_penalty();
     s.last = a.feed.empty() ? a.generated.back() : a.feed.back();
     if (!a.feed.empty() && st.opts.metrics)  // a prompt served from the store: its cache figures
       count_prefix_use(*st.opts.metrics, double(a.feed.size()), double(a.kv_tokens), double(s.spec.prompt.size()));

@@ -17,6 +17,7 @@ struct decode_worker_state {
     seq_id seq = 0;
     int32_t generated = 0;  // tokens sent so far
     std::vector<token_id> output;  // those tokens, kept only when spec.sampling.penalizes()
+    std::shared_ptr<const std::vector<token_id>> penalty_prompt;  // when spec.sampling.repeats()
     token_id last = 0;
     bool paused = false;    // its subscriber is behind: skip it in steps
     bool in_step = false;

@@ -35,7 +35,8 @@ constexpr uint32_t wire_version = 2;  // 2: sampling_params carries logit_bias, 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
   return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.seed, x.bias_tokens,
-           x.bias_values, x.stop_tokens, x.min_tokens, x.presence_penalty, x.frequency_penalty, x.logprobs);
+           x.bias_values, x.stop_tokens, x.min_tokens, x.presence_penalty, x.frequency_penalty, x.logprobs,
+           x.repetition_penalty);
 }
 
 template <class Inspector>

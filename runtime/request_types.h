@@ -3,6 +3,7 @@
 // through, and the events its stream carries. Plain types, no actor framework, so the public
 // pipeline API and the actors share them.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -45,6 +46,10 @@ struct request_spec {
   int32_t original_prompt_tokens() const { return int32_t(prompt.size()) - resumed; }
   // The output generated before it migrated: the prompt's last `resumed` tokens.
   std::vector<token_id> resumed_output() const { return {prompt.end() - resumed, prompt.end()}; }
+  // The prompt for repetition_penalty's steps, shared by them (null when it is off).
+  std::shared_ptr<const std::vector<token_id>> prompt_for_penalty() const {
+    return sampling.repeats() ? std::make_shared<const std::vector<token_id>>(prompt) : nullptr;
+  }
   int32_t total_tokens() const { return original_prompt_tokens() + max_tokens; }  // KV it can need
 };
 

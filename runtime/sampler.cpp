@@ -21,6 +21,8 @@ status sampling_params::validate(int32_t n_vocab) const {
     return {errc::invalid_argument, "presence_penalty must be in [-2, 2]"};
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
     return {errc::invalid_argument, "frequency_penalty must be in [-2, 2]"};
+  if (!(repetition_penalty > 0.0f && repetition_penalty <= 2.0f))
+    return {errc::invalid_argument, "repetition_penalty must be in (0, 2]"};
   if (n_vocab > 0) {
     for (token_id t : bias_tokens)
       if (t < 0 || t >= n_vocab)
@@ -38,11 +40,24 @@ status sampling_params::validate(int32_t n_vocab) const {
 
 std::span<const float> adjusted_logits(std::span<const float> logits, const sampling_params& p, uint64_t token_index,
                                        const tokenizer& tok, std::vector<float>& buf,
-                                       std::span<const token_id> output) {
+                                       std::span<const token_id> output, std::span<const token_id> prompt) {
   if (!p.adjusts(token_index)) return logits;
   buf.assign(logits.begin(), logits.end());
   const int32_t n = int32_t(buf.size());
-  if (p.penalizes()) {
+  for (size_t i = 0; i < p.bias_tokens.size(); ++i)
+    if (p.bias_tokens[i] >= 0 && p.bias_tokens[i] < n) buf[size_t(p.bias_tokens[i])] += p.bias_values[i];
+  if (p.repeats()) {  // each token of prompt or output once
+    std::vector<token_id> seen(prompt.begin(), prompt.end());
+    seen.insert(seen.end(), output.begin(), output.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (token_id t : seen)
+      if (t >= 0 && t < n) {
+        float& l = buf[size_t(t)];
+        l = l > 0.0f ? l / p.repetition_penalty : l * p.repetition_penalty;
+      }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
     // Counts in a sorted copy: the same sums in the same order whatever order they came in.
     std::vector<token_id> seen(output.begin(), output.end());
     std::sort(seen.begin(), seen.end());
@@ -54,8 +69,6 @@ std::span<const float> adjusted_logits(std::span<const float> logits, const samp
       i = j;
     }
   }
-  for (size_t i = 0; i < p.bias_tokens.size(); ++i)
-    if (p.bias_tokens[i] >= 0 && p.bias_tokens[i] < n) buf[size_t(p.bias_tokens[i])] += p.bias_values[i];
   if (uint64_t(p.min_tokens) > token_index) {
     const float ban = -std::numeric_limits<float>::infinity();
     for (int32_t t = 0; t < n && t < tok.n_vocab(); ++t)

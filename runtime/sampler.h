@@ -33,13 +33,17 @@ struct sampling_params {
   // token that occurred c times drops by c * frequency_penalty + (c > 0) * presence_penalty.
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  // vLLM's repetition_penalty, in (0, 2]: every token of the prompt or the output so far has
+  // its logit divided by it when positive, multiplied when not (1: off).
+  float repetition_penalty = 1.0f;
   // >= 0: each output token comes with its log-probability and those of the `logprobs` most
   // likely tokens (at most 20); -1: none.
   int32_t logprobs = -1;
 
   // invalid_argument naming the bad field, or ok. With n_vocab > 0, token ids are checked too.
   status validate(int32_t n_vocab = 0) const;
-  bool penalizes() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f; }
+  bool penalizes() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f || repeats(); }
+  bool repeats() const { return repetition_penalty != 1.0f; }  // needs the prompt's tokens too
   // Whether logits are changed before sampling at output index `token_index`.
   bool adjusts(uint64_t token_index) const {
     return !bias_tokens.empty() || uint64_t(min_tokens) > token_index || penalizes();
@@ -52,9 +56,11 @@ struct sampling_params {
 // set to -inf. Returns `logits` itself when nothing applies, else a view of `buf`. Every step
 // of the request, on any worker, applies the same function of (params, index, output so far,
 // logits): a resumed request continues exactly.
+// `prompt` (needed only when p.repeats()): the prompt's tokens, a migrated request's resumed
+// tail included. Order: logit_bias, repetition_penalty, frequency/presence, min_tokens' ban.
 std::span<const float> adjusted_logits(std::span<const float> logits, const sampling_params& p, uint64_t token_index,
                                        const tokenizer& tok, std::vector<float>& buf,
-                                       std::span<const token_id> output = {});
+                                       std::span<const token_id> output = {}, std::span<const token_id> prompt = {});
 
 // Whether sampling `t` ends the generation: an end-of-generation token (unless ignore_eos) or
 // one of p.stop_tokens.

@@ -10,7 +10,13 @@ step_result run_step(engine& eng, step_work work) {
   for (seq_id s : work.frees) (void)eng.free_sequence(s);
 
   // Every entry that wants logits, in batch order, with what to do with its row.
-  struct wanted { work_id id; int32_t index; const sampling_params* sampling; const std::vector<token_id>* output; };
+  struct wanted {
+    work_id id;
+    int32_t index;
+    const sampling_params* sampling;
+    const std::vector<token_id>* output;
+    const prompt_ptr* prompt;
+  };
   std::vector<wanted> rows;
   std::vector<batch_entry> batch;
 
@@ -35,11 +41,11 @@ step_result run_step(engine& eng, step_work work) {
     } else {
       for (size_t i = 0; i < im.feed.size(); ++i) batch.push_back({s, im.feed[i], i + 1 == im.feed.size()});
     }
-    rows.push_back({im.id, im.index, &im.sampling, &im.output});
+    rows.push_back({im.id, im.index, &im.sampling, &im.output, &im.prompt});
   }
   for (auto& d : work.decodes) {
     batch.push_back({d.seq, d.last, true});
-    rows.push_back({d.id, d.index, &d.sampling, &d.output});
+    rows.push_back({d.id, d.index, &d.sampling, &d.output, &d.prompt});
   }
   std::vector<std::pair<size_t, seq_id>> chunk_seq;  // chunk index -> sequence
   for (size_t i = 0; i < work.chunks.size(); ++i) {
@@ -53,7 +59,7 @@ step_result run_step(engine& eng, step_work work) {
     for (size_t t = 0; t < c.tokens.size(); ++t) {
       const bool want = c.last && t + 1 == c.tokens.size();
       batch.push_back({s, c.tokens[t], want});
-      if (want) rows.push_back({c.id, c.first_index, &c.sampling, &c.output});
+      if (want) rows.push_back({c.id, c.first_index, &c.sampling, &c.output, &c.prompt});
     }
   }
   r.batch_tokens = int32_t(batch.size());
@@ -90,7 +96,9 @@ step_result run_step(engine& eng, step_work work) {
       const auto& sp = *rows[i].sampling;
       const uint64_t index = uint64_t(rows[i].index);
       const auto l = adjusted_logits(std::span<const float>(logits).subspan(i * V, V), sp, index,
-                                     eng.get_model().tok(), adjusted, *rows[i].output);
+                                     eng.get_model().tok(), adjusted, *rows[i].output,
+                                     *rows[i].prompt ? std::span<const token_id>(**rows[i].prompt)
+                                                     : std::span<const token_id>());
       const token_id tok = sample(l, sp, index);
       std::shared_ptr<const token_logprobs> lp;
       if (sp.logprobs >= 0)

@@ -15,6 +15,7 @@ namespace tandem {
 
 using work_id = uint64_t;  // the caller's id for a sequence (a request id)
 using kv_blocks_ptr = std::shared_ptr<const std::vector<kv_block_export>>;
+using prompt_ptr = std::shared_ptr<const std::vector<token_id>>;  // shared by a request's steps
 
 struct step_work {
   std::vector<seq_id> frees;  // sequences to drop before anything else
@@ -30,6 +31,7 @@ struct step_work {
     // cached blocks came from the host store); the last one's logits are sampled.
     std::vector<token_id> feed;
     std::vector<token_id> output;  // the output so far, when sampling.penalizes() (else empty)
+    prompt_ptr prompt;             // the prompt's tokens, when sampling.repeats() (else null)
   };
   std::vector<import_item> imports;
   struct chunk_item {         // part of a prompt
@@ -45,6 +47,7 @@ struct step_work {
     uint32_t epoch = 0;       // tags the streamed pieces
     int32_t first_index = 0;  // output index of the token sampled at the end (resumed requests: > 0)
     std::vector<token_id> output;  // the output so far (first_index tokens), when sampling.penalizes()
+    prompt_ptr prompt;             // the whole prompt, when sampling.repeats()
   };
   std::vector<chunk_item> chunks;
   struct decode_item {        // one token for a running sequence
@@ -54,6 +57,7 @@ struct step_work {
     int32_t index = 0;
     sampling_params sampling;
     std::vector<token_id> output;  // the output so far (index tokens), when sampling.penalizes()
+    prompt_ptr prompt;             // the prompt's tokens, when sampling.repeats()
   };
   std::vector<decode_item> decodes;
   // Where streamed pieces go, called on the compute thread during the forward pass.

@@ -34,7 +34,8 @@ inline std::vector<token_id> alone(const model& m, const std::vector<token_id>& 
   std::vector<token_id> out;
   std::vector<float> adjusted;
   for (int32_t i = 0; i < max_tokens; ++i) {
-    const token_id t = sample(adjusted_logits(logits, sp, uint64_t(i), m.tok(), adjusted, out), sp, uint64_t(i));
+    const token_id t =
+        sample(adjusted_logits(logits, sp, uint64_t(i), m.tok(), adjusted, out, prompt), sp, uint64_t(i));
     if (ends_generation(sp, ignore_eos, m.tok(), t)) break;
     out.push_back(t);
     if (i + 1 < max_tokens) {

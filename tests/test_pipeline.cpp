@@ -373,6 +373,7 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
         j.sp.min_tokens = 100;
         j.sp.frequency_penalty = i == 3 ? 0.7f : 0.0f;  // the penalties read the output so far,
         j.sp.presence_penalty = i >= 4 ? 1.5f : 0.0f;   // carried across the kill
+        j.sp.repetition_penalty = i == 5 ? 1.4f : 1.0f;  // reads the prompt too
       }
       j.h = p.submit({.prompt_tokens = j.prompt, .max_tokens = 120, .sampling = j.sp, .ignore_eos = true});
       jobs.push_back(std::move(j));

@@ -258,7 +258,8 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
   const json chat = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 3}};
   const std::vector<std::pair<std::string, json>> asks = {
       {"logprobs", 21}, {"logprobs", true}, {"echo", 1}, {"suffix", "end"}, {"best_of", 2},
-      {"frequency_penalty", 2.5}, {"presence_penalty", -3}, {"repetition_penalty", 1.2}, {"no_such_field", 1},
+      {"frequency_penalty", 2.5}, {"presence_penalty", -3}, {"repetition_penalty", 0}, {"repetition_penalty", 2.5},
+      {"no_such_field", 1},
       // implemented, but checked: ids outside the vocabulary, biases outside [-100, 100]
       {"logit_bias", {{"999999", 1}}}, {"logit_bias", {{"x", 1}}}, {"logit_bias", {{"5", 101}}},
       {"stop_token_ids", {-1}}, {"min_tokens", -1}, {"min_tokens", 1.5}};
@@ -378,6 +379,16 @@ TEST_F(ServerTest, LogitBiasStopTokenIdsAndMinTokens) {
             testing_support::alone(*tiny(), tiny()->tok().encode("Once upon a time", true), 24, pen, true));
   auto via_http = complete({{"frequency_penalty", 2.0}, {"presence_penalty", 0.5}, {"max_tokens", 24}});
   EXPECT_EQ(via_http["choices"][0]["text"].get<std::string>(), penalized.text);
+  // vLLM's repetition_penalty (prompt and output tokens): another answer, a lone engine's.
+  sampling_params rep{.temperature = 0.0f};
+  rep.repetition_penalty = 1.8f;
+  const auto repeated =
+      pipe->submit({.prompt = "Once upon a time", .max_tokens = 24, .sampling = rep, .ignore_eos = true}).wait(30s);
+  EXPECT_NE(repeated.tokens, plain.tokens);
+  EXPECT_EQ(repeated.tokens,
+            testing_support::alone(*tiny(), tiny()->tok().encode("Once upon a time", true), 24, rep, true));
+  EXPECT_EQ(complete({{"repetition_penalty", 1.8}, {"max_tokens", 24}})["choices"][0]["text"].get<std::string>(),
+            repeated.text);
 
   // The WebSocket protocol takes the same fields (checked by the same parser): one frame.
   server::api_request ar;

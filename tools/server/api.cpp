@@ -69,7 +69,8 @@ bool is_empty_value(const json& v) {
 std::optional<api_error> check_fields(const json& b, endpoint ep) {
   static const char* const shared[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
                                        "stream", "stream_options", "ignore_eos", "user", "logit_bias",
-                                       "min_tokens", "stop_token_ids", "presence_penalty", "frequency_penalty"};
+                                       "min_tokens", "stop_token_ids", "presence_penalty", "frequency_penalty",
+                                       "repetition_penalty"};
   for (const auto& [key, v] : b.items()) {
     if (std::find_if(std::begin(shared), std::end(shared), [&](const char* k) { return key == k; }) != std::end(shared))
       continue;
@@ -82,7 +83,7 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
       continue;
     // Known to OpenAI-compatible servers, not implemented by tandem (docs/protocol.md).
     static const char* const unimplemented[] = {
-        "logprobs", "top_logprobs", "echo", "suffix", "best_of", "repetition_penalty", "response_format", "tools",
+        "logprobs", "top_logprobs", "echo", "suffix", "best_of", "response_format", "tools",
         "tool_choice", "parallel_tool_calls", "functions", "function_call", "store", "metadata", "modalities",
         "audio", "prediction", "reasoning_effort", "service_tier", "web_search_options", "min_p", "typical_p",
         "grammar", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "use_beam_search",
@@ -230,6 +231,10 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
   if (auto e = number("frequency_penalty", -2, 2, frequency)) return e;
   out.gen.sampling.presence_penalty = float(presence);
   out.gen.sampling.frequency_penalty = float(frequency);
+  double repetition = 1;
+  if (auto e = number("repetition_penalty", 0, 2, repetition)) return e;
+  if (repetition <= 0) return bad("'repetition_penalty' must be in (0, 2]", "repetition_penalty");
+  out.gen.sampling.repetition_penalty = float(repetition);
   double min_tokens = 0;
   if (auto e = number("min_tokens", 0, m.context_length, min_tokens)) return e;
   if (b.contains("min_tokens") && b["min_tokens"].is_number() && !b["min_tokens"].is_number_integer())
