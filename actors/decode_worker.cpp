@@ -52,12 +52,14 @@ void kick(self_ptr self) {
     im.id = a.spec.id;
     im.kv = a.kv;
     im.sampling = a.spec.sampling;
+    // Both paths sample from the whole prompt's logits: repetition_penalty reads it either way.
+    a.penalty_prompt = a.spec.prompt_for_penalty();
+    im.prompt = a.penalty_prompt;
     if (a.feed.empty()) {
       im.last = a.generated.back();
       im.index = int32_t(a.generated.size());
       im.kv_tokens = int32_t(a.spec.prompt.size());
       if (im.sampling.penalizes()) im.output = a.generated;
-      im.prompt = a.spec.prompt_for_penalty();
     } else {
       im.feed = a.feed;
       im.index = 0;
@@ -121,7 +123,7 @@ void apply(self_ptr self, step_result& r) {
     s.seq = im->seq;
     s.generated = int32_t(a.generated.size());
     if (s.spec.sampling.penalizes() && a.feed.empty()) s.output = a.generated;
-    s.penalty_prompt = s.spec.prompt_for_penalty();
+    s.penalty_prompt = std::move(a.penalty_prompt);
     s.last = a.feed.empty() ? a.generated.back() : a.feed.back();
     if (!a.feed.empty() && st.opts.metrics)  // a prompt served from the store: its cache figures
       count_prefix_use(*st.opts.metrics, double(a.feed.size()), double(a.kv_tokens), double(s.spec.prompt.size()));

@@ -33,6 +33,7 @@ struct decode_worker_state {
     // fetched blocks, which cover kv_tokens positions. Empty for a transfer from prefill.
     std::vector<token_id> feed;
     int32_t kv_tokens = 0;
+    std::shared_ptr<const std::vector<token_id>> penalty_prompt;  // made once, at its import step
   };
   worker_options opts;
   router_actor router;

@@ -85,8 +85,10 @@ void kick(self_ptr self) {
     ci.sampling = it->spec.sampling;
     ci.epoch = it->spec.epoch;
     ci.first_index = it->spec.resumed;
-    if (ci.sampling.penalizes()) ci.output = it->spec.resumed_output();
-    if (c.last) ci.prompt = it->spec.prompt_for_penalty();
+    if (c.last) {  // only the last chunk samples
+      if (ci.sampling.penalizes()) ci.output = it->spec.resumed_output();
+      ci.prompt = it->spec.prompt_for_penalty();
+    }
     if (stream) {
       it->stream_broken = false;  // this step streams from stream_next (0 after a new link)
       ci.stream_from = it->stream_next;

@@ -78,7 +78,6 @@ void finish(self_ptr self, request_state end, request_event final_event) {
   emit(self, std::move(final_event));
 }
 
-// No router will take this request any more: it ends (and so does its actor).
 // Output token #index: emitted exactly once, in order (a repeated index is dropped, a gap is a
 // bug upstream).
 void on_token(self_ptr self, int32_t index, token_id tok, const token_logprobs* lp) {
@@ -104,6 +103,7 @@ void on_token(self_ptr self, int32_t index, token_id tok, const token_logprobs* 
   emit(self, std::move(ev));
 }
 
+// No router will take this request any more: it ends (and so does its actor).
 void router_gone(self_ptr self) {
   if (!is_terminal(self->state.state)) {
     request_event err = make_event(event_kind::error);

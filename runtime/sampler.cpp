@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <string>
 #include <numeric>
+#include <string>
 #include <vector>
 
 namespace tandem {

@@ -681,10 +681,13 @@ TEST(Pipeline, HostStoreServesPrefixesToOtherWorkers) {
     for (int i = 0; i < 6; ++i) {
       auto prompt = prompt_of(160, 77, V);
       for (auto t : prompt_of(20, 500 + i, V)) prompt.push_back(t);
-      const auto r = p.submit({.prompt_tokens = prompt, .max_tokens = 4, .sampling = {.temperature = 0.0f}, .ignore_eos = true})
-                         .wait(60s);
+      // Every other one with repetition_penalty, which reads the whole prompt whichever path
+      // (a prefill worker, or straight to a decode worker from the store) samples its first token.
+      sampling_params sp{.temperature = 0.0f};
+      if (i % 2 == 1) sp.repetition_penalty = 1.6f;
+      const auto r = p.submit({.prompt_tokens = prompt, .max_tokens = 4, .sampling = sp, .ignore_eos = true}).wait(60s);
       ASSERT_EQ(r.error, errc::ok) << r.message;
-      EXPECT_EQ(r.tokens, alone(*m, prompt, 4, {.temperature = 0.0f}, true)) << "request " << i;
+      EXPECT_EQ(r.tokens, alone(*m, prompt, 4, sp, true)) << "request " << i;
     }
     const double computed = p.metrics().get_counter("tandem_prompt_tokens_computed_total", "").value();
     // With the store, worker 1's first prompt fetches the 160 tokens worker 0 computed.
@@ -789,9 +792,17 @@ TEST(Pipeline, DirectRequestsSurviveDecodeAndStoreKills) {
     ASSERT_EQ(p.submit({.prompt_tokens = prompts.back(), .max_tokens = 2, .sampling = greedy, .ignore_eos = true}).wait(60s).error,
               errc::ok);
   }
+  // The second prompt's requests with repetition_penalty: sent straight to a decode worker,
+  // their first token is sampled there from the whole prompt's logits, the prompt read too.
+  auto sp_of = [&](int f) {
+    sampling_params sp = greedy;
+    if (f == 1) sp.repetition_penalty = 1.6f;
+    return sp;
+  };
   std::vector<std::pair<int, request_handle>> hs;
   for (int i = 0; i < 30; ++i) {
-    hs.emplace_back(i % 3, p.submit({.prompt_tokens = prompts[size_t(i % 3)], .max_tokens = 10, .sampling = greedy, .ignore_eos = true}));
+    hs.emplace_back(i % 3, p.submit({.prompt_tokens = prompts[size_t(i % 3)], .max_tokens = 10, .sampling = sp_of(i % 3),
+                                     .ignore_eos = true}));
     if (i % 10 == 3) p.kill("decode", i % 2);
     if (i == 17) p.kill("kv_store");
     std::this_thread::sleep_for(3ms);
@@ -799,7 +810,7 @@ TEST(Pipeline, DirectRequestsSurviveDecodeAndStoreKills) {
   for (auto& [f, h] : hs) {
     const auto r = h.wait(60s);
     ASSERT_EQ(r.error, errc::ok) << r.message;
-    EXPECT_EQ(r.tokens, alone(*m, prompts[size_t(f)], 10, greedy, true));
+    EXPECT_EQ(r.tokens, alone(*m, prompts[size_t(f)], 10, sp_of(f), true));
   }
   EXPECT_GT(p.metrics().get_counter("tandem_router_direct_to_decode_total", "").value(), 0);
   expect_no_leaks(p);

@@ -149,9 +149,9 @@ struct generation {
   bool ended = false;
   int64_t serial = 0;
   int32_t index = 0;  // tokens shown so far
-  // Log-probabilities (when asked) of the tokens not yet sent: a streamed chunk carries those
-  // that arrived since the last one (a token whose text is held back by a stop string, or is
-  // empty, rides with the next chunk); a whole answer carries all.
+  // HTTP: log-probabilities (when asked) of the tokens not yet sent: a streamed chunk carries
+  // those that arrived since the last one (a token whose text is held back by a stop string
+  // rides with the next chunk); a whole answer carries all. (WebSocket frames carry their own.)
   std::vector<server::logprob_entry> logprobs;
 };
 
@@ -163,7 +163,6 @@ std::string apply_event(connection& conn, generation& g, const request_event& ev
     case event_kind::token: {
       if (g.ended) return {};
       g.tokens.push_back(ev.token);
-      if (ev.logprobs && ev.token >= 0) g.logprobs.push_back({ev.token, *ev.logprobs, int64_t(g.text.size())});
       std::string shown = g.stops->push(ev.text);
       if (g.stops->stopped()) {
         g.ended = true;
@@ -585,6 +584,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
       if (ev.id != gen_->rid) continue;  // a request this connection gave up on
       if (ev.kind == event_kind::error) return fail(ev);
       const bool was_ended = gen_->ended;
+      if (ev.kind == event_kind::token && ev.logprobs && ev.token >= 0 && !was_ended)
+        gen_->logprobs.push_back({ev.token, *ev.logprobs, int64_t(gen_->text.size())});
       std::string shown = apply_event(conn_, *gen_, ev);
       if (gen_->req.stream) {
         if (!sse_started_ && (ev.kind == event_kind::accepted || ev.kind == event_kind::token)) {
@@ -847,7 +848,6 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
         if (ev.logprobs) add_ws_logprobs(f, srv_->pipe.get_model().tok(), *ev.logprobs);
         send_frame(f);
       }
-      g.logprobs.clear();  // the frame carried them
       if (ev.kind == event_kind::done) {
         if (!shown.empty()) send_frame({{"type", "token"}, {"id", key}, {"index", g.index++}, {"text", shown}, {"token", -1}});
         send_frame({{"type", "done"},
