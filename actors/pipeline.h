@@ -16,11 +16,10 @@
 #include "runtime/model.h"
 #include "runtime/policy.h"
 #include "runtime/request_types.h"
+#include "runtime/scheduler/router_core.h"
 
 namespace tandem {
 
-enum class serving_mode : uint8_t { disaggregated, colocated };
-std::string_view to_string(serving_mode m);
 
 struct pipeline_config {
   std::string model_path;                   // empty: the built-in default model

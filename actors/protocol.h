@@ -19,6 +19,7 @@
 #include "runtime/metrics.h"
 #include "runtime/policy.h"
 #include "runtime/sampler.h"
+#include "runtime/scheduler/router_core.h"
 #include "runtime/tokenizer.h"
 
 namespace tandem {
@@ -92,21 +93,7 @@ typename Inspector::result_type inspect(Inspector& f, worker_stats& x) {
            x.active, x.max_batch, x.steps, x.busy, x.finished_steps);
 }
 
-// The router's own view (for `state`): its queues, its links and the requests it tracks.
-struct router_view {
-  struct request {
-    request_id id = 0;
-    request_state state = request_state::queued;
-    int32_t prefill_worker = -1;  // prefill (or colocated) worker index; -1: none yet
-    int32_t decode_worker = -1;
-    int32_t prompt_tokens = 0;
-    int32_t max_tokens = 0;
-  };
-  int32_t prefill_queue = 0, decode_queue = 0;
-  std::vector<int32_t> by_state;     // requests per request_state value
-  std::vector<request> requests;     // the first `listed` by id (oldest first)
-  int32_t links = 0, retiring_links = 0;
-};
+using sched::router_view;  // its own view (for `state`)
 
 }  // namespace tandem
 

@@ -194,8 +194,8 @@ class cluster {
     return false;
   }
   bool wait_decoding_on(int index) { return wait_request_on("decoding", "decode-" + std::to_string(index)); }
-  // (The router says "queued" until its prefill worker reports the prompt done.)
-  bool wait_prefilling_on(int index) { return wait_request_on("queued", "prefill-" + std::to_string(index)); }
+  // (The router says "prefilling" from its dispatch until its prefill worker reports the prompt done.)
+  bool wait_prefilling_on(int index) { return wait_request_on("prefilling", "prefill-" + std::to_string(index)); }
 
   struct member {
     std::string role;

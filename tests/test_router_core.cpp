@@ -1,0 +1,398 @@
+// The router core as a state machine, without actors: tables of (event in -> commands out,
+// phases after), one per lifecycle and recovery path the chaos tests exercise end to end.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "runtime/scheduler/router_core.h"
+
+namespace tandem::sched {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Commands as short text, so that a table reads as a trace.
+std::string show(const command& c) {
+  std::ostringstream o;
+  auto side = [](pool_side s) { return s == pool_side::prefill ? "p" : "d"; };
+  std::visit(
+      [&](const auto& x) {
+        using C = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<C, cmd::admit>) o << "admit r" << x.spec.id << " @" << x.position;
+        else if constexpr (std::is_same_v<C, cmd::refuse>) o << "refuse " << to_string(x.code);
+        else if constexpr (std::is_same_v<C, cmd::set_state>) o << "state r" << x.id << " " << to_string(x.state);
+        else if constexpr (std::is_same_v<C, cmd::fail>) o << "fail r" << x.id << " " << to_string(x.code);
+        else if constexpr (std::is_same_v<C, cmd::ask_resume>) o << "resume? r" << x.id;
+        else if constexpr (std::is_same_v<C, cmd::ask_store>) o << "store? r" << x.id << " " << x.keys.size();
+        else if constexpr (std::is_same_v<C, cmd::prefill>) o << "prefill p" << x.worker << " r" << x.spec.id << " e" << x.spec.epoch;
+        else if constexpr (std::is_same_v<C, cmd::reserve>) o << "reserve d" << x.worker << " r" << x.id << " #" << x.ticket;
+        else if constexpr (std::is_same_v<C, cmd::fetch>) o << "fetch d" << x.worker << " r" << x.spec.id;
+        else if constexpr (std::is_same_v<C, cmd::ship>) o << "ship p" << x.p << "->d" << x.d << " r" << x.id;
+        else if constexpr (std::is_same_v<C, cmd::cancel>) o << "cancel " << side(x.side) << x.worker << " r" << x.id;
+        else if constexpr (std::is_same_v<C, cmd::release>) {
+          o << "release p" << x.worker << " r" << x.id;
+          if (x.epoch) o << " e" << *x.epoch;
+        } else if constexpr (std::is_same_v<C, cmd::pause>) o << "pause " << side(x.side) << x.worker << " r" << x.id;
+        else if constexpr (std::is_same_v<C, cmd::ask_load>) o << "load? d" << x.worker;
+        else if constexpr (std::is_same_v<C, cmd::open_link>) o << "link p" << x.p << "->d" << x.d;
+        else if constexpr (std::is_same_v<C, cmd::link_lost>) o << "link lost p" << x.p << "->d" << x.d;
+        else if constexpr (std::is_same_v<C, cmd::kill_link>) o << "kill link p" << x.p << "->d" << x.d;
+        else if constexpr (std::is_same_v<C, cmd::kill_worker>) o << "kill " << side(x.side) << x.worker.index;
+        else if constexpr (std::is_same_v<C, cmd::isolate>) o << "isolate " << side(x.side) << x.index;
+        else if constexpr (std::is_same_v<C, cmd::check_orphan>) o << "orphan? r" << x.id;
+        else if constexpr (std::is_same_v<C, cmd::check_stranded>) o << "stranded?";
+        else static_assert(sizeof(C) == 0, "a command without a rendering");
+      },
+      c);
+  return o.str();
+}
+
+request_spec spec(int32_t prompt_tokens, int32_t max_tokens = 8) {
+  request_spec s;
+  for (int32_t i = 0; i < prompt_tokens; ++i) s.prompt.push_back(1 + i);
+  s.max_tokens = max_tokens;
+  return s;
+}
+
+decode_worker_load room(int32_t worker, int32_t blocks = 100) { return {worker, true, blocks, blocks, 0, 0}; }
+
+struct row {
+  event in;
+  std::vector<std::string> out;                  // commands, in order
+  std::vector<std::pair<request_id, std::optional<phase>>> after = {};  // nullopt: forgotten
+};
+
+class RouterCore : public ::testing::Test {
+ protected:
+  void make(serving_mode mode, int prefill, int decode, bool store = false) {
+    router_core_config c;
+    c.mode = mode;
+    c.context_length = 256;
+    c.block_size = 16;
+    c.store = store;
+    c.max_migrations = 2;
+    c.max_transfer_retries = 1;
+    c.stall_timeout = 100ms;
+    core = std::make_unique<router_core>(c, &metrics, [this] { return now; });
+    for (int i = 0; i < prefill; ++i) core->on(ev::joined{pool_side::prefill, i});
+    for (int i = 0; i < decode; ++i) core->on(ev::joined{pool_side::decode, i});
+    for (int p = 0; p < prefill; ++p)
+      for (int d = 0; d < decode; ++d) core->on(ev::link_up{p, d});
+    for (int d = 0; d < decode; ++d) core->on(ev::decode_load{room(d)});
+  }
+  worker_ref ref(pool_side s, int32_t i) const { return {i, core->gen(s, i)}; }
+  worker_ref P(int32_t i) const { return ref(pool_side::prefill, i); }
+  worker_ref D(int32_t i) const { return ref(pool_side::decode, i); }
+
+  void run(const std::vector<row>& rows) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::vector<std::string> got;
+      for (const auto& c : core->on(rows[i].in)) got.push_back(show(c));
+      EXPECT_EQ(got, rows[i].out) << "row " << i;
+      for (const auto& [id, ph] : rows[i].after) {
+        const entry* e = core->find(id);
+        if (!ph) {
+          EXPECT_EQ(e, nullptr) << "row " << i << ": r" << id << " should be forgotten";
+        } else if (!e) {
+          ADD_FAILURE() << "row " << i << ": r" << id << " is gone, expected " << to_string(*ph);
+        } else {
+          EXPECT_EQ(to_string(e->current()), to_string(*ph)) << "row " << i << ": r" << id;
+        }
+      }
+    }
+  }
+  double counter(const std::string& name) {
+    const auto j = nlohmann::json::parse(metrics.to_json());
+    double sum = 0;
+    if (j["counters"].contains(name))
+      for (const auto& s : j["counters"][name]) sum += s["value"].get<double>();
+    return sum;
+  }
+
+  metrics::registry metrics;
+  clock::time_point now = clock::time_point{} + 1h;
+  std::unique_ptr<router_core> core;
+};
+
+constexpr auto waiting_ = phase::waiting;
+constexpr auto prefilling_ = phase::prefilling;
+constexpr auto direct_ = phase::direct;
+constexpr auto decoding_ = phase::decoding;
+constexpr auto migrating_ = phase::migrating;
+
+TEST_F(RouterCore, DisaggregatedLifecycle) {
+  make(serving_mode::disaggregated, 1, 1);
+  run({
+      // Dispatched to prefill and queued for decode credits at once (KV streams as it prefills).
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}, {{1, prefilling_}}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}, {{1, prefilling_}}},
+      {ev::prefilled{1, 0, false}, {"state r1 transferring"}, {{1, prefilling_}}},
+      {ev::ship_started{1}, {}, {{1, prefilling_}}},
+      {ev::worker_state{1, pool_side::decode, D(0), request_state::decoding}, {}, {{1, decoding_}}},
+      // A normal end: the workers end it themselves, nothing to cancel.
+      {ev::ended{1, request_state::finished, 5.0}, {}, {{1, std::nullopt}}},
+  });
+  EXPECT_TRUE(core->prefill_queue().empty());
+  EXPECT_TRUE(core->decode_queue().empty());
+}
+
+TEST_F(RouterCore, ColocatedWorkerDiesWhileDecodingTheRequestMigrates) {
+  make(serving_mode::colocated, 2, 0);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1"}, {{1, prefilling_}}},
+      {ev::worker_state{1, pool_side::prefill, P(0), request_state::decoding}, {}, {{1, decoding_}}},
+      {ev::worker_down{pool_side::prefill, P(0)}, {"resume? r1"}, {{1, migrating_}}},
+      // Prompt plus the three tokens it has, prefilled again elsewhere: a new attempt (epoch 2).
+      {ev::resume_answer{1, std::vector<token_id>{7, 8, 9}}, {"state r1 queued", "prefill p1 r1 e2"}, {{1, prefilling_}}},
+  });
+  const entry* e = core->find(1);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->spec.resumed, 3);
+  EXPECT_EQ(e->spec.prompt.size(), 43u);
+  EXPECT_EQ(e->migrations, 1);
+}
+
+TEST_F(RouterCore, PrefillWorkerDiesMidPrefillTheRequestStartsAgainElsewhere) {
+  make(serving_mode::disaggregated, 2, 1);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
+      // Its credits go back and it goes to the front of the prefill queue, then to p1.
+      {ev::worker_down{pool_side::prefill, P(0)},
+       {"cancel d0 r1", "state r1 queued", "prefill p1 r1 e2", "reserve d0 r1 #2"},
+       {{1, prefilling_}}},
+  });
+  EXPECT_EQ(counter("tandem_reprefills_total"), 1);
+}
+
+TEST_F(RouterCore, PrefillWorkerDiesWhileShippingAnOrphanCheckDecides) {
+  make(serving_mode::disaggregated, 2, 1);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
+      {ev::prefilled{1, 0, false}, {"state r1 transferring"}},
+      {ev::ship_started{1}, {}},
+      // The link may still deliver what it holds: checked again later, not requeued now.
+      {ev::worker_down{pool_side::prefill, P(0)}, {"orphan? r1"}, {{1, prefilling_}}},
+      // Never arrived: prefilled again (its credits back first).
+      {ev::orphan_check{1, 1}, {"cancel d0 r1", "resume? r1"}, {{1, migrating_}}},
+      {ev::resume_answer{1, std::vector<token_id>{}}, {}, {{1, migrating_}}},  // it ended meanwhile
+  });
+}
+
+TEST_F(RouterCore, OrphanCheckAfterDeliveryChangesNothing) {
+  make(serving_mode::disaggregated, 2, 1);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
+      {ev::prefilled{1, 0, false}, {"state r1 transferring"}},
+      {ev::ship_started{1}, {}},
+      {ev::worker_down{pool_side::prefill, P(0)}, {"orphan? r1"}},
+      {ev::worker_state{1, pool_side::decode, D(0), request_state::decoding}, {}, {{1, decoding_}}},
+      {ev::orphan_check{1, 1}, {}, {{1, decoding_}}},
+  });
+}
+
+TEST_F(RouterCore, DecodeWorkerDiesBeforeTheKvArrivesItIsReservedElsewhere) {
+  make(serving_mode::disaggregated, 1, 2);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
+      // Still prefilling: only its decode claim moves (the new link resends everything).
+      {ev::worker_down{pool_side::decode, D(0)}, {"reserve d1 r1 #2"}, {{1, prefilling_}}},
+      {ev::reserve_answer{2, 1, 1, ev::reply::granted}, {"ship p0->d1 r1"}},
+  });
+}
+
+TEST_F(RouterCore, DecodeWorkerDiesWhileDecodingUpToTheMigrationLimit) {
+  make(serving_mode::disaggregated, 1, 2);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
+      {ev::prefilled{1, 0, false}, {"state r1 transferring"}},
+      {ev::worker_state{1, pool_side::decode, D(0), request_state::decoding}, {}, {{1, decoding_}}},
+      // Its lease on p0 (if any is left) ends; it asks its actor for the tokens so far.
+      {ev::worker_down{pool_side::decode, D(0)}, {"release p0 r1", "resume? r1"}, {{1, migrating_}}},
+      {ev::resume_answer{1, std::vector<token_id>{5}}, {"state r1 queued", "prefill p0 r1 e2", "reserve d1 r1 #2"}},
+      {ev::reserve_answer{2, 1, 1, ev::reply::granted}, {"ship p0->d1 r1"}},
+      {ev::prefilled{1, 0, false}, {"state r1 transferring"}},
+      {ev::worker_state{1, pool_side::decode, D(1), request_state::decoding}, {}, {{1, decoding_}}},
+      // No decode worker left: looked at again soon (restarting, or degraded).
+      {ev::worker_down{pool_side::decode, D(1)}, {"release p0 r1", "resume? r1", "stranded?"}, {{1, migrating_}}},
+      {ev::joined{pool_side::decode, 0}, {"link p0->d0", "load? d0"}},
+      {ev::link_up{0, 0}, {}},
+  });
+  // (D(0) is read when a table is built: the restarted incarnation gets a table of its own.)
+  run({
+      {ev::decode_load{room(0)}, {}},
+      {ev::resume_answer{1, std::vector<token_id>{5, 6}}, {"state r1 queued", "prefill p0 r1 e3", "reserve d0 r1 #3"}},
+      {ev::reserve_answer{3, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
+      {ev::prefilled{1, 0, false}, {"state r1 transferring"}},
+      {ev::worker_state{1, pool_side::decode, D(0), request_state::decoding}, {}, {{1, decoding_}}},
+      // A third death: past max_migrations (2), it ends with worker_failed.
+      {ev::worker_down{pool_side::decode, D(0)}, {"fail r1 worker_failed", "stranded?"}, {{1, decoding_}}},
+      // Ended by that error: a lease its prefill worker may still hold ends too.
+      {ev::ended{1, request_state::failed, 0}, {"cancel p0 r1"}, {{1, std::nullopt}}},
+  });
+  EXPECT_EQ(counter("tandem_migrations_total"), 2);
+}
+
+TEST_F(RouterCore, FailedTransfersShipAgainThenPrefillAgain) {
+  make(serving_mode::disaggregated, 1, 1);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
+      {ev::prefilled{1, 0, false}, {"state r1 transferring"}},
+      // From the lease, once (max_transfer_retries = 1) ...
+      {ev::transfer_failed{1, 1, 0}, {"ship p0->d0 r1"}, {{1, prefilling_}}},
+      // ... then prefilled again: lease released, credits back.
+      {ev::transfer_failed{1, 1, 0}, {"release p0 r1", "cancel d0 r1", "resume? r1"}, {{1, migrating_}}},
+      // A report of the old attempt after the new one started is stale: that lease ends.
+      {ev::resume_answer{1, std::vector<token_id>{4}}, {"state r1 queued", "prefill p0 r1 e2", "reserve d0 r1 #2"}},
+      {ev::transfer_failed{1, 1, 0}, {"release p0 r1 e1"}, {{1, prefilling_}}},
+  });
+  EXPECT_EQ(counter("tandem_kv_transfer_retries_total"), 1);
+}
+
+TEST_F(RouterCore, ALinkThatDiesIsReplacedAndAwaitingRequestsShipOverTheNewOne) {
+  make(serving_mode::disaggregated, 1, 1);
+  run({
+      {ev::link_down{0, 0}, {"link lost p0->d0", "link p0->d0"}},
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      // Credits held, no link yet: it waits for the link, then ships.
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {}},
+      {ev::link_up{0, 0}, {"ship p0->d0 r1"}},
+      {ev::link_stuck{0, 0}, {"kill link p0->d0", "link lost p0->d0", "link p0->d0"}},
+  });
+  EXPECT_FALSE(core->link_ready(0, 0));
+}
+
+TEST_F(RouterCore, RefusedAndFailedReservationsWaitForAFreshReport) {
+  make(serving_mode::disaggregated, 1, 2);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      // Refused (a stale view of d0): back to the front, a fresh report asked for; d1 next.
+      {ev::reserve_answer{1, 0, 1, ev::reply::refused}, {"load? d0", "reserve d1 r1 #2"}},
+      // No answer (d1 stuck): left out until it reports; d0 has reported nothing new either.
+      {ev::reserve_answer{2, 1, 1, ev::reply::failed}, {}},
+      {ev::decode_load{room(0)}, {"reserve d0 r1 #3"}},
+      {ev::reserve_answer{3, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
+  });
+}
+
+TEST_F(RouterCore, DecodeWorkerDiesDuringAReservationItsLateGrantIsGivenBack) {
+  make(serving_mode::disaggregated, 1, 2);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::worker_down{pool_side::decode, D(0)}, {"reserve d1 r1 #2"}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"cancel d0 r1"}},
+      {ev::reserve_answer{2, 1, 1, ev::reply::granted}, {"ship p0->d1 r1"}},
+  });
+}
+
+TEST_F(RouterCore, DoneInPrefillGivesTheDecodeCreditsBack) {
+  make(serving_mode::disaggregated, 1, 1);
+  run({
+      {ev::submit{spec(40, 1)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
+      {ev::prefilled{1, 0, true}, {"cancel d0 r1"}, {{1, prefilling_}}},
+      {ev::ended{1, request_state::finished, 0}, {}, {{1, std::nullopt}}},
+  });
+}
+
+TEST_F(RouterCore, ACancelledRequestIsFreedWhereverItIs) {
+  make(serving_mode::disaggregated, 1, 1);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::submit{spec(40)}, {"admit r2 @0", "prefill p0 r2 e1"}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1", "reserve d0 r2 #2"}},
+      {ev::ended{1, request_state::cancelled, 0}, {"cancel p0 r1", "cancel d0 r1"}, {{1, std::nullopt}}},
+      // Cancelled while its reservation is in flight: the grant is given back.
+      {ev::ended{2, request_state::cancelled, 0}, {"cancel p0 r2"}, {{2, std::nullopt}}},
+      {ev::reserve_answer{2, 0, 2, ev::reply::granted}, {"cancel d0 r2"}},
+  });
+  EXPECT_EQ(core->size(), 0u);
+}
+
+TEST_F(RouterCore, StorePromptsGoStraightToDecodeAndFallBackToPrefill) {
+  make(serving_mode::disaggregated, 1, 1, /*store=*/true);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "store? r1 2"}, {{1, waiting_}}},
+      // The store holds both full blocks before the last token: no prefill worker, no link.
+      {ev::store_answer{1, 2}, {"reserve d0 r1 #1"}, {{1, direct_}}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"fetch d0 r1"}},
+      // The blocks left the store: prefilled after all (and never sent direct again).
+      {ev::fetch_answer{1, 1, false}, {"cancel d0 r1", "state r1 queued", "prefill p0 r1 e2", "reserve d0 r1 #2"},
+       {{1, prefilling_}}},
+  });
+  EXPECT_EQ(counter("tandem_router_direct_fallbacks_total"), 1);
+}
+
+TEST_F(RouterCore, AStrandedPoolEndsItsRequestsAndRefusesNewOnes) {
+  make(serving_mode::disaggregated, 1, 1);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::worker_down{pool_side::prefill, P(0)}, {"state r1 queued", "stranded?"}, {{1, waiting_}}},
+      {ev::stranded_check{}, {"fail r1 worker_failed"}},
+      {ev::submit{spec(10)}, {"refuse worker_failed"}},
+      // A worker joining again clears it.
+      {ev::joined{pool_side::prefill, 0}, {"link p0->d0", "prefill p0 r1 e2"}},
+  });
+}
+
+TEST_F(RouterCore, AdmissionRefusesWhatCannotFit) {
+  make(serving_mode::disaggregated, 1, 1);
+  run({{ev::submit{spec(300)}, {"refuse context_overflow"}}});
+  EXPECT_EQ(core->size(), 0u);
+}
+
+TEST_F(RouterCore, StalledWorkersAreKilled) {
+  make(serving_mode::disaggregated, 1, 1);
+  run({
+      {ev::heartbeat{pool_side::prefill, P(0), true, 3}, {}},
+      {ev::heartbeat{pool_side::decode, D(0), false, 0}, {}},
+  });
+  now += 200ms;
+  run({
+      {ev::heartbeat{pool_side::prefill, P(0), true, 3}, {"kill p0"}},  // the same step for too long
+      {ev::heartbeat{pool_side::decode, D(0), false, 0}, {}},            // idle is not stalled
+      {ev::heartbeat_missed{pool_side::decode, D(0)}, {"kill d0"}},       // no answer at all
+      {ev::heartbeat_missed{pool_side::decode, {0, 99}}, {}},             // an incarnation long gone
+  });
+}
+
+TEST_F(RouterCore, ALostNodesWorkerIsIsolatedAndItsRequestsRecovered) {
+  make(serving_mode::disaggregated, 2, 1);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::worker_lost{pool_side::prefill, 0},
+       {"isolate p0", "state r1 queued", "prefill p1 r1 e2"},
+       {{1, prefilling_}}},
+      // Its late down message changes nothing more.
+      {ev::worker_down{pool_side::prefill, P(0)}, {}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"cancel d0 r1", "reserve d0 r1 #2"}},
+  });
+  EXPECT_FALSE(core->link_ready(0, 0));
+  EXPECT_TRUE(core->link_ready(1, 0));
+}
+
+TEST_F(RouterCore, ViewShowsWhereEachRequestIs) {
+  make(serving_mode::disaggregated, 1, 1);
+  core->on(ev::submit{spec(40)});
+  core->on(ev::submit{spec(40)});
+  core->on(ev::reserve_answer{1, 0, 1, ev::reply::granted});
+  core->on(ev::prefilled{1, 0, false});
+  const router_view v = core->view(10);
+  ASSERT_EQ(v.requests.size(), 2u);
+  EXPECT_EQ(v.requests[0].state, request_state::transferring);
+  EXPECT_EQ(v.requests[0].prefill_worker, 0);
+  EXPECT_EQ(v.requests[0].decode_worker, 0);
+  EXPECT_EQ(v.requests[1].state, request_state::prefilling);
+  EXPECT_EQ(v.requests[1].decode_worker, -1);
+  EXPECT_EQ(v.links, 1);
+  EXPECT_EQ(v.by_state[size_t(request_state::prefilling)], 1);
+}
+
+}  // namespace
+}  // namespace tandem::sched
