@@ -97,20 +97,16 @@ void kick(self_ptr self) {
 void on_token(self_ptr self, colocated_worker_state::seq_entry& e, token_id tok,
               const std::shared_ptr<const token_logprobs>& lp) {
   const request_id id = e.spec.id;
-  if (ends_generation(e.spec.sampling, e.spec.ignore_eos, self->state.we->eng->get_model().tok(), tok)) {
-    self->send(e.req, done_atom::value, std::string("stop"));
-    drop(self, id);
-    return;
+  const bool eog = ends_generation(e.spec.sampling, e.spec.ignore_eos, self->state.we->eng->get_model().tok(), tok);
+  const finish_reason end = finish_after(e.spec, e.generated + 1, eog, self->state.we->eng->config().n_ctx);
+  if (end != finish_reason::stop) {
+    send_token(self, e.req, e.generated, tok, lp);
+    ++e.generated;
+    if (e.spec.sampling.penalizes()) e.output.push_back(tok);
+    e.last = tok;
   }
-  send_token(self, e.req, e.generated, tok, lp);
-  ++e.generated;
-  if (e.spec.sampling.penalizes()) e.output.push_back(tok);
-  e.last = tok;
-  // The next step feeds the last token at position prompt + generated - 1: full once that is
-  // past the last position (a one-token-early stop here once cut outputs short of a lone engine's).
-  const bool context_full = e.spec.original_prompt_tokens() + e.generated - 1 >= self->state.we->eng->config().n_ctx;
-  if (e.generated >= e.spec.max_tokens || context_full) {
-    self->send(e.req, done_atom::value, std::string("length"));
+  if (end != finish_reason::none) {
+    self->send(e.req, done_atom::value, end);
     drop(self, id);
   }
 }

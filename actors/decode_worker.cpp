@@ -17,11 +17,11 @@ void report_load(self_ptr self) {
   self->send(st.router, load_atom::value, l);
 }
 
-void retire(self_ptr self, request_id id, const std::string& reason) {
+void retire(self_ptr self, request_id id, finish_reason reason) {
   auto& st = self->state;
   auto it = st.active.find(id);
   if (it == st.active.end()) return;
-  if (!reason.empty()) self->send(it->second.req, done_atom::value, reason);
+  if (reason != finish_reason::none) self->send(it->second.req, done_atom::value, reason);
   // A finished answer's blocks (past the prompt's, which its prefill worker published) go to
   // the host store: the conversation's next turn starts with all of it. Only between steps.
   if (!st.we->busy && it->second.seq != 0)
@@ -83,18 +83,14 @@ void kick(self_ptr self) {
 void on_token(self_ptr self, decode_worker_state::active_seq& a, token_id tok,
               const std::shared_ptr<const token_logprobs>& lp) {
   const request_id id = a.spec.id;
-  if (ends_generation(a.spec.sampling, a.spec.ignore_eos, self->state.we->eng->get_model().tok(), tok)) {
-    retire(self, id, "stop");
-    return;
-  }
+  const bool eog = ends_generation(a.spec.sampling, a.spec.ignore_eos, self->state.we->eng->get_model().tok(), tok);
+  const finish_reason end = finish_after(a.spec, a.generated + 1, eog, self->state.we->eng->config().n_ctx);
+  if (end == finish_reason::stop) return retire(self, id, end);
   send_token(self, a.req, a.generated, tok, lp);
   ++a.generated;
   if (a.spec.sampling.penalizes()) a.output.push_back(tok);
   a.last = tok;
-  // The next step feeds the last token at position prompt + generated - 1: full once that is
-  // past the last position (a one-token-early stop here once cut outputs short of a lone engine's).
-  const bool context_full = a.spec.original_prompt_tokens() + a.generated - 1 >= self->state.we->eng->config().n_ctx;
-  if (a.generated >= a.spec.max_tokens || context_full) retire(self, id, "length");
+  if (end == finish_reason::length) retire(self, id, end);
 }
 
 void apply(self_ptr self, step_result& r) {
@@ -145,7 +141,7 @@ void apply(self_ptr self, step_result& r) {
       if (a.in_step) ids.push_back(id);
     for (auto id : ids) {
       self->send(st.active.at(id).req, fail_atom::value, r.error.code(), r.error.message());
-      retire(self, id, "");
+      retire(self, id, finish_reason::none);
     }
     return;
   }
@@ -154,7 +150,7 @@ void apply(self_ptr self, step_result& r) {
     if (it == st.active.end() || !it->second.in_step) continue;
     it->second.in_step = false;
     if (it->second.cancelled) {
-      retire(self, t.id, "");
+      retire(self, t.id, finish_reason::none);
       continue;
     }
     on_token(self, it->second, t.token, t.logprobs);
@@ -270,7 +266,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         st.staged.erase(id);
         if (auto it = st.active.find(id); it != st.active.end()) {
           if (it->second.in_step) it->second.cancelled = true;
-          else retire(self, id, "");
+          else retire(self, id, finish_reason::none);
         }
         for (auto it = st.arrivals.begin(); it != st.arrivals.end(); ++it) {
           if (it->spec.id != id) continue;

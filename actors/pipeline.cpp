@@ -130,7 +130,7 @@ generation_result request_handle::wait(std::chrono::milliseconds timeout) {
         break;
     }
   }
-  if (r.finish_reason.empty() && r.error == errc::ok) {
+  if (r.finish_reason == finish_reason::none && r.error == errc::ok) {
     r.error = errc::io_error;
     r.message = "timed out waiting for the request to finish";
   }

@@ -110,7 +110,7 @@ struct generation_result {
   request_id id = 0;
   std::vector<token_id> tokens;
   std::string text;
-  std::string finish_reason;                // "stop", "length", "cancelled"; empty on error
+  tandem::finish_reason finish_reason = tandem::finish_reason::none;  // none on error
   errc error = errc::ok;
   std::string message;
   double retry_after_ms = 0;

@@ -233,14 +233,10 @@ void apply(self_ptr self, step_result& r) {
     const request_id id = it->spec.id;
     const bool eog = ends_generation(it->spec.sampling, it->spec.ignore_eos, st.we->eng->get_model().tok(), tok->token);
     const int32_t index = it->spec.resumed;  // 0, or where a migrated request goes on
-    const bool last = index + 1 >= it->spec.max_tokens;
-    if (eog) {
-      self->send(it->req, done_atom::value, std::string("stop"));
-    } else {
-      send_token(self, it->req, index, tok->token, tok->logprobs);
-      if (last) self->send(it->req, done_atom::value, std::string("length"));
-    }
-    const bool finished = eog || last;
+    const finish_reason end = finish_after(it->spec, index + 1, eog, st.we->eng->config().n_ctx);
+    if (end != finish_reason::stop) send_token(self, it->req, index, tok->token, tok->logprobs);
+    if (end != finish_reason::none) self->send(it->req, done_atom::value, end);
+    const bool finished = end != finish_reason::none;
     // The blocks it computed (not those it started with) go to the host store for others.
     if (st.we->eng->prefix_cache_enabled())
       publish_to_store(st.opts, *st.we->eng, it->seq, it->reuse.reused / st.we->eng->block_size());

@@ -112,7 +112,7 @@ using request_actor = caf::typed_actor<
     caf::reacts_to<token_atom, int32_t, token_id>,              // token #index (from the worker producing it)
     caf::reacts_to<token_atom, int32_t, token_id, token_logprobs>,  // ... with its log-probabilities
     caf::reacts_to<kv_atom, uint64_t, double>,                  // KV moved: bytes, ms (from the KV link)
-    caf::reacts_to<done_atom, std::string>,                     // finished with this reason
+    caf::reacts_to<done_atom, finish_reason>,                   // finished with this reason
     caf::reacts_to<fail_atom, errc, std::string>,               // ended by an error
     caf::reacts_to<credit_atom, int32_t>,                       // the subscriber consumed n events
     caf::reacts_to<cancel_atom>,                                // the client gives up

@@ -135,7 +135,7 @@ request_actor::behavior_type request_behavior(self_ptr self, request_spec spec, 
       self->state.buffered.clear();
       if (!is_terminal(self->state.state)) {
         request_event ev = make_event(event_kind::done);
-        ev.finish_reason = "cancelled";
+        ev.finish_reason = finish_reason::cancelled;
         finish(self, request_state::cancelled, std::move(ev));
       }
       self->quit();
@@ -175,7 +175,7 @@ request_actor::behavior_type request_behavior(self_ptr self, request_spec spec, 
         self->state.kv_bytes += bytes;
         self->state.kv_ms += ms;
       },
-      [self](done_atom, const std::string& reason) {
+      [self](done_atom, finish_reason reason) {
         auto& st = self->state;
         if (is_terminal(st.state)) return;
         // Whatever the decoder still holds (an incomplete character) ends the text.
@@ -224,7 +224,7 @@ request_actor::behavior_type request_behavior(self_ptr self, request_spec spec, 
         auto& st = self->state;
         if (is_terminal(st.state)) return;
         request_event done = make_event(event_kind::done);
-        done.finish_reason = "cancelled";
+        done.finish_reason = finish_reason::cancelled;
         finish(self, request_state::cancelled, std::move(done));
       },
   };

@@ -92,7 +92,7 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
         if (it == st.forwarded.end()) return;
         request_event done = make_event(event_kind::done);
         done.id = id;
-        done.finish_reason = "cancelled";
+        done.finish_reason = finish_reason::cancelled;
         self->send(it->sub, std::move(done));
         st.forwarded.erase(it);
       },

@@ -15,6 +15,7 @@ void register_wire_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<worker_stats>("tandem::worker_stats");
   cfg.add_message_type<kv_blocks_ptr>("tandem::kv_blocks");
   cfg.add_message_type<request_state>("tandem::request_state");
+  cfg.add_message_type<finish_reason>("tandem::finish_reason");
   cfg.add_message_type<errc>("tandem::errc");
   cfg.add_message_type<std::vector<token_id>>("std::vector<int32_t>");
   cfg.add_message_type<std::vector<uint64_t>>("std::vector<uint64_t>");

@@ -31,6 +31,11 @@ enum class request_state : uint8_t {
 std::string_view to_string(request_state s);
 bool is_terminal(request_state s);
 
+// Why a request ended normally (OpenAI's finish_reason). none: it has not.
+enum class finish_reason : uint8_t { none, stop, length, cancelled };
+std::string_view to_string(finish_reason r);  // "" for none
+std::optional<finish_reason> parse_finish_reason(std::string_view s);
+
 // What a client asks for, tokens already made.
 struct request_spec {
   request_id id = 0;
@@ -53,6 +58,13 @@ struct request_spec {
   int32_t total_tokens() const { return original_prompt_tokens() + max_tokens; }  // KV it can need
 };
 
+// The one rule that ends a sequence, after it sampled its output token number generated - 1
+// (`generated` counts it; a migrated request counts its resumed tokens too) in a context of
+// n_ctx positions. stop: that token ends the generation (it is not output); length: it is
+// output and is the last (max_tokens reached, or no position left to feed it back); none: go on.
+// Every worker and `tandem generate` end sequences by this, and nothing else.
+finish_reason finish_after(const request_spec& spec, int32_t generated, bool ends_generation, int32_t n_ctx);
+
 enum class event_kind : uint8_t { accepted, token, done, error };
 std::string_view to_string(event_kind k);
 
@@ -65,7 +77,7 @@ struct request_event {
   std::string text;              // token: the UTF-8 text it completes (may be empty)
   std::optional<token_logprobs> logprobs;  // token: when the request asked for them
   int32_t queue_position = 0;    // accepted
-  std::string finish_reason;     // done: "stop", "length" or "cancelled"
+  tandem::finish_reason finish_reason = tandem::finish_reason::none;  // done
   metrics::request_timings timings;  // done
   errc code = errc::ok;          // error
   std::string message;           // error

@@ -10,6 +10,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/model.h"
+#include "runtime/request_types.h"
 #include "runtime/sampler.h"
 #include "runtime/synth.h"
 
@@ -33,14 +34,17 @@ inline std::vector<token_id> alone(const model& m, const std::vector<token_id>& 
   EXPECT_TRUE(eng.prefill(s, prompt, logits).ok());
   std::vector<token_id> out;
   std::vector<float> adjusted;
+  request_spec rule;  // what the workers' stop rule reads
+  rule.prompt = prompt;
+  rule.max_tokens = max_tokens;
   for (int32_t i = 0; i < max_tokens; ++i) {
     const token_id t =
         sample(adjusted_logits(logits, sp, uint64_t(i), m.tok(), adjusted, out, prompt), sp, uint64_t(i));
-    if (ends_generation(sp, ignore_eos, m.tok(), t)) break;
+    const finish_reason end = finish_after(rule, i + 1, ends_generation(sp, ignore_eos, m.tok(), t), m.config().n_ctx);
+    if (end == finish_reason::stop) break;
     out.push_back(t);
-    if (i + 1 < max_tokens) {
-      EXPECT_TRUE(eng.decode(std::span(&s, 1), std::span(&t, 1), logits).ok());
-    }
+    if (end == finish_reason::length) break;
+    EXPECT_TRUE(eng.decode(std::span(&s, 1), std::span(&t, 1), logits).ok());
   }
   return out;
 }

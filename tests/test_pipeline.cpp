@@ -117,7 +117,7 @@ TEST_P(SameOutput, ConcurrentRequestsEqualALoneEngine) {
   for (auto& j : jobs) {
     const auto r = j.h.wait(60s);
     ASSERT_EQ(r.error, errc::ok) << r.message;
-    EXPECT_EQ(r.finish_reason, "length");
+    EXPECT_EQ(r.finish_reason, finish_reason::length);
     EXPECT_EQ(r.tokens, alone(*m, j.prompt, j.max_tokens, j.sp, true)) << "request " << r.id;
     EXPECT_EQ(r.timings.output_tokens, j.max_tokens);
     EXPECT_GT(r.timings.ttft_ms, 0);
@@ -245,7 +245,7 @@ TEST(Pipeline, CancellationInEveryStateFreesEverything) {
             cancelled = true;
           }
           if (ev.kind == event_kind::done) {
-            EXPECT_EQ(ev.finish_reason, "cancelled");
+            EXPECT_EQ(ev.finish_reason, finish_reason::cancelled);
           }
           ASSERT_NE(ev.kind, event_kind::error) << ev.message;
         }
@@ -277,7 +277,7 @@ TEST(Pipeline, ConnectionCarriesManyRequestsAndClosingItCancelsThem) {
     request_event ev;
     while (c.unfinished() > 0 && c.next(ev, 30s)) {
       if (ev.kind == event_kind::token && ev.token >= 0) got[ev.id].push_back(ev.token);
-      if (ev.kind == event_kind::done) ends[ev.id] = ev.finish_reason;
+      if (ev.kind == event_kind::done) ends[ev.id] = std::string(to_string(ev.finish_reason));
       if (ev.kind == event_kind::error) ends[ev.id] = "error:" + std::string(to_string(ev.code));
     }
     EXPECT_EQ(ends[bad], "error:invalid_argument");
@@ -389,7 +389,7 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
     for (size_t i = 0; i < jobs.size(); ++i) {
       auto r = jobs[i].h.wait(30s);
       ASSERT_EQ(r.error, errc::ok) << i << ": " << r.message;
-      EXPECT_EQ(r.finish_reason, "length");
+      EXPECT_EQ(r.finish_reason, finish_reason::length);
       if (i == 0) r.tokens.insert(r.tokens.begin(), first.begin(), first.end());
       EXPECT_EQ(r.tokens, alone(*m, jobs[i].prompt, 120, jobs[i].sp, true)) << "request " << i;
     }
@@ -449,6 +449,35 @@ TEST(Pipeline, MigrationLimitEndsTheRequestClearly) {
   expect_no_leaks(p);
 }
 
+// The one stop rule at the edge of the context, in every mode: a prompt of n_ctx - 1 tokens
+// gets two tokens (the last sampled from the last position), one of n_ctx tokens gets one (it
+// ends in the prefill worker, where it once went on to decode and failed there), one of
+// n_ctx + 1 is refused up front.
+TEST(Pipeline, ContextEdgeEndsTheSameInEveryMode) {
+  const int32_t n_ctx = tiny()->config().n_ctx;
+  for (const auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
+    SCOPED_TRACE(std::string(to_string(mode)));
+    pipeline_config cfg;
+    cfg.loaded_model = tiny();
+    cfg.mode = mode;
+    pipeline p(cfg);
+    for (const int32_t n : {n_ctx - 1, n_ctx, n_ctx + 1}) {
+      SCOPED_TRACE(n);
+      const auto prompt = prompt_of(n, 5, tiny()->config().n_vocab);
+      const auto r = p.submit({.prompt_tokens = prompt, .max_tokens = 10, .ignore_eos = true}).wait(30s);
+      if (n > n_ctx) {
+        EXPECT_EQ(r.error, errc::context_overflow) << r.message;
+        continue;
+      }
+      EXPECT_EQ(r.error, errc::ok) << r.message;
+      EXPECT_EQ(r.finish_reason, finish_reason::length);
+      EXPECT_EQ(int32_t(r.tokens.size()), n_ctx + 1 - n);
+      EXPECT_EQ(r.tokens, alone(*tiny(), prompt, 10, {.temperature = 0.0f}, true));
+    }
+    expect_no_leaks(p);
+  }
+}
+
 // Fault injection by kind or by the name kill() returns; unknown kinds are refused clearly.
 TEST(Pipeline, KillsByKindAndByName) {
   pipeline_config cfg;
@@ -469,7 +498,7 @@ TEST(Pipeline, KillsByKindAndByName) {
   // Still serving afterwards, exactly.
   const auto prompt = prompt_of(12, 3, tiny()->config().n_vocab);
   auto r = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .ignore_eos = true}).wait();
-  EXPECT_EQ(r.finish_reason, "length") << r.message;
+  EXPECT_EQ(r.finish_reason, finish_reason::length) << r.message;
   EXPECT_EQ(r.tokens, testing_support::alone(*tiny(), prompt, 8, {.temperature = 0.0f}, true));
 }
 

@@ -75,9 +75,9 @@ TEST_F(WireFixture, LoadsStatsStatesAndErrorsKeepEveryField) {
   w.steps = 99;
   w.busy = true;
   w.finished_steps = 98;
-  auto out = round_trip(caf::make_message(p, d, w, request_state::transferring, errc::checksum_mismatch));
+  auto out = round_trip(caf::make_message(p, d, w, request_state::transferring, errc::checksum_mismatch, finish_reason::length));
   // (CAF 0.17 carries an error code enum as caf::error, in one process as across two.)
-  ASSERT_TRUE((out.match_elements<prefill_worker_load, decode_worker_load, worker_stats, request_state, caf::error>()))
+  ASSERT_TRUE((out.match_elements<prefill_worker_load, decode_worker_load, worker_stats, request_state, caf::error, finish_reason>()))
       << to_string(out);
   const auto& p2 = out.get_as<prefill_worker_load>(0);
   EXPECT_EQ(p2.worker, 3);
@@ -101,6 +101,7 @@ TEST_F(WireFixture, LoadsStatsStatesAndErrorsKeepEveryField) {
   EXPECT_EQ(w2.finished_steps, 98u);
   EXPECT_EQ(out.get_as<request_state>(3), request_state::transferring);
   EXPECT_EQ(from_caf_error(out.get_as<caf::error>(4)).code(), errc::checksum_mismatch);
+  EXPECT_EQ(out.get_as<finish_reason>(5), finish_reason::length);  // done_atom's reason, from a remote worker
 }
 
 TEST_F(WireFixture, KvSetsKeepNullEmptyAndPayloads) {

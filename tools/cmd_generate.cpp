@@ -85,20 +85,23 @@ int run_generate(const generate_opts& o) {
   std::vector<token_id> out;
   std::string text;
   stream_decoder dec(m->tok());
-  std::string finish = "length";
+  finish_reason finish = finish_reason::length;
+  request_spec rule;  // what the workers' stop rule reads
+  rule.prompt = prompt;
+  rule.max_tokens = o.n_predict;
   const auto t_decode = clock_type::now();
   for (int i = 0; i < o.n_predict; ++i) {
     const token_id t = sample(logits, sp, uint64_t(i));
-    if (!o.ignore_eos && m->tok().is_eog(t)) {
-      finish = "stop";
+    const finish_reason end = finish_after(rule, i + 1, ends_generation(sp, o.ignore_eos, m->tok(), t), c.n_ctx);
+    if (end == finish_reason::stop) {
+      finish = end;
       break;
     }
     out.push_back(t);
     const std::string piece = dec.push(t);
     text += piece;
     if (!o.json && !piece.empty()) std::cout << piece << std::flush;
-    if (i + 1 == o.n_predict) break;  // the last token needs no forward pass
-    if (int(prompt.size()) + i >= c.n_ctx) break;  // no position left for it: the context is full
+    if (end == finish_reason::length) break;  // the last token needs no forward pass
     check(eng.decode(std::span(&s, 1), std::span(&t, 1), logits));
   }
   const double decode_ms = ms_since(t_decode);
@@ -110,7 +113,7 @@ int run_generate(const generate_opts& o) {
     nlohmann::json j = {{"prompt_token_ids", prompt},
                         {"token_ids", out},
                         {"text", text},
-                        {"finish_reason", finish},
+                        {"finish_reason", std::string(to_string(finish))},
                         {"seed", sp.seed},
                         {"timings",
                          {{"prefill_ms", prefill_ms},
@@ -124,7 +127,7 @@ int run_generate(const generate_opts& o) {
   }
   spdlog::info("prompt {} tokens in {:.1f} ms ({:.0f} tok/s); {} tokens generated, {:.2f} ms/token ({:.1f} tok/s); finish: {}",
                prompt.size(), prefill_ms, double(prompt.size()) / (prefill_ms / 1000.0), out.size(), per_token,
-               per_token > 0 ? 1000.0 / per_token : 0.0, finish);
+               per_token > 0 ? 1000.0 / per_token : 0.0, to_string(finish));
   return 0;
 }
 
@@ -186,7 +189,7 @@ int run_pipeline(const generate_opts& o) {
     failed += r.error != errc::ok;
     if (o.json) {
       nlohmann::json j = {{"prompt", prompts[i]}, {"token_ids", r.tokens}, {"text", r.text},
-                          {"finish_reason", r.finish_reason}, {"timings", timings_json(r.timings)}};
+                          {"finish_reason", std::string(to_string(r.finish_reason))}, {"timings", timings_json(r.timings)}};
       if (r.error != errc::ok) j["error"] = {{"code", std::string(to_string(r.error))}, {"message", r.message}};
       results.push_back(std::move(j));
       continue;
@@ -197,7 +200,7 @@ int run_pipeline(const generate_opts& o) {
               << fmt::format("[queue {:.1f}+{:.1f} ms, prefill {:.1f} ms, ttft {:.1f} ms, tpot {:.2f} ms, kv {} B in {:.2f} ms, "
                              "{} tokens, {}]",
                              t.queue_prefill_ms, t.queue_decode_ms, t.prefill_ms, t.ttft_ms, t.tpot_ms, t.kv_bytes,
-                             t.kv_transfer_ms, t.output_tokens, r.finish_reason.empty() ? "error" : r.finish_reason)
+                             t.kv_transfer_ms, t.output_tokens, r.finish_reason == finish_reason::none ? std::string("error") : std::string(to_string(r.finish_reason)))
               << std::endl;
   }
   const double wall = ms_since(t0);

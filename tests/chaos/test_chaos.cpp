@@ -124,7 +124,7 @@ static void run_chaos_case(const chaos_case& c) {
                              } else if (ev.kind == event_kind::done || ev.kind == event_kind::error) {
                                ++s.finals;
                                s.end = ev.kind == event_kind::done
-                                           ? ev.finish_reason
+                                           ? std::string(to_string(ev.finish_reason))
                                            : "error:" + std::string(to_string(ev.code)) + ": " + ev.message;
                                ++ended;
                                cv.notify_all();
@@ -162,6 +162,19 @@ static void run_chaos_case(const chaos_case& c) {
       p.inject(f, 1, c.pool == "delay_kv" ? 300ms : 3000ms);
       ++killed;
       continue;
+    }
+    if (c.pool == "kv_link") {
+      // A link only has work while a request's KV streams over it (its decode credits held, its
+      // prefill not yet handed over): wait for such a moment (briefly), so that a busy machine's
+      // slower killer does not find every link idle until the requests are all done.
+      for (int i = 0; i < 100 && !all_done(); ++i) {
+        const auto now = p.stats(64);
+        if (std::any_of(now.requests.begin(), now.requests.end(), [](const auto& r) {
+              return (r.state == "prefilling" || r.state == "transferring") && !r.decode_worker.empty();
+            }))
+          break;
+        std::this_thread::sleep_for(1ms);
+      }
     }
     const int index = c.pool == "request" || c.pool == "router" ? -1 : int(rng() % uint64_t(c.workers));
     // Mixed: each kind in turn (from a seeded start), so no pool passes its restart intensity.

@@ -144,7 +144,7 @@ struct generation {
   std::unique_ptr<stop_matcher> stops;
   std::string text;
   std::vector<token_id> tokens;
-  std::string finish_reason;
+  tandem::finish_reason finish_reason = tandem::finish_reason::none;
   metrics::request_timings timings;
   bool ended = false;
   int64_t serial = 0;
@@ -166,7 +166,7 @@ std::string apply_event(connection& conn, generation& g, const request_event& ev
       std::string shown = g.stops->push(ev.text);
       if (g.stops->stopped()) {
         g.ended = true;
-        g.finish_reason = "stop";
+        g.finish_reason = finish_reason::stop;
         conn.cancel(g.rid);
       }
       g.text += shown;
@@ -637,7 +637,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
   void end_sse() {
-    write_raw(chunk(sse(chunk_json("", gen_->finish_reason))));
+    write_raw(chunk(sse(chunk_json("", std::string(to_string(gen_->finish_reason))))));
     if (gen_->req.include_usage) {
       json u = chunk_json("", nullptr);
       u["choices"] = json::array();
@@ -651,7 +651,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
   void respond_json() {
-    json choice = {{"index", 0}, {"finish_reason", gen_->finish_reason}};
+    json choice = {{"index", 0}, {"finish_reason", std::string(to_string(gen_->finish_reason))}};
     if (gen_->req.chat) choice["message"] = {{"role", "assistant"}, {"content", gen_->text}};
     else choice["text"] = gen_->req.echo ? echoed_prompt() + gen_->text : gen_->text;
     choice["logprobs"] = logprobs_json();
@@ -852,7 +852,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
         if (!shown.empty()) send_frame({{"type", "token"}, {"id", key}, {"index", g.index++}, {"text", shown}, {"token", -1}});
         send_frame({{"type", "done"},
                     {"id", key},
-                    {"finish_reason", g.finish_reason},
+                    {"finish_reason", std::string(to_string(g.finish_reason))},
                     {"usage", usage_json(g.timings)},
                     {"timings", timings_json(g.timings)}});
         end(key);
