@@ -162,6 +162,17 @@ struct pipeline::impl {
   uint16_t cluster_port = 0;
   std::atomic<request_id> next_id{1};
 
+  // The observer: refreshes `latest` when asked (snapshot()) or every interval otherwise.
+  struct observer {
+    mutable std::mutex mu;
+    mutable std::condition_variable cv;
+    mutable uint64_t asked = 1;  // snapshot() calls (the first refresh at once)
+    uint64_t answered = 0;       // the `asked` count the latest refresh began after
+    bool stop = false;
+    std::shared_ptr<const pipeline_stats> latest;
+    std::thread thread;
+  } watch;
+
   worker_options worker_opts(int32_t index, int32_t budget) const {
     worker_options o;
     o.index = index;
@@ -329,6 +340,44 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
     }
     im.cluster_port = *port;
   }
+  im.watch.thread = std::thread([this] {
+    auto& w = impl_->watch;
+    for (;;) {
+      uint64_t serving = 0;
+      {
+        std::unique_lock<std::mutex> lk(w.mu);
+        w.cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return w.asked > w.answered || w.stop; });
+        if (w.stop) return;
+        serving = w.asked;
+      }
+      auto s = std::make_shared<pipeline_stats>(stats(snapshot_listed));
+      // Degraded pools are marked by their supervisors in these gauges (and nowhere else).
+      for (const char* pool : {"prefill", "decode", "colocated", "router"})
+        if (metrics().get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", pool}})
+                .value() > 0)
+          s->degraded_pools.emplace_back(pool);
+      s->router_degraded = degraded();
+      s->cluster_nodes = cluster_nodes();
+      s->taken_at = std::chrono::steady_clock::now();
+      std::lock_guard<std::mutex> lk(w.mu);
+      w.latest = std::move(s);
+      w.answered = serving;
+      w.cv.notify_all();  // callers waiting for a fresh one
+    }
+  });
+}
+
+std::shared_ptr<const pipeline_stats> pipeline::snapshot() const {
+  auto& w = impl_->watch;
+  std::unique_lock<std::mutex> lk(w.mu);
+  const uint64_t ask = ++w.asked;
+  w.cv.notify_all();
+  // A refresh that began after this call, if one comes soon (it takes a round trip to the
+  // router and the workers); else the latest there is (a stuck worker delays only the
+  // observer). At start-up, the first one.
+  w.cv.wait_for(lk, w.latest ? std::chrono::milliseconds(50) : std::chrono::milliseconds(2000),
+                [&] { return w.answered >= ask; });
+  return w.latest;
 }
 
 uint16_t pipeline::cluster_port() const { return impl_->cluster_port; }
@@ -345,6 +394,12 @@ std::string pipeline::cluster_nodes() {
 
 pipeline::~pipeline() {
   auto& im = *impl_;
+  {
+    std::lock_guard<std::mutex> lk(im.watch.mu);
+    im.watch.stop = true;
+  }
+  im.watch.cv.notify_one();
+  if (im.watch.thread.joinable()) im.watch.thread.join();
   // The root stops the pools (workers first) and the router; request actors then end with an
   // error (no router will come); ~actor_system waits for every actor and compute thread.
   caf::anon_send_exit(im.root, caf::exit_reason::user_shutdown);

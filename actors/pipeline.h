@@ -190,6 +190,13 @@ struct pipeline_stats {
   };
   std::vector<request> requests;  // the oldest the router tracks, up to stats()' limit
   int32_t kv_links = 0, retiring_kv_links = 0;
+  // In snapshots only: pools past their restart intensity ("prefill", "decode", "colocated",
+  // "router"; they are not restarted any more), whether the router is (nothing is served),
+  // a router process's members as JSON (cluster_nodes()), and when it was taken.
+  std::vector<std::string> degraded_pools;
+  bool router_degraded = false;
+  std::string cluster_nodes = "[]";
+  std::chrono::steady_clock::time_point taken_at{};
 };
 
 class pipeline {
@@ -234,7 +241,15 @@ class pipeline {
 
   const model& get_model() const;
   metrics::registry& metrics();
+  // Asks the router and every worker now (blocks this thread up to seconds if one is stuck).
   pipeline_stats stats(size_t listed_requests = 0);
+  // A snapshot (stats(snapshot_listed) and the fields only snapshots fill) published by an
+  // observer thread, for callers that must not wait on an actor (the HTTP threads: /health,
+  // /admin/state, the dashboard): one taken after this call if it comes within 50 ms (a round
+  // trip to the router and the workers, normally about a millisecond), else the latest there
+  // is, however stuck a worker or the router is. At start-up it waits (up to 2 s) for the first.
+  std::shared_ptr<const pipeline_stats> snapshot() const;
+  static constexpr size_t snapshot_listed = 64;
   const pipeline_config& config() const;
 
  private:

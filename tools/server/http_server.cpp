@@ -356,31 +356,31 @@ class http_session : public std::enable_shared_from_this<http_session> {
     send_error(api_error{404, "invalid_request_error", "no such endpoint: " + path, "", "not_found"});
   }
 
+  // From the pipeline's latest snapshot: this thread never waits on an actor.
   void health() {
-    const auto st = srv_->pipe.stats();
+    const auto st = srv_->pipe.snapshot();
+    if (!st)
+      return send_json(http::status::service_unavailable, {{"status", "starting"}});
     int prefill = 0, decode = 0, colocated = 0;
-    for (const auto& w : st.workers) {
+    for (const auto& w : st->workers) {
       prefill += w.name.rfind("prefill", 0) == 0;
       decode += w.name.rfind("decode", 0) == 0;
       colocated += w.name.rfind("colocated", 0) == 0;
     }
     // Pools (and the router) past their restart intensity: they are not restarted any more.
-    json degraded = json::array();
-    for (const char* pool : {"prefill", "decode", "colocated", "router"})
-      if (srv_->pipe.metrics().get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", pool}}).value() > 0) degraded.push_back(pool);
+    const json degraded = st->degraded_pools;
     const bool disagg = srv_->pipe.config().mode == serving_mode::disaggregated;
     const bool workers_up = disagg ? prefill > 0 && decode > 0 : colocated > 0;
-    const bool router_up = !srv_->pipe.degraded();
-    const bool ready = !srv_->draining && workers_up && router_up;
+    const bool ready = !srv_->draining && workers_up && !st->router_degraded;
     const char* status = ready ? (degraded.empty() ? "ok" : "degraded") : !degraded.empty() ? "degraded" : "unavailable";
     json j = {{"status", status},
               {"mode", std::string(to_string(srv_->pipe.config().mode))},
               {"workers", {{"prefill", prefill}, {"decode", decode}, {"colocated", colocated}}},
               {"degraded_pools", degraded},
-              {"live_requests", st.live_requests}};
+              {"live_requests", st->live_requests}};
     if (srv_->pipe.cluster_port() != 0) {  // a router process: its members (other processes)
       j["cluster_port"] = srv_->pipe.cluster_port();
-      j["nodes"] = json::parse(srv_->pipe.cluster_nodes(), nullptr, false);
+      j["nodes"] = json::parse(st->cluster_nodes, nullptr, false);
     }
     send_json(ready ? http::status::ok : http::status::service_unavailable, j);
   }
@@ -437,9 +437,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
  public:
-  static constexpr size_t listed_requests = 50;  // the dashboard lists this many request actors
   static json state_json(http_server::impl& s) {
-    const auto st = s.pipe.stats(listed_requests);
+    const auto snap = s.pipe.snapshot();  // never waits on an actor
+    if (!snap) return json{{"starting", true}};
+    const pipeline_stats& st = *snap;
     json workers = json::array();
     for (const auto& w : st.workers)
       workers.push_back({{"name", w.name},
@@ -477,7 +478,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
               {"retiring_kv_links", st.retiring_kv_links}}},
             {"in_flight", s.in_flight.load()},
             {"workers", workers},
-            {"nodes", json::parse(s.pipe.cluster_nodes(), nullptr, false)},
+            {"nodes", json::parse(st.cluster_nodes, nullptr, false)},
             {"metrics", json::parse(s.pipe.metrics().to_json(), nullptr, false)}};
   }
 
