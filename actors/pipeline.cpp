@@ -229,32 +229,32 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   im.metrics->get_gauge("tandem_weight_resident_bytes", "Bytes of weights resident for all workers (shared copies counted once)")
       .set(weights);
   router_options ro;
-  ro.mode = im.cfg.mode;
-  ro.admission = im.cfg.admission;
-  ro.block_size = im.cfg.block_size;
-  ro.context_length = im.mdl->config().n_ctx;
-  ro.dispatch_tokens = std::max(im.cfg.prefill_token_budget, im.cfg.colocated_token_budget) * 2;
+  ro.core.mode = im.cfg.mode;
+  ro.core.admission = im.cfg.admission;
+  ro.core.block_size = im.cfg.block_size;
+  ro.core.context_length = im.mdl->config().n_ctx;
+  ro.core.dispatch_tokens = std::max(im.cfg.prefill_token_budget, im.cfg.colocated_token_budget) * 2;
   if (im.cfg.kv_transport != "handoff" && im.cfg.kv_transport != "local" && im.cfg.kv_transport != "shm")
     throw failure(errc::invalid_argument, "kv_transport must be handoff, local or shm (not '" + im.cfg.kv_transport + "')");
   ro.kv_transport = im.cfg.kv_transport;
-  ro.max_migrations = std::max(0, im.cfg.max_migrations);
-  ro.admission_policy_impl = im.cfg.admission_policy_impl;
-  ro.prefill_policy = im.cfg.prefill_policy
+  ro.core.max_migrations = std::max(0, im.cfg.max_migrations);
+  ro.core.admission_policy_impl = im.cfg.admission_policy_impl;
+  ro.core.prefill_policy = im.cfg.prefill_policy
                           ? im.cfg.prefill_policy
                           : std::make_shared<prefill_placement>(im.cfg.route_overlap_weight, im.cfg.route_load_weight);
   if (im.cfg.prefix_cache) {
-    ro.prefix_salt = engine_prefix_salt(*im.mdl, im.cfg.block_size, im.cfg.matmul, im.cfg.kv_dtype);
+    ro.core.prefix_salt = engine_prefix_salt(*im.mdl, im.cfg.block_size, im.cfg.matmul, im.cfg.kv_dtype);
     const llama_config& mc = im.mdl->config();
     const int64_t block_bytes =
         kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, im.cfg.block_size, im.cfg.kv_dtype}.bytes_per_block();
-    ro.prefix_capacity_blocks = im.cfg.kv_blocks_per_worker > 0
+    ro.core.prefix_capacity_blocks = im.cfg.kv_blocks_per_worker > 0
                                     ? im.cfg.kv_blocks_per_worker
                                     : int32_t(std::max<int64_t>(1, im.cfg.kv_memory_bytes_per_worker / block_bytes));
   }
-  ro.decode_policy = im.cfg.decode_policy;
+  ro.core.decode_policy = im.cfg.decode_policy;
   ro.request_ctx = {im.mdl, im.metrics, im.live, {}, im.routers};
   ro.faults = im.faults;
-  ro.stall_timeout = std::max(std::chrono::milliseconds(0), im.cfg.stall_timeout);
+  ro.core.stall_timeout = std::max(std::chrono::milliseconds(0), im.cfg.stall_timeout);
 
   // The pools for a router (the first, or one that replaced a dead one).
   auto mdl = im.mdl;

@@ -259,7 +259,7 @@ void on_event(self_ptr self, const sched::event& e) {
 // new one) and killed.
 void heartbeat(self_ptr self) {
   auto& st = self->state;
-  const auto timeout = st.opts.stall_timeout;
+  const auto timeout = st.opts.core.stall_timeout;
   self->delayed_send(self, std::max(std::chrono::milliseconds(20), timeout / 4), heartbeat_atom::value);
   for (const auto& [addr, w] : st.watched) {
     auto worker = worker_at(self, w.side, w.worker.index);
@@ -315,24 +315,10 @@ void join(self_ptr self, pool_side side, int32_t index, Handle& w, std::vector<H
 router_actor::behavior_type router_behavior(self_ptr self, router_options opts) {
   auto& st = self->state;
   st.opts = std::move(opts);
-  const auto& o = st.opts;
-  st.core = std::make_unique<sched::router_core>(
-      sched::router_core_config{.mode = o.mode,
-                                .admission = o.admission,
-                                .block_size = o.block_size,
-                                .context_length = o.context_length,
-                                .dispatch_tokens = o.dispatch_tokens,
-                                .max_migrations = o.max_migrations,
-                                .max_transfer_retries = o.max_transfer_retries,
-                                .stall_timeout = o.stall_timeout,
-                                .store = bool(o.store),
-                                .prefix_salt = o.prefix_salt,
-                                .prefix_capacity_blocks = o.prefix_capacity_blocks,
-                                .admission_policy_impl = o.admission_policy_impl,
-                                .prefill_policy = o.prefill_policy,
-                                .decode_policy = o.decode_policy},
-      o.request_ctx.metrics.get());
-  if (st.opts.stall_timeout.count() > 0) heartbeat(self);
+  sched::router_core_config core = st.opts.core;
+  core.store = bool(st.opts.store);
+  st.core = std::make_unique<sched::router_core>(std::move(core), st.opts.request_ctx.metrics.get());
+  if (st.opts.core.stall_timeout.count() > 0) heartbeat(self);
   // Links end with the router (they are monitored, not linked: one that dies must not take the
   // router down).
   self->attach_functor([links = st.all_links] {
@@ -444,7 +430,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         const std::string kind = link_name ? "kv_link" : kind_or_link;
         // The candidates of that kind, alive now, with their names.
         std::vector<std::pair<caf::actor, std::string>> found;
-        const bool colocated = st.opts.mode == serving_mode::colocated;
+        const bool colocated = st.opts.core.mode == serving_mode::colocated;
         if (kind == "prefill" || kind == "colocated") {
           if (colocated == (kind == "colocated"))
             for (size_t i = 0; i < st.prefill.size(); ++i)

@@ -18,29 +18,11 @@
 namespace tandem {
 
 struct router_options {
-  serving_mode mode = serving_mode::disaggregated;
-  admission_config admission;
-  int32_t block_size = 16;
-  int32_t context_length = 0;
-  int32_t dispatch_tokens = 1024;   // prompt tokens a worker may have queued before it gets more
+  // What the scheduler decides by: mode, admission, block and context sizes, migration and
+  // transfer-retry limits, the stall timeout, KV-aware placement, the policies.
+  sched::router_core_config core;
   std::string kv_transport = "local";  // see kv_link_options::transport
-  // A request whose worker dies while it decodes is prefilled again (prompt plus the tokens
-  // sent) and continues elsewhere, at most this many times; then it ends with worker_failed.
-  int32_t max_migrations = 3;
-  // A failed KV transfer (link died, block corrupted or lost) is shipped again from the
-  // prefill side's lease this many times before the request is prefilled again instead.
-  int32_t max_transfer_retries = 2;
   std::shared_ptr<fault_injector> faults;
-  // Liveness: a worker that stays busy with one step this long (alive, not progressing) is
-  // treated as failed: killed, restarted, its requests recovered. 0: not checked.
-  std::chrono::milliseconds stall_timeout{30000};
-  std::shared_ptr<const admission_policy> admission_policy_impl;
-  std::shared_ptr<const prefill_placement> prefill_policy;
-  std::shared_ptr<const decode_placement> decode_policy;
-  // KV-aware placement: the workers' prefix caches as the router models them (prefix_view).
-  // prefix_salt 0: off (no prefix cache, or not the engines' salt).
-  uint64_t prefix_salt = 0;
-  int32_t prefix_capacity_blocks = 0;  // blocks one worker's cache can hold (its pool)
   // The host KV store, if any: a prompt whose full blocks are all in it goes straight to a
   // decode worker (disaggregated mode), which fetches them and computes only the tail.
   std::shared_ptr<kv_store_directory> store;

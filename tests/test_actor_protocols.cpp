@@ -142,8 +142,8 @@ std::shared_ptr<const model> tiny() {
 // A disaggregated router on the tiny model, with its own metrics registry.
 router_options disaggregated_router_options() {
   router_options ro;
-  ro.mode = serving_mode::disaggregated;
-  ro.context_length = 128;
+  ro.core.mode = serving_mode::disaggregated;
+  ro.core.context_length = 128;
   ro.request_ctx.mdl = tiny();
   ro.request_ctx.metrics = std::make_shared<metrics::registry>();
   ro.request_ctx.live_requests = std::make_shared<std::atomic<int64_t>>(0);
