@@ -1,5 +1,7 @@
 #include "actors/decode_worker.h"
 
+#include "actors/error.h"
+
 namespace tandem {
 namespace {
 
@@ -34,12 +36,19 @@ void retire(self_ptr self, request_id id, finish_reason reason) {
 }
 
 // The outcome of a transfer, to its try and to any later try of the same request.
-void answer(self_ptr self, request_id id, bool ok, caf::typed_response_promise<bool>& first) {
-  first.deliver(ok);
+// Answers an arrival (and the duplicate tries of it): delivered, or refused with why.
+void answer(self_ptr self, request_id id, const status& why, caf::typed_response_promise<bool>& first) {
+  auto deliver = [&](caf::typed_response_promise<bool>& rp) {
+    if (why.ok()) rp.deliver(true);
+    else rp.deliver(to_caf_error(why));
+  };
+  deliver(first);
   auto [b, e] = self->state.duplicate_tries.equal_range(id);
-  for (auto it = b; it != e; ++it) it->second.deliver(ok);
+  for (auto it = b; it != e; ++it) deliver(it->second);
   self->state.duplicate_tries.erase(id);
 }
+
+caf::error refused(const std::string& why) { return to_caf_error({errc::refused, why}); }
 
 void kick(self_ptr self) {
   auto& st = self->state;
@@ -109,10 +118,13 @@ void apply(self_ptr self, step_result& r) {
       if (st.opts.metrics)
         st.opts.metrics->get_counter("tandem_kv_imports_refused_total", "KV block sets a decode worker refused (checksum, incomplete)")
             .inc();
-      answer(self, id, false, a.promise);
+      answer(self, id,
+             im == r.imports.end() ? status{errc::incompatible_kv, "the KV block set of request " + std::to_string(id) + " was incomplete"}
+                                   : im->st,
+             a.promise);
       continue;
     }
-    answer(self, id, true, a.promise);  // the prefill side may drop its lease
+    answer(self, id, {}, a.promise);  // the prefill side may drop its lease
     decode_worker_state::active_seq s;
     s.spec = std::move(a.spec);
     s.req = a.req;
@@ -168,18 +180,23 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
   st.ledger = std::make_unique<kv_credit_ledger>(st.we->eng->kv_pool().total_blocks(), st.opts.block_size);
   report_load(self);
   return {
-      [self](reserve_atom, request_id id, int32_t max_total_tokens) {
+      [self](reserve_atom, request_id id, int32_t max_total_tokens) -> caf::result<bool> {
         auto& st = self->state;
         // Every reservation is a future batch slot (streamed ones arrive while prefill runs).
-        if (st.ledger->holders() >= st.opts.max_batch && !st.ledger->holds(int64_t(id))) return false;
+        if (st.ledger->holders() >= st.opts.max_batch && !st.ledger->holds(int64_t(id)))
+          return refused("the decode batch is full (" + std::to_string(st.opts.max_batch) + " sequences)");
         if (st.opts.faults && st.opts.faults->take(fault_kind::fail_alloc)) {
           report_load(self);
-          return false;  // as if the pool were full: the router tries again later or elsewhere
+          return refused("fault injected: fail_alloc");  // as if the pool were full: tried again later or elsewhere
         }
         const int32_t cap = std::min(max_total_tokens, st.we->eng->config().n_ctx);
+        const int32_t free_blocks = st.ledger->free_blocks();
         const bool ok = st.ledger->try_reserve(int64_t(id), cap);
         report_load(self);
-        return ok;
+        if (!ok)
+          return refused("not enough free KV blocks: " + std::to_string(blocks_for_tokens(cap, st.ledger->block_size())) +
+                         " needed, " + std::to_string(free_blocks) + " free");
+        return true;
       },
       [self](arrive_atom, request_spec& spec, request_actor& req, kv_blocks_ptr& kv,
              std::vector<token_id>& generated) -> caf::result<bool> {
@@ -197,7 +214,10 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
           st.duplicate_tries.emplace(spec.id, rp);
           return rp;
         }
-        if (!st.ledger->holds(int64_t(spec.id)) || generated.empty() || !kv) return false;
+        if (!generated.empty() && kv && !st.ledger->holds(int64_t(spec.id)))
+          return refused("no reservation for request " + std::to_string(spec.id) + " (cancelled, or moved on)");
+        if (generated.empty() || !kv)
+          return to_caf_error({errc::invalid_argument, "an arrival needs its KV and its first token"});
         // A set that comes whole (not the closing message of a streamed one) is complete by
         // itself: pieces staged from an earlier try of the same attempt are superseded.
         if (!kv->empty()) pieces.clear();
@@ -206,7 +226,8 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         // the checksum the engine verifies on import).
         for (const auto& p : pieces)
           for (const auto& b : *p)
-            if (b.request != spec.id || b.epoch != spec.epoch) return false;  // not this attempt's: refused
+            if (b.request != spec.id || b.epoch != spec.epoch)  // not this attempt's: refused
+              return to_caf_error({errc::incompatible_kv, "KV blocks of another request or prefill attempt"});
         auto rp = self->make_response_promise<bool>();
         st.arrivals.push_back({std::move(spec), std::move(req), std::move(pieces), std::move(generated), rp});
         kick(self);
@@ -219,7 +240,8 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         if (st.active.count(id) || std::any_of(st.arrivals.begin(), st.arrivals.end(), same) ||
             std::any_of(st.importing.begin(), st.importing.end(), same))
           return true;  // already here
-        if (!st.ledger->holds(int64_t(id)) || spec.prompt.size() < 2) return false;
+        if (!st.ledger->holds(int64_t(id))) return refused("no reservation for request " + std::to_string(id));
+        if (spec.prompt.size() < 2) return to_caf_error({errc::invalid_argument, "a fetched prompt has two tokens or more"});
         const engine& eng = *st.we->eng;  // salt and block size: fixed at construction
         const int32_t bs = eng.block_size();
         auto keys = prompt_block_keys(eng.prefix_salt(), spec.prompt, bs);
@@ -234,7 +256,8 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
               // Missing more than two blocks (evicted since the router looked, or the store
               // died): a prefill worker computes it, not this worker's decode steps.
               if (!st.ledger->holds(int64_t(sp->id)) || have + 2 < want) {
-                rp.deliver(false);
+                rp.deliver(refused("the store holds " + std::to_string(have) + " of the prompt's " + std::to_string(want) +
+                                   " blocks"));
                 return;
               }
               decode_worker_state::arrival a;
@@ -247,7 +270,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
               st.arrivals.push_back(std::move(a));
               kick(self);
             });
-        if (!asked) rp.deliver(false);
+        if (!asked) rp.deliver(refused("no host KV store"));
         return rp;
       },
       [self](kv_piece_atom, request_id id, uint32_t epoch, kv_blocks_ptr& kv) {
@@ -270,7 +293,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         }
         for (auto it = st.arrivals.begin(); it != st.arrivals.end(); ++it) {
           if (it->spec.id != id) continue;
-          answer(self, id, false, it->promise);
+          answer(self, id, {errc::refused, "request " + std::to_string(id) + " was cancelled while its KV arrived"}, it->promise);
           st.arrivals.erase(it);
           break;
         }

@@ -2,6 +2,8 @@
 
 #include <caf/message.hpp>
 
+CAF_ERROR_CODE_ENUM(tandem::errc, "tandem")
+
 namespace tandem {
 
 caf::error to_caf_error(const status& st) {
@@ -17,7 +19,16 @@ status from_caf_error(const caf::error& e) {
     if (ctx.size() == 1 && ctx.match_element<std::string>(0)) msg = ctx.get_as<std::string>(0);
     return {static_cast<errc>(e.code()), msg};
   }
-  return {errc::unsupported, caf::to_string(e)};
+  if (e.category() == caf::atom("system")) {
+    switch (static_cast<caf::sec>(e.code())) {
+      case caf::sec::request_timeout: return {errc::timeout, caf::to_string(e)};
+      case caf::sec::request_receiver_down:
+      case caf::sec::connection_timeout:
+      case caf::sec::no_route_to_receiving_node: return {errc::worker_failed, caf::to_string(e)};
+      default: break;
+    }
+  }
+  return {errc::internal, caf::to_string(e)};
 }
 
 void register_error_category(caf::actor_system_config& cfg) {

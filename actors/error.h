@@ -6,14 +6,17 @@
 
 #include "runtime/errors.h"
 
-CAF_ERROR_CODE_ENUM(tandem::errc, "tandem")
+// (The CAF_ERROR_CODE_ENUM declaration that makes errc a caf::error code is in error.cpp only:
+// where it is visible, CAF turns every errc argument of a message into a caf::error, and
+// messages such as (fail_atom, errc, message) would then not match their handlers.)
 
 namespace tandem {
 
 // A status as caf::error: category "tandem", code = errc, context = the message.
 caf::error to_caf_error(const status& st);
-// Back from caf::error; errors of other categories (CAF's own) become errc::unsupported with
-// CAF's rendering as the message, so nothing is lost.
+// Back from caf::error. CAF's own errors get the nearest code (a request that timed out:
+// timeout; its receiver gone or unreachable: worker_failed; anything else: internal)
+// with CAF's rendering as the message, so nothing is lost.
 status from_caf_error(const caf::error& e);
 // Lets an actor system render tandem errors as "tandem: <code> (<message>)".
 void register_error_category(caf::actor_system_config& cfg);

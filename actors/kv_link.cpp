@@ -1,5 +1,7 @@
 #include "actors/kv_link.h"
 
+#include "actors/error.h"
+
 #include "transport/local/local_transport.h"
 #include "transport/shm/shm_transport.h"
 
@@ -83,17 +85,20 @@ void count_transfer(kv_link_actor::stateful_pointer<kv_link_state> self) {
 }
 
 // Moves blocks through the link's transport (or hands them over) and accounts for them.
+// The blocks as they land on the decode side; null (with why in `err`) when the transport failed.
 kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const request_actor& req,
-                   const kv_blocks_ptr& kv) {
+                   const kv_blocks_ptr& kv, status& err) {
   auto& st = self->state;
   if (kv->empty()) return kv;  // the closing transfer of a streamed prefill
   const auto t0 = steady::now();
   const uint64_t bytes = payload_bytes(*kv);
   kv_blocks_ptr landed = kv;
   if (st.opts.transport != "handoff") {
-    status err;
     landed = move_through(*st.transport, *kv, err);
-    if (!landed) return nullptr;
+    if (!landed) {
+      if (err.ok()) err = {errc::io_error, "the " + st.opts.transport + " transport lost the KV blocks"};
+      return nullptr;
+    }
   }
   if (st.opts.faults && st.opts.faults->take(fault_kind::corrupt_kv)) landed = damaged_copy(landed);
   account_moved(self, req, bytes, std::chrono::duration<double, std::milli>(steady::now() - t0).count());
@@ -183,7 +188,7 @@ void settle_closing(kv_link_actor::stateful_pointer<kv_link_state> self) {
     it = st.closing.erase(it);
     --st.in_flight;
     if (st.failed_frames.erase(id) != 0) {
-      c.promise.deliver(false);
+      c.promise.deliver(to_caf_error({errc::io_error, "a KV frame of request " + std::to_string(id) + " was not acknowledged"}));
     } else {
       count_transfer(self);
       forward(self, std::move(c.spec), std::move(c.req), std::make_shared<const std::vector<kv_block_export>>(),
@@ -227,7 +232,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
       [self, channel](transfer_atom, request_spec& spec, request_actor& req, kv_blocks_ptr& kv,
                       std::vector<token_id>& generated) -> caf::result<bool> {
         auto& st = self->state;
-        if (!kv) return false;
+        if (!kv) return to_caf_error({errc::invalid_argument, "a transfer without its KV"});
         maybe_stall(self);
         if (channel) {
           // The set (or, after a streamed prefill, its last blocks) goes as one more frame; once
@@ -241,8 +246,9 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
           settle_closing(self);
           return rp;
         }
-        kv_blocks_ptr landed = move(self, req, kv);
-        if (!landed) return false;
+        status moved;
+        kv_blocks_ptr landed = move(self, req, kv, moved);
+        if (!landed) return to_caf_error(moved);
         count_transfer(self);
         auto rp = self->make_response_promise<bool>();
         if (st.opts.faults && st.opts.faults->take(fault_kind::delay_kv)) {  // held back, then delivered
@@ -282,7 +288,8 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
                 .inc();
           return;
         }
-        if (kv_blocks_ptr landed = move(self, req, kv)) {
+        status lost;  // a piece that does not land is found missing at the closing arrive
+        if (kv_blocks_ptr landed = move(self, req, kv, lost)) {
           if (self->state.opts.faults && self->state.opts.faults->take(fault_kind::delay_kv)) {
             // It arrives late, possibly after the set was found incomplete (and shipped again whole).
             self->delayed_send(self->state.decode, self->state.opts.faults->stall_duration(), kv_piece_atom::value, id,

@@ -1,5 +1,9 @@
 #include "actors/prefill_worker.h"
 
+#include "actors/error.h"
+
+#include <spdlog/spdlog.h>
+
 #include <optional>
 
 namespace tandem {
@@ -128,7 +132,13 @@ void end_lease(self_ptr self, request_id id, std::optional<uint32_t> epoch = std
 }
 
 // A try over `link` failed: the lease stays, and the router decides (ship again, or move on).
-void transfer_failed(self_ptr self, request_id id, const kv_link_actor& link) {
+void transfer_failed(self_ptr self, request_id id, const kv_link_actor& link, const status& why) {
+  if (self->state.opts.metrics)
+    self->state.opts.metrics
+        ->get_counter("tandem_kv_transfer_failures_total", "KV transfers that failed back to their lease, by code",
+                      {{"code", std::string(to_string(why.code()))}})
+        .inc();
+  spdlog::debug("prefill-{}: the KV transfer of request {} failed: {}", self->state.opts.index, id, why.to_string());
   auto it = self->state.leases.find(id);
   if (it == self->state.leases.end() || it->second.sending != link) return;
   it->second.sending = nullptr;
@@ -165,15 +175,15 @@ void start_transfer(self_ptr self, request_id id, kv_link_actor link) {
   // The lease stays until decode confirms. A failed try (the link or its decode worker died,
   // or decode refused a corrupted or incomplete set) goes to the router, which ships it again
   // from this lease or moves the request on (and releases the lease).
-  auto failed = [self, id, link] { transfer_failed(self, id, link); };
+  auto failed = [self, id, link](const status& why) { transfer_failed(self, id, link, why); };
   self->request(link, std::chrono::seconds(60), transfer_atom::value, l.spec, l.req, kv, l.generated)
       .then(
           [self, id, link, failed](bool ok) {
-            if (!ok) return failed();
+            if (!ok) return failed({errc::refused, "the decode side refused the KV"});
             auto it = self->state.leases.find(id);
             if (it != self->state.leases.end() && it->second.sending == link) end_lease(self, id);
           },
-          [failed](caf::error&) { failed(); });
+          [failed](caf::error& e) { failed(from_caf_error(e)); });
 }
 
 // Transfers that waited for the engine to be idle (it is, between steps).
@@ -307,7 +317,7 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
         std::vector<request_id> ids;
         for (auto& [id, l] : self->state.leases)
           if (l.sending == link) ids.push_back(id);
-        for (auto id : ids) transfer_failed(self, id, link);
+        for (auto id : ids) transfer_failed(self, id, link, {errc::worker_failed, "its KV link died"});
       },
       [self](release_atom, request_id id, uint32_t epoch) { end_lease(self, id, epoch); },
       [self](cancel_atom, request_id id) {

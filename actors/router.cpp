@@ -1,5 +1,7 @@
 #include "actors/router.h"
 
+#include "actors/error.h"
+
 #include <spdlog/spdlog.h>
 
 namespace tandem {
@@ -179,14 +181,22 @@ void execute(self_ptr self, sched::command& command, const subscriber_actor* sub
           if (auto w = handle_at(st.prefill, c.worker)) self->send(w, prefill_atom::value, c.spec, request_of(self, c.spec.id));
         } else if constexpr (std::is_same_v<C, cmd::reserve>) {
           const auto [d, id, ticket] = std::tuple{c.worker, c.id, c.ticket};
-          auto reply = [self, d, id, ticket](sched::ev::reply r) {
-            on_event(self, sched::ev::reserve_answer{ticket, d, id, r});
+          auto reply = [self, d, id, ticket](sched::ev::reply r, errc why) {
+            on_event(self, sched::ev::reserve_answer{ticket, d, id, r, why});
           };
           auto w = handle_at(st.decode, d);
-          if (!w) return reply(sched::ev::reply::failed);
+          if (!w) return reply(sched::ev::reply::failed, errc::worker_failed);
           self->request(w, std::chrono::seconds(30), reserve_atom::value, id, c.total_tokens)
-              .then([reply](bool ok) { reply(ok ? sched::ev::reply::granted : sched::ev::reply::refused); },
-                    [reply](caf::error&) { reply(sched::ev::reply::failed); });
+              .then(
+                  [reply](bool ok) {
+                    reply(ok ? sched::ev::reply::granted : sched::ev::reply::refused, ok ? errc::ok : errc::refused);
+                  },
+                  [reply](caf::error& e) {
+                    // Refused (no credits, no batch room): try again on a fresh report; no answer
+                    // (dead, stuck, unreachable): left out until it reports.
+                    const errc why = from_caf_error(e).code();
+                    reply(why == errc::refused ? sched::ev::reply::refused : sched::ev::reply::failed, why);
+                  });
         } else if constexpr (std::is_same_v<C, cmd::fetch>) {
           auto w = handle_at(st.decode, c.worker);
           if (!w) return;  // its down message requeues the request

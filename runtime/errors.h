@@ -24,6 +24,9 @@ enum class errc : uint8_t {
   overloaded,          // admission control refused a request (queue bound or latency budget); retry later
   worker_failed,       // the worker computing a request died; the request could not continue
   shutting_down,       // the server is stopping and takes no new work
+  timeout,             // an answer did not come in time (a stuck or unreachable actor)
+  refused,             // a worker declined work it may take later or another may take (no credits, batch full)
+  internal,            // a failure of the actor system itself (a message it could not deliver or decode)
 };
 
 // Stable, lowercase names used in logs, JSON errors and caf::error rendering.
@@ -43,6 +46,9 @@ constexpr std::string_view to_string(errc e) {
     case errc::overloaded: return "overloaded";
     case errc::worker_failed: return "worker_failed";
     case errc::shutting_down: return "shutting_down";
+    case errc::timeout: return "timeout";
+    case errc::refused: return "refused";
+    case errc::internal: return "internal";
   }
   return "unknown";
 }

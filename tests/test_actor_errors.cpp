@@ -44,10 +44,14 @@ TEST(ActorErrors, RoundTripThroughARequest) {
   caf::anon_send_exit(pool, caf::exit_reason::user_shutdown);
 }
 
-TEST(ActorErrors, ForeignErrorsKeepTheirText) {
+TEST(ActorErrors, ForeignErrorsGetTheNearestCodeAndKeepTheirText) {
   const status st = from_caf_error(caf::make_error(caf::sec::request_timeout));
-  EXPECT_EQ(st.code(), errc::unsupported);
+  EXPECT_EQ(st.code(), errc::timeout);
   EXPECT_NE(st.message().find("request_timeout"), std::string::npos) << st.message();
+  EXPECT_EQ(from_caf_error(caf::make_error(caf::sec::request_receiver_down)).code(), errc::worker_failed);
+  EXPECT_EQ(from_caf_error(caf::make_error(caf::sec::no_route_to_receiving_node)).code(), errc::worker_failed);
+  EXPECT_EQ(from_caf_error(caf::make_error(caf::sec::unexpected_message)).code(), errc::internal);
+  EXPECT_EQ(from_caf_error(to_caf_error({errc::refused, "batch full"})).code(), errc::refused);
   EXPECT_TRUE(from_caf_error(caf::error{}).ok());
   EXPECT_FALSE(to_caf_error(status{}));
 }

@@ -273,12 +273,16 @@ TEST_F(RouterCore, RefusedAndFailedReservationsWaitForAFreshReport) {
   run({
       {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
       // Refused (a stale view of d0): back to the front, a fresh report asked for; d1 next.
-      {ev::reserve_answer{1, 0, 1, ev::reply::refused}, {"load? d0", "reserve d1 r1 #2"}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::refused, errc::refused}, {"load? d0", "reserve d1 r1 #2"}},
       // No answer (d1 stuck): left out until it reports; d0 has reported nothing new either.
-      {ev::reserve_answer{2, 1, 1, ev::reply::failed}, {}},
+      {ev::reserve_answer{2, 1, 1, ev::reply::failed, errc::timeout}, {}},
       {ev::decode_load{room(0)}, {"reserve d0 r1 #3"}},
       {ev::reserve_answer{3, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
   });
+  // Why, by code, in the metrics.
+  const std::string prom = metrics.to_prometheus();
+  EXPECT_NE(prom.find("tandem_router_reservation_errors_total{code=\"refused\"} 1"), std::string::npos) << prom;
+  EXPECT_NE(prom.find("tandem_router_reservation_errors_total{code=\"timeout\"} 1"), std::string::npos) << prom;
 }
 
 TEST_F(RouterCore, DecodeWorkerDiesDuringAReservationItsLateGrantIsGivenBack) {

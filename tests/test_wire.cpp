@@ -75,9 +75,12 @@ TEST_F(WireFixture, LoadsStatsStatesAndErrorsKeepEveryField) {
   w.steps = 99;
   w.busy = true;
   w.finished_steps = 98;
-  auto out = round_trip(caf::make_message(p, d, w, request_state::transferring, errc::checksum_mismatch, finish_reason::length));
-  // (CAF 0.17 carries an error code enum as caf::error, in one process as across two.)
-  ASSERT_TRUE((out.match_elements<prefill_worker_load, decode_worker_load, worker_stats, request_state, caf::error, finish_reason>()))
+  auto out = round_trip(caf::make_message(p, d, w, request_state::transferring, errc::checksum_mismatch,
+                                          finish_reason::length, to_caf_error({errc::refused, "batch full"})));
+  // (errc is a plain enum in messages, as in (fail_atom, errc, message); a caf::error carries
+  // one too, with its message: only error.cpp declares errc a CAF error code.)
+  ASSERT_TRUE((out.match_elements<prefill_worker_load, decode_worker_load, worker_stats, request_state, errc,
+                                  finish_reason, caf::error>()))
       << to_string(out);
   const auto& p2 = out.get_as<prefill_worker_load>(0);
   EXPECT_EQ(p2.worker, 3);
@@ -100,7 +103,10 @@ TEST_F(WireFixture, LoadsStatsStatesAndErrorsKeepEveryField) {
   EXPECT_TRUE(w2.busy);
   EXPECT_EQ(w2.finished_steps, 98u);
   EXPECT_EQ(out.get_as<request_state>(3), request_state::transferring);
-  EXPECT_EQ(from_caf_error(out.get_as<caf::error>(4)).code(), errc::checksum_mismatch);
+  EXPECT_EQ(out.get_as<errc>(4), errc::checksum_mismatch);
+  const status refused = from_caf_error(out.get_as<caf::error>(6));
+  EXPECT_EQ(refused.code(), errc::refused);
+  EXPECT_EQ(refused.message(), "batch full");
   EXPECT_EQ(out.get_as<finish_reason>(5), finish_reason::length);  // done_atom's reason, from a remote worker
 }
 

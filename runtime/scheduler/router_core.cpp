@@ -358,6 +358,9 @@ void router_core::dispatch_decode() {
 }
 
 void router_core::handle(const ev::reserve_answer& a) {
+  if (a.answer != ev::reply::granted)
+    count("tandem_router_reservation_errors_total", "Decode credit reservations refused or unanswered, by code",
+          {{"code", std::string(to_string(a.why == errc::ok ? errc::refused : a.why))}});
   if (!reserving_ || reserving_->ticket != a.ticket) {  // given up when its worker died
     if (a.answer == ev::reply::granted) emit(cmd::cancel{pool_side::decode, a.worker, a.id});
     return;

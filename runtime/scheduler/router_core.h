@@ -108,7 +108,8 @@ struct worker_state { request_id id; pool_side side; worker_ref worker; request_
 struct transfer_failed { request_id id; uint32_t epoch; int32_t reporter; };  // reporter: prefill worker
 struct ship_started { request_id id; };
 enum class reply : uint8_t { granted, refused, failed };  // failed: no answer (dead or stuck)
-struct reserve_answer { uint64_t ticket; int32_t worker; request_id id; reply answer; };
+// `why`: the code of a refusal or failure (refused: no credits or batch room; timeout; ...).
+struct reserve_answer { uint64_t ticket; int32_t worker; request_id id; reply answer; errc why = errc::ok; };
 struct fetch_answer { request_id id; uint32_t epoch; bool ok; };
 struct resume_answer { request_id id; std::optional<std::vector<token_id>> generated; };  // nullopt: no answer
 struct store_answer { request_id id; int32_t blocks; };
