@@ -381,6 +381,52 @@ TEST_F(RouterCore, ALostNodesWorkerIsIsolatedAndItsRequestsRecovered) {
   EXPECT_TRUE(core->link_ready(1, 0));
 }
 
+TEST_F(RouterCore, RequestsOfADeadRouterRejoinWithTheirTokens) {
+  make(serving_mode::disaggregated, 1, 1);
+  request_spec r = spec(40);
+  r.id = 7;
+  run({
+      // First among the new ones, its tokens so far the end of its prompt; not admitted again.
+      {ev::rejoin{r, {11, 12}}, {"prefill p0 r7 e1", "reserve d0 r7 #1"}, {{7, prefilling_}}},
+      {ev::rejoin{r, {11, 12}}, {}},  // once
+  });
+  EXPECT_EQ(core->find(7)->spec.resumed, 2);
+  EXPECT_EQ(core->find(7)->spec.prompt.size(), 42u);
+  EXPECT_EQ(counter("tandem_router_rejoins_total"), 1);
+}
+
+TEST_F(RouterCore, PauseGoesWhereTheRequestDecodes) {
+  make(serving_mode::disaggregated, 1, 1);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::pause{1, true}, {}},  // no credits held yet: nowhere to pause it
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
+      {ev::pause{1, true}, {"pause d0 r1"}},
+      {ev::worker_state{1, pool_side::decode, D(0), request_state::decoding}, {}},
+      {ev::pause{1, false}, {"pause d0 r1"}},
+      {ev::pause{99, true}, {}},  // unknown
+  });
+  make(serving_mode::colocated, 1, 0);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1"}},
+      {ev::pause{1, true}, {"pause p0 r1"}},
+  });
+}
+
+TEST_F(RouterCore, LateReportsFromWhereARequestNoLongerIsChangeNothing) {
+  make(serving_mode::disaggregated, 2, 2);
+  run({
+      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
+      // A decoding report from a worker that holds no credits for it is not where it is.
+      {ev::worker_state{1, pool_side::decode, D(1), request_state::decoding}, {}, {{1, prefilling_}}},
+      // A prefill report from another worker than its attempt's: that KV is wanted nowhere.
+      {ev::prefilled{1, 1, false}, {"release p1 r1"}, {{1, prefilling_}}},
+      {ev::ship_started{1}, {}},  // not prefilled yet: not shipping either
+      {ev::ended{42, request_state::failed, 0}, {}},  // unknown request
+  });
+}
+
 TEST_F(RouterCore, ViewShowsWhereEachRequestIs) {
   make(serving_mode::disaggregated, 1, 1);
   core->on(ev::submit{spec(40)});
