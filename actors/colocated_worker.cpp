@@ -212,17 +212,7 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
       },
       [self](stats_atom) {
         auto& st = self->state;
-        worker_stats s;
-        s.name = "colocated-" + std::to_string(st.opts.index);
-        s.kv_total_blocks = st.we->eng->kv_pool().total_blocks();
-        s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->available_blocks();
-        s.reserved_blocks = st.ledger->reserved_blocks();
-        s.active = int32_t(st.seqs.size());
-        s.max_batch = st.opts.max_batch;
-        s.steps = st.we->steps;
-        s.busy = st.we->busy;
-        s.finished_steps = st.we->finished;
-        return s;
+        return st.we->stats("colocated", st.opts, st.ledger.get(), int32_t(st.seqs.size()));
       },
   };
 }

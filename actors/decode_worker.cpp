@@ -316,17 +316,8 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
       [self](load_atom) { report_load(self); },
       [self](stats_atom) {
         auto& st = self->state;
-        worker_stats s;
-        s.name = "decode-" + std::to_string(st.opts.index);
-        s.kv_total_blocks = st.we->eng->kv_pool().total_blocks();
-        s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->available_blocks();
-        s.reserved_blocks = st.ledger->reserved_blocks();
-        s.active = int32_t(st.active.size() + st.arrivals.size() + st.importing.size());
-        s.max_batch = st.opts.max_batch;
-        s.steps = st.we->steps;
-        s.busy = st.we->busy;
-        s.finished_steps = st.we->finished;
-        return s;
+        return st.we->stats("decode", st.opts, st.ledger.get(),
+                            int32_t(st.active.size() + st.arrivals.size() + st.importing.size()));
       },
   };
 }

@@ -348,15 +348,7 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
       },
       [self](stats_atom) {
         auto& st = self->state;
-        worker_stats s;
-        s.name = "prefill-" + std::to_string(st.opts.index);
-        s.kv_total_blocks = st.we->eng->kv_pool().total_blocks();
-        s.kv_free_blocks = st.we->busy ? -1 : st.we->eng->available_blocks();
-        s.active = int32_t(st.queue.size() + st.leases.size());
-        s.steps = st.we->steps;
-        s.busy = st.we->busy;
-        s.finished_steps = st.we->finished;
-        return s;
+        return st.we->stats("prefill", st.opts, nullptr, int32_t(st.queue.size() + st.leases.size()));
       },
   };
 }

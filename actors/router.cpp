@@ -204,7 +204,9 @@ void execute(self_ptr self, sched::command& command, const subscriber_actor* sub
           const uint32_t epoch = c.spec.epoch;
           self->request(w, std::chrono::seconds(30), fetch_atom::value, c.spec, request_of(self, id))
               .then([self, id, epoch](bool ok) { on_event(self, sched::ev::fetch_answer{id, epoch, ok}); },
-                    [](caf::error&) {});  // the decode worker died: its down message requeues the request
+                    // Refused (the store lost the blocks, no reservation) or no answer (the
+                    // worker died: its down message reclaims the credits too): prefilled instead.
+                    [self, id, epoch](caf::error&) { on_event(self, sched::ev::fetch_answer{id, epoch, false}); });
         } else if constexpr (std::is_same_v<C, cmd::ship>) {
           auto w = handle_at(st.prefill, c.p);
           if (w && size_t(c.p) < st.links.size() && size_t(c.d) < st.links[size_t(c.p)].size())

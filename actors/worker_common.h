@@ -80,6 +80,25 @@ struct worker_engine {
         caf::anon_send(caf::actor_cast<Handle>(strong), step_atom::value, std::move(r));
     });
   }
+
+  // What a worker of `kind` ("prefill", "decode", "colocated") answers to stats_atom (the
+  // dashboard's row, the router's heartbeat). Its pool's free blocks are read only between
+  // steps (-1 during one: the compute thread owns the pool then). `ledger`: its credits, if any.
+  worker_stats stats(const char* kind, const worker_options& o, const kv_credit_ledger* ledger, int32_t active) const {
+    worker_stats s;
+    s.name = kind;  // (kind + "-" + ... trips GCC 12's bogus -Wrestrict)
+    s.name += '-';
+    s.name += std::to_string(o.index);
+    s.kv_total_blocks = eng->kv_pool().total_blocks();
+    s.kv_free_blocks = busy ? -1 : eng->available_blocks();
+    if (ledger) s.reserved_blocks = ledger->reserved_blocks();
+    s.active = active;
+    if (ledger) s.max_batch = o.max_batch;
+    s.steps = steps;
+    s.busy = busy;
+    s.finished_steps = finished;
+    return s;
+  }
 };
 
 // Per-step metrics every worker records.
