@@ -30,7 +30,7 @@ namespace tandem {
 
 // Bumped whenever a message type that crosses processes changes shape or meaning. A peer
 // with another version is refused at join time (actors/cluster.h), before any such message.
-constexpr uint32_t wire_version = 2;  // 2: sampling_params carries logit_bias, stop tokens, min_tokens, penalties, logprobs; token_logprobs
+constexpr uint32_t wire_version = 3;  // 2: sampling_params carries logit_bias, stop tokens, min_tokens, penalties, logprobs; token_logprobs. 3: done carries finish_reason (an enum), errc travels as its value, refusals as caf::error
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
