@@ -217,7 +217,6 @@ class cluster {
       if (nodes[k].role == role && role + "-" + std::to_string(nodes[k].index) == on) return int(k);
     return -1;
   }
-  bool wait_decoding_on(int index) { return wait_request_on("decoding", "decode-" + std::to_string(index)); }
 
   struct member {
     std::string role;
@@ -368,10 +367,10 @@ TEST(Cluster, StoppedDecodeProcessIsLostByHeartbeatAndRejoins) {
   // the heartbeats can tell; its requests must finish elsewhere, exactly.
   cluster c(1, 2, "tcp");
   const auto js = jobs(8, 120);
-  const int victim = c.nodes[1].index;
+  int victim = 1;  // the node stopped: one whose decode worker has a request decoding
   const auto got = run_jobs(c, js, [&] {
-    c.wait_decoding_on(victim);
-    c.nodes[1].proc->signal(SIGSTOP);
+    victim = std::max(1, c.wait_node_with("decoding", "decode"));
+    c.nodes[size_t(victim)].proc->signal(SIGSTOP);
     // The HTTP threads never wait on an actor: /health and /admin/state answer from the
     // observer's snapshot while a worker cannot answer at all (they once waited up to 10 s).
     for (int i = 0; i < 5; ++i) {
@@ -382,9 +381,9 @@ TEST(Cluster, StoppedDecodeProcessIsLostByHeartbeatAndRejoins) {
     }
   });
   expect_exact(js, got);
-  c.nodes[1].proc->signal(SIGCONT);
+  c.nodes[size_t(victim)].proc->signal(SIGCONT);
   // Told it was lost, it stops its workers and joins again as a new member.
-  c.nodes[1].proc->wait_for("joining again");
+  c.nodes[size_t(victim)].proc->wait_for("joining again");
   c.wait_members(3);
   const auto again = jobs(6, 30);
   expect_exact(again, run_jobs(c, again));
