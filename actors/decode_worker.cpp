@@ -19,19 +19,17 @@ void report_load(self_ptr self) {
   self->send(st.router, load_atom::value, l);
 }
 
-void retire(self_ptr self, request_id id, finish_reason reason) {
+void retire(self_ptr self, request_id id) {
   auto& st = self->state;
-  auto it = st.active.find(id);
-  if (it == st.active.end()) return;
-  if (reason != finish_reason::none) self->send(it->second.req, done_atom::value, reason);
+  auto* a = st.active.find(id);
+  if (!a) return;
   // A finished answer's blocks (past the prompt's, which its prefill worker published) go to
   // the host store: the conversation's next turn starts with all of it. Only between steps.
-  if (!st.we->busy && it->second.seq != 0)
-    publish_to_store(st.opts, *st.we->eng, it->second.seq,
-                     int32_t(it->second.spec.prompt.size()) / st.we->eng->block_size());
-  st.to_free.push_back(it->second.seq);
+  if (!st.we->busy && a->seq != 0)
+    publish_to_store(st.opts, *st.we->eng, a->seq, int32_t(a->spec.prompt.size()) / st.we->eng->block_size());
+  st.to_free.push_back(a->seq);
   st.ledger->release(int64_t(id));
-  st.active.erase(it);
+  st.active.erase(id);
   st.staged.erase(id);  // a piece that came late (a delayed or retried transfer)
 }
 
@@ -79,27 +77,9 @@ void kick(self_ptr self) {
   }
   st.importing = std::move(st.arrivals);
   st.arrivals.clear();
-  for (auto& [id, a] : st.active) {
-    if (a.paused) continue;
-    a.in_step = true;
-    work.decodes.push_back({id, a.seq, a.last, a.generated, a.spec.sampling, a.output, a.penalty_prompt});
-  }
+  st.active.add_decodes(work);
   if (work.imports.empty() && work.decodes.empty() && work.frees.empty()) return;
   st.we->start(self, std::move(work));
-}
-
-// Handles one sampled token of a running sequence: stream it, or end the request.
-void on_token(self_ptr self, decode_worker_state::active_seq& a, token_id tok,
-              const std::shared_ptr<const token_logprobs>& lp) {
-  const request_id id = a.spec.id;
-  const bool eog = ends_generation(a.spec.sampling, a.spec.ignore_eos, self->state.we->eng->get_model().tok(), tok);
-  const finish_reason end = finish_after(a.spec, a.generated + 1, eog, self->state.we->eng->config().n_ctx);
-  if (end == finish_reason::stop) return retire(self, id, end);
-  send_token(self, a.req, a.generated, tok, lp);
-  ++a.generated;
-  if (a.spec.sampling.penalizes()) a.output.push_back(tok);
-  a.last = tok;
-  if (end == finish_reason::length) retire(self, id, end);
 }
 
 void apply(self_ptr self, step_result& r) {
@@ -125,17 +105,18 @@ void apply(self_ptr self, step_result& r) {
       continue;
     }
     answer(self, id, {}, a.promise);  // the prefill side may drop its lease
-    decode_worker_state::active_seq s;
-    s.spec = std::move(a.spec);
+    const int32_t kv_tokens = a.kv_tokens;
+    const size_t feed = a.feed.size();
+    auto& s = st.active.add(std::move(a.spec), true);
     s.req = a.req;
     s.seq = im->seq;
     s.generated = int32_t(a.generated.size());
-    if (s.spec.sampling.penalizes() && a.feed.empty()) s.output = a.generated;
+    s.output = s.spec.sampling.penalizes() && a.feed.empty() ? a.generated : std::vector<token_id>{};
     s.penalty_prompt = std::move(a.penalty_prompt);
     s.last = a.feed.empty() ? a.generated.back() : a.feed.back();
-    if (!a.feed.empty() && st.opts.metrics)  // a prompt served from the store: its cache figures
-      count_prefix_use(*st.opts.metrics, double(a.feed.size()), double(a.kv_tokens), double(s.spec.prompt.size()));
-    s.in_step = true;
+    if (feed > 0 && st.opts.metrics)  // a prompt served from the store: its cache figures
+      count_prefix_use(*st.opts.metrics, double(feed), double(kv_tokens), double(s.spec.prompt.size()));
+    s.in_step = true;  // the import step sampled its next token
     s.cancelled = st.cancelled_importing.erase(id) > 0;
     // Cancelled while it imported (it was moved on, or it ended): it does not decode here, and
     // saying it does would tell the router a stale "decoding" after it has requeued it.
@@ -143,30 +124,22 @@ void apply(self_ptr self, step_result& r) {
       self->send(s.req, state_atom::value, request_state::decoding);
       self->send(st.router, state_atom::value, id, request_state::decoding);
     }
-    st.active.emplace(id, std::move(s));
   }
   st.importing.clear();
-  if (!r.error.ok()) {
-    // Credits make this unreachable in normal operation; end the step's requests clearly.
-    std::vector<request_id> ids;
-    for (auto& [id, a] : st.active)
-      if (a.in_step) ids.push_back(id);
-    for (auto id : ids) {
-      self->send(st.active.at(id).req, fail_atom::value, r.error.code(), r.error.message());
-      retire(self, id, finish_reason::none);
+  const auto held = st.active.release_step();
+  for (auto id : held) {
+    auto& a = *st.active.find(id);
+    if (a.cancelled) {
+      retire(self, id);
+    } else if (!r.error.ok()) {  // credits make this unreachable in normal operation: end them clearly
+      self->send(a.req, fail_atom::value, r.error.code(), r.error.message());
+      retire(self, id);
     }
-    return;
   }
-  for (const auto& t : r.tokens) {
-    auto it = st.active.find(t.id);
-    if (it == st.active.end() || !it->second.in_step) continue;
-    it->second.in_step = false;
-    if (it->second.cancelled) {
-      retire(self, t.id, finish_reason::none);
-      continue;
-    }
-    on_token(self, it->second, t.token, t.logprobs);
-  }
+  if (!r.error.ok()) return;
+  for (const auto& t : r.tokens)
+    if (auto* a = st.active.find(t.id); a && std::binary_search(held.begin(), held.end(), t.id))
+      if (stream_token(self, *st.we->eng, *a, t.token, t.logprobs) != finish_reason::none) retire(self, t.id);
 }
 
 }  // namespace
@@ -207,7 +180,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
           st.staged.erase(it);
         }
         auto same = [&](const auto& a) { return a.spec.id == spec.id; };
-        if (st.active.count(spec.id)) return true;  // an earlier try delivered it: the lease may end
+        if (st.active.contains(spec.id)) return true;  // an earlier try delivered it: the lease may end
         if (std::any_of(st.arrivals.begin(), st.arrivals.end(), same) ||
             std::any_of(st.importing.begin(), st.importing.end(), same)) {
           auto rp = self->make_response_promise<bool>();
@@ -237,7 +210,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         auto& st = self->state;
         const request_id id = spec.id;
         auto same = [&](const auto& a) { return a.spec.id == id; };
-        if (st.active.count(id) || std::any_of(st.arrivals.begin(), st.arrivals.end(), same) ||
+        if (st.active.contains(id) || std::any_of(st.arrivals.begin(), st.arrivals.end(), same) ||
             std::any_of(st.importing.begin(), st.importing.end(), same))
           return true;  // already here
         if (!st.ledger->holds(int64_t(id))) return refused("no reservation for request " + std::to_string(id));
@@ -275,7 +248,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
       },
       [self](kv_piece_atom, request_id id, uint32_t epoch, kv_blocks_ptr& kv) {
         auto& st = self->state;
-        if (!kv || !st.ledger->holds(int64_t(id)) || st.active.count(id)) return;  // stale: no reservation
+        if (!kv || !st.ledger->holds(int64_t(id)) || st.active.contains(id)) return;  // stale: no reservation
         auto& sk = st.staged[id];
         if (epoch < sk.epoch) return;  // from an attempt that was replaced
         if (epoch > sk.epoch) {
@@ -287,10 +260,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
       [self](cancel_atom, request_id id) {
         auto& st = self->state;
         st.staged.erase(id);
-        if (auto it = st.active.find(id); it != st.active.end()) {
-          if (it->second.in_step) it->second.cancelled = true;
-          else retire(self, id, finish_reason::none);
-        }
+        if (st.active.cancel(id) == sched::cancel_outcome::now) retire(self, id);
         for (auto it = st.arrivals.begin(); it != st.arrivals.end(); ++it) {
           if (it->spec.id != id) continue;
           answer(self, id, {errc::refused, "request " + std::to_string(id) + " was cancelled while its KV arrived"}, it->promise);
@@ -300,12 +270,12 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         bool importing = false;
         for (auto& a : st.importing) importing = importing || a.spec.id == id;
         if (importing) st.cancelled_importing.insert(id);
-        if (!importing && !st.active.count(id)) st.ledger->release(int64_t(id));
+        if (!importing && !st.active.contains(id)) st.ledger->release(int64_t(id));
         kick(self);
         report_load(self);
       },
       [self](pause_atom, request_id id, bool pause) {
-        if (auto it = self->state.active.find(id); it != self->state.active.end()) it->second.paused = pause;
+        self->state.active.pause(id, pause);
         kick(self);
       },
       [self](step_atom, step_result_ptr& r) {

@@ -11,17 +11,8 @@
 namespace tandem {
 
 struct decode_worker_state {
-  struct active_seq {
-    request_spec spec;
+  struct active_seq : sched::sequence {  // decoding from its import on
     request_actor req;
-    seq_id seq = 0;
-    int32_t generated = 0;  // tokens sent so far
-    std::vector<token_id> output;  // those tokens, kept only when spec.sampling.penalizes()
-    std::shared_ptr<const std::vector<token_id>> penalty_prompt;  // when spec.sampling.repeats()
-    token_id last = 0;
-    bool paused = false;    // its subscriber is behind: skip it in steps
-    bool in_step = false;
-    bool cancelled = false;
   };
   struct arrival {
     request_spec spec;
@@ -39,7 +30,7 @@ struct decode_worker_state {
   router_actor router;
   std::unique_ptr<worker_engine> we;
   std::unique_ptr<kv_credit_ledger> ledger;
-  std::map<request_id, active_seq> active;
+  sched::sequence_table<active_seq> active;
   std::vector<arrival> arrivals;        // waiting for the next step
   std::vector<arrival> importing;       // in the step in flight
   std::vector<seq_id> to_free;

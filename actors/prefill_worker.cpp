@@ -12,22 +12,18 @@ namespace {
 using self_ptr = prefill_worker_actor::stateful_pointer<prefill_worker_state>;
 
 void report_load(self_ptr self) {
-  auto& st = self->state;
-  prefill_worker_load l;
-  l.worker = st.opts.index;
-  l.alive = true;
-  for (const auto& j : st.queue) {
-    // A prompt waiting for blocks another is computing will not compute them itself.
-    l.queued_tokens += int64_t(j.spec.prompt.size()) - std::max(j.done, j.seq == 0 ? j.reuse.expected_reuse : 0);
-    ++l.queued_requests;
-  }
-  self->send(st.router, load_atom::value, l);
+  report_prompt_load(self, self->state.router, self->state.opts.index, self->state.queue);
+}
+
+// Ends job j (the worker erases it from its queue): its sequence and its claims go.
+void drop_job(self_ptr self, prefill_worker_state::job& j) {
+  if (j.seq != 0) self->state.to_free.push_back(j.seq);
+  self->state.claims.release(j.spec.id);
 }
 
 void fail_job(self_ptr self, prefill_worker_state::job& j, errc code, const std::string& msg) {
   self->send(j.req, fail_atom::value, code, msg);
-  if (j.seq != 0) self->state.to_free.push_back(j.seq);
-  self->state.claims.release(j.spec.id);
+  drop_job(self, j);
 }
 
 void kick(self_ptr self);
@@ -41,20 +37,19 @@ void kick(self_ptr self) {
   // or waits while another prompt computes the block it needs next.
   if (eng.prefix_cache_enabled()) {
     auto find = [self](uint64_t id) -> prompt_reuse* {
-      for (auto& q : self->state.queue)
-        if (q.spec.id == id) return &q.reuse;
-      return nullptr;
+      auto* q = self->state.queue.find(id);
+      return q ? &q->reuse : nullptr;
     };
-    for (auto& j : st.queue)
-      if (j.seq == 0) {
+    for (auto id : st.queue.waiting())
+      if (auto& j = *st.queue.find(id); j.seq == 0) {
         j.seq = start_with_prefix(self, st.opts, eng, st.claims, j.spec, j.reuse, find, kick);
-        if (j.seq != 0) j.done = j.reuse.reused;
+        if (j.seq != 0) j.prefilled = j.reuse.reused;
       }
   }
   std::vector<pending_prefill> pending;
-  for (const auto& j : st.queue)
-    if (j.seq != 0 || !eng.prefix_cache_enabled())
-      pending.push_back({int64_t(j.spec.id), int32_t(j.spec.prompt.size()), j.done});
+  for (auto id : st.queue.waiting())
+    if (const auto& j = *st.queue.find(id); j.seq != 0 || !eng.prefix_cache_enabled())
+      pending.push_back({int64_t(id), int32_t(j.spec.prompt.size()), j.prefilled});
   auto plan = plan_prefill_step(pending, st.opts.token_budget, st.opts.chunk_size);
 
   // Blocks are the limit the planner does not see: keep the chunks that fit the pool now;
@@ -67,44 +62,28 @@ void kick(self_ptr self) {
   st.to_free.clear();
   for (seq_id s : work.frees) free += eng.blocks_freed_by(s);  // freed before the forward pass
   for (const auto& c : plan) {
-    auto it = std::find_if(st.queue.begin(), st.queue.end(), [&](auto& j) { return int64_t(j.spec.id) == c.request; });
-    if (it == st.queue.end()) continue;
-    const int32_t need = it->seq == 0 ? eng.blocks_needed(0, c.length) : eng.blocks_needed(it->seq, c.length);
+    auto* j = st.queue.find(request_id(c.request));
+    if (!j) continue;
+    const int32_t need = j->seq == 0 ? eng.blocks_needed(0, c.length) : eng.blocks_needed(j->seq, c.length);
     if (need > free) {
-      if (st.leases.empty() && work.chunks.empty() && it->done == 0 &&
-          eng.kv_pool().total_blocks() < eng.blocks_needed(0, int32_t(it->spec.prompt.size()))) {
-        fail_job(self, *it, errc::out_of_kv_blocks, "prompt needs more KV blocks than the prefill worker has");
-        st.queue.erase(it);
+      if (st.leases.empty() && work.chunks.empty() && j->prefilled == 0 &&
+          eng.kv_pool().total_blocks() < eng.blocks_needed(0, int32_t(j->spec.prompt.size()))) {
+        fail_job(self, *j, errc::out_of_kv_blocks, "prompt needs more KV blocks than the prefill worker has");
+        st.queue.erase(j->spec.id);
       }
       break;
     }
     free -= need;
-    step_work::chunk_item ci;
-    ci.id = it->spec.id;
-    ci.seq = it->seq;
-    ci.tokens.assign(it->spec.prompt.begin() + c.begin, it->spec.prompt.begin() + c.begin + c.length);
-    ci.last = c.last;
-    const bool stream = it->link && st.opts.stream_kv;
+    step_work::chunk_item ci = sched::chunk_item(*j, c);
+    const bool stream = j->link && st.opts.stream_kv;
     ci.export_kv = c.last && !stream;
-    ci.sampling = it->spec.sampling;
-    ci.epoch = it->spec.epoch;
-    ci.first_index = it->spec.resumed;
-    if (c.last) {  // only the last chunk samples
-      if (ci.sampling.penalizes()) ci.output = it->spec.resumed_output();
-      ci.prompt = it->spec.prompt_for_penalty();
-    }
     if (stream) {
-      it->stream_broken = false;  // this step streams from stream_next (0 after a new link)
-      ci.stream_from = it->stream_next;
-      it->stream_next = c.begin + c.length;
-      streams->emplace(it->spec.id, std::make_pair(it->link, it->req));
+      j->stream_broken = false;  // this step streams from stream_next (0 after a new link)
+      ci.stream_from = j->stream_next;
+      j->stream_next = c.begin + c.length;
+      streams->emplace(j->spec.id, std::make_pair(j->link, j->req));
     }
-    it->in_step = true;
-    it->planned = c.length;
-    if (!it->announced) {
-      it->announced = true;
-      self->send(it->req, state_atom::value, request_state::prefilling);
-    }
+    if (j->announce()) self->send(j->req, state_atom::value, request_state::prefilling);
     work.chunks.push_back(std::move(ci));
   }
   if (work.chunks.empty() && work.frees.empty()) return;
@@ -200,79 +179,50 @@ void apply(self_ptr self, step_result& r) {
   ++st.we->finished;
   record_step(st.opts, "prefill", r, int32_t(r.created_seqs.size()));
   int64_t computed = 0;
-  for (const auto& j : st.queue)
+  for (const auto& [id, j] : st.queue)
     if (j.in_step && r.error.ok()) computed += j.planned;
   record_prefix_cache(st.opts, "prefill", *st.we->eng, st.prefix_last, computed);
   for (const auto& c : r.created_seqs)
-    for (auto& j : st.queue)
-      if (j.spec.id == c.id) j.seq = c.seq;
-  if (!r.error.ok()) {
-    // All-or-nothing failed: every job in the step fails rather than retrying forever.
-    for (auto it = st.queue.begin(); it != st.queue.end();) {
-      if (it->in_step) {
-        if (it->cancelled) { if (it->seq != 0) st.to_free.push_back(it->seq); }
-        else fail_job(self, *it, r.error.code(), r.error.message());
-        st.claims.release(it->spec.id);
-        it = st.queue.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    start_pending(self);
-    return;
-  }
-  for (auto it = st.queue.begin(); it != st.queue.end();) {
-    if (!it->in_step) {
-      ++it;
+    if (auto* j = st.queue.find(c.id)) j->seq = c.seq;
+  for (auto id : st.queue.release_step()) {
+    auto& j = *st.queue.find(id);
+    if (j.cancelled || !r.error.ok()) {
+      // All-or-nothing failed: every job in the step fails rather than retrying forever.
+      if (j.cancelled) drop_job(self, j);
+      else fail_job(self, j, r.error.code(), r.error.message());
+      st.queue.erase(id);
       continue;
     }
-    it->in_step = false;
-    it->done += it->planned;
-    if (it->cancelled) {
-      st.to_free.push_back(it->seq);
-      st.claims.release(it->spec.id);
-      it = st.queue.erase(it);
-      continue;
-    }
-    // A completed prompt produced token 0 and its KV blocks.
-    auto tok = std::find_if(r.tokens.begin(), r.tokens.end(), [&](auto& t) { return t.id == it->spec.id; });
-    if (tok == r.tokens.end()) {
-      ++it;
-      continue;
-    }
-    const request_id id = it->spec.id;
-    const bool eog = ends_generation(it->spec.sampling, it->spec.ignore_eos, st.we->eng->get_model().tok(), tok->token);
-    const int32_t index = it->spec.resumed;  // 0, or where a migrated request goes on
-    const finish_reason end = finish_after(it->spec, index + 1, eog, st.we->eng->config().n_ctx);
-    if (end != finish_reason::stop) send_token(self, it->req, index, tok->token, tok->logprobs);
-    if (end != finish_reason::none) self->send(it->req, done_atom::value, end);
-    const bool finished = end != finish_reason::none;
+    // A completed prompt produced token 0 (output token spec.resumed) and its KV blocks.
+    auto tok = std::find_if(r.tokens.begin(), r.tokens.end(), [&](auto& t) { return t.id == id; });
+    if (tok == r.tokens.end()) continue;
+    const bool finished = stream_token(self, *st.we->eng, j, tok->token, tok->logprobs) != finish_reason::none;
     // The blocks it computed (not those it started with) go to the host store for others.
     if (st.we->eng->prefix_cache_enabled())
-      publish_to_store(st.opts, *st.we->eng, it->seq, it->reuse.reused / st.we->eng->block_size());
+      publish_to_store(st.opts, *st.we->eng, j.seq, j.reuse.reused / st.we->eng->block_size());
     if (finished) {
-      st.to_free.push_back(it->seq);
+      st.to_free.push_back(j.seq);
     } else {
       auto ex = std::find_if(r.exports.begin(), r.exports.end(), [&](auto& e) { return e.id == id; });
       kv_blocks_ptr kv = ex != r.exports.end() ? ex->kv : nullptr;
-      if (!kv && it->stream_broken) {
+      if (!kv && j.stream_broken) {
         // Its last pieces went to a link that was replaced meanwhile: send the whole set
         // instead (the engine is idle between steps).
         auto all = std::make_shared<std::vector<kv_block_export>>();
         const engine& eng = *st.we->eng;
-        (void)eng.export_kv(it->seq, 0, eng.config().n_layer, 0, *all, id, it->spec.epoch);
+        (void)eng.export_kv(j.seq, 0, eng.config().n_layer, 0, *all, id, j.spec.epoch);
         kv = std::move(all);
       }
       // Decode goes on from every token so far: the resumed ones (the prompt's tail) and this.
-      std::vector<token_id> generated(it->spec.prompt.end() - it->spec.resumed, it->spec.prompt.end());
+      std::vector<token_id> generated(j.spec.prompt.end() - j.spec.resumed, j.spec.prompt.end());
       generated.push_back(tok->token);
-      kv_link_actor streamed_to = kv ? kv_link_actor{} : it->link;
-      st.leases[id] = {it->spec, it->req, it->seq, std::move(kv), std::move(generated), std::move(streamed_to), {}, {}};
+      kv_link_actor streamed_to = kv ? kv_link_actor{} : j.link;
+      st.leases[id] = {j.spec, j.req, j.seq, std::move(kv), std::move(generated), std::move(streamed_to), {}, {}};
     }
     self->send(st.router, prefilled_atom::value, id, st.opts.index, finished);
-    if (!finished && it->link) start_transfer(self, id, it->link);
+    if (!finished && j.link) start_transfer(self, id, j.link);
     st.claims.release(id);
-    it = st.queue.erase(it);
+    st.queue.erase(id);
   }
   start_pending(self);
 }
@@ -287,9 +237,10 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
   return {
       [self](prefill_atom, request_spec& spec, request_actor& req) {
         auto& st = self->state;
-        st.queue.push_back({std::move(spec), std::move(req)});
-        auto& j = st.queue.back();
-        j.reuse.expected_reuse = expected_reuse_at_arrival(*st.we->eng, st.claims, j.spec);
+        const int32_t expected = expected_reuse_at_arrival(*st.we->eng, st.claims, spec);
+        auto& j = st.queue.add(std::move(spec));
+        j.req = std::move(req);
+        j.reuse.expected_reuse = expected;
         kick(self);
         report_load(self);
       },
@@ -301,13 +252,12 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
         }
         // Still prefilling: its decode worker is already reserved. The KV streams from now on
         // (with stream_kv), or goes as a whole as soon as the prompt is done.
-        for (auto& j : st.queue) {
-          if (j.spec.id != id) continue;
-          if (j.link && j.link != link) {  // its decode worker changed: start over on the new one
-            j.stream_next = 0;
-            j.stream_broken = j.in_step;
+        if (auto* j = st.queue.find(id)) {
+          if (j->link && j->link != link) {  // its decode worker changed: start over on the new one
+            j->stream_next = 0;
+            j->stream_broken = j->in_step;
           }
-          j.link = link;
+          j->link = link;
         }
       },
       [self](release_atom, request_id id) { end_lease(self, id); },
@@ -322,16 +272,13 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
       [self](release_atom, request_id id, uint32_t epoch) { end_lease(self, id, epoch); },
       [self](cancel_atom, request_id id) {
         auto& st = self->state;
-        for (auto it = st.queue.begin(); it != st.queue.end(); ++it) {
-          if (it->spec.id != id) continue;
-          if (it->in_step) {  // the step in flight holds it: drop it when the step returns
-            it->cancelled = true;
-            return;
-          }
-          if (it->seq != 0) st.to_free.push_back(it->seq);
-          st.claims.release(id);
-          st.queue.erase(it);
-          break;
+        switch (st.queue.cancel(id)) {
+          case sched::cancel_outcome::after_step: return;  // dropped when the step returns
+          case sched::cancel_outcome::now:
+            drop_job(self, *st.queue.find(id));
+            st.queue.erase(id);
+            break;
+          case sched::cancel_outcome::unknown: break;
         }
         if (auto l = st.leases.find(id); l != st.leases.end()) {
           st.to_free.push_back(l->second.seq);

@@ -10,21 +10,13 @@
 namespace tandem {
 
 struct prefill_worker_state {
-  struct job {
-    request_spec spec;
+  struct job : sched::sequence {  // a prompt until its first token
     request_actor req;
-    int32_t done = 0;  // prompt tokens already prefilled
-    seq_id seq = 0;
-    bool in_step = false;
-    int32_t planned = 0;     // prompt tokens in the step in flight
-    bool cancelled = false;  // cancelled while in a step: dropped when it returns
     // Its decode worker was reserved before the prompt finished: the KV streams over this
     // link as it is made (layer group by layer group), from stream_next on.
     kv_link_actor link;
     int32_t stream_next = 0;
     bool stream_broken = false;  // the link changed while a streamed step was in flight
-    bool announced = false;      // told its request it is prefilling
-    prompt_reuse reuse;          // what it has of the prefix cache and the host store
   };
   struct lease {
     request_spec spec;
@@ -40,7 +32,7 @@ struct prefill_worker_state {
   worker_options opts;
   router_actor router;
   std::unique_ptr<worker_engine> we;
-  std::deque<job> queue;
+  sched::sequence_table<job> queue;  // its prompts, first come first
   std::map<request_id, lease> leases;
   std::vector<seq_id> to_free;
   prefix_claims claims;              // prompt blocks being computed, by request

@@ -8,6 +8,7 @@
 #include "actors/protocol.h"
 #include "runtime/engine.h"
 #include "runtime/fault_injection.h"
+#include "runtime/scheduler/worker_core.h"
 #include "runtime/step.h"
 
 namespace tandem {
@@ -111,6 +112,30 @@ void send_token(Self* self, const request_actor& req, int32_t index, token_id to
   else self->send(req, token_atom::value, index, tok);
 }
 
+// Takes a token sampled for e into it by the one stop rule (sched::take_token), streams it to
+// e's request and tells the request when it ended; returns how (none: it goes on).
+template <class Self, class Entry>
+finish_reason stream_token(Self* self, const engine& eng, Entry& e, token_id tok,
+                           const std::shared_ptr<const token_logprobs>& lp) {
+  const bool eog = ends_generation(e.spec.sampling, e.spec.ignore_eos, eng.get_model().tok(), tok);
+  const sched::token_outcome o = sched::take_token(e, tok, eog, eng.config().n_ctx);
+  if (o.emit) send_token(self, e.req, o.index, tok, lp);
+  if (o.end != finish_reason::none) self->send(e.req, done_atom::value, o.end);
+  return o.end;
+}
+
+// A prefill or colocated worker's load for the router: its prompts still to compute.
+template <class Self, class Table>
+void report_prompt_load(Self* self, const router_actor& router, int32_t worker, const Table& prompts) {
+  prefill_worker_load l;
+  l.worker = worker;
+  l.alive = true;
+  const sched::prompt_load p = prompts.waiting_load();
+  l.queued_tokens = p.tokens;
+  l.queued_requests = p.requests;
+  self->send(router, load_atom::value, l);
+}
+
 inline void record_step(const worker_options& o, const std::string& kind, const step_result& r, int32_t batch_size) {
   if (!o.metrics) return;
   const metrics::labels l{{"worker", kind + "-" + std::to_string(o.index)}};
@@ -184,16 +209,7 @@ inline void count_prefix_use(metrics::registry& m, double computed, double hits,
       .set(l.value() > 0 ? h.value() / l.value() : 0.0);
 }
 
-// What a prompt on a prefill or colocated worker has of the prefix cache and the host store.
-struct prompt_reuse {
-  // The host store is asked once before the prompt starts: 0 not asked, 1 asking, 2 answered
-  // (or nothing to ask). What came is cached when the engine is idle.
-  int8_t fetch = 0;
-  kv_blocks_ptr fetched;
-  std::vector<block_key> fetched_keys;
-  int32_t reused = 0;          // prompt tokens it started with from the cache
-  int32_t expected_reuse = 0;  // while it waits for other prompts' blocks: what it will find
-};
+using sched::prompt_reuse;  // what a prompt has of the prefix cache and the host store
 
 // On arrival, what a prompt will reuse of blocks other prompts here are computing: its load
 // counts only the rest from the start (the engine's own cache is read only between steps;
