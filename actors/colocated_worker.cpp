@@ -66,13 +66,8 @@ void kick(self_ptr self) {
 
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
-  st.we->busy = false;
-  ++st.we->finished;
-  record_step(st.opts, "colocated", r, int32_t(r.tokens.size()));
-  int64_t computed = 0;
-  for (const auto& [id, e] : st.seqs)
-    if (e.in_step && !e.decoding && r.error.ok()) computed += e.planned;
-  record_prefix_cache(st.opts, "colocated", *st.we->eng, st.prefix_last, computed);
+  st.we->returned(st.opts, "colocated", r, int32_t(r.tokens.size()));
+  record_prefix_cache(st.opts, "colocated", *st.we->eng, st.prefix_last, r.error.ok() ? st.seqs.planned_prompt_tokens() : 0);
   for (const auto& c : r.created_seqs)
     if (auto* e = st.seqs.find(c.id)) e->seq = c.seq;
     else st.to_free.push_back(c.seq);
@@ -103,11 +98,7 @@ void apply(self_ptr self, step_result& r) {
 
 prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std::shared_ptr<const model> m,
                                                               worker_options opts, router_actor router) {
-  auto& st = self->state;
-  st.opts = std::move(opts);
-  st.router = std::move(router);
-  st.we = std::make_unique<worker_engine>(std::move(m), st.opts);
-  st.ledger = std::make_unique<kv_credit_ledger>(st.we->eng->kv_pool().total_blocks(), st.opts.block_size);
+  init_worker(self->state, std::move(m), std::move(opts), std::move(router), true);
   return {
       [self](prefill_atom, request_spec& spec, request_actor& req) {
         auto& st = self->state;

@@ -84,9 +84,7 @@ void kick(self_ptr self) {
 
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
-  st.we->busy = false;
-  ++st.we->finished;
-  record_step(st.opts, "decode", r, int32_t(r.tokens.size()));
+  st.we->returned(st.opts, "decode", r, int32_t(r.tokens.size()));
   // Imports first: a refused block set ends its request and returns its credits.
   for (auto& a : st.importing) {
     auto im = std::find_if(r.imports.begin(), r.imports.end(), [&](auto& x) { return x.id == a.spec.id; });
@@ -146,11 +144,7 @@ void apply(self_ptr self, step_result& r) {
 
 decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::shared_ptr<const model> m,
                                                           worker_options opts, router_actor router) {
-  auto& st = self->state;
-  st.opts = std::move(opts);
-  st.router = std::move(router);
-  st.we = std::make_unique<worker_engine>(std::move(m), st.opts);
-  st.ledger = std::make_unique<kv_credit_ledger>(st.we->eng->kv_pool().total_blocks(), st.opts.block_size);
+  init_worker(self->state, std::move(m), std::move(opts), std::move(router), true);
   report_load(self);
   return {
       [self](reserve_atom, request_id id, int32_t max_total_tokens) -> caf::result<bool> {

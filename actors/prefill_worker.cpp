@@ -175,13 +175,8 @@ void start_pending(self_ptr self) {
 
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
-  st.we->busy = false;
-  ++st.we->finished;
-  record_step(st.opts, "prefill", r, int32_t(r.created_seqs.size()));
-  int64_t computed = 0;
-  for (const auto& [id, j] : st.queue)
-    if (j.in_step && r.error.ok()) computed += j.planned;
-  record_prefix_cache(st.opts, "prefill", *st.we->eng, st.prefix_last, computed);
+  st.we->returned(st.opts, "prefill", r, int32_t(r.created_seqs.size()));
+  record_prefix_cache(st.opts, "prefill", *st.we->eng, st.prefix_last, r.error.ok() ? st.queue.planned_prompt_tokens() : 0);
   for (const auto& c : r.created_seqs)
     if (auto* j = st.queue.find(c.id)) j->seq = c.seq;
   for (auto id : st.queue.release_step()) {
@@ -231,9 +226,7 @@ void apply(self_ptr self, step_result& r) {
 
 prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::shared_ptr<const model> m,
                                                             worker_options opts, router_actor router) {
-  self->state.opts = std::move(opts);
-  self->state.router = std::move(router);
-  self->state.we = std::make_unique<worker_engine>(std::move(m), self->state.opts);
+  init_worker(self->state, std::move(m), std::move(opts), std::move(router), false);
   return {
       [self](prefill_atom, request_spec& spec, request_actor& req) {
         auto& st = self->state;

@@ -82,6 +82,9 @@ struct worker_engine {
     });
   }
 
+  // The step in flight came back with r (`batch` sequences in it): recorded, the engine idle.
+  void returned(const worker_options& o, const std::string& kind, const step_result& r, int32_t batch);
+
   // What a worker of `kind` ("prefill", "decode", "colocated") answers to stats_atom (the
   // dashboard's row, the router's heartbeat). Its pool's free blocks are read only between
   // steps (-1 during one: the compute thread owns the pool then). `ledger`: its credits, if any.
@@ -102,7 +105,6 @@ struct worker_engine {
   }
 };
 
-// Per-step metrics every worker records.
 // Output token #index of a request to its request actor, with its log-probabilities when its
 // sampling asked for them.
 template <class Self>
@@ -136,6 +138,7 @@ void report_prompt_load(Self* self, const router_actor& router, int32_t worker, 
   self->send(router, load_atom::value, l);
 }
 
+// Per-step metrics every worker records.
 inline void record_step(const worker_options& o, const std::string& kind, const step_result& r, int32_t batch_size) {
   if (!o.metrics) return;
   const metrics::labels l{{"worker", kind + "-" + std::to_string(o.index)}};
@@ -155,6 +158,24 @@ inline void record_step(const worker_options& o, const std::string& kind, const 
   o.metrics->get_gauge("tandem_worker_kv_cached_blocks",
                        "Of the free KV blocks, those the prefix cache keeps for reuse (evicted on demand)", l)
       .set(r.cached_only_blocks);
+}
+
+inline void worker_engine::returned(const worker_options& o, const std::string& kind, const step_result& r,
+                                    int32_t batch) {
+  busy = false;
+  ++finished;
+  record_step(o, kind, r, batch);
+}
+
+// What every worker state starts with: its options, router and engine, and the KV credits of
+// a worker that decodes (ledger: true).
+template <class State>
+void init_worker(State& st, std::shared_ptr<const model> m, worker_options opts, router_actor router, bool ledger) {
+  st.opts = std::move(opts);
+  st.router = std::move(router);
+  st.we = std::make_unique<worker_engine>(std::move(m), st.opts);
+  if constexpr (requires { st.ledger; })
+    if (ledger) st.ledger = std::make_unique<kv_credit_ledger>(st.we->eng->kv_pool().total_blocks(), st.opts.block_size);
 }
 
 // Sends the full blocks of s from block `from_block` on to the host store (fire and forget).

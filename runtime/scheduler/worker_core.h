@@ -164,6 +164,13 @@ class sequence_table {
       }
     return held;
   }
+  // Prompt tokens the step in flight computes (the prefix-cache figures' "computed").
+  int64_t planned_prompt_tokens() const {
+    int64_t n = 0;
+    for (const auto& [id, e] : by_id_)
+      if (e.in_step && !e.decoding) n += e.planned;
+    return n;
+  }
   prompt_load waiting_load() const {
     prompt_load l;
     for (auto id : waiting_) {
