@@ -1,9 +1,10 @@
 #pragma once
 // Several processes: the router's process publishes a cluster actor (CAF 0.17's middleman);
 // prefill and decode processes (actors/node.h) join it. A joining node says its wire version
-// first: another version is refused before any message whose shape depends on it. It then
-// announces its role, device, capacity, model and KV receiver address, gets the global worker
-// indices its workers join the router under, and heartbeats.
+// first, alone: another version is refused before any message whose shape depends on it. It
+// then joins with its announcement (node_hello: role, device, capacity, model, KV receiver
+// address), gets the welcome (node_welcome: the global worker indices its workers join the
+// router under, and the deployment's KV and step settings, whole), and heartbeats.
 //
 // Everything remote is monitored and every request to it has a finite timeout (CAF 0.17
 // never fails a request pending to a dead peer). A node is lost when its connection closes
@@ -14,16 +15,51 @@
 #include <string>
 
 #include "actors/protocol.h"
+#include "runtime/kinds.h"
+#include "runtime/serving_config.h"
 #include "kernels/tensor_types.h"
 #include "actors/router_directory.h"
 
 namespace tandem {
 
+// What a joining node announces (actors/wire.h inspects it).
+struct node_hello {
+  node_role role = node_role::prefill;
+  std::string name, host, device;
+  std::string kv_address;  // decode: its KV receiver
+  int32_t workers = 0;
+  int32_t threads = 0;     // per worker
+  int64_t kv_blocks = 0;   // per worker, at the default block size
+  uint64_t model_id = 0;
+};
+
+// What the router answers a node it takes: who it is, its workers' global indices, and what
+// every worker of the deployment shares.
+struct node_welcome {
+  uint64_t node = 0;
+  std::vector<int32_t> indices;
+  kv_settings kv;
+  step_settings steps;
+  channel_mode kv_channel = channel_mode::automatic;
+  int64_t heartbeat_ms = 300;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_hello& x) {
+  return f(caf::meta::type_name("node_hello"), x.role, x.name, x.host, x.device, x.kv_address, x.workers, x.threads,
+           x.kv_blocks, x.model_id);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_welcome& x) {
+  return f(caf::meta::type_name("node_welcome"), x.node, x.indices, x.kv, x.steps, x.kv_channel, x.heartbeat_ms);
+}
+
 // A node's agent (actors/node.h): spawns the sender halves of KV links in its process.
 using node_actor = caf::typed_actor<
-    // A link from this node's prefill worker to a decode worker (its handle, its process's KV
-    // receiver address, its index there), named for metrics and logs.
-    caf::replies_to<link_atom, int32_t, decode_worker_actor, std::string, int32_t, std::string>::with<kv_link_actor>,
+    // A link from this node's prefill worker p to decode worker d (its handle, and its
+    // process's KV receiver address).
+    caf::replies_to<link_atom, int32_t, int32_t, decode_worker_actor, std::string>::with<kv_link_actor>,
     // The router declared this node (its member id) lost: heartbeats stopped arriving, or its
     // router was replaced. Its workers' requests went elsewhere; it must stop them and join
     // again as a new member (unless it has already: a loss of an earlier id is stale).
@@ -32,11 +68,11 @@ using node_actor = caf::typed_actor<
 
 // The router process's side.
 using cluster_actor = caf::typed_actor<
-    // Join: wire version, the announcement (JSON: role, name, host, device, workers,
-    // threads, KV blocks, model id, block size, KV address), the agent. Replies with the
-    // welcome (JSON: node id, worker indices, the settings its workers must use) and the
-    // router, or an error saying why the node is refused.
-    caf::replies_to<hello_atom, uint32_t, std::string, caf::actor>::with<std::string, router_actor>,
+    // First, alone: the node's wire version. An error when it is not ours.
+    caf::replies_to<hello_atom, uint32_t>::with<bool>,
+    // Join: the announcement and the agent. Replies with the welcome and the router, or an
+    // error saying why the node is refused.
+    caf::replies_to<join_atom, node_hello, caf::actor>::with<node_welcome, router_actor>,
     // Heartbeat of node `id`; false: not a member (declared lost): join again.
     caf::replies_to<heartbeat_atom, uint64_t>::with<bool>,
     // The router: a KV link from prefill worker p (on a node) to decode worker d.
@@ -47,16 +83,11 @@ using cluster_actor = caf::typed_actor<
 // What the router process requires of its members, and tells them.
 struct cluster_options {
   uint64_t model_id = 0;       // a node serving another model is refused
-  int32_t block_size = 16;
-  std::string matmul;          // "batch-invariant" or "fastest": workers must agree for exact recovery
-  kernels::dtype kv_dtype = kernels::dtype::f16;  // every worker's KV cache (links refuse another)
-  bool prefix_cache = true;
-  bool stream_kv = true;
-  int32_t stream_layer_group = 4;
-  int32_t prefill_token_budget = 512;
-  int32_t chunk_size = 256;
-  int32_t max_batch = 64;
-  std::string kv_transport = "auto";  // for links between nodes: auto (shm on one host), tcp, shm
+  // Every member's workers use these (exact recovery needs one matmul mode; links and the
+  // store refuse KV of another layout).
+  kv_settings kv;
+  step_settings steps;
+  channel_mode kv_channel = channel_mode::automatic;  // for links between nodes
   std::chrono::milliseconds heartbeat_timeout{1500};  // silence past this: the node is lost
   int32_t first_prefill_index = 0;    // global indices start past the router process's own workers
   int32_t first_decode_index = 0;
@@ -67,7 +98,8 @@ struct cluster_options {
 struct cluster_state {
   struct member {
     uint64_t id = 0;
-    std::string role, name, host, device, kv_address;
+    node_role role = node_role::prefill;
+    std::string name, host, device, kv_address;
     std::vector<int32_t> indices;
     node_actor agent;
     int32_t threads = 0;

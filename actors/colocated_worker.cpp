@@ -38,7 +38,7 @@ void kick(self_ptr self) {
   for (auto id : st.seqs.waiting()) {
     auto& e = *st.seqs.find(id);
     if (!e.reserved) {
-      if (running + int32_t(pending.size()) >= st.opts.max_batch) break;
+      if (running + int32_t(pending.size()) >= st.opts.steps.max_batch) break;
       const int32_t total = std::min<int32_t>(e.spec.total_tokens(), n_ctx);
       if (!st.ledger->try_reserve(int64_t(id), total)) break;
       e.reserved = true;
@@ -54,7 +54,7 @@ void kick(self_ptr self) {
     }
     pending.push_back({int64_t(id), int32_t(e.spec.prompt.size()), e.prefilled});
   }
-  const auto plan = plan_colocated_step(running, pending, st.opts.token_budget, st.opts.chunk_size);
+  const auto plan = plan_colocated_step(running, pending, st.opts.token_budget(), st.opts.steps.chunk_size);
   for (const auto& c : plan.prefill) {
     auto& e = *st.seqs.find(request_id(c.request));
     if (e.announce()) self->send(e.req, state_atom::value, request_state::prefilling);
@@ -66,8 +66,8 @@ void kick(self_ptr self) {
 
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
-  st.we->returned(st.opts, "colocated", r, int32_t(r.tokens.size()));
-  record_prefix_cache(st.opts, "colocated", *st.we->eng, st.prefix_last, r.error.ok() ? st.seqs.planned_prompt_tokens() : 0);
+  st.we->returned(st.opts, r, int32_t(r.tokens.size()));
+  record_prefix_cache(st.opts, *st.we->eng, st.prefix_last, r.error.ok() ? st.seqs.planned_prompt_tokens() : 0);
   for (const auto& c : r.created_seqs)
     if (auto* e = st.seqs.find(c.id)) e->seq = c.seq;
     else st.to_free.push_back(c.seq);
@@ -98,13 +98,13 @@ void apply(self_ptr self, step_result& r) {
 
 prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std::shared_ptr<const model> m,
                                                               worker_options opts, router_actor router) {
-  init_worker(self->state, std::move(m), std::move(opts), std::move(router), true);
+  init_worker(self->state, worker_kind::colocated, std::move(m), std::move(opts), std::move(router));
   return {
       [self](prefill_atom, request_spec& spec, request_actor& req) {
         auto& st = self->state;
         const int32_t n_ctx = st.we->eng->config().n_ctx;
         const int32_t total = std::min<int32_t>(spec.total_tokens(), n_ctx);
-        if (blocks_for_tokens(total, st.opts.block_size) > st.ledger->total_blocks()) {
+        if (blocks_for_tokens(total, st.opts.kv.block_size) > st.ledger->total_blocks()) {
           self->send(req, fail_atom::value, errc::out_of_kv_blocks,
                      std::string("request needs more KV blocks than the worker has"));
           return;
@@ -136,7 +136,7 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
       },
       [self](stats_atom) {
         auto& st = self->state;
-        return st.we->stats("colocated", st.opts, st.ledger.get(), int32_t(st.seqs.size()));
+        return st.we->stats(st.opts, st.ledger.get(), int32_t(st.seqs.size()));
       },
   };
 }

@@ -15,7 +15,7 @@ void report_load(self_ptr self) {
   l.free_blocks = st.ledger->free_blocks();
   l.total_blocks = st.ledger->total_blocks();
   l.batch_size = st.ledger->holders();  // reserved slots, streaming or decoding
-  l.max_batch = st.opts.max_batch;
+  l.max_batch = st.opts.steps.max_batch;
   self->send(st.router, load_atom::value, l);
 }
 
@@ -84,7 +84,7 @@ void kick(self_ptr self) {
 
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
-  st.we->returned(st.opts, "decode", r, int32_t(r.tokens.size()));
+  st.we->returned(st.opts, r, int32_t(r.tokens.size()));
   // Imports first: a refused block set ends its request and returns its credits.
   for (auto& a : st.importing) {
     auto im = std::find_if(r.imports.begin(), r.imports.end(), [&](auto& x) { return x.id == a.spec.id; });
@@ -144,14 +144,14 @@ void apply(self_ptr self, step_result& r) {
 
 decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::shared_ptr<const model> m,
                                                           worker_options opts, router_actor router) {
-  init_worker(self->state, std::move(m), std::move(opts), std::move(router), true);
+  init_worker(self->state, worker_kind::decode, std::move(m), std::move(opts), std::move(router));
   report_load(self);
   return {
       [self](reserve_atom, request_id id, int32_t max_total_tokens) -> caf::result<bool> {
         auto& st = self->state;
         // Every reservation is a future batch slot (streamed ones arrive while prefill runs).
-        if (st.ledger->holders() >= st.opts.max_batch && !st.ledger->holds(int64_t(id)))
-          return refused("the decode batch is full (" + std::to_string(st.opts.max_batch) + " sequences)");
+        if (st.ledger->holders() >= st.opts.steps.max_batch && !st.ledger->holds(int64_t(id)))
+          return refused("the decode batch is full (" + std::to_string(st.opts.steps.max_batch) + " sequences)");
         if (st.opts.faults && st.opts.faults->take(fault_kind::fail_alloc)) {
           report_load(self);
           return refused("fault injected: fail_alloc");  // as if the pool were full: tried again later or elsewhere
@@ -280,7 +280,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
       [self](load_atom) { report_load(self); },
       [self](stats_atom) {
         auto& st = self->state;
-        return st.we->stats("decode", st.opts, st.ledger.get(),
+        return st.we->stats(st.opts, st.ledger.get(),
                             int32_t(st.active.size() + st.arrivals.size() + st.importing.size()));
       },
   };

@@ -72,7 +72,7 @@ void account_moved(kv_link_actor::stateful_pointer<kv_link_state> self, const re
   st.bytes += bytes;
   self->send(req, kv_atom::value, bytes, ms);
   if (st.opts.metrics)
-    st.opts.metrics->get_counter("tandem_kv_link_bytes_total", "Bytes of KV moved by a link", {{"link", st.opts.name}})
+    st.opts.metrics->get_counter("tandem_kv_link_bytes_total", "Bytes of KV moved by a link", {{"link", st.opts.name.str()}})
         .inc(double(bytes));
 }
 
@@ -81,7 +81,7 @@ void count_transfer(kv_link_actor::stateful_pointer<kv_link_state> self) {
   auto& st = self->state;
   ++st.transfers;
   if (st.opts.metrics)
-    st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", {{"link", st.opts.name}}).inc();
+    st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", {{"link", st.opts.name.str()}}).inc();
 }
 
 // Moves blocks through the link's transport (or hands them over) and accounts for them.
@@ -93,10 +93,10 @@ kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const re
   const auto t0 = steady::now();
   const uint64_t bytes = payload_bytes(*kv);
   kv_blocks_ptr landed = kv;
-  if (st.opts.transport != "handoff") {
+  if (st.opts.transport != kv_transport_kind::handoff) {
     landed = move_through(*st.transport, *kv, err);
     if (!landed) {
-      if (err.ok()) err = {errc::io_error, "the " + st.opts.transport + " transport lost the KV blocks"};
+      if (err.ok()) err = {errc::io_error, "the " + std::string(to_string(st.opts.transport)) + " transport lost the KV blocks"};
       return nullptr;
     }
   }
@@ -126,10 +126,10 @@ bool settle_frame(kv_link_actor::stateful_pointer<kv_link_state> self, const kv_
                   const transport::transfer_status& ts) {
   auto& st = self->state;
   if (ts.state != transport::transfer_state::done) {
-    spdlog::warn("kv_link {}: a frame failed: {}", st.opts.name, ts.error.to_string());
+    spdlog::warn("{}: a frame failed: {}", st.opts.name.str(), ts.error.to_string());
     if (st.opts.metrics)
       st.opts.metrics->get_counter("tandem_kv_link_failed_frames_total", "KV frames a link could not deliver",
-                                   {{"link", st.opts.name}})
+                                   {{"link", st.opts.name.str()}})
           .inc();
     return false;
   }
@@ -212,22 +212,26 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
                                               decode_worker_actor decode, kv_link_options opts) {
   self->state.opts = std::move(opts);
   self->state.decode = std::move(decode);
-  const bool channel = self->state.opts.transport == "channel";
-  if (channel) {
-    self->state.sender = std::make_unique<transport::kv_sender>(
-        transport::sender_options{self->state.opts.kv_address, self->state.opts.channel_mode});
-    // One tick in the mailbox at a time, however many frames settle meanwhile. Weak: a frame
-    // settling as the link ends must not keep it alive (nor end it on the sender's thread).
-    auto ticking = std::make_shared<std::atomic<bool>>(false);
-    self->state.ticking = ticking;
-    self->state.sender->on_settled([me = self->address(), ticking] {
-      if (ticking->exchange(true)) return;
-      if (auto a = caf::actor_cast<caf::actor>(me)) caf::anon_send(a, tick_atom::value);
-    });
-    self->state.sender->connect();  // before the first request needs it (ring set-up: ~10 ms)
+  const bool channel = self->state.opts.transport == kv_transport_kind::channel;
+  switch (self->state.opts.transport) {
+    case kv_transport_kind::channel: {
+      self->state.sender = std::make_unique<transport::kv_sender>(
+          transport::sender_options{self->state.opts.kv_address, self->state.opts.channel_mode});
+      // One tick in the mailbox at a time, however many frames settle meanwhile. Weak: a frame
+      // settling as the link ends must not keep it alive (nor end it on the sender's thread).
+      auto ticking = std::make_shared<std::atomic<bool>>(false);
+      self->state.ticking = ticking;
+      self->state.sender->on_settled([me = self->address(), ticking] {
+        if (ticking->exchange(true)) return;
+        if (auto a = caf::actor_cast<caf::actor>(me)) caf::anon_send(a, tick_atom::value);
+      });
+      self->state.sender->connect();  // before the first request needs it (ring set-up: ~10 ms)
+      break;
+    }
+    case kv_transport_kind::shm: self->state.transport = std::make_unique<transport::shm_transport>(); break;
+    case kv_transport_kind::local:
+    case kv_transport_kind::handoff: self->state.transport = std::make_unique<transport::local_transport>(); break;
   }
-  else if (self->state.opts.transport == "shm") self->state.transport = std::make_unique<transport::shm_transport>();
-  else self->state.transport = std::make_unique<transport::local_transport>();
   return {
       [self, channel](transfer_atom, request_spec& spec, request_actor& req, kv_blocks_ptr& kv,
                       std::vector<token_id>& generated) -> caf::result<bool> {
@@ -284,7 +288,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
           send_frame(self, req, id, epoch, kv);
           if (auto& m = self->state.opts.metrics)
             m->get_counter("tandem_kv_link_pieces_total", "KV pieces streamed by a link while prefill ran",
-                           {{"link", self->state.opts.name}})
+                           {{"link", self->state.opts.name.str()}})
                 .inc();
           return;
         }
@@ -299,7 +303,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
           self->send(self->state.decode, kv_piece_atom::value, id, epoch, std::move(landed));
           if (auto& m = self->state.opts.metrics)
             m->get_counter("tandem_kv_link_pieces_total", "KV pieces streamed by a link while prefill ran",
-                           {{"link", self->state.opts.name}})
+                           {{"link", self->state.opts.name.str()}})
                 .inc();
         }
       },

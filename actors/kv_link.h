@@ -16,15 +16,14 @@
 namespace tandem {
 
 struct kv_link_options {
-  std::string name;           // "p0->d1"
-  // "handoff": in one process, hand the blocks over without copying; "local": copy through the
-  // in-process transport; "shm": through a shared-memory arena in this process; "channel":
-  // to a decode worker in another process, over transport/channel.h (this link then lives in
-  // the prefill worker's process, and its decode worker's KV receiver stages what lands).
-  std::string transport = "local";
+  actor_name name = link_name(0, 0);  // "kv_link-p0-d1": its logs and metrics say so
+  // channel: to a decode worker in another process, over transport/channel.h (this link then
+  // lives in the prefill worker's process, and its decode worker's KV receiver stages what
+  // lands); the others within one process (runtime/kinds.h).
+  kv_transport_kind transport = kv_transport_kind::local;
   std::shared_ptr<metrics::registry> metrics;
   std::shared_ptr<fault_injector> faults;  // armed faults this link can suffer (tests, tandem chaos)
-  std::string channel_mode = "auto";  // "channel": auto (shared memory on one host), tcp or shm
+  tandem::channel_mode channel_mode = tandem::channel_mode::automatic;  // channel: shm on one host, else tcp
   std::string kv_address;             // "channel": the decode process's KV receiver
   int32_t target = 0;                 // "channel": the decode worker's index there
 };

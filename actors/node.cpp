@@ -17,7 +17,6 @@
 #include "actors/kv_store.h"
 #include "actors/prefill_worker.h"
 #include "actors/supervisor.h"
-#include "kernels/cpu/matmul.h"
 #include "runtime/synth.h"
 #include "transport/channel.h"
 
@@ -40,7 +39,7 @@ struct node_shared {
   std::map<int32_t, decode_worker_actor> decodes;  // by global index
   std::vector<caf::actor> links;
   caf::actor pool;  // the workers' supervisor (asked each heartbeat whether it gave up)
-  std::string kv_mode = "auto";
+  channel_mode kv_mode = channel_mode::automatic;
   int32_t max_worker_restarts = 5;
   std::shared_ptr<metrics::registry> metrics;
   std::shared_ptr<fault_injector> faults;
@@ -79,15 +78,14 @@ node_actor::behavior_type node_agent(node_actor::stateful_pointer<node_agent_sta
   });
   self->set_error_handler([](caf::error&) {});
   return {
-      [self](link_atom, int32_t p, decode_worker_actor& decode, const std::string& address, int32_t target,
-             const std::string& name) -> kv_link_actor {
+      [self](link_atom, int32_t p, int32_t d, decode_worker_actor& decode, const std::string& address) -> kv_link_actor {
         auto& sh = *self->state.shared;
         kv_link_options o;
-        o.name = name;
-        o.transport = "channel";
+        o.name = link_name(p, d);
+        o.transport = kv_transport_kind::channel;
         o.channel_mode = sh.kv_mode;
         o.kv_address = address;
-        o.target = target;
+        o.target = d;  // its receiver delivers by global index
         o.metrics = sh.metrics;
         o.faults = sh.faults;
         // Not detached: a link never blocks on its frames (its sender ticks it when they
@@ -97,7 +95,7 @@ node_actor::behavior_type node_agent(node_actor::stateful_pointer<node_agent_sta
         std::lock_guard<std::mutex> lk(sh.mu);
         std::erase_if(sh.links, [](const caf::actor& a) { return !a || a->getf(caf::abstract_actor::is_terminated_flag); });
         sh.links.push_back(caf::actor_cast<caf::actor>(link));
-        spdlog::debug("node: link {} from prefill worker {} to {}", name, p, address);
+        spdlog::debug("node: link {} to {}", o.name.str(), address);
         return link;
       },
       [self](lost_atom, uint64_t id) { self->state.shared->signal_lost(id); },
@@ -151,41 +149,28 @@ struct node::impl {
   std::shared_ptr<kv_store_directory> store;
   std::unique_ptr<transport::kv_receiver> receiver;
   std::vector<int32_t> indices;
-  json welcome;
+  std::optional<node_welcome> welcome;  // once joined
   uint64_t rejoins = 0;
   bool ticking = false;
 
+  // Worker `index` (global) with what this node gives it and the deployment's settings.
   worker_options worker_opts(int32_t index) const {
-    worker_options o;
-    o.index = index;
-    o.n_threads = cfg.threads_per_worker;
-    o.matmul = welcome.value("matmul", "batch-invariant") == "fastest" ? kernels::cpu::matmul_mode::fastest
-                                                                      : kernels::cpu::matmul_mode::batch_invariant;
-    o.kv_dtype = kernels::dtype_from_name(welcome.value("kv_dtype", "f16")).value_or(kernels::dtype::f16);
-    o.prefix_cache = welcome.value("prefix_cache", true);
-    o.store = o.prefix_cache ? store : nullptr;
-    o.block_size = welcome.value("block_size", 16);
-    o.kv_blocks = cfg.kv_blocks_per_worker;
-    o.kv_memory_bytes = cfg.kv_memory_bytes_per_worker;
-    o.token_budget = cfg.role == "prefill" ? welcome.value("prefill_token_budget", 512) : 0;
-    o.chunk_size = welcome.value("chunk_size", 256);
-    o.stream_kv = welcome.value("stream_kv", true);
-    o.stream_layer_group = welcome.value("stream_layer_group", 4);
-    o.max_batch = welcome.value("max_batch", 64);
-    o.metrics = shared->metrics;
-    o.faults = shared->faults;
-    return o;
+    return {worker_kind_of(cfg.role),
+            index,
+            worker_resources{cfg.threads_per_worker, cfg.kv_blocks_per_worker, cfg.kv_memory_bytes_per_worker},
+            welcome->kv,
+            welcome->steps,
+            welcome->kv.prefix_cache ? store : nullptr,
+            std::chrono::milliseconds(1000),
+            shared->metrics,
+            shared->faults};
   }
 
   int64_t kv_blocks() const {
     const llama_config& mc = mdl->config();
     // Announced before the welcome says the cluster's settings: the defaults until then.
-    const bool told = welcome.is_object();
-    const auto kvt = told ? kernels::dtype_from_name(welcome.value("kv_dtype", "f16")).value_or(kernels::dtype::f16)
-                          : kernels::dtype::f16;
-    const int64_t block_bytes =
-        kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, told ? welcome.value("block_size", 16) : 16, kvt}
-            .bytes_per_block();
+    const kv_settings kv = welcome ? welcome->kv : kv_settings{};
+    const int64_t block_bytes = kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, kv.block_size, kv.dtype}.bytes_per_block();
     return cfg.kv_blocks_per_worker > 0 ? cfg.kv_blocks_per_worker
                                         : std::max<int64_t>(1, cfg.kv_memory_bytes_per_worker / block_bytes);
   }
@@ -198,44 +183,47 @@ struct node::impl {
 
   // Hello, welcome, then the pool (its workers join the router themselves).
   void join() {
-    json hello{{"role", cfg.role},
-               {"name", cfg.name},
-               {"host", transport::host_identity()},
-               {"device", std::string("cpu (") + kernels::cpu::isa_name() + ", " +
-                              std::to_string(cfg.threads_per_worker) + " threads per worker)"},
-               {"workers", cfg.workers},
-               {"threads", cfg.threads_per_worker},
-               {"kv_blocks", kv_blocks()},
-               {"model_id", mdl->identity()},
-               {"block_size", 16},
-               {"kv_address", kv_address()}};
+    node_hello hello{cfg.role,
+                     cfg.name,
+                     transport::host_identity(),
+                     std::string("cpu (") + kernels::cpu::isa_name() + ", " + std::to_string(cfg.threads_per_worker) +
+                         " threads per worker)",
+                     kv_address(),
+                     cfg.workers,
+                     cfg.threads_per_worker,
+                     kv_blocks(),
+                     mdl->identity()};
     const uint32_t version = cfg.announce_wire_version ? cfg.announce_wire_version : wire_version;
     caf::scoped_actor self{*sys};
     router_actor router;
     status refused;
-    self->request(cluster, std::chrono::seconds(10), hello_atom::value, version, hello.dump(),
-                  caf::actor_cast<caf::actor>(agent))
-        .receive(
-            [&](std::string& w, router_actor& r) {
-              welcome = json::parse(w, nullptr, false);
-              router = std::move(r);
-            },
-            [&](caf::error& e) { refused = from_caf_error(e); });
+    // The version alone first: a router of another release refuses before any message whose
+    // shape it may not share.
+    self->request(cluster, std::chrono::seconds(10), hello_atom::value, version)
+        .receive([](bool) {}, [&](caf::error& e) { refused = from_caf_error(e); });
+    if (refused.ok())
+      self->request(cluster, std::chrono::seconds(10), join_atom::value, std::move(hello), caf::actor_cast<caf::actor>(agent))
+          .receive(
+              [&](node_welcome& w, router_actor& r) {
+                welcome = std::move(w);
+                router = std::move(r);
+              },
+              [&](caf::error& e) { refused = from_caf_error(e); });
     if (!refused.ok()) throw failure(refused.code(), "the router refused this node: " + refused.message());
-    if (!welcome.is_object() || !router) throw failure(errc::io_error, "the router's welcome is malformed");
-    indices = welcome.value("indices", std::vector<int32_t>{});
+    if (!welcome || !router) throw failure(errc::io_error, "the router's welcome is malformed");
+    indices = welcome->indices;
     if (int(indices.size()) != cfg.workers) throw failure(errc::io_error, "the router gave the wrong number of indices");
-    shared->node_id = welcome.value("node", uint64_t(0));
-    shared->kv_mode = welcome.value("kv_transport", "auto");
-    shared->heartbeat_ms = welcome.value("heartbeat_ms", 300);
+    shared->node_id = welcome->node;
+    shared->kv_mode = welcome->kv_channel;
+    shared->heartbeat_ms = welcome->heartbeat_ms;
     if (!ticking) caf::anon_send(agent, tick_atom::value);  // its heartbeats go on across rejoins
     ticking = true;
 
     auto mdl_copy = mdl;
     impl* ip = this;
-    const bool prefill = cfg.role == "prefill";
+    const bool prefill = cfg.role == node_role::prefill;
     pool = sys->spawn(pool_supervisor,
-                      pool_options{cfg.role, cfg.workers, cfg.max_worker_restarts, std::chrono::milliseconds(10000),
+                      pool_options{actor_kind_of(worker_kind_of(cfg.role)), cfg.workers, cfg.max_worker_restarts, std::chrono::milliseconds(10000),
                                    shared->metrics},
                       [ip, mdl_copy, router, prefill](caf::event_based_actor* self, int32_t i) -> caf::actor {
                         const int32_t global = ip->indices[size_t(i)];
@@ -256,7 +244,7 @@ struct node::impl {
       std::lock_guard<std::mutex> lk(shared->mu);
       shared->pool = pool;
     }
-    spdlog::info("node: joined as {} node {} with workers {}", cfg.role, shared->node_id.load(), json(indices).dump());
+    spdlog::info("node: joined as {} node {} with workers {}", to_string(cfg.role), shared->node_id.load(), json(indices).dump());
   }
 
   void start();  // the receiver or store, the connection to the router, the agent; then join()
@@ -289,8 +277,6 @@ struct node::impl {
 node::node(node_config cfg) : impl_(std::make_unique<impl>()) {
   auto& im = *impl_;
   im.cfg = std::move(cfg);
-  if (im.cfg.role != "prefill" && im.cfg.role != "decode")
-    throw failure(errc::invalid_argument, "a node's role is prefill or decode (not '" + im.cfg.role + "')");
   if (im.cfg.workers < 1 || im.cfg.threads_per_worker < 1)
     throw failure(errc::invalid_argument, "workers and threads per worker must be positive");
   if (im.cfg.join_port == 0) throw failure(errc::invalid_argument, "--join needs HOST:PORT of the router's cluster port");
@@ -315,7 +301,7 @@ node::node(node_config cfg) : impl_(std::make_unique<impl>()) {
 
 void node::impl::start() {
   auto& im = *this;
-  if (im.cfg.role == "decode") {
+  if (im.cfg.role == node_role::decode) {
     transport::receiver_options ro;
     ro.bind_host = im.cfg.kv_listen_host;
     ro.port = im.cfg.kv_port;

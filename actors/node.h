@@ -6,7 +6,7 @@
 // (transport/channel.h) that hands landed blocks to its decode workers; a prefill node spawns
 // the sender halves of KV links when the router asks.
 //
-//   tandem::node n({.role = "decode", .join_host = "10.0.0.1", .join_port = 7070});
+//   tandem::node n({.role = tandem::node_role::decode, .join_host = "10.0.0.1", .join_port = 7070});
 //   n.run();  // until the router goes away or stop()
 #include <chrono>
 #include <cstdint>
@@ -14,12 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "runtime/kinds.h"
 #include "runtime/model.h"
 
 namespace tandem {
 
 struct node_config {
-  std::string role;                  // "prefill" or "decode"
+  node_role role = node_role::decode;
   std::string join_host = "127.0.0.1";
   uint16_t join_port = 0;            // the router's --cluster-port
   std::string model_path;            // empty: the built-in default model (as the router's)

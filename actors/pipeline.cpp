@@ -146,7 +146,7 @@ void request_handle::abandon() {
 }
 
 struct pipeline::impl {
-  pipeline_config cfg;
+  serving_config cfg;
   std::shared_ptr<const model> mdl;
   std::shared_ptr<metrics::registry> metrics = std::make_shared<metrics::registry>();
   std::shared_ptr<std::atomic<int64_t>> live = std::make_shared<std::atomic<int64_t>>(0);
@@ -173,48 +173,49 @@ struct pipeline::impl {
     std::thread thread;
   } watch;
 
-  worker_options worker_opts(int32_t index, int32_t budget) const {
-    worker_options o;
-    o.index = index;
-    o.n_threads = cfg.threads_per_worker;
-    o.matmul = cfg.matmul;
-    o.kv_dtype = cfg.kv_dtype;
-    o.prefix_cache = cfg.prefix_cache;
-    o.store = store;
-    o.block_size = cfg.block_size;
-    o.kv_blocks = cfg.kv_blocks_per_worker;
-    o.kv_memory_bytes = cfg.kv_memory_bytes_per_worker;
-    o.token_budget = budget;
-    o.chunk_size = cfg.chunk_size;
-    o.stream_kv = cfg.stream_kv;
-    o.stream_layer_group = cfg.stream_layer_group;
-    o.max_batch = cfg.max_batch;
-    o.metrics = metrics;
-    o.faults = faults;
-    return o;
+  // Worker `index` of a kind, with what this process gives it and the deployment's settings.
+  worker_options worker_opts(worker_kind kind, int32_t index) const {
+    return {kind, index,
+            worker_resources{cfg.pools.threads_per_worker, cfg.pools.kv_blocks_per_worker, cfg.pools.kv_memory_bytes_per_worker},
+            cfg.kv, cfg.steps, store, std::chrono::milliseconds(1000), metrics, faults};
+  }
+  // The pool supervisors of the current router (the observer asks them whether they gave up).
+  mutable std::mutex pools_mu;
+  std::vector<std::pair<worker_kind, caf::actor>> pools;
+
+  // The kinds whose pool is past its restart intensity, asked of their supervisors (on the
+  // observer's thread: it may wait for them; nothing on a request's path does).
+  std::vector<std::string> degraded_pools() const {
+    std::vector<std::pair<worker_kind, caf::actor>> ps;
+    {
+      std::lock_guard<std::mutex> lk(pools_mu);
+      ps = pools;
+    }
+    std::vector<std::string> out;
+    caf::scoped_actor self{*sys};
+    for (const auto& [kind, sup] : ps)
+      self->request(sup, std::chrono::seconds(2), degraded_atom::value)
+          .receive([&, k = kind](bool d) { if (d) out.emplace_back(to_string(k)); }, [](caf::error&) {});
+    return out;
   }
 };
 
-pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
+pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
   auto& im = *impl_;
   im.cfg = std::move(cfg);
-  const bool cluster = im.cfg.cluster_port >= 0;
-  if (cluster && im.cfg.mode != serving_mode::disaggregated)
+  const bool cluster = im.cfg.cluster.port >= 0;
+  if (cluster && im.cfg.pools.mode != serving_mode::disaggregated)
     throw failure(errc::invalid_argument, "a router process for other processes' workers serves disaggregated only");
-  if (cluster && im.cfg.cluster_kv_transport != "auto" && im.cfg.cluster_kv_transport != "tcp" &&
-      im.cfg.cluster_kv_transport != "shm")
-    throw failure(errc::invalid_argument, "the KV transport between nodes is auto, tcp or shm (not '" +
-                                              im.cfg.cluster_kv_transport + "')");
-  if (cluster) im.cfg.prefill_workers = im.cfg.decode_workers = 1;  // not started: checked as valid only
-  if (im.cfg.prefill_workers < 1 || im.cfg.decode_workers < 1 || im.cfg.colocated_workers < 1 ||
-      im.cfg.threads_per_worker < 1 || im.cfg.block_size < 1 || im.cfg.max_batch < 1)
+  if (cluster) im.cfg.pools.prefill_workers = im.cfg.pools.decode_workers = 1;  // not started: checked as valid only
+  if (im.cfg.pools.prefill_workers < 1 || im.cfg.pools.decode_workers < 1 || im.cfg.pools.colocated_workers < 1 ||
+      im.cfg.pools.threads_per_worker < 1 || im.cfg.kv.block_size < 1 || im.cfg.steps.max_batch < 1)
     throw failure(errc::invalid_argument, "worker counts, threads, block size and batch size must be positive");
-  if (!(im.cfg.route_overlap_weight >= 0 && im.cfg.route_load_weight >= 0) ||
-      !std::isfinite(im.cfg.route_overlap_weight) || !std::isfinite(im.cfg.route_load_weight))
+  if (!(im.cfg.scheduling.route_overlap_weight >= 0 && im.cfg.scheduling.route_load_weight >= 0) ||
+      !std::isfinite(im.cfg.scheduling.route_overlap_weight) || !std::isfinite(im.cfg.scheduling.route_load_weight))
     throw failure(errc::invalid_argument, "routing weights must be finite and not negative");
-  im.mdl = im.cfg.loaded_model ? im.cfg.loaded_model
-                        : model::load(im.cfg.model_path.empty() ? default_model_path() : im.cfg.model_path);
-  im.sys_cfg.set("scheduler.max-threads", std::max(1, im.cfg.scheduler_threads));
+  im.mdl = im.cfg.model.loaded ? im.cfg.model.loaded
+                        : model::load(im.cfg.model.path.empty() ? default_model_path() : im.cfg.model.path);
+  im.sys_cfg.set("scheduler.max-threads", std::max(1, im.cfg.pools.scheduler_threads));
   register_error_category(im.sys_cfg);
   if (cluster) {
     im.sys_cfg.load<caf::io::middleman>();
@@ -229,32 +230,32 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   im.metrics->get_gauge("tandem_weight_resident_bytes", "Bytes of weights resident for all workers (shared copies counted once)")
       .set(weights);
   router_options ro;
-  ro.core.mode = im.cfg.mode;
-  ro.core.admission = im.cfg.admission;
-  ro.core.block_size = im.cfg.block_size;
+  ro.core.mode = im.cfg.pools.mode;
+  ro.core.admission = im.cfg.scheduling.admission;
+  ro.core.block_size = im.cfg.kv.block_size;
   ro.core.context_length = im.mdl->config().n_ctx;
-  ro.core.dispatch_tokens = std::max(im.cfg.prefill_token_budget, im.cfg.colocated_token_budget) * 2;
-  if (im.cfg.kv_transport != "handoff" && im.cfg.kv_transport != "local" && im.cfg.kv_transport != "shm")
-    throw failure(errc::invalid_argument, "kv_transport must be handoff, local or shm (not '" + im.cfg.kv_transport + "')");
-  ro.kv_transport = im.cfg.kv_transport;
-  ro.core.max_migrations = std::max(0, im.cfg.max_migrations);
-  ro.core.admission_policy_impl = im.cfg.admission_policy_impl;
-  ro.core.prefill_policy = im.cfg.prefill_policy
-                          ? im.cfg.prefill_policy
-                          : std::make_shared<prefill_placement>(im.cfg.route_overlap_weight, im.cfg.route_load_weight);
-  if (im.cfg.prefix_cache) {
-    ro.core.prefix_salt = engine_prefix_salt(*im.mdl, im.cfg.block_size, im.cfg.matmul, im.cfg.kv_dtype);
+  ro.core.dispatch_tokens = std::max(im.cfg.steps.prefill_token_budget, im.cfg.steps.colocated_token_budget) * 2;
+  if (im.cfg.kv.transport == kv_transport_kind::channel)
+    throw failure(errc::invalid_argument, "kv transport 'channel' is for links between processes (cluster.kv_channel)");
+  ro.kv_transport = im.cfg.kv.transport;
+  ro.core.max_migrations = std::max(0, im.cfg.scheduling.max_migrations);
+  ro.core.admission_policy_impl = im.cfg.scheduling.admission_policy_impl;
+  ro.core.prefill_policy = im.cfg.scheduling.prefill_policy
+                          ? im.cfg.scheduling.prefill_policy
+                          : std::make_shared<prefill_placement>(im.cfg.scheduling.route_overlap_weight, im.cfg.scheduling.route_load_weight);
+  if (im.cfg.kv.prefix_cache) {
+    ro.core.prefix_salt = engine_prefix_salt(*im.mdl, im.cfg.kv.block_size, im.cfg.steps.matmul, im.cfg.kv.dtype);
     const llama_config& mc = im.mdl->config();
     const int64_t block_bytes =
-        kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, im.cfg.block_size, im.cfg.kv_dtype}.bytes_per_block();
-    ro.core.prefix_capacity_blocks = im.cfg.kv_blocks_per_worker > 0
-                                    ? im.cfg.kv_blocks_per_worker
-                                    : int32_t(std::max<int64_t>(1, im.cfg.kv_memory_bytes_per_worker / block_bytes));
+        kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, im.cfg.kv.block_size, im.cfg.kv.dtype}.bytes_per_block();
+    ro.core.prefix_capacity_blocks = im.cfg.pools.kv_blocks_per_worker > 0
+                                    ? im.cfg.pools.kv_blocks_per_worker
+                                    : int32_t(std::max<int64_t>(1, im.cfg.pools.kv_memory_bytes_per_worker / block_bytes));
   }
-  ro.core.decode_policy = im.cfg.decode_policy;
+  ro.core.decode_policy = im.cfg.scheduling.decode_policy;
   ro.request_ctx = {im.mdl, im.metrics, im.live, {}, im.routers};
   ro.faults = im.faults;
-  ro.core.stall_timeout = std::max(std::chrono::milliseconds(0), im.cfg.stall_timeout);
+  ro.core.stall_timeout = std::max(std::chrono::milliseconds(0), im.cfg.pools.stall_timeout);
 
   // The pools for a router (the first, or one that replaced a dead one).
   auto mdl = im.mdl;
@@ -262,56 +263,48 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   auto spawn_pools = [ip, mdl, cluster](caf::local_actor* root, router_actor router) {
     std::vector<caf::actor> pools;
     if (cluster) return pools;  // every worker is another process's (they join the cluster)
-    auto add_pool = [&](const std::string& kind, int n, worker_spawner spawner) {
+    std::vector<std::pair<worker_kind, caf::actor>> kinds;
+    // A pool of n workers of a kind; each (re)started one joins the router.
+    auto add_pool = [&](worker_kind kind, int n, auto behavior) {
+      worker_spawner spawner = [ip, mdl, router, kind, behavior](caf::event_based_actor* self, int32_t i) {
+        auto w = self->spawn<caf::monitored>(behavior, mdl, ip->worker_opts(kind, i), router);
+        self->send(router, join_atom::value, i, w);
+        return caf::actor_cast<caf::actor>(w);
+      };
       pools.push_back(root->spawn(pool_supervisor,
-                                  pool_options{kind, n, ip->cfg.max_worker_restarts, ip->cfg.restart_window, ip->metrics},
+                                  pool_options{actor_kind_of(kind), n, ip->cfg.pools.max_worker_restarts, ip->cfg.pools.restart_window, ip->metrics},
                                   std::move(spawner)));
+      kinds.emplace_back(kind, pools.back());
     };
-    if (ip->cfg.mode == serving_mode::disaggregated) {
-      add_pool("decode", ip->cfg.decode_workers, [ip, mdl, router](caf::event_based_actor* self, int32_t i) {
-        auto w = self->spawn<caf::monitored>(decode_worker_behavior, mdl, ip->worker_opts(i, 0), router);
-        self->send(router, join_atom::value, i, w);
-        return caf::actor_cast<caf::actor>(w);
-      });
-      add_pool("prefill", ip->cfg.prefill_workers, [ip, mdl, router](caf::event_based_actor* self, int32_t i) {
-        auto w = self->spawn<caf::monitored>(prefill_worker_behavior, mdl,
-                                             ip->worker_opts(i, ip->cfg.prefill_token_budget), router);
-        self->send(router, join_atom::value, i, w);
-        return caf::actor_cast<caf::actor>(w);
-      });
-    } else {
-      add_pool("colocated", ip->cfg.colocated_workers, [ip, mdl, router](caf::event_based_actor* self, int32_t i) {
-        auto w = self->spawn<caf::monitored>(colocated_worker_behavior, mdl,
-                                             ip->worker_opts(i, ip->cfg.colocated_token_budget), router);
-        self->send(router, join_atom::value, i, w);
-        return caf::actor_cast<caf::actor>(w);
-      });
+    switch (ip->cfg.pools.mode) {
+      case serving_mode::disaggregated:
+        add_pool(worker_kind::decode, ip->cfg.pools.decode_workers, decode_worker_behavior);
+        add_pool(worker_kind::prefill, ip->cfg.pools.prefill_workers, prefill_worker_behavior);
+        break;
+      case serving_mode::colocated:
+        add_pool(worker_kind::colocated, ip->cfg.pools.colocated_workers, colocated_worker_behavior);
+        break;
     }
+    std::lock_guard<std::mutex> lk(ip->pools_mu);
+    ip->pools = std::move(kinds);
     return pools;
   };
-  if (im.cfg.prefix_cache && im.cfg.kv_store_memory_bytes > 0 && !cluster) {
+  if (im.cfg.kv.prefix_cache && im.cfg.kv.store_memory_bytes > 0 && !cluster) {
     // One store for the host, supervised apart from the router: a router restart keeps it, and
     // its own death brings a fresh empty one (requests compute what they cannot fetch).
-    kv_store_options so{im.cfg.kv_store_memory_bytes, im.cfg.kv_store_disk_path, im.cfg.kv_store_disk_bytes};
+    kv_store_options so{im.cfg.kv.store_memory_bytes, im.cfg.kv.store_disk_path, im.cfg.kv.store_disk_bytes};
     if (!so.disk_path.empty()) kv_block_store probe(so);  // a bad disk path is the caller's error, now
     im.store = std::make_shared<kv_store_directory>();
-    im.store_pool = spawn_kv_store_pool(*im.sys, so, im.metrics, im.store, im.cfg.max_worker_restarts, im.cfg.restart_window);
+    im.store_pool = spawn_kv_store_pool(*im.sys, so, im.metrics, im.store, im.cfg.pools.max_worker_restarts, im.cfg.pools.restart_window);
   }
   ro.store = im.store;
   if (cluster) {
     cluster_options co;
     co.model_id = im.mdl->identity();
-    co.block_size = im.cfg.block_size;
-    co.matmul = im.cfg.matmul == kernels::cpu::matmul_mode::fastest ? "fastest" : "batch-invariant";
-    co.kv_dtype = im.cfg.kv_dtype;
-    co.prefix_cache = im.cfg.prefix_cache;
-    co.stream_kv = im.cfg.stream_kv;
-    co.stream_layer_group = im.cfg.stream_layer_group;
-    co.prefill_token_budget = im.cfg.prefill_token_budget;
-    co.chunk_size = im.cfg.chunk_size;
-    co.max_batch = im.cfg.max_batch;
-    co.kv_transport = im.cfg.cluster_kv_transport;
-    co.heartbeat_timeout = std::max(std::chrono::milliseconds(50), im.cfg.heartbeat_timeout);
+    co.kv = im.cfg.kv;
+    co.steps = im.cfg.steps;
+    co.kv_channel = im.cfg.cluster.kv_channel;
+    co.heartbeat_timeout = std::max(std::chrono::milliseconds(50), im.cfg.cluster.heartbeat_timeout);
     co.routers = im.routers;
     co.metrics = im.metrics;
     im.cluster = im.sys->spawn(cluster_behavior, std::move(co));
@@ -321,7 +314,7 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   rto.router = std::move(ro);
   rto.pools = spawn_pools;
   rto.directory = im.routers;
-  rto.max_restarts = std::max(0, im.cfg.max_router_restarts);
+  rto.max_restarts = std::max(0, im.cfg.pools.max_router_restarts);
   im.root = im.sys->spawn(root_behavior, std::move(rto));
   // The root starts the router on its first run: until then nothing could find it (a cancel
   // or stats call right after construction), so the pipeline is ready only once it has.
@@ -329,14 +322,14 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
   for (int i = 0; i < 5000 && !im.routers->get(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (!im.routers->get()) throw failure(errc::io_error, "the router did not start");
   if (cluster) {
-    auto port = im.sys->middleman().publish(im.cluster, uint16_t(im.cfg.cluster_port),
-                                            im.cfg.cluster_host.empty() ? nullptr : im.cfg.cluster_host.c_str(), true);
+    auto port = im.sys->middleman().publish(im.cluster, uint16_t(im.cfg.cluster.port),
+                                            im.cfg.cluster.host.empty() ? nullptr : im.cfg.cluster.host.c_str(), true);
     if (!port) {
       const std::string why = im.sys->render(port.error());
       caf::anon_send_exit(im.cluster, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(im.root, caf::exit_reason::user_shutdown);
-      throw failure(errc::io_error, "cannot listen for nodes on " + im.cfg.cluster_host + ":" +
-                                        std::to_string(im.cfg.cluster_port) + ": " + why);
+      throw failure(errc::io_error, "cannot listen for nodes on " + im.cfg.cluster.host + ":" +
+                                        std::to_string(im.cfg.cluster.port) + ": " + why);
     }
     im.cluster_port = *port;
   }
@@ -351,12 +344,9 @@ pipeline::pipeline(pipeline_config cfg) : impl_(std::make_unique<impl>()) {
         serving = w.asked;
       }
       auto s = std::make_shared<pipeline_stats>(stats(snapshot_listed));
-      // Degraded pools are marked by their supervisors in these gauges (and nowhere else).
-      for (const char* pool : {"prefill", "decode", "colocated", "router"})
-        if (metrics().get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", pool}})
-                .value() > 0)
-          s->degraded_pools.emplace_back(pool);
+      s->degraded_pools = impl_->degraded_pools();
       s->router_degraded = degraded();
+      if (s->router_degraded) s->degraded_pools.emplace_back("router");
       s->cluster_nodes = cluster_nodes();
       s->taken_at = std::chrono::steady_clock::now();
       std::lock_guard<std::mutex> lk(w.mu);
@@ -560,75 +550,63 @@ void pipeline::cancel(request_id id) {
   if (auto g = impl_->routers->gateway()) caf::anon_send(caf::actor_cast<root_actor>(g), cancel_atom::value, id);
 }
 
-bool pipeline::kill_worker(const std::string& pool, int index) {
-  if (pool != "prefill" && pool != "decode" && pool != "colocated")
-    throw failure(errc::invalid_argument, "unknown pool '" + pool + "' (prefill, decode, colocated)");
-  return !kill(pool, index).empty();
+bool pipeline::kill_worker(worker_kind pool, int index) {
+  return !kill(actor_kind_of(pool), index).empty();
 }
 
 std::string pipeline::kill(const std::string& kind_or_name, int index) {
+  // A name as kill() returns it ("decode-1", "kv_link-p0-d1", "request-17"), a kind, or random.
+  if (auto n = parse_actor_name(kind_or_name)) return kill(*n);
+  if (auto k = parse_actor_kind(kind_or_name)) return kill(*k, index);
+  if (kind_or_name != "random")
+    throw failure(errc::invalid_argument, "unknown kind '" + kind_or_name +
+                                              "' (prefill, decode, colocated, kv_link, kv_store, request, router, random, "
+                                              "or a name such as decode-1)");
+  // Any kind this pipeline has; the router rarely (one in 20: it restarts everything below it).
+  thread_local std::mt19937 rng{std::random_device{}()};
+  if (std::uniform_int_distribution<int>(0, 19)(rng) == 0) return kill(actor_kind::router);
+  std::vector<actor_kind> pick;
+  switch (impl_->cfg.pools.mode) {
+    case serving_mode::disaggregated:
+      pick = {actor_kind::prefill, actor_kind::decode, actor_kind::kv_link, actor_kind::request};
+      break;
+    case serving_mode::colocated: pick = {actor_kind::colocated, actor_kind::request}; break;
+  }
+  return kill(pick[std::uniform_int_distribution<size_t>(0, pick.size() - 1)(rng)]);
+}
+
+std::string pipeline::kill(actor_kind kind, int index) { return kill_actor(kind, index, -1); }
+
+std::string pipeline::kill(const actor_name& name) {
+  switch (name.kind) {
+    case actor_kind::request: return kill_request(request_id(name.index)) ? name.str() : std::string();
+    case actor_kind::kv_link: return kill_actor(name.kind, int32_t(name.index), name.decode);
+    case actor_kind::prefill:
+    case actor_kind::decode:
+    case actor_kind::colocated: return kill_actor(name.kind, int32_t(name.index), -1);
+    case actor_kind::router:
+    case actor_kind::kv_store: return kill_actor(name.kind, -1, -1);
+  }
+  return {};
+}
+
+std::string pipeline::kill_actor(actor_kind kind, int32_t index, int32_t decode) {
   auto& im = *impl_;
-  // A name as kill() returns it: "decode-1", "kv_link-p0-d1", "request-17".
-  std::string kind = kind_or_name;
-  auto number = [](const std::string& s, size_t from, size_t to, long long& out) {
-    if (from >= to || to > s.size()) return false;
-    out = 0;
-    for (size_t i = from; i < to; ++i) {
-      if (s[i] < '0' || s[i] > '9' || out > 100000000) return false;
-      out = out * 10 + (s[i] - '0');
-    }
-    return true;
-  };
-  long long a = 0, b = 0;
-  std::string link_name;
-  for (const char* k : {"prefill-", "decode-", "colocated-"}) {
-    const std::string prefix = k;
-    if (kind_or_name.rfind(prefix, 0) == 0 && number(kind_or_name, prefix.size(), kind_or_name.size(), a)) {
-      kind = prefix.substr(0, prefix.size() - 1);
-      index = int(a);
-    }
-  }
-  if (const auto d = kind_or_name.find("-d"); kind_or_name.rfind("kv_link-p", 0) == 0 && d != std::string::npos &&
-                                               number(kind_or_name, 9, d, a) && number(kind_or_name, d + 2, kind_or_name.size(), b)) {
-    // Asked for by its name: the router knows how many decode slots a row has (other
-    // processes' workers join it at any index).
-    kind = "kv_link";
-    link_name = kind_or_name;
-    index = -1;
-  }
-  if (kind_or_name.rfind("request-", 0) == 0 && number(kind_or_name, 8, kind_or_name.size(), a))
-    return kill_request(request_id(a)) ? kind_or_name : std::string();
-  if (kind_or_name == "kv_store") {
+  if (kind == actor_kind::kv_store) {
     auto s = im.store ? im.store->get() : kv_store_actor{};
     if (!s) return {};
     caf::anon_send_exit(s, caf::exit_reason::kill);
-    return "kv_store";
-  }
-  static const std::vector<std::string> kinds = {"prefill", "decode", "colocated", "kv_link", "request", "router", "random"};
-  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
-    throw failure(errc::invalid_argument,
-                  "unknown kind '" + kind + "' (prefill, decode, colocated, kv_link, kv_store, request, router, random, or a name such as decode-1)");
-  std::string what = link_name.empty() ? kind : link_name;
-  if (kind == "random") {
-    // Any kind this pipeline has; the router rarely (one in 20: it restarts everything below it).
-    std::vector<std::string> pick = im.cfg.mode == serving_mode::disaggregated
-                                        ? std::vector<std::string>{"prefill", "decode", "kv_link", "request"}
-                                        : std::vector<std::string>{"colocated", "request"};
-    thread_local std::mt19937 rng{std::random_device{}()};
-    what = std::uniform_int_distribution<int>(0, 19)(rng) == 0
-               ? "router"
-               : pick[size_t(std::uniform_int_distribution<size_t>(0, pick.size() - 1)(rng))];
-    index = -1;
+    return actor_name{actor_kind::kv_store}.str();
   }
   auto router = im.routers->get();
   if (!router) return {};
-  if (what == "router") {
+  if (kind == actor_kind::router) {
     caf::anon_send_exit(router, caf::exit_reason::kill);
-    return "router";
+    return actor_name{actor_kind::router}.str();
   }
   std::string killed;
   caf::scoped_actor self{*im.sys};
-  self->request(router, std::chrono::seconds(10), kill_atom::value, what, int32_t(index))
+  self->request(router, std::chrono::seconds(10), kill_atom::value, kind, index, decode)
       .receive([&](std::string& name) { killed = std::move(name); }, [&](caf::error&) {});
   return killed;
 }
@@ -660,7 +638,7 @@ bool pipeline::degraded() {
 
 const model& pipeline::get_model() const { return *impl_->mdl; }
 metrics::registry& pipeline::metrics() { return *impl_->metrics; }
-const pipeline_config& pipeline::config() const { return impl_->cfg; }
+const serving_config& pipeline::config() const { return impl_->cfg; }
 
 pipeline_stats pipeline::stats(size_t listed_requests) {
   auto& im = *impl_;
@@ -686,12 +664,12 @@ pipeline_stats pipeline::stats(size_t listed_requests) {
             out.decode_queue = v.decode_queue;
             for (size_t i = 0; i < v.by_state.size(); ++i)
               out.requests_by_state.emplace_back(std::string(to_string(request_state(i))), v.by_state[i]);
-            const bool colocated = im.cfg.mode == serving_mode::colocated;
-            auto name = [](const char* kind, int32_t i) { return i < 0 ? std::string() : kind + std::string("-") + std::to_string(i); };
+            const bool colocated = im.cfg.pools.mode == serving_mode::colocated;
+            auto name = [](worker_kind kind, int32_t i) { return i < 0 ? std::string() : worker_name(kind, i).str(); };
             for (const auto& r : v.requests)
               out.requests.push_back({r.id, std::string(to_string(r.state)),
-                                      name(colocated ? "colocated" : "prefill", r.prefill_worker),
-                                      name("decode", r.decode_worker), r.prompt_tokens, r.max_tokens});
+                                      name(colocated ? worker_kind::colocated : worker_kind::prefill, r.prefill_worker),
+                                      name(worker_kind::decode, r.decode_worker), r.prompt_tokens, r.max_tokens});
             out.kv_links = v.links;
             out.retiring_kv_links = v.retiring_links;
           },

@@ -3,7 +3,7 @@
 // events. No CAF knowledge needed. (Those who know CAF can spawn and wire the actors of this
 // folder themselves: their typed interfaces are in actors/protocol.h.)
 //
-//   tandem::pipeline p({.model_path = "model.gguf", .mode = tandem::serving_mode::disaggregated});
+//   tandem::pipeline p({.model = {.path = "model.gguf"}, .pools = {.mode = tandem::serving_mode::disaggregated}});
 //   auto h = p.submit({.prompt = "Once upon a time", .max_tokens = 32});
 //   for (tandem::request_event ev; h.next(ev);) { if (ev.kind == tandem::event_kind::token) std::cout << ev.text; }
 #include <chrono>
@@ -17,78 +17,10 @@
 #include "runtime/policy.h"
 #include "runtime/request_types.h"
 #include "runtime/scheduler/router_core.h"
+#include "runtime/serving_config.h"
 
 namespace tandem {
 
-
-struct pipeline_config {
-  std::string model_path;                   // empty: the built-in default model
-  std::shared_ptr<const model> loaded_model;  // or an already loaded one (shared by every worker)
-  serving_mode mode = serving_mode::disaggregated;
-  int prefill_workers = 1;
-  int decode_workers = 1;
-  int colocated_workers = 1;
-  int threads_per_worker = 1;
-  // batch_invariant: recovery by re-prefill is exact for every weight type (a token's logits do
-  // not depend on its batch); fastest: GEMM prefill, 2-4x the prefill throughput, but a
-  // recovered greedy request may differ after a near-tie (kernels/cpu/matmul.h).
-  kernels::cpu::matmul_mode matmul = kernels::cpu::matmul_mode::batch_invariant;
-  // Element type of every worker's KV cache, of what KV links move and the host store holds:
-  // f16 (half of f32's bytes), bf16 or f32 (runtime/kv_cache.h).
-  kernels::dtype kv_dtype = kernels::dtype::f16;
-  // Prefix reuse in prefill and colocated workers: a prompt that starts like an earlier one
-  // (whole blocks of it) takes that one's KV blocks instead of computing them again.
-  bool prefix_cache = true;
-  // The host KV store (actors/kv_store.h), with the prefix cache: finished prompts and answers
-  // publish their full blocks; prompts fetch what their worker lacks. Memory budget (0: no
-  // store) and an optional disk tier (a file of this size at this path, removed at exit).
-  int64_t kv_store_memory_bytes = 512ll << 20;
-  std::string kv_store_disk_path;
-  int64_t kv_store_disk_bytes = 0;
-  // KV-aware prefill placement (runtime/policy.h): a worker's cost is
-  // load_weight * its queued tokens + overlap_weight * the prompt tokens it lacks cached.
-  double route_overlap_weight = 1.0;
-  double route_load_weight = 1.0;
-  int32_t kv_blocks_per_worker = 0;         // 0: from kv_memory_bytes_per_worker
-  int64_t kv_memory_bytes_per_worker = 256ll << 20;
-  int32_t block_size = 16;
-  int32_t chunk_size = 256;                 // longest piece of one prompt per step
-  int32_t prefill_token_budget = 512;       // tokens per prefill step
-  int32_t colocated_token_budget = 256;     // tokens per colocated step (decodes + prefill chunks)
-  int32_t max_batch = 64;                   // sequences decoding at once per worker
-  admission_config admission;               // queue bounds and TTFT/TPOT budgets
-  std::string kv_transport = "local";       // "handoff" (no copy, one process), "local" or "shm"
-  // Stream a prompt's KV to its (already reserved) decode worker layer group by layer group
-  // while prefill runs, instead of all at once after it.
-  bool stream_kv = true;
-  int32_t stream_layer_group = 4;           // layers per streamed piece
-  // A request whose worker dies while it decodes migrates (prefilled again with the tokens sent
-  // so far, then decoding goes on elsewhere) at most this many times.
-  int32_t max_migrations = 3;
-  // Each pool restarts its workers (one for one) at most this many times per window; past that
-  // the pool is degraded (tandem_pool_degraded, /health), the requests that need it end with
-  // worker_failed (HTTP 503) and new ones are refused.
-  int32_t max_worker_restarts = 5;
-  std::chrono::milliseconds restart_window{10000};
-  // The router is restarted (with the pools below it; requests rejoin it) at most this many
-  // times in 10 s; past that the pipeline is degraded and requests end with an error.
-  int32_t max_router_restarts = 3;
-  // Liveness: a worker busy with one step this long without finishing it (alive, not
-  // progressing) is treated as failed and restarted. 0: not checked.
-  std::chrono::milliseconds stall_timeout{30000};
-  int scheduler_threads = 2;                // CAF threads for the actors (compute has its own)
-  // Several processes (actors/cluster.h, actors/node.h): >= 0 makes this a router process that
-  // publishes its cluster actor on this port (0: any free one, see cluster_port()) for prefill
-  // and decode processes to join (`tandem serve --role prefill|decode --join HOST:PORT`). Its
-  // workers are then all remote: the local worker counts are not used. Disaggregated only.
-  int cluster_port = -1;
-  std::string cluster_host = "127.0.0.1";
-  std::string cluster_kv_transport = "auto";  // links between nodes: auto (shm on one host), tcp, shm
-  std::chrono::milliseconds heartbeat_timeout{1500};  // a node silent this long is lost
-  std::shared_ptr<const admission_policy> admission_policy_impl;  // replaceable policies
-  std::shared_ptr<const prefill_placement> prefill_policy;
-  std::shared_ptr<const decode_placement> decode_policy;
-};
 
 struct generation_request {
   std::string prompt;                       // tokenized with BOS (when add_bos)...
@@ -201,7 +133,7 @@ struct pipeline_stats {
 
 class pipeline {
  public:
-  explicit pipeline(pipeline_config cfg);
+  explicit pipeline(serving_config cfg);
   ~pipeline();  // stops accepting, ends every request, waits for every actor
   pipeline(const pipeline&) = delete;
   pipeline& operator=(const pipeline&) = delete;
@@ -217,18 +149,20 @@ class pipeline {
   // Opens a connection; `on_ready` runs (on an actor thread; keep it short, e.g. post to your
   // event loop) whenever one of its requests queued an event.
   connection connect(std::function<void()> on_ready);
-  // Fault injection: kills worker `index` of a pool ("prefill", "decode" or "colocated"); its
-  // supervisor restarts it. False if there is no such worker alive.
-  bool kill_worker(const std::string& pool, int index);
+  // Fault injection: kills worker `index` of a pool; its supervisor restarts it. False if
+  // there is no such worker alive.
+  bool kill_worker(worker_kind pool, int index);
   // Fault injection: kills a request's actor. Its reader gets an error event; the router frees
   // what the request held. False if the router does not know the request (ended already).
   bool kill_request(request_id id);
-  // Fault injection by kind: "prefill", "decode", "colocated", "kv_link", "request", "router"
-  // or "random" (any kind this pipeline has), or a name it returned ("decode-1"); `index`
-  // picks one of that kind, -1 a random one.
-  // Returns the name of what was killed ("decode-1", "kv_link-p0-d1", "request-17",
-  // "router"), empty if there was nothing of that kind alive. Throws on an unknown kind.
-  std::string kill(const std::string& kind, int index = -1);
+  // Fault injection by kind (runtime/kinds.h): `index` picks one of that kind, -1 a random
+  // one; or by name ("decode-1", "kv_link-p0-d1", "request-17", "router", "kv_store").
+  // Returns the name of what was killed, empty if there was nothing of that kind alive.
+  std::string kill(actor_kind kind, int index = -1);
+  std::string kill(const actor_name& name);
+  // The same from text (/admin/kill, tandem chaos): a kind, a name, or "random" (any kind
+  // this pipeline has). Throws failure(invalid_argument) on anything else.
+  std::string kill(const std::string& kind_or_name, int index = -1);
   // Arms `count` faults of a kind (runtime/fault_injection.h); each is suffered once by the
   // first actor that meets it. `stall` is how long a stalled step hangs.
   void inject(fault_kind kind, int count, std::chrono::milliseconds stall = std::chrono::milliseconds(5000));
@@ -250,9 +184,10 @@ class pipeline {
   // is, however stuck a worker or the router is. At start-up it waits (up to 2 s) for the first.
   std::shared_ptr<const pipeline_stats> snapshot() const;
   static constexpr size_t snapshot_listed = 64;
-  const pipeline_config& config() const;
+  const serving_config& config() const;
 
  private:
+  std::string kill_actor(actor_kind kind, int32_t index, int32_t decode);  // through the router
   friend class connection;
   struct impl;
   std::unique_ptr<impl> impl_;

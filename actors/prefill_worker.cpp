@@ -50,7 +50,7 @@ void kick(self_ptr self) {
   for (auto id : st.queue.waiting())
     if (const auto& j = *st.queue.find(id); j.seq != 0 || !eng.prefix_cache_enabled())
       pending.push_back({int64_t(id), int32_t(j.spec.prompt.size()), j.prefilled});
-  auto plan = plan_prefill_step(pending, st.opts.token_budget, st.opts.chunk_size);
+  auto plan = plan_prefill_step(pending, st.opts.token_budget(), st.opts.steps.chunk_size);
 
   // Blocks are the limit the planner does not see: keep the chunks that fit the pool now;
   // what does not fit waits for leases to end.
@@ -75,7 +75,7 @@ void kick(self_ptr self) {
     }
     free -= need;
     step_work::chunk_item ci = sched::chunk_item(*j, c);
-    const bool stream = j->link && st.opts.stream_kv;
+    const bool stream = j->link && st.opts.kv.stream;
     ci.export_kv = c.last && !stream;
     if (stream) {
       j->stream_broken = false;  // this step streams from stream_next (0 after a new link)
@@ -88,7 +88,7 @@ void kick(self_ptr self) {
   }
   if (work.chunks.empty() && work.frees.empty()) return;
   if (!streams->empty()) {
-    work.stream_layer_group = st.opts.stream_layer_group;
+    work.stream_layer_group = st.opts.kv.stream_layer_group;
     work.on_kv_piece = [streams](work_id id, kv_blocks_ptr piece) {
       auto it = streams->find(id);
       if (it == streams->end() || piece->empty()) return;
@@ -175,8 +175,8 @@ void start_pending(self_ptr self) {
 
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
-  st.we->returned(st.opts, "prefill", r, int32_t(r.created_seqs.size()));
-  record_prefix_cache(st.opts, "prefill", *st.we->eng, st.prefix_last, r.error.ok() ? st.queue.planned_prompt_tokens() : 0);
+  st.we->returned(st.opts, r, int32_t(r.created_seqs.size()));
+  record_prefix_cache(st.opts, *st.we->eng, st.prefix_last, r.error.ok() ? st.queue.planned_prompt_tokens() : 0);
   for (const auto& c : r.created_seqs)
     if (auto* j = st.queue.find(c.id)) j->seq = c.seq;
   for (auto id : st.queue.release_step()) {
@@ -226,7 +226,7 @@ void apply(self_ptr self, step_result& r) {
 
 prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::shared_ptr<const model> m,
                                                             worker_options opts, router_actor router) {
-  init_worker(self->state, std::move(m), std::move(opts), std::move(router), false);
+  init_worker(self->state, worker_kind::prefill, std::move(m), std::move(opts), std::move(router));
   return {
       [self](prefill_atom, request_spec& spec, request_actor& req) {
         auto& st = self->state;
@@ -288,7 +288,7 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
       },
       [self](stats_atom) {
         auto& st = self->state;
-        return st.we->stats("prefill", st.opts, nullptr, int32_t(st.queue.size() + st.leases.size()));
+        return st.we->stats(st.opts, nullptr, int32_t(st.queue.size() + st.leases.size()));
       },
   };
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "actors/wire.h"
+#include "runtime/kinds.h"
 #include "runtime/errors.h"
 #include "runtime/request_types.h"
 #include "runtime/kv_cache.h"
@@ -186,9 +187,9 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<join_atom, int32_t, prefill_worker_actor>,         // (re)started prefill/colocated worker
     caf::reacts_to<join_atom, int32_t, decode_worker_actor>,          // (re)started decode worker
     caf::reacts_to<down_atom, int32_t, bool>,                         // worker index died (true: prefill side)
-    // fault injection: kill an actor of a kind ("prefill", "decode", "colocated", "kv_link",
-    // "request"), index -1 for a random one; replies with its name, empty if there is none
-    caf::replies_to<kill_atom, std::string, int32_t>::with<std::string>,
+    // fault injection: kill an actor of a kind (index -1: a random one; a link p -> d: index p
+    // and decode d); replies with its name, empty if there is none
+    caf::replies_to<kill_atom, actor_kind, int32_t, int32_t>::with<std::string>,
     caf::replies_to<kill_atom, request_id>::with<bool>,               // fault injection: kill a request actor
     caf::replies_to<stats_atom>::with<std::vector<worker_stats>>,
     caf::reacts_to<heartbeat_atom>,                                   // its own timer: check liveness

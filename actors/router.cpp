@@ -100,7 +100,7 @@ void open_link(self_ptr self, size_t p, size_t d, bool decode_side_replaced) {
     return;
   }
   link = self->spawn<caf::monitored>(kv_link_behavior, st.decode[d],
-                                     kv_link_options{.name = "p" + std::to_string(p) + "->d" + std::to_string(d),
+                                     kv_link_options{.name = link_name(int32_t(p), int32_t(d)),
                                                      .transport = st.opts.kv_transport,
                                                      .metrics = st.opts.request_ctx.metrics,
                                                      .faults = st.opts.faults});
@@ -435,31 +435,37 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         if (from_lost_worker(self)) return;
         on_event(self, sched::ev::ship_started{id});
       },
-      [self](kill_atom, const std::string& kind_or_link, int32_t index) -> std::string {
+      [self](kill_atom, actor_kind kind, int32_t index, int32_t decode) -> std::string {
         auto& st = self->state;
-        // A link by its name ("kv_link-p0-d3"), or an actor of a kind by its index.
-        const bool link_name = kind_or_link.rfind("kv_link-p", 0) == 0;
-        const std::string kind = link_name ? "kv_link" : kind_or_link;
-        // The candidates of that kind, alive now, with their names.
+        // The candidates of that kind, alive now, with their names; a link named by (p, d) is
+        // the only candidate then.
         std::vector<std::pair<caf::actor, std::string>> found;
         const bool colocated = st.opts.core.mode == serving_mode::colocated;
-        if (kind == "prefill" || kind == "colocated") {
-          if (colocated == (kind == "colocated"))
-            for (size_t i = 0; i < st.prefill.size(); ++i)
-              found.emplace_back(caf::actor_cast<caf::actor>(st.prefill[i]), kind + "-" + std::to_string(i));
-        } else if (kind == "decode") {
-          for (size_t i = 0; i < st.decode.size(); ++i)
-            found.emplace_back(caf::actor_cast<caf::actor>(st.decode[i]), "decode-" + std::to_string(i));
-        } else if (kind == "kv_link") {
-          for (size_t p = 0; p < st.links.size(); ++p)
-            for (size_t d = 0; d < st.links[p].size(); ++d)
-              found.emplace_back(caf::actor_cast<caf::actor>(st.links[p][d]),
-                                 "kv_link-p" + std::to_string(p) + "-d" + std::to_string(d));
-        } else if (kind == "request") {
-          for (const auto& [id, r] : st.requests)
-            found.emplace_back(caf::actor_cast<caf::actor>(r), "request-" + std::to_string(id));
+        auto workers = [&](worker_kind k, const auto& pool) {
+          for (size_t i = 0; i < pool.size(); ++i)
+            found.emplace_back(caf::actor_cast<caf::actor>(pool[i]), worker_name(k, int32_t(i)).str());
+        };
+        switch (kind) {
+          case actor_kind::prefill:
+            if (!colocated) workers(worker_kind::prefill, st.prefill);
+            break;
+          case actor_kind::colocated:
+            if (colocated) workers(worker_kind::colocated, st.prefill);
+            break;
+          case actor_kind::decode: workers(worker_kind::decode, st.decode); break;
+          case actor_kind::kv_link:
+            for (size_t p = 0; p < st.links.size(); ++p)
+              for (size_t d = 0; d < st.links[p].size(); ++d)
+                if (decode < 0 || (int32_t(p) == index && int32_t(d) == decode))
+                  found.emplace_back(caf::actor_cast<caf::actor>(st.links[p][d]), link_name(int32_t(p), int32_t(d)).str());
+            if (decode >= 0) index = -1;
+            break;
+          case actor_kind::request:
+            for (const auto& [id, r] : st.requests) found.emplace_back(caf::actor_cast<caf::actor>(r), request_name(id).str());
+            break;
+          case actor_kind::router:
+          case actor_kind::kv_store: break;  // not the router's to kill (pipeline::kill)
         }
-        if (link_name) std::erase_if(found, [&](const auto& f) { return f.second != kind_or_link; });
         std::vector<std::pair<caf::actor, std::string>> target;
         if (index >= 0 && size_t(index) < found.size() && found[size_t(index)].first) target.push_back(found[size_t(index)]);
         if (index < 0)

@@ -21,7 +21,7 @@ struct router_options {
   // What the scheduler decides by: mode, admission, block and context sizes, migration and
   // transfer-retry limits, the stall timeout, KV-aware placement, the policies.
   sched::router_core_config core;
-  std::string kv_transport = "local";  // see kv_link_options::transport
+  kv_transport_kind kv_transport = kv_transport_kind::local;  // its links within this process
   std::shared_ptr<fault_injector> faults;
   // The host KV store, if any: a prompt whose full blocks are all in it goes straight to a
   // decode worker (disaggregated mode), which fetches them and computes only the tail.

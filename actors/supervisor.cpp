@@ -24,7 +24,7 @@ caf::behavior pool_supervisor(caf::stateful_actor<pool_supervisor_state>* self, 
         st.degraded = true;
         if (st.opts.metrics)
           st.opts.metrics->get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity",
-                                     {{"pool", st.opts.kind}})
+                                     {{"pool", std::string(to_string(st.opts.kind))}})
               .set(1);
         return;
       }

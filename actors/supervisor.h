@@ -9,6 +9,7 @@
 
 #include <caf/all.hpp>
 
+#include "runtime/kinds.h"
 #include "runtime/metrics.h"
 
 namespace tandem {
@@ -16,7 +17,7 @@ namespace tandem {
 using degraded_atom = caf::atom_constant<caf::atom("degraded")>;
 
 struct pool_options {
-  std::string kind;                 // "prefill", "decode", "colocated"
+  actor_kind kind = actor_kind::prefill;  // what it supervises: one kind of worker, or the KV store
   int32_t size = 1;
   int32_t max_restarts = 5;         // within `window`
   std::chrono::milliseconds window{10000};

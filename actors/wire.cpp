@@ -19,6 +19,8 @@ void register_wire_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<errc>("tandem::errc");
   cfg.add_message_type<std::vector<token_id>>("std::vector<int32_t>");
   cfg.add_message_type<std::vector<uint64_t>>("std::vector<uint64_t>");
+  cfg.add_message_type<node_hello>("tandem::node_hello");
+  cfg.add_message_type<node_welcome>("tandem::node_welcome");
   // Handles.
   cfg.add_message_type<request_actor>("tandem::request_actor");
   cfg.add_message_type<subscriber_actor>("tandem::subscriber_actor");

@@ -21,6 +21,7 @@
 #include "runtime/policy.h"
 #include "runtime/request_types.h"
 #include "runtime/sampler.h"
+#include "runtime/serving_config.h"
 
 namespace caf {
 class actor_system_config;
@@ -30,7 +31,7 @@ namespace tandem {
 
 // Bumped whenever a message type that crosses processes changes shape or meaning. A peer
 // with another version is refused at join time (actors/cluster.h), before any such message.
-constexpr uint32_t wire_version = 3;  // 2: sampling_params carries logit_bias, stop tokens, min_tokens, penalties, logprobs; token_logprobs. 3: done carries finish_reason (an enum), errc travels as its value, refusals as caf::error
+constexpr uint32_t wire_version = 4;  // 2: sampling_params carries logit_bias, stop tokens, min_tokens, penalties, logprobs; token_logprobs. 3: done carries finish_reason (an enum), errc travels as its value, refusals as caf::error. 4: the join is hello (version alone), then node_hello / node_welcome (inspected, not JSON); a node link is asked for by (p, d)
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
@@ -80,6 +81,19 @@ typename Inspector::result_type inspect(Inspector& f, std::shared_ptr<const std:
              x = present ? std::make_shared<const std::vector<kv_block_export>>(std::move(blocks)) : nullptr;
              return caf::none;
            }));
+}
+
+// The settings a router sends its joining nodes (runtime/serving_config.h).
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_settings& x) {
+  return f(caf::meta::type_name("kv_settings"), x.dtype, x.block_size, x.prefix_cache, x.stream, x.stream_layer_group,
+           x.store_memory_bytes, x.store_disk_path, x.store_disk_bytes, x.transport);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_settings& x) {
+  return f(caf::meta::type_name("step_settings"), x.matmul, x.chunk_size, x.prefill_token_budget,
+           x.colocated_token_budget, x.max_batch);
 }
 
 // Announces every type above (and the handles and containers the messages hold) to an actor

@@ -8,31 +8,44 @@
 #include "actors/protocol.h"
 #include "runtime/engine.h"
 #include "runtime/fault_injection.h"
+#include "runtime/kinds.h"
+#include "runtime/serving_config.h"
 #include "runtime/scheduler/worker_core.h"
 #include "runtime/step.h"
 
 namespace tandem {
 
-struct worker_options {
-  int32_t index = 0;
+// What one process gives each of its workers (the rest is the deployment's and shared).
+struct worker_resources {
   int n_threads = 1;
-  kernels::cpu::matmul_mode matmul = kernels::cpu::matmul_mode::batch_invariant;
-  kernels::dtype kv_dtype = kernels::dtype::f16;  // every worker of a pipeline shares it
-  int32_t block_size = 16;
-  int32_t kv_blocks = 0;              // 0: as many as kv_memory_bytes holds
+  int32_t kv_blocks = 0;  // 0: as many as kv_memory_bytes holds
   int64_t kv_memory_bytes = 256ll << 20;
-  int32_t token_budget = 512;         // tokens per step (prefill, colocated)
-  int32_t chunk_size = 256;           // longest piece of one prompt per step
-  int32_t max_batch = 64;             // sequences decoding at once (decode, colocated)
-  bool stream_kv = true;              // prefill: send KV layer group by layer group while computing
-  int32_t stream_layer_group = 4;     // layers per streamed piece
-  bool prefix_cache = true;           // prefill, colocated: reuse cached prompt prefixes
+};
+
+struct worker_options {
+  worker_kind kind = worker_kind::prefill;
+  int32_t index = 0;
+  worker_resources resources;
+  kv_settings kv;       // the deployment's, the same for every worker (the cluster sends both
+  step_settings steps;  // to joining nodes whole)
   // The host KV store (null: none): prompts fetch their cached prefix from it, and finished
   // prompts and answers publish their full blocks to it.
   std::shared_ptr<kv_store_directory> store;
   std::chrono::milliseconds store_timeout{1000};  // a fetch not answered by then is given up
   std::shared_ptr<metrics::registry> metrics;
   std::shared_ptr<fault_injector> faults;  // armed faults this worker can suffer
+
+  // Tokens per step: a prefill or colocated step's budget (a decode step is its batch).
+  int32_t token_budget() const {
+    switch (kind) {
+      case worker_kind::prefill: return steps.prefill_token_budget;
+      case worker_kind::colocated: return steps.colocated_token_budget;
+      case worker_kind::decode: return 0;
+    }
+    return 0;
+  }
+  bool decodes() const { return kind != worker_kind::prefill; }  // it holds KV credits
+  std::string name() const { return worker_name(kind, index).str(); }  // "decode-1"
 };
 
 // Engine + runner, destroyed runner first (it joins the step that uses the engine).
@@ -46,13 +59,13 @@ struct worker_engine {
   std::shared_ptr<std::atomic<bool>> stopping = std::make_shared<std::atomic<bool>>(false);
   worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults) {
     engine_options eo;
-    eo.n_threads = o.n_threads;
-    eo.matmul = o.matmul;
-    eo.kv_dtype = o.kv_dtype;
-    eo.block_size = o.block_size;
-    eo.n_kv_blocks = o.kv_blocks;
-    eo.kv_memory_bytes = o.kv_memory_bytes;
-    eo.prefix_cache = o.prefix_cache;
+    eo.n_threads = o.resources.n_threads;
+    eo.matmul = o.steps.matmul;
+    eo.kv_dtype = o.kv.dtype;
+    eo.block_size = o.kv.block_size;
+    eo.n_kv_blocks = o.resources.kv_blocks;
+    eo.kv_memory_bytes = o.resources.kv_memory_bytes;
+    eo.prefix_cache = o.kv.prefix_cache;
     eng = std::make_unique<engine>(std::move(m), eo);
     runner = std::make_unique<compute_runner>();
   }
@@ -83,21 +96,19 @@ struct worker_engine {
   }
 
   // The step in flight came back with r (`batch` sequences in it): recorded, the engine idle.
-  void returned(const worker_options& o, const std::string& kind, const step_result& r, int32_t batch);
+  void returned(const worker_options& o, const step_result& r, int32_t batch);
 
-  // What a worker of `kind` ("prefill", "decode", "colocated") answers to stats_atom (the
-  // dashboard's row, the router's heartbeat). Its pool's free blocks are read only between
-  // steps (-1 during one: the compute thread owns the pool then). `ledger`: its credits, if any.
-  worker_stats stats(const char* kind, const worker_options& o, const kv_credit_ledger* ledger, int32_t active) const {
+  // What a worker answers to stats_atom (the dashboard's row, the router's heartbeat). Its
+  // pool's free blocks are read only between steps (-1 during one: the compute thread owns the
+  // pool then). `ledger`: its credits, if any.
+  worker_stats stats(const worker_options& o, const kv_credit_ledger* ledger, int32_t active) const {
     worker_stats s;
-    s.name = kind;  // (kind + "-" + ... trips GCC 12's bogus -Wrestrict)
-    s.name += '-';
-    s.name += std::to_string(o.index);
+    s.name = o.name();
     s.kv_total_blocks = eng->kv_pool().total_blocks();
     s.kv_free_blocks = busy ? -1 : eng->available_blocks();
     if (ledger) s.reserved_blocks = ledger->reserved_blocks();
     s.active = active;
-    if (ledger) s.max_batch = o.max_batch;
+    if (ledger) s.max_batch = o.steps.max_batch;
     s.steps = steps;
     s.busy = busy;
     s.finished_steps = finished;
@@ -139,9 +150,9 @@ void report_prompt_load(Self* self, const router_actor& router, int32_t worker, 
 }
 
 // Per-step metrics every worker records.
-inline void record_step(const worker_options& o, const std::string& kind, const step_result& r, int32_t batch_size) {
+inline void record_step(const worker_options& o, const step_result& r, int32_t batch_size) {
   if (!o.metrics) return;
-  const metrics::labels l{{"worker", kind + "-" + std::to_string(o.index)}};
+  const metrics::labels l{{"worker", o.name()}};
   o.metrics->get_histogram("tandem_worker_step_seconds", "Compute time of one worker step", metrics::latency_seconds_buckets(), l)
       .observe(r.ms / 1000.0);
   o.metrics->get_histogram("tandem_worker_batch_size", "Sequences in one worker step",
@@ -160,22 +171,23 @@ inline void record_step(const worker_options& o, const std::string& kind, const 
       .set(r.cached_only_blocks);
 }
 
-inline void worker_engine::returned(const worker_options& o, const std::string& kind, const step_result& r,
-                                    int32_t batch) {
+inline void worker_engine::returned(const worker_options& o, const step_result& r, int32_t batch) {
   busy = false;
   ++finished;
-  record_step(o, kind, r, batch);
+  record_step(o, r, batch);
 }
 
-// What every worker state starts with: its options, router and engine, and the KV credits of
-// a worker that decodes (ledger: true).
+// What every worker state starts with: its options (of its kind), router and engine, and the
+// KV credits of a worker that decodes.
 template <class State>
-void init_worker(State& st, std::shared_ptr<const model> m, worker_options opts, router_actor router, bool ledger) {
+void init_worker(State& st, worker_kind kind, std::shared_ptr<const model> m, worker_options opts, router_actor router) {
   st.opts = std::move(opts);
+  st.opts.kind = kind;
   st.router = std::move(router);
   st.we = std::make_unique<worker_engine>(std::move(m), st.opts);
   if constexpr (requires { st.ledger; })
-    if (ledger) st.ledger = std::make_unique<kv_credit_ledger>(st.we->eng->kv_pool().total_blocks(), st.opts.block_size);
+    if (st.opts.decodes())
+      st.ledger = std::make_unique<kv_credit_ledger>(st.we->eng->kv_pool().total_blocks(), st.opts.kv.block_size);
 }
 
 // Sends the full blocks of s from block `from_block` on to the host store (fire and forget).
@@ -285,7 +297,7 @@ seq_id start_with_prefix(Self self, const worker_options& o, engine& eng, prefix
 
 // Prefix-cache metrics: the engine's counters since `last` (updated), and the prompt tokens the
 // step computed. Called on the actor thread between steps (the engine is idle).
-inline void record_prefix_cache(const worker_options& o, const std::string& kind, const engine& eng,
+inline void record_prefix_cache(const worker_options& o, const engine& eng,
                                 prefix_cache_stats& last, int64_t computed_prompt_tokens) {
   if (!o.metrics) return;
   auto& m = *o.metrics;
@@ -301,7 +313,7 @@ inline void record_prefix_cache(const worker_options& o, const std::string& kind
       .inc(double(now.published_blocks - last.published_blocks));
   m.get_counter("tandem_prefix_cache_evicted_blocks_total", "Unused cached KV blocks evicted for room.")
       .inc(double(now.evicted_blocks - last.evicted_blocks));
-  const metrics::labels l{{"worker", kind + "-" + std::to_string(o.index)}};
+  const metrics::labels l{{"worker", o.name()}};
   m.get_gauge("tandem_prefix_cache_blocks", "KV blocks a worker's prefix cache names now (in use or not).", l)
       .set(now.cached_blocks);
   m.get_gauge("tandem_prefix_cache_bytes", "Bytes of KV blocks a worker's prefix cache names now.", l)

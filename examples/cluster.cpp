@@ -15,16 +15,16 @@
 int main(int argc, char** argv) {
   try {
     const std::string model = argc > 1 ? argv[1] : "";
-    tandem::pipeline router({.model_path = model, .cluster_port = 0});  // 0: any free port
+    tandem::pipeline router({.model = {.path = model}, .cluster = {.port = 0}});  // 0: any free port
     std::printf("router: nodes join at 127.0.0.1:%u\n", router.cluster_port());
 
     // On other hosts: tandem serve --role prefill|decode --join HOST:PORT (this is the same).
-    tandem::node prefill({.role = "prefill", .join_port = router.cluster_port(), .model_path = model});
-    tandem::node decode({.role = "decode", .join_port = router.cluster_port(), .model_path = model,
+    tandem::node prefill({.role = tandem::node_role::prefill, .join_port = router.cluster_port(), .model_path = model});
+    tandem::node decode({.role = tandem::node_role::decode, .join_port = router.cluster_port(), .model_path = model,
                          .kv_listen_host = "127.0.0.1"});
     std::thread p([&] { prefill.run(); }), d([&] { decode.run(); });
 
-    tandem::pipeline alone({.model_path = model});  // the reference: one process
+    tandem::pipeline alone({.model = {.path = model}});  // the reference: one process
     int differ = 0;
     for (int i = 0; i < 4; ++i) {
       const tandem::generation_request req{.prompt = "Request " + std::to_string(i) + ": once upon a time",

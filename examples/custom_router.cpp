@@ -35,11 +35,10 @@ class first_fit_prefill : public tandem::prefill_placement {
 
 int main(int argc, char** argv) {
   try {
-    tandem::pipeline p({.model_path = argc > 1 ? argv[1] : "",
-                        .prefill_workers = 2,
-                        .decode_workers = 2,
-                        .prefill_policy = std::make_shared<first_fit_prefill>(),
-                        .decode_policy = std::make_shared<least_busy_decode>()});
+    tandem::pipeline p({.model = {.path = argc > 1 ? argv[1] : ""},
+                        .pools = {.prefill_workers = 2, .decode_workers = 2},
+                        .scheduling = {.prefill_policy = std::make_shared<first_fit_prefill>(),
+                                       .decode_policy = std::make_shared<least_busy_decode>()}});
     std::vector<tandem::request_handle> hs;
     for (int i = 0; i < 8; ++i) hs.push_back(p.submit({.prompt = "Once upon a time", .max_tokens = 16, .ignore_eos = true}));
     int ok = 0;

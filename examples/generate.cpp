@@ -8,7 +8,7 @@
 
 int main(int argc, char** argv) {
   try {
-    tandem::pipeline p({.model_path = argc > 1 ? argv[1] : ""});
+    tandem::pipeline p({.model = {.path = argc > 1 ? argv[1] : ""}});
     auto h = p.submit({.prompt = argc > 2 ? argv[2] : "Once upon a time", .max_tokens = 48});
     for (tandem::request_event ev; h.next(ev);) {
       if (ev.kind == tandem::event_kind::token) std::cout << ev.text << std::flush;

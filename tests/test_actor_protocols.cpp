@@ -159,7 +159,7 @@ TEST_F(fixture, RetiredLinkFinishesItsTransferThenEnds) {
   auto decode = sys->spawn(fake_decode, log);
   auto req = caf::actor_cast<request_actor>(sys->spawn(recorder, log, std::string("req")));
   auto link = sys->spawn(kv_link_behavior, caf::actor_cast<decode_worker_actor>(decode),
-                         kv_link_options{"p0->d0", "local", nullptr});
+                         kv_link_options{link_name(0, 0), kv_transport_kind::local, nullptr});
   // (Handles kept: an actor nobody references ends as unreachable.)
   auto watch = sys->spawn(watcher, log, std::vector<caf::actor>{caf::actor_cast<caf::actor>(link)});
   run();
@@ -210,9 +210,9 @@ TEST_F(fixture, ChannelLinkAnswersWhileItsFrameWaitsForTheReceiver) {
   auto decode = sys->spawn(fake_decode, log);
   auto req = caf::actor_cast<request_actor>(sys->spawn(recorder, log, std::string("req")));
   kv_link_options o;
-  o.name = "p0->d0";
-  o.transport = "channel";
-  o.channel_mode = "tcp";
+  o.name = link_name(0, 0);
+  o.transport = kv_transport_kind::channel;
+  o.channel_mode = channel_mode::tcp;
   o.kv_address = receiver.address();
   auto link = sys->spawn(kv_link_behavior, caf::actor_cast<decode_worker_actor>(decode), o);
   run();

@@ -29,6 +29,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// A mode by its name (the parameterized tests run per name).
+channel_mode cm(const std::string& name) { return parse_channel_mode(name).value(); }
+
 struct shape {
   int32_t layers = 2, n_kv_head = 2, block_size = 16, head_dim = 32;
   kernels::dtype dtype = kernels::dtype::f32;
@@ -220,7 +223,7 @@ class KvChannel : public ::testing::TestWithParam<std::string> {
   sender_options tx_opts(const kv_receiver& r) const {
     sender_options o;
     o.address = r.address();
-    o.mode = mode();
+    o.mode = cm(mode());
     return o;
   }
   void TearDown() override {
@@ -435,7 +438,7 @@ TEST_P(KvChannel, GarbageOnTheSocketDoesNotStopTheReceiver) {
   auto handshake = [&](int fd) {
     wire::hello h;
     h.host = "elsewhere";
-    h.mode = "tcp";
+    h.mode = channel_mode::tcp;
     send_all(fd, wire::encode(h));
     const auto [type, body] = recv_msg(fd);
     ASSERT_EQ(type, uint32_t(wire::msg::welcome));
@@ -550,7 +553,7 @@ TEST(KvChannelWire, GarbageInTheRingAndDoorbellsOutOfBoundsAreRefused) {
   auto open_ring = [&](int fd) {
     wire::hello h;
     h.host = host_identity();
-    h.mode = "shm";
+    h.mode = channel_mode::shm;
     send_all(fd, wire::encode(h));
     const auto [type, body] = recv_msg(fd);
     EXPECT_EQ(type, uint32_t(wire::msg::welcome));
@@ -602,7 +605,7 @@ TEST(KvChannelWire, GarbageInTheRingAndDoorbellsOutOfBoundsAreRefused) {
   }
   EXPECT_EQ(r.frames_received(), 0u);
   EXPECT_TRUE(leftover_rings(::getpid()).empty()) << leftovers_text(leftover_rings(::getpid()));
-  kv_sender s({.address = r.address(), .mode = "shm"});
+  kv_sender s({.address = r.address(), .mode = cm("shm")});
   const auto f = make_frame(100, 2, 9, 3);  // 1.6 MiB through a 1 MiB ring
   const auto st = s.wait(s.submit(f));
   ASSERT_EQ(st.state, transfer_state::done) << st.error.to_string();
@@ -624,7 +627,7 @@ TEST(KvChannelSetup, AutoPicksSharedMemoryOnOneHostAndTcpOtherwise) {
   kv_receiver shm_off(no, got.handler());
   const auto f = make_frame(1, 0, 1, 1);
   auto kind_of = [&](const kv_receiver& r, const std::string& mode) {
-    kv_sender s({.address = r.address(), .mode = mode});
+    kv_sender s({.address = r.address(), .mode = cm(mode)});
     const auto st = s.wait(s.submit(f));
     EXPECT_EQ(st.state, transfer_state::done) << mode << ": " << st.error.to_string();
     return s.kind();
@@ -642,7 +645,7 @@ TEST(KvChannelSetup, SharedMemoryModeFailsClearlyWhereItIsNotAllowed) {
   receiver_options no;
   no.allow_shm = false;
   kv_receiver r(no, got.handler());
-  kv_sender s({.address = r.address(), .mode = "shm"});
+  kv_sender s({.address = r.address(), .mode = cm("shm")});
   const auto st = s.wait(s.submit(make_frame(1, 0, 1, 1)));
   EXPECT_EQ(st.state, transfer_state::failed);
   EXPECT_EQ(st.error.code(), errc::unsupported);
@@ -657,7 +660,7 @@ TEST(KvChannelSetup, SharedMemoryModeFailsWhenTheHostsDiffer) {
   ASSERT_GE(fd, 0);
   wire::hello h;
   h.host = "another-machine";
-  h.mode = "shm";
+  h.mode = channel_mode::shm;
   send_all(fd, wire::encode(h));
   const auto [type, body] = recv_msg(fd);
   ASSERT_EQ(type, uint32_t(wire::msg::welcome));
@@ -667,7 +670,7 @@ TEST(KvChannelSetup, SharedMemoryModeFailsWhenTheHostsDiffer) {
   EXPECT_NE(w.message.find("another-machine"), std::string::npos) << w.message;
   EXPECT_TRUE(w.shm_name.empty());
   ::close(fd);
-  h.mode = "auto";  // auto from another host: TCP
+  h.mode = channel_mode::automatic;  // auto from another host: TCP
   const int fd2 = connect_raw(r.port());
   send_all(fd2, wire::encode(h));
   const auto [type2, body2] = recv_msg(fd2);
@@ -685,7 +688,7 @@ TEST(KvChannelSetup, HostIdentityIsStableAndInTheAddress) {
   EXPECT_EQ(r.address(), "tcp://127.0.0.1:" + std::to_string(r.port()) + ";host=" + host_identity());
   EXPECT_THROW(kv_sender({.address = "nonsense"}), failure);
   EXPECT_THROW(kv_sender({.address = "tcp://127.0.0.1:99999"}), failure);
-  EXPECT_THROW(kv_sender({.address = r.address(), .mode = "rdma"}), failure);
+  EXPECT_FALSE(parse_channel_mode("rdma"));  // a mode is one of the enum's, by its name
   receiver_options taken;
   taken.port = r.port();
   taken.bind_host = "127.0.0.1";
@@ -700,7 +703,7 @@ TEST(KvChannelSetup, AReceiverRefusesASenderOfAnotherVersionNamingBoth) {
   wire::hello h;
   h.version = 99;
   h.host = host_identity();
-  h.mode = "auto";
+  h.mode = channel_mode::automatic;
   send_all(fd, wire::encode(h));
   const auto [type, body] = recv_msg(fd);
   ASSERT_EQ(type, uint32_t(wire::msg::welcome));
@@ -728,7 +731,7 @@ TEST(KvChannelSetup, ASenderRefusesAReceiverOfAnotherVersionNamingBoth) {
     ::close(fd);
   });
   {
-    kv_sender s({.address = tcp_address(port), .mode = "auto"});
+    kv_sender s({.address = tcp_address(port), .mode = cm("auto")});
     const auto st = s.wait(s.submit(make_frame(1, 0, 1, 1)));
     EXPECT_EQ(st.state, transfer_state::failed);
     EXPECT_EQ(st.error.code(), errc::incompatible_kv);
@@ -806,7 +809,7 @@ class KvChannelProcesses : public ::testing::TestWithParam<std::string> {};
 TEST_P(KvChannelProcesses, FramesCrossProcessesIntact) {
   child_receiver c(true);
   ASSERT_GT(c.port, 0);
-  kv_sender s({.address = tcp_address(c.port), .mode = GetParam()});
+  kv_sender s({.address = tcp_address(c.port), .mode = cm(GetParam())});
   std::vector<std::shared_ptr<const kv_frame>> frames;
   std::vector<transfer_id> ids;
   uint64_t req = 1;
@@ -839,7 +842,7 @@ TEST_P(KvChannelProcesses, FramesCrossProcessesIntact) {
 TEST_P(KvChannelProcesses, KillingTheReceiverMidTransferLeavesNothingBehind) {
   child_receiver c(true);
   ASSERT_GT(c.port, 0);
-  kv_sender s({.address = tcp_address(c.port), .mode = GetParam()});
+  kv_sender s({.address = tcp_address(c.port), .mode = cm(GetParam())});
   const shape big{4, 4, 16, 64};
   const auto f = make_frame(16, 0, 1, 1, big);  // 4 MiB, twice the child's ring
   std::vector<transfer_id> ids;
@@ -863,7 +866,7 @@ TEST_P(KvChannelProcesses, KillingTheSenderMidTransferLeavesNothingBehind) {
     ::close(a[1]);
     uint16_t port = 0;
     if (::read(a[0], &port, sizeof port) != sizeof port) ::_exit(1);
-    kv_sender s({.address = tcp_address(port), .mode = mode});
+    kv_sender s({.address = tcp_address(port), .mode = cm(mode)});
     const auto f = make_frame(16, 0, 1, 1, shape{4, 4, 16, 64});
     for (;;) s.wait(s.submit(f));
   }
@@ -880,7 +883,7 @@ TEST_P(KvChannelProcesses, KillingTheSenderMidTransferLeavesNothingBehind) {
   ::close(a[1]);
   EXPECT_TRUE(leftover_rings(::getpid()).empty()) << leftovers_text(leftover_rings(::getpid()));
   // The receiver still serves others.
-  kv_sender s({.address = r.address(), .mode = mode});
+  kv_sender s({.address = r.address(), .mode = cm(mode)});
   const auto st = s.wait(s.submit(make_frame(4, 0, 2, 1)));
   EXPECT_EQ(st.state, transfer_state::done) << st.error.to_string();
   EXPECT_TRUE(leftover_rings(::getpid()).empty());

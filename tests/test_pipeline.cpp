@@ -29,7 +29,7 @@ std::vector<token_id> prompt_of(int n, int salt, int vocab) {
 }
 
 int expected_workers(pipeline& p) {
-  const auto& c = p.config();
+  const auto& c = p.config().pools;
   return c.mode == serving_mode::colocated ? c.colocated_workers : c.prefill_workers + c.decode_workers;
 }
 
@@ -73,7 +73,7 @@ struct topology {
   std::string name;
   serving_mode mode;
   int prefill, decode;
-  std::string kv_transport = "local";
+  kv_transport_kind kv_transport = kv_transport_kind::local;
   bool stream_kv = true;
 };
 
@@ -85,18 +85,18 @@ class SameOutput : public ::testing::TestWithParam<topology> {};
 TEST_P(SameOutput, ConcurrentRequestsEqualALoneEngine) {
   const auto topo = GetParam();
   auto m = tiny();
-  pipeline_config cfg;
-  cfg.loaded_model = m;
-  cfg.mode = topo.mode;
-  cfg.prefill_workers = topo.prefill;
-  cfg.decode_workers = topo.decode;
-  cfg.kv_transport = topo.kv_transport;
-  cfg.stream_kv = topo.stream_kv;
-  cfg.stream_layer_group = 1;
-  cfg.kv_blocks_per_worker = 128;
-  cfg.chunk_size = 24;            // long prompts are chunked
-  cfg.prefill_token_budget = 64;
-  cfg.colocated_token_budget = 48;
+  serving_config cfg;
+  cfg.model.loaded = m;
+  cfg.pools.mode = topo.mode;
+  cfg.pools.prefill_workers = topo.prefill;
+  cfg.pools.decode_workers = topo.decode;
+  cfg.kv.transport = topo.kv_transport;
+  cfg.kv.stream = topo.stream_kv;
+  cfg.kv.stream_layer_group = 1;
+  cfg.pools.kv_blocks_per_worker = 128;
+  cfg.steps.chunk_size = 24;            // long prompts are chunked
+  cfg.steps.prefill_token_budget = 64;
+  cfg.steps.colocated_token_budget = 48;
   pipeline p(cfg);
   struct job {
     std::vector<token_id> prompt;
@@ -136,9 +136,9 @@ INSTANTIATE_TEST_SUITE_P(Topologies, SameOutput,
                          ::testing::Values(topology{"disagg_1x1", serving_mode::disaggregated, 1, 1},
                                            topology{"disagg_1x2", serving_mode::disaggregated, 1, 2},
                                            topology{"disagg_2x2", serving_mode::disaggregated, 2, 2},
-                                           topology{"disagg_1x2_shm", serving_mode::disaggregated, 1, 2, "shm"},
-                                           topology{"disagg_1x2_handoff", serving_mode::disaggregated, 1, 2, "handoff"},
-                                           topology{"disagg_1x2_not_streamed", serving_mode::disaggregated, 1, 2, "local", false},
+                                           topology{"disagg_1x2_shm", serving_mode::disaggregated, 1, 2, kv_transport_kind::shm},
+                                           topology{"disagg_1x2_handoff", serving_mode::disaggregated, 1, 2, kv_transport_kind::handoff},
+                                           topology{"disagg_1x2_not_streamed", serving_mode::disaggregated, 1, 2, kv_transport_kind::local, false},
                                            topology{"colocated", serving_mode::colocated, 1, 1}),
                          [](const auto& info) { return info.param.name; });
 
@@ -150,7 +150,7 @@ TEST(Pipeline, StoriesMatchesTheReferenceInBothModes) {
                                           261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 312, 432,
                                           398, 312, 286, 267, 414, 270, 333, 415, 426, 13, 438, 310, 439, 419, 357, 336};
   for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
-    pipeline p({.model_path = path, .mode = mode, .decode_workers = 2});
+    pipeline p({.model = {.path = path}, .pools = {.mode = mode, .decode_workers = 2}});
     std::vector<request_handle> hs;
     for (int i = 0; i < 8; ++i) hs.push_back(p.submit({.prompt = "Once upon a time", .max_tokens = 64}));
     for (auto& h : hs) {
@@ -164,11 +164,11 @@ TEST(Pipeline, StoriesMatchesTheReferenceInBothModes) {
 }
 
 TEST(Pipeline, AdmissionRejectsEarlyAndRecovers) {
-  pipeline_config cfg;
-  cfg.loaded_model = tiny();
-  cfg.admission.max_prefill_queue = 2;
-  cfg.prefill_token_budget = 8;  // slow prefill: requests pile up
-  cfg.chunk_size = 8;
+  serving_config cfg;
+  cfg.model.loaded = tiny();
+  cfg.scheduling.admission.max_prefill_queue = 2;
+  cfg.steps.prefill_token_budget = 8;  // slow prefill: requests pile up
+  cfg.steps.chunk_size = 8;
   pipeline p(cfg);
   std::vector<request_handle> hs;
   for (int i = 0; i < 40; ++i)
@@ -198,10 +198,10 @@ TEST(Pipeline, AdmissionRejectsEarlyAndRecovers) {
 
 TEST(Pipeline, SmallKvPoolsMakeRequestsWaitNotDrop) {
   for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
-    pipeline_config cfg;
-    cfg.loaded_model = tiny();
-    cfg.mode = mode;
-    cfg.kv_blocks_per_worker = 12;  // room for about two requests at a time
+    serving_config cfg;
+    cfg.model.loaded = tiny();
+    cfg.pools.mode = mode;
+    cfg.pools.kv_blocks_per_worker = 12;  // room for about two requests at a time
     pipeline p(cfg);
     std::vector<request_handle> hs;
     for (int i = 0; i < 16; ++i)
@@ -217,12 +217,12 @@ TEST(Pipeline, SmallKvPoolsMakeRequestsWaitNotDrop) {
 
 TEST(Pipeline, CancellationInEveryStateFreesEverything) {
   for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
-    pipeline_config cfg;
-    cfg.loaded_model = tiny();
-    cfg.mode = mode;
-    cfg.kv_blocks_per_worker = 64;
-    cfg.chunk_size = 8;
-    cfg.prefill_token_budget = 16;
+    serving_config cfg;
+    cfg.model.loaded = tiny();
+    cfg.pools.mode = mode;
+    cfg.pools.kv_blocks_per_worker = 64;
+    cfg.steps.chunk_size = 8;
+    cfg.steps.prefill_token_budget = 16;
     pipeline p(cfg);
     // Right away (queued), after acceptance, after the first token, in the middle of decoding.
     for (int when = 0; when < 4; ++when) {
@@ -259,9 +259,9 @@ TEST(Pipeline, CancellationInEveryStateFreesEverything) {
 // abandoning one drops its events; closing the connection cancels the rest and ends its actor.
 TEST(Pipeline, ConnectionCarriesManyRequestsAndClosingItCancelsThem) {
   auto m = tiny();
-  pipeline_config cfg;
-  cfg.loaded_model = m;
-  cfg.kv_blocks_per_worker = 64;
+  serving_config cfg;
+  cfg.model.loaded = m;
+  cfg.pools.kv_blocks_per_worker = 64;
   pipeline p(cfg);
   {
     connection c = p.connect(nullptr);
@@ -330,7 +330,7 @@ TEST(Pipeline, ConnectionCarriesManyRequestsAndClosingItCancelsThem) {
 }
 
 TEST(Pipeline, BadRequestsGetClearErrors) {
-  pipeline p({.loaded_model = tiny()});
+  pipeline p({.model = {.loaded = tiny()}});
   auto r = p.submit({.prompt_tokens = {5, 99999}, .max_tokens = 3}).wait(5s);
   EXPECT_EQ(r.error, errc::invalid_argument);
   r = p.submit({.prompt = "x", .max_tokens = 0}).wait(5s);
@@ -347,12 +347,12 @@ TEST(Pipeline, BadRequestsGetClearErrors) {
 // prefilled again; decoding ones migrate (prompt plus tokens so far prefilled again, decoding
 // goes on), so every stream is complete, in order, and equal to a run without the fault.
 TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
-  for (const std::string pool : {"decode", "prefill", "colocated"}) {
-    SCOPED_TRACE(pool);
+  for (const worker_kind pool : {worker_kind::decode, worker_kind::prefill, worker_kind::colocated}) {
+    SCOPED_TRACE(to_string(pool));
     auto m = tiny();
-    pipeline_config cfg;
-    cfg.loaded_model = m;
-    cfg.mode = pool == "colocated" ? serving_mode::colocated : serving_mode::disaggregated;
+    serving_config cfg;
+    cfg.model.loaded = m;
+    cfg.pools.mode = pool == worker_kind::colocated ? serving_mode::colocated : serving_mode::disaggregated;
     pipeline p(cfg);
     struct job {
       std::vector<token_id> prompt;
@@ -395,7 +395,7 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
     }
     const std::string prom = p.metrics().to_prometheus();
     EXPECT_NE(prom.find("tandem_restarts_total"), std::string::npos);
-    if (pool != "prefill") {  // the first request was decoding on the killed worker
+    if (pool != worker_kind::prefill) {  // the first request was decoding on the killed worker
       EXPECT_NE(prom.find("tandem_migrations_total"), std::string::npos);
     }
     // The supervisor restarted it: new work succeeds.
@@ -414,9 +414,9 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
 TEST(Pipeline, KilledRequestActorEndsWithAnErrorAndFreesItsKv) {
   for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
     SCOPED_TRACE(std::string(to_string(mode)));
-    pipeline_config cfg;
-    cfg.loaded_model = tiny();
-    cfg.mode = mode;
+    serving_config cfg;
+    cfg.model.loaded = tiny();
+    cfg.pools.mode = mode;
     pipeline p(cfg);
     auto h = p.submit({.prompt_tokens = prompt_of(60, 3, 300), .max_tokens = 200, .ignore_eos = true});
     auto other = p.submit({.prompt_tokens = prompt_of(30, 4, 300), .max_tokens = 20, .ignore_eos = true});
@@ -434,15 +434,15 @@ TEST(Pipeline, KilledRequestActorEndsWithAnErrorAndFreesItsKv) {
 
 // Past the migration limit a request ends with a clear error instead of moving forever.
 TEST(Pipeline, MigrationLimitEndsTheRequestClearly) {
-  pipeline_config cfg;
-  cfg.loaded_model = tiny();
-  cfg.max_migrations = 0;
+  serving_config cfg;
+  cfg.model.loaded = tiny();
+  cfg.scheduling.max_migrations = 0;
   pipeline p(cfg);
   auto h = p.submit({.prompt_tokens = prompt_of(60, 3, 300), .max_tokens = 200, .ignore_eos = true});
   request_event ev;
   while (h.next(ev, 10s) && !(ev.kind == event_kind::token && ev.index >= 2)) {
   }
-  ASSERT_TRUE(p.kill_worker("decode", 0));
+  ASSERT_TRUE(p.kill_worker(worker_kind::decode, 0));
   const auto r = h.wait(30s);
   EXPECT_EQ(r.error, errc::worker_failed);
   EXPECT_NE(r.message.find("migration limit"), std::string::npos) << r.message;
@@ -457,9 +457,9 @@ TEST(Pipeline, ContextEdgeEndsTheSameInEveryMode) {
   const int32_t n_ctx = tiny()->config().n_ctx;
   for (const auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
     SCOPED_TRACE(std::string(to_string(mode)));
-    pipeline_config cfg;
-    cfg.loaded_model = tiny();
-    cfg.mode = mode;
+    serving_config cfg;
+    cfg.model.loaded = tiny();
+    cfg.pools.mode = mode;
     pipeline p(cfg);
     for (const int32_t n : {n_ctx - 1, n_ctx, n_ctx + 1}) {
       SCOPED_TRACE(n);
@@ -480,10 +480,10 @@ TEST(Pipeline, ContextEdgeEndsTheSameInEveryMode) {
 
 // Fault injection by kind or by the name kill() returns; unknown kinds are refused clearly.
 TEST(Pipeline, KillsByKindAndByName) {
-  pipeline_config cfg;
-  cfg.loaded_model = tiny();
-  cfg.prefill_workers = 1;
-  cfg.decode_workers = 2;
+  serving_config cfg;
+  cfg.model.loaded = tiny();
+  cfg.pools.prefill_workers = 1;
+  cfg.pools.decode_workers = 2;
   pipeline p(cfg);
   auto until_named = [&](const std::string& what) {
     std::string name;
@@ -507,9 +507,9 @@ TEST(Pipeline, KillsByKindAndByName) {
 TEST(Pipeline, ClientLeavingDuringRecoveryFreesEverything) {
   for (const std::string kind : {"decode", "router", "kv_link"}) {
     SCOPED_TRACE(kind);
-    pipeline_config cfg;
-    cfg.loaded_model = tiny();
-    cfg.kv_blocks_per_worker = 128;
+    serving_config cfg;
+    cfg.model.loaded = tiny();
+    cfg.pools.kv_blocks_per_worker = 128;
     pipeline p(cfg);
     auto c = p.connect(nullptr);
     for (int i = 0; i < 8; ++i)
@@ -532,14 +532,14 @@ TEST(Pipeline, ClientLeavingDuringRecoveryFreesEverything) {
 // worker_failed instead of hanging, new requests are refused at once, the metrics say so. A
 // restart within the intensity only delays requests.
 TEST(Pipeline, PoolPastItsRestartIntensityIsDegradedAndRefuses) {
-  pipeline_config cfg;
-  cfg.loaded_model = tiny();
-  cfg.max_worker_restarts = 1;
-  cfg.restart_window = 60000ms;
+  serving_config cfg;
+  cfg.model.loaded = tiny();
+  cfg.pools.max_worker_restarts = 1;
+  cfg.pools.restart_window = 60000ms;
   pipeline p(cfg);
   auto kill_decode = [&p] {  // a worker not joined yet (start-up, restart) is tried again
     std::string name;
-    for (int i = 0; i < 300 && (name = p.kill("decode", 0)).empty(); ++i) std::this_thread::sleep_for(10ms);
+    for (int i = 0; i < 300 && (name = p.kill(actor_kind::decode, 0)).empty(); ++i) std::this_thread::sleep_for(10ms);
     return name;
   };
   ASSERT_EQ(kill_decode(), "decode-0");  // restarted: within the intensity
@@ -567,11 +567,11 @@ TEST(Pipeline, SharedPrefixIsComputedOnceAndOutputsAreUnchanged) {
   for (auto mode : {serving_mode::disaggregated, serving_mode::colocated})
     for (bool cache : {true, false}) {
       SCOPED_TRACE(std::string(to_string(mode)) + (cache ? " with" : " without") + " the prefix cache");
-      pipeline_config cfg;
-      cfg.loaded_model = m;
-      cfg.mode = mode;
-      cfg.prefix_cache = cache;
-      cfg.kv_blocks_per_worker = 256;
+      serving_config cfg;
+      cfg.model.loaded = m;
+      cfg.pools.mode = mode;
+      cfg.kv.prefix_cache = cache;
+      cfg.pools.kv_blocks_per_worker = 256;
       pipeline p(cfg);
       std::vector<std::pair<std::vector<token_id>, sampling_params>> reqs;
       std::vector<request_handle> hs;
@@ -607,10 +607,10 @@ TEST(Pipeline, NextTurnReusesTheEarlierTurn) {
   const int V = m->config().n_vocab;
   for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
     SCOPED_TRACE(std::string(to_string(mode)));
-    pipeline_config cfg;
-    cfg.loaded_model = m;
-    cfg.mode = mode;
-    cfg.kv_blocks_per_worker = 256;
+    serving_config cfg;
+    cfg.model.loaded = m;
+    cfg.pools.mode = mode;
+    cfg.pools.kv_blocks_per_worker = 256;
     pipeline p(cfg);
     auto turn = prompt_of(100, 5, V);
     double hits_before = 0;
@@ -645,12 +645,12 @@ TEST(Pipeline, RequestsGoWhereTheirPrefixIsCached) {
   const int V = m->config().n_vocab;
   for (double overlap_weight : {4.0, 0.0}) {
     SCOPED_TRACE("overlap weight " + std::to_string(overlap_weight));
-    pipeline_config cfg;
-    cfg.loaded_model = m;
-    cfg.prefill_workers = 2;
-    cfg.decode_workers = 1;
-    cfg.route_overlap_weight = overlap_weight;
-    cfg.kv_blocks_per_worker = 256;
+    serving_config cfg;
+    cfg.model.loaded = m;
+    cfg.pools.prefill_workers = 2;
+    cfg.pools.decode_workers = 1;
+    cfg.scheduling.route_overlap_weight = overlap_weight;
+    cfg.pools.kv_blocks_per_worker = 256;
     pipeline p(cfg);
     std::vector<request_handle> hs;
     std::vector<std::vector<token_id>> prompts;
@@ -700,12 +700,12 @@ TEST(Pipeline, HostStoreServesPrefixesToOtherWorkers) {
   const int V = m->config().n_vocab;
   for (bool store : {true, false}) {
     SCOPED_TRACE(store ? "with the store" : "without");
-    pipeline_config cfg;
-    cfg.loaded_model = m;
-    cfg.prefill_workers = 2;
-    cfg.prefill_policy = std::make_shared<round_robin>();
-    cfg.kv_store_memory_bytes = store ? 64ll << 20 : 0;
-    cfg.kv_blocks_per_worker = 256;
+    serving_config cfg;
+    cfg.model.loaded = m;
+    cfg.pools.prefill_workers = 2;
+    cfg.scheduling.prefill_policy = std::make_shared<round_robin>();
+    cfg.kv.store_memory_bytes = store ? 64ll << 20 : 0;
+    cfg.pools.kv_blocks_per_worker = 256;
     pipeline p(cfg);
     for (int i = 0; i < 6; ++i) {
       auto prompt = prompt_of(160, 77, V);
@@ -735,13 +735,13 @@ TEST(Pipeline, KillingTheHostStoreLosesNoRequest) {
   const int V = m->config().n_vocab;
   for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
     SCOPED_TRACE(std::string(to_string(mode)));
-    pipeline_config cfg;
-    cfg.loaded_model = m;
-    cfg.mode = mode;
-    cfg.prefill_workers = 2;
-    cfg.colocated_workers = 2;
-    cfg.prefill_policy = std::make_shared<round_robin>();
-    cfg.kv_blocks_per_worker = 256;
+    serving_config cfg;
+    cfg.model.loaded = m;
+    cfg.pools.mode = mode;
+    cfg.pools.prefill_workers = 2;
+    cfg.pools.colocated_workers = 2;
+    cfg.scheduling.prefill_policy = std::make_shared<round_robin>();
+    cfg.pools.kv_blocks_per_worker = 256;
     pipeline p(cfg);
     std::vector<std::pair<std::vector<token_id>, request_handle>> reqs;
     int kills = 0;
@@ -769,9 +769,9 @@ TEST(Pipeline, KillingTheHostStoreLosesNoRequest) {
 TEST(Pipeline, WholePromptInTheStoreGoesStraightToDecode) {
   auto m = tiny();
   const int V = m->config().n_vocab;
-  pipeline_config cfg;
-  cfg.loaded_model = m;
-  cfg.kv_blocks_per_worker = 256;
+  serving_config cfg;
+  cfg.model.loaded = m;
+  cfg.pools.kv_blocks_per_worker = 256;
   pipeline p(cfg);
   const auto direct = [&] { return p.metrics().get_counter("tandem_router_direct_to_decode_total", "").value(); };
   const auto computed = [&] { return p.metrics().get_counter("tandem_prompt_tokens_computed_total", "").value(); };
@@ -809,10 +809,10 @@ TEST(Pipeline, WholePromptInTheStoreGoesStraightToDecode) {
 TEST(Pipeline, DirectRequestsSurviveDecodeAndStoreKills) {
   auto m = tiny();
   const int V = m->config().n_vocab;
-  pipeline_config cfg;
-  cfg.loaded_model = m;
-  cfg.decode_workers = 2;
-  cfg.kv_blocks_per_worker = 256;
+  serving_config cfg;
+  cfg.model.loaded = m;
+  cfg.pools.decode_workers = 2;
+  cfg.pools.kv_blocks_per_worker = 256;
   pipeline p(cfg);
   const sampling_params greedy{.temperature = 0.0f};
   std::vector<std::vector<token_id>> prompts;
@@ -832,7 +832,7 @@ TEST(Pipeline, DirectRequestsSurviveDecodeAndStoreKills) {
   for (int i = 0; i < 30; ++i) {
     hs.emplace_back(i % 3, p.submit({.prompt_tokens = prompts[size_t(i % 3)], .max_tokens = 10, .sampling = sp_of(i % 3),
                                      .ignore_eos = true}));
-    if (i % 10 == 3) p.kill("decode", i % 2);
+    if (i % 10 == 3) p.kill(actor_kind::decode, i % 2);
     if (i == 17) p.kill("kv_store");
     std::this_thread::sleep_for(3ms);
   }

@@ -40,9 +40,9 @@ class ServerTest : public ::testing::Test {
   std::thread runner;
   uint16_t port = 0;
 
-  void start(server::server_config sc = {}, pipeline_config pc = {}) {
-    pc.loaded_model = tiny();
-    pc.kv_blocks_per_worker = 256;
+  void start(server::server_config sc = {}, serving_config pc = {}) {
+    pc.model.loaded = tiny();
+    pc.pools.kv_blocks_per_worker = 256;
     pipe = std::make_unique<pipeline>(pc);
     server::served_model sm{"tiny", tiny()->config().n_ctx, nullptr, tiny()->config().n_vocab};
     sc.port = 0;
@@ -712,8 +712,8 @@ struct every_other_refused : admission_policy {
 }  // namespace
 
 TEST_F(ServerTest, AdmissionRejectionsAre429WithRetryAfter) {
-  pipeline_config pc;
-  pc.admission_policy_impl = std::make_shared<every_other_refused>();
+  serving_config pc;
+  pc.scheduling.admission_policy_impl = std::make_shared<every_other_refused>();
   start({}, pc);
   const std::string body = R"({"model":"tiny","prompt":"x","max_tokens":2})";
   auto ok = request(http::verb::post, "/v1/completions", body);

@@ -148,3 +148,51 @@ TEST_F(WireFixture, TandemErrorsKeepCodeAndMessage) {
   EXPECT_EQ(s.code(), errc::unsupported);
   EXPECT_NE(s.message().find("wire version 9"), std::string::npos);
 }
+
+// The join: what a node announces and what the router answers, every field (a setting lost on
+// the way would make the node's workers compute differently from the router's expectation).
+TEST_F(WireFixture, JoinHelloAndWelcomeKeepEveryField) {
+  node_hello h{node_role::decode, "n1", "host-a", "cpu (avx2, 2 threads per worker)", "tcp://10.0.0.2:9;host=a", 3, 2,
+               777, 0xfeedbeefull};
+  auto out = round_trip(caf::make_message(join_atom::value, h));
+  ASSERT_TRUE((out.match_elements<join_atom, node_hello>()));
+  const auto& hr = out.get_as<node_hello>(1);
+  EXPECT_EQ(hr.role, node_role::decode);
+  EXPECT_EQ(hr.name, "n1");
+  EXPECT_EQ(hr.host, "host-a");
+  EXPECT_EQ(hr.device, h.device);
+  EXPECT_EQ(hr.kv_address, h.kv_address);
+  EXPECT_EQ(hr.workers, 3);
+  EXPECT_EQ(hr.threads, 2);
+  EXPECT_EQ(hr.kv_blocks, 777);
+  EXPECT_EQ(hr.model_id, 0xfeedbeefull);
+
+  node_welcome w;
+  w.node = 9;
+  w.indices = {4, 5, 6};
+  w.kv = {kernels::dtype::q8_0, 32, false, false, 2, 1234, "/tmp/x", 99, kv_transport_kind::shm};
+  w.steps = {kernels::cpu::matmul_mode::fastest, 100, 300, 200, 17};
+  w.kv_channel = channel_mode::tcp;
+  w.heartbeat_ms = 55;
+  auto wo = round_trip(caf::make_message(w));
+  ASSERT_TRUE((wo.match_elements<node_welcome>()));
+  const auto& r = wo.get_as<node_welcome>(0);
+  EXPECT_EQ(r.node, 9u);
+  EXPECT_EQ(r.indices, w.indices);
+  EXPECT_EQ(r.kv.dtype, kernels::dtype::q8_0);
+  EXPECT_EQ(r.kv.block_size, 32);
+  EXPECT_FALSE(r.kv.prefix_cache);
+  EXPECT_FALSE(r.kv.stream);
+  EXPECT_EQ(r.kv.stream_layer_group, 2);
+  EXPECT_EQ(r.kv.store_memory_bytes, 1234);
+  EXPECT_EQ(r.kv.store_disk_path, "/tmp/x");
+  EXPECT_EQ(r.kv.store_disk_bytes, 99);
+  EXPECT_EQ(r.kv.transport, kv_transport_kind::shm);
+  EXPECT_EQ(r.steps.matmul, kernels::cpu::matmul_mode::fastest);
+  EXPECT_EQ(r.steps.chunk_size, 100);
+  EXPECT_EQ(r.steps.prefill_token_budget, 300);
+  EXPECT_EQ(r.steps.colocated_token_budget, 200);
+  EXPECT_EQ(r.steps.max_batch, 17);
+  EXPECT_EQ(r.kv_channel, channel_mode::tcp);
+  EXPECT_EQ(r.heartbeat_ms, 55);
+}

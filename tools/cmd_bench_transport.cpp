@@ -137,7 +137,9 @@ void check(const transport::transfer_status& st) {
 
 void run_channel(const std::string& address, const std::string& mode, std::shared_ptr<const kv_frame> f,
                  double seconds, result& r) {
-  transport::kv_sender s({.address = address, .mode = mode, .timeout = std::chrono::milliseconds(30000)});
+  const auto cm = parse_channel_mode(mode);
+  if (!cm) throw failure(errc::invalid_argument, "unknown channel mode '" + mode + "' (auto, tcp or shm)");
+  transport::kv_sender s({.address = address, .mode = *cm, .timeout = std::chrono::milliseconds(30000)});
   for (int i = 0; i < 2; ++i) check(s.wait(s.submit(f)));  // connect, warm the ring and the heaps
   if (s.kind() != mode) throw failure(errc::unsupported, "asked for " + mode + ", got " + s.kind());
   // Throughput: frames pipelined, a window of them in flight (credit-bounded by the channel).

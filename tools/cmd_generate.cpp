@@ -156,28 +156,28 @@ int run_pipeline(const generate_opts& o) {
   sampling_params sp{o.temperature, o.top_k, o.top_p,
                      o.seed >= 0 ? uint64_t(o.seed) : uint64_t(std::random_device{}())};
   check(sp.validate());
-  pipeline_config cfg;
-  cfg.model_path = resolve_model_path(o.model);
-  cfg.mode = o.mode == "colocated" ? serving_mode::colocated : serving_mode::disaggregated;
-  cfg.prefill_workers = o.prefill_workers;
-  cfg.decode_workers = o.decode_workers;
-  cfg.colocated_workers = o.colocated_workers;
-  cfg.threads_per_worker = o.threads > 0 ? o.threads : 1;
-  cfg.matmul = parse_matmul_mode(o.matmul);
-  cfg.kv_dtype = parse_kv_dtype(o.kv_dtype);
-  cfg.kv_blocks_per_worker = o.kv_blocks;
-  cfg.chunk_size = o.chunk;
-  cfg.prefill_token_budget = o.token_budget;
-  cfg.colocated_token_budget = o.token_budget;
-  cfg.kv_transport = o.kv_transport;
-  cfg.stream_kv = !o.no_stream_kv;
-  cfg.prefix_cache = !o.no_prefix_cache;
+  serving_config cfg;
+  cfg.model.path = resolve_model_path(o.model);
+  cfg.pools.mode = parse_serving_mode(o.mode).value_or(serving_mode::disaggregated);
+  cfg.pools.prefill_workers = o.prefill_workers;
+  cfg.pools.decode_workers = o.decode_workers;
+  cfg.pools.colocated_workers = o.colocated_workers;
+  cfg.pools.threads_per_worker = o.threads > 0 ? o.threads : 1;
+  cfg.steps.matmul = parse_matmul_mode(o.matmul);
+  cfg.kv.dtype = parse_kv_dtype(o.kv_dtype);
+  cfg.pools.kv_blocks_per_worker = o.kv_blocks;
+  cfg.steps.chunk_size = o.chunk;
+  cfg.steps.prefill_token_budget = o.token_budget;
+  cfg.steps.colocated_token_budget = o.token_budget;
+  cfg.kv.transport = parse_kv_transport_kind(o.kv_transport).value_or(kv_transport_kind::local);
+  cfg.kv.stream = !o.no_stream_kv;
+  cfg.kv.prefix_cache = !o.no_prefix_cache;
   const auto t0 = clock_type::now();
   pipeline p(cfg);
   spdlog::info("{} pipeline: {} workers x {} thread(s); {} requests", o.mode,
-               cfg.mode == serving_mode::colocated ? std::to_string(cfg.colocated_workers)
-                                                   : fmt::format("{} prefill + {} decode", cfg.prefill_workers, cfg.decode_workers),
-               cfg.threads_per_worker, prompts.size());
+               cfg.pools.mode == serving_mode::colocated ? std::to_string(cfg.pools.colocated_workers)
+                                                   : fmt::format("{} prefill + {} decode", cfg.pools.prefill_workers, cfg.pools.decode_workers),
+               cfg.pools.threads_per_worker, prompts.size());
   std::vector<request_handle> hs;
   for (const auto& pr : prompts)
     hs.push_back(p.submit({.prompt = pr, .add_bos = !o.no_bos, .max_tokens = o.n_predict, .sampling = sp,

@@ -45,10 +45,17 @@ std::atomic<bool> stop_requested{false}, drop_requested{false};
 extern "C" void on_stop_signal(int) { stop_requested = true; }
 extern "C" void on_drop_signal(int) { drop_requested = true; }
 
+// A flag's text as its enum (the flag's IsMember check already limited it to the names).
+template <class E>
+E enum_flag(const char* flag, std::optional<E> parsed, const std::string& text) {
+  if (!parsed) throw CLI::ValidationError(flag, "'" + text + "' is not one of its values");
+  return *parsed;
+}
+
 // --role prefill|decode: a worker process joined to a router (actors/node.h).
 int run_node(const serve_options& o) {
   node_config nc;
-  nc.role = o.role;
+  nc.role = enum_flag("--role", parse_node_role(o.role), o.role);
   const auto colon = o.join.rfind(':');
   if (o.join.empty() || colon == std::string::npos || colon == 0)
     throw CLI::ValidationError("--join", "needs HOST:PORT, the router's --cluster-port");
@@ -112,45 +119,39 @@ std::shared_ptr<const chat_template> load_chat_template(const model& m, const st
 int run_serve(const serve_options& o) {
   if (o.role == "prefill" || o.role == "decode") return run_node(o);
   if (!o.join.empty()) throw CLI::ValidationError("--join", "is for --role prefill or decode");
-  pipeline_config cfg;
+  serving_config cfg;
   if (o.role == "router") {
     if (o.mode != "disaggregated") throw CLI::ValidationError("--role router", "serves disaggregated mode only");
-    cfg.cluster_port = o.cluster_port;
-    cfg.cluster_host = o.cluster_host;
-    cfg.cluster_kv_transport = o.node_transport;
-    cfg.heartbeat_timeout = std::chrono::milliseconds(o.heartbeat_timeout_ms);
+    cfg.cluster = {o.cluster_port, o.cluster_host, enum_flag("--node-transport", parse_channel_mode(o.node_transport), o.node_transport),
+                   std::chrono::milliseconds(o.heartbeat_timeout_ms)};
   }
-  cfg.model_path = resolve_model_path(o.model);
-  cfg.mode = o.mode == "colocated" ? serving_mode::colocated : serving_mode::disaggregated;
-  cfg.prefill_workers = o.prefill_workers;
-  cfg.decode_workers = o.decode_workers;
-  cfg.colocated_workers = o.colocated_workers;
-  cfg.threads_per_worker = o.threads;
-  cfg.matmul = parse_matmul_mode(o.matmul);
-  cfg.kv_dtype = parse_kv_dtype(o.kv_dtype);
-  cfg.prefix_cache = !o.no_prefix_cache;
-  cfg.route_overlap_weight = o.route_overlap_weight;
-  cfg.route_load_weight = o.route_load_weight;
-  cfg.kv_store_memory_bytes = o.kv_store_mib << 20;
-  cfg.kv_store_disk_path = o.kv_store_disk;
-  cfg.kv_store_disk_bytes = o.kv_store_disk_mib << 20;
   if (!o.kv_store_disk.empty() && o.kv_store_disk_mib <= 0)
     throw CLI::ValidationError("--kv-store-disk", "needs --kv-store-disk-mib > 0 (the size of the disk tier)");
-  cfg.kv_blocks_per_worker = o.kv_blocks;
-  cfg.chunk_size = o.chunk;
-  cfg.prefill_token_budget = o.token_budget;
-  cfg.colocated_token_budget = o.token_budget;
-  cfg.max_batch = o.max_batch;
-  cfg.kv_transport = o.kv_transport;
-  cfg.max_worker_restarts = o.max_worker_restarts;
-  cfg.admission.max_prefill_queue = o.max_queue;
-  cfg.admission.max_decode_queue = o.max_queue;
-  cfg.admission.ttft_budget_ms = o.ttft_budget_ms;
-  cfg.admission.tpot_budget_ms = o.tpot_budget_ms;
+  cfg.model.path = resolve_model_path(o.model);
+  cfg.pools.mode = enum_flag("--mode", parse_serving_mode(o.mode), o.mode);
+  cfg.pools.prefill_workers = o.prefill_workers;
+  cfg.pools.decode_workers = o.decode_workers;
+  cfg.pools.colocated_workers = o.colocated_workers;
+  cfg.pools.threads_per_worker = o.threads;
+  cfg.pools.kv_blocks_per_worker = o.kv_blocks;
+  cfg.pools.max_worker_restarts = o.max_worker_restarts;
+  cfg.kv.dtype = parse_kv_dtype(o.kv_dtype);
+  cfg.kv.prefix_cache = !o.no_prefix_cache;
+  cfg.kv.store_memory_bytes = o.kv_store_mib << 20;
+  cfg.kv.store_disk_path = o.kv_store_disk;
+  cfg.kv.store_disk_bytes = o.kv_store_disk_mib << 20;
+  cfg.kv.transport = enum_flag("--kv-transport", parse_kv_transport_kind(o.kv_transport), o.kv_transport);
+  cfg.steps = {parse_matmul_mode(o.matmul), o.chunk, o.token_budget, o.token_budget, o.max_batch};
+  cfg.scheduling.route_overlap_weight = o.route_overlap_weight;
+  cfg.scheduling.route_load_weight = o.route_load_weight;
+  cfg.scheduling.admission.max_prefill_queue = o.max_queue;
+  cfg.scheduling.admission.max_decode_queue = o.max_queue;
+  cfg.scheduling.admission.ttft_budget_ms = o.ttft_budget_ms;
+  cfg.scheduling.admission.tpot_budget_ms = o.tpot_budget_ms;
   pipeline p(cfg);
 
   server::served_model sm;
-  sm.id = o.model_name.empty() ? std::filesystem::path(cfg.model_path).stem().string() : o.model_name;
+  sm.id = o.model_name.empty() ? std::filesystem::path(cfg.model.path).stem().string() : o.model_name;
   sm.context_length = p.get_model().config().n_ctx;
   sm.n_vocab = p.get_model().config().n_vocab;
   sm.defaults = o.defaults;

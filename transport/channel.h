@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "runtime/errors.h"
+#include "runtime/kinds.h"
 #include "runtime/kv_cache.h"
 #include "transport/transport.h"
 
@@ -78,7 +79,7 @@ class kv_receiver {
 
 struct sender_options {
   std::string address;     // as kv_receiver::address() gives it
-  std::string mode = "auto";  // "auto", "tcp" or "shm" (shm refused when the hosts differ)
+  channel_mode mode = channel_mode::automatic;  // shm is refused when the hosts differ
   std::chrono::milliseconds timeout{5000};  // connect, and each frame's acknowledgement
 };
 

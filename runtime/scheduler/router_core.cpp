@@ -6,14 +6,6 @@
 
 namespace tandem {
 
-std::string_view to_string(serving_mode m) {
-  switch (m) {
-    case serving_mode::disaggregated: return "disaggregated";
-    case serving_mode::colocated: return "colocated";
-  }
-  return "?";
-}
-
 namespace sched {
 
 std::string_view to_string(pool_side s) {
@@ -89,12 +81,6 @@ const entry* router_core::find(request_id id) const {
   return it == requests_.end() ? nullptr : &it->second;
 }
 
-std::vector<request_id> router_core::ids() const {
-  std::vector<request_id> out;
-  for (const auto& [id, e] : requests_) out.push_back(id);
-  return out;
-}
-
 bool router_core::alive(pool_side side, int32_t index) const {
   const auto& p = pool(side);
   return index >= 0 && size_t(index) < p.size() && p[size_t(index)].alive;
@@ -114,8 +100,12 @@ bool router_core::none_alive(pool_side side) const {
   return std::none_of(p.begin(), p.end(), [](const slot& s) { return s.alive; });
 }
 
-const char* router_core::prefill_kind() const {
-  return cfg_.mode == serving_mode::colocated ? "colocated" : "prefill";
+worker_kind router_core::kind_of(pool_side side) const {
+  switch (side) {
+    case pool_side::prefill: return cfg_.mode == serving_mode::colocated ? worker_kind::colocated : worker_kind::prefill;
+    case pool_side::decode: return worker_kind::decode;
+  }
+  return worker_kind::decode;
 }
 
 router_core::link_state& router_core::link(int32_t p, int32_t d) { return links_[size_t(p)][size_t(d)]; }
@@ -210,14 +200,15 @@ void router_core::handle(const ev::submit& s) {
   // A pool that stayed empty (degraded past its restart intensity) cannot serve: say so now
   // (HTTP 503) rather than queue without bound. One that is restarting (its supervisor
   // restarts a worker at once) or not joined yet (start-up) queues requests.
-  const char* down = prefill_gone_ && none_alive(pool_side::prefill) ? prefill_kind()
-                     : cfg_.mode == serving_mode::disaggregated && decode_gone_ && none_alive(pool_side::decode)
-                         ? "decode"
-                         : nullptr;
+  const std::optional<pool_side> down =
+      prefill_gone_ && none_alive(pool_side::prefill) ? std::optional(pool_side::prefill)
+      : cfg_.mode == serving_mode::disaggregated && decode_gone_ && none_alive(pool_side::decode)
+          ? std::optional(pool_side::decode)
+          : std::nullopt;
   if (down) {
     count("tandem_rejections_total", "Requests refused by admission control", {{"reason", "no_healthy_worker"}});
     emit(cmd::refuse{s.spec.id, errc::worker_failed,
-                     std::string("no healthy ") + down + " worker: the pool failed past its restart intensity", 1000});
+                     "no healthy " + std::string(to_string(kind_of(*down))) + " worker: the pool failed past its restart intensity", 1000});
     return;
   }
   const auto decision = cfg_.admission_policy_impl->decide(cfg_.admission, load(), int32_t(s.spec.prompt.size()));
@@ -733,7 +724,7 @@ void router_core::handle(const ev::worker_down& m) {
     reserving_.reset();
   }
   count("tandem_restarts_total", "Worker restarts by kind",
-        {{"kind", side == pool_side::prefill ? prefill_kind() : "decode"}});
+        {{"kind", std::string(to_string(kind_of(side)))}});
   // What the dead worker held. Not decoding yet (queued there, mid-prefill, or KV under its
   // lease): nothing was lost that a new prefill cannot redo, so back to the front of the prefill
   // queue (a repeated token 0 is dropped by the request actor). Decoding (or with its KV sent to
@@ -810,7 +801,8 @@ void router_core::handle(const ev::stranded_check&) {
   if (!no_prefill && !no_decode) return;
   prefill_gone_ = prefill_gone_ || no_prefill;
   decode_gone_ = decode_gone_ || no_decode;
-  const std::string message = std::string("no healthy ") + (no_decode ? "decode" : prefill_kind()) +
+  const std::string message = std::string("no healthy ") +
+                              std::string(to_string(kind_of(no_decode ? pool_side::decode : pool_side::prefill))) +
                               " worker: the pool failed past its restart intensity";
   for (auto& [id, e] : requests_) {
     // Without prefill workers, only requests past prefill can still finish.
@@ -909,7 +901,7 @@ void router_core::handle(const ev::link_stuck& m) {
 void router_core::stalled(pool_side side, const worker_ref& w) {
   if (!alive(side, w)) return;
   count("tandem_stalls_detected_total", "Actors found alive but not progressing, and restarted",
-        {{"kind", side == pool_side::prefill ? prefill_kind() : "decode"}});
+        {{"kind", std::string(to_string(kind_of(side)))}});
   emit(cmd::kill_worker{side, w});
 }
 

@@ -26,15 +26,13 @@
 #include <vector>
 
 #include "runtime/errors.h"
+#include "runtime/kinds.h"
 #include "runtime/metrics.h"
 #include "runtime/policy.h"
 #include "runtime/prefix_view.h"
 #include "runtime/request_types.h"
 
 namespace tandem {
-
-enum class serving_mode : uint8_t { disaggregated, colocated };
-std::string_view to_string(serving_mode m);
 
 namespace sched {
 
@@ -205,7 +203,6 @@ class router_core {
   const router_core_config& config() const { return cfg_; }
   const entry* find(request_id id) const;
   size_t size() const { return requests_.size(); }
-  std::vector<request_id> ids() const;
   const std::deque<request_id>& prefill_queue() const { return prefill_queue_; }
   const std::deque<request_id>& decode_queue() const { return decode_queue_; }
   bool alive(pool_side side, int32_t index) const;
@@ -228,7 +225,7 @@ class router_core {
   const std::vector<slot>& pool(pool_side s) const { return s == pool_side::prefill ? prefill_ : decode_; }
   bool alive(pool_side side, const worker_ref& w) const;  // that incarnation, still there
   bool none_alive(pool_side side) const;
-  const char* prefill_kind() const;
+  worker_kind kind_of(pool_side side) const;  // the workers in that pool
   link_state& link(int32_t p, int32_t d);
   static decode_claim* claim_of(entry& e);
   int32_t usable_full_tokens(const entry& e) const;

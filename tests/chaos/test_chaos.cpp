@@ -72,18 +72,18 @@ static void run_chaos_case(const chaos_case& c) {
   int ended = 0;
 
   auto m = tiny();
-  pipeline_config cfg;
-  cfg.loaded_model = m;
-  cfg.mode = c.mode;
-  cfg.prefill_workers = cfg.decode_workers = cfg.colocated_workers = c.workers;
-  cfg.kv_blocks_per_worker = 160;
-  cfg.chunk_size = c.chunk;
-  cfg.max_migrations = c.kills + 1;  // even a request hit by every kill finishes
-  cfg.max_router_restarts = 4 * c.kills + 1;  // extra kills (below) must not degrade it
+  serving_config cfg;
+  cfg.model.loaded = m;
+  cfg.pools.mode = c.mode;
+  cfg.pools.prefill_workers = cfg.pools.decode_workers = cfg.pools.colocated_workers = c.workers;
+  cfg.pools.kv_blocks_per_worker = 160;
+  cfg.steps.chunk_size = c.chunk;
+  cfg.scheduling.max_migrations = c.kills + 1;  // even a request hit by every kill finishes
+  cfg.pools.max_router_restarts = 4 * c.kills + 1;  // extra kills (below) must not degrade it
   // A stalled step hangs 3 s; it is noticed after 300 ms without progress.
-  cfg.stall_timeout = c.pool == "stall" || c.pool == "stall_link" ? 300ms : 10000ms;
-  if (c.pool == "stall_link") cfg.scheduler_threads = 4;  // a stuck link blocks its thread
-  cfg.admission.max_prefill_queue = 1000;
+  cfg.pools.stall_timeout = c.pool == "stall" || c.pool == "stall_link" ? 300ms : 10000ms;
+  if (c.pool == "stall_link") cfg.pools.scheduler_threads = 4;  // a stuck link blocks its thread
+  cfg.scheduling.admission.max_prefill_queue = 1000;
   pipeline p(cfg);
 
   struct job {

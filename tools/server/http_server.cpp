@@ -369,12 +369,12 @@ class http_session : public std::enable_shared_from_this<http_session> {
     }
     // Pools (and the router) past their restart intensity: they are not restarted any more.
     const json degraded = st->degraded_pools;
-    const bool disagg = srv_->pipe.config().mode == serving_mode::disaggregated;
+    const bool disagg = srv_->pipe.config().pools.mode == serving_mode::disaggregated;
     const bool workers_up = disagg ? prefill > 0 && decode > 0 : colocated > 0;
     const bool ready = !srv_->draining && workers_up && !st->router_degraded;
     const char* status = ready ? (degraded.empty() ? "ok" : "degraded") : !degraded.empty() ? "degraded" : "unavailable";
     json j = {{"status", status},
-              {"mode", std::string(to_string(srv_->pipe.config().mode))},
+              {"mode", std::string(to_string(srv_->pipe.config().pools.mode))},
               {"workers", {{"prefill", prefill}, {"decode", decode}, {"colocated", colocated}}},
               {"degraded_pools", degraded},
               {"live_requests", st->live_requests}};
@@ -464,7 +464,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
                         {"decode_worker", r.decode_worker},
                         {"prompt_tokens", r.prompt_tokens},
                         {"max_tokens", r.max_tokens}});
-    return {{"mode", std::string(to_string(s.pipe.config().mode))},
+    return {{"mode", std::string(to_string(s.pipe.config().pools.mode))},
             {"model", s.mdl.id},
             {"live_requests", st.live_requests},
             {"live_connections", st.live_connections},

@@ -172,18 +172,16 @@ struct rx_session : std::enable_shared_from_this<rx_session> {
     wire::hello h;
     if (auto st = wire::decode(hdr, h); !st) return protocol_error(st.message());
     if (h.version != kv_channel_version) return refuse(errc::incompatible_kv, version_mismatch(h.version, kv_channel_version));
-    if (h.mode != "auto" && h.mode != "tcp" && h.mode != "shm")
-      return refuse(errc::invalid_argument, "unknown mode '" + h.mode + "'");
     const bool same_host = h.host == rx.host;
-    if (h.mode == "shm" && !rx.opts.allow_shm)
+    if (h.mode == channel_mode::shm && !rx.opts.allow_shm)
       return refuse(errc::unsupported, "shared memory asked for, but this receiver does not allow it");
-    if (h.mode == "shm" && !same_host)
+    if (h.mode == channel_mode::shm && !same_host)
       return refuse(errc::unsupported, "shared memory asked for, but the hosts differ (sender " + h.host +
                                            ", receiver " + rx.host + ")");
     wire::welcome w;
     w.host = rx.host;
     w.credit_bytes = rx.opts.credit_bytes;
-    if (h.mode == "shm" || (h.mode == "auto" && rx.opts.allow_shm && same_host)) {
+    if (h.mode == channel_mode::shm || (h.mode == channel_mode::automatic && rx.opts.allow_shm && same_host)) {
       try {
         ring = shm_ring::create(rx.opts.shm_ring_bytes);
         w.shm_name = ring.name();
@@ -191,7 +189,7 @@ struct rx_session : std::enable_shared_from_this<rx_session> {
         w.shm_nonce = ring.nonce();
         shm_mode = true;
       } catch (const failure& e) {
-        if (h.mode == "shm") return refuse(e.code(), e.what());
+        if (h.mode == channel_mode::shm) return refuse(e.code(), e.what());
         spdlog::warn("kv_receiver: no shared-memory ring for {} ({}), using TCP", peer, e.what());
       }
     }

@@ -229,11 +229,11 @@ struct tx_conn : std::enable_shared_from_this<tx_conn> {
         shm = true;
         send({wire::encode(wire::mapped{true, ""}), nullptr});
       } catch (const failure& e) {
-        if (s.opts.mode == "shm") return fail({e.code(), std::string("shared memory: ") + e.what()});
+        if (s.opts.mode == channel_mode::shm) return fail({e.code(), std::string("shared memory: ") + e.what()});
         spdlog::warn("kv_sender: cannot map the ring of {} ({}), using TCP", s.where, e.what());
         send({wire::encode(wire::mapped{false, e.what()}), nullptr});
       }
-    } else if (s.opts.mode == "shm") {
+    } else if (s.opts.mode == channel_mode::shm) {
       return fail({errc::unsupported, "receiver " + s.where + " offered no shared memory"});
     }
     state = st::ready;
@@ -357,8 +357,6 @@ struct kv_sender::impl : tx_core {};
 kv_sender::kv_sender(sender_options opts) : impl_(std::make_unique<impl>()) {
   auto& o = impl_->opts;
   o = std::move(opts);
-  if (o.mode != "auto" && o.mode != "tcp" && o.mode != "shm")
-    throw failure(errc::invalid_argument, "kv_sender: mode '" + o.mode + "' is none of auto, tcp, shm");
   if (o.timeout.count() <= 0) throw failure(errc::invalid_argument, "kv_sender: timeout must be positive");
   std::string a = o.address;
   if (a.rfind("tcp://", 0) == 0) a = a.substr(6);

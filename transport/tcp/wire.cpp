@@ -94,7 +94,7 @@ std::string encode(const hello& m) {
   b.pk.pack_array(3);
   b.pk.pack(m.version);
   b.pk.pack(m.host);
-  b.pk.pack(m.mode);
+  b.pk.pack(std::string(to_string(m.mode)));
   return b.finish(msg::hello);
 }
 
@@ -181,7 +181,11 @@ status decode(std::string_view body, hello& m) {
   // The version first and alone: a peer of another version may lay out the rest differently.
   if (!get(a.ptr[0], m.version)) return bad("hello: version");
   if (m.version != kv_channel_version) return {};
-  if (a.size < 3 || !get(a.ptr[1], m.host) || !get(a.ptr[2], m.mode)) return bad("hello: fields");
+  std::string mode;
+  if (a.size < 3 || !get(a.ptr[1], m.host) || !get(a.ptr[2], mode)) return bad("hello: fields");
+  const auto parsed = parse_channel_mode(mode);
+  if (!parsed) return bad("hello: unknown mode '" + mode + "' (auto, tcp or shm)");
+  m.mode = *parsed;
   return {};
 }
 

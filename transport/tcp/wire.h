@@ -51,7 +51,7 @@ status check_prefix(const prefix& p);
 struct hello {
   uint32_t version = kv_channel_version;
   std::string host;
-  std::string mode;
+  channel_mode mode = channel_mode::automatic;  // on the wire by its name
 };
 struct welcome {
   uint32_t version = kv_channel_version;
