@@ -152,7 +152,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         // Every reservation is a future batch slot (streamed ones arrive while prefill runs).
         if (st.ledger->holders() >= st.opts.steps.max_batch && !st.ledger->holds(int64_t(id)))
           return refused("the decode batch is full (" + std::to_string(st.opts.steps.max_batch) + " sequences)");
-        if (st.opts.faults && st.opts.faults->take(fault_kind::fail_alloc)) {
+        if (st.opts.faults->refuse_reservation()) {
           report_load(self);
           return refused("fault injected: fail_alloc");  // as if the pool were full: tried again later or elsewhere
         }

@@ -53,18 +53,6 @@ uint64_t payload_bytes(const std::vector<kv_block_export>& kv) {
   return bytes;
 }
 
-// Fault injection: a copy of the set with one value changed in flight (a handed-over set is the
-// prefill side's own, under its lease, so the damage never goes to it).
-kv_blocks_ptr damaged_copy(const kv_blocks_ptr& kv) {
-  auto damaged = std::make_shared<std::vector<kv_block_export>>(*kv);
-  for (auto& b : *damaged)
-    if (!b.payload.empty()) {
-      b.payload[b.payload.size() / 2] += 1.0f;
-      break;
-    }
-  return damaged;
-}
-
 // Bytes moved for a request, taking `ms`: told to its actor (its timings) and counted.
 void account_moved(kv_link_actor::stateful_pointer<kv_link_state> self, const request_actor& req, uint64_t bytes,
                    double ms) {
@@ -100,7 +88,7 @@ kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const re
       return nullptr;
     }
   }
-  if (st.opts.faults && st.opts.faults->take(fault_kind::corrupt_kv)) landed = damaged_copy(landed);
+  landed = st.opts.faults->land(std::move(landed));  // (a copy: a handed-over set is still the prefill side's)
   account_moved(self, req, bytes, std::chrono::duration<double, std::milli>(steady::now() - t0).count());
   return landed;
 }
@@ -111,7 +99,7 @@ void send_frame(kv_link_actor::stateful_pointer<kv_link_state> self, const reque
                 uint32_t epoch, kv_blocks_ptr kv) {
   auto& st = self->state;
   // (A damaged block is refused by the receiver's checksum check.)
-  if (st.opts.faults && st.opts.faults->take(fault_kind::corrupt_kv)) kv = damaged_copy(kv);
+  kv = st.opts.faults->land(std::move(kv));
   auto frame = std::make_shared<transport::kv_frame>();
   frame->target = st.opts.target;
   frame->request = id;
@@ -200,9 +188,8 @@ void settle_closing(kv_link_actor::stateful_pointer<kv_link_state> self) {
 
 // Fault injection: the link blocks (and the thread it runs on), answering nothing meanwhile.
 void maybe_stall(kv_link_actor::stateful_pointer<kv_link_state> self) {
-  auto& f = self->state.opts.faults;
-  if (!f || !f->take(fault_kind::stall_link)) return;
-  for (auto until = steady::now() + f->stall_duration(); steady::now() < until;)
+  const auto d = self->state.opts.faults->block_link();
+  for (auto until = steady::now() + d; steady::now() < until;)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
 }
 
@@ -211,6 +198,7 @@ void maybe_stall(kv_link_actor::stateful_pointer<kv_link_state> self) {
 kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv_link_state> self,
                                               decode_worker_actor decode, kv_link_options opts) {
   self->state.opts = std::move(opts);
+  if (!self->state.opts.faults) self->state.opts.faults = no_faults();  // (null given: none)
   self->state.decode = std::move(decode);
   const bool channel = self->state.opts.transport == kv_transport_kind::channel;
   switch (self->state.opts.transport) {
@@ -242,7 +230,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
           // The set (or, after a streamed prefill, its last blocks) goes as one more frame; once
           // every frame is acknowledged it is staged at the decode worker, and the closing
           // arrive (an empty set) completes it there.
-          if (!kv->empty() && !(st.opts.faults && st.opts.faults->take(fault_kind::drop_kv)))
+          if (!kv->empty() && !st.opts.faults->lose_piece())
             send_frame(self, req, spec.id, spec.epoch, kv);
           auto rp = self->make_response_promise<bool>();
           st.closing.push_back({std::move(spec), std::move(req), std::move(generated), rp});
@@ -255,11 +243,11 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
         if (!landed) return to_caf_error(moved);
         count_transfer(self);
         auto rp = self->make_response_promise<bool>();
-        if (st.opts.faults && st.opts.faults->take(fault_kind::delay_kv)) {  // held back, then delivered
+        if (const auto held = st.opts.faults->hold_back(); held.count() > 0) {  // held back, then delivered
           const uint64_t key = st.next_held++;
           st.held[key] = {std::move(spec), std::move(req), std::move(landed), std::move(generated), rp};
           ++st.in_flight;
-          self->delayed_send(self, st.opts.faults->stall_duration(), resume_atom::value, key);
+          self->delayed_send(self, held, resume_atom::value, key);
           return rp;
         }
         forward(self, std::move(spec), std::move(req), std::move(landed), std::move(generated), rp);
@@ -277,9 +265,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
       [](heartbeat_atom) { return true; },
       [self, channel](kv_piece_atom, request_id id, uint32_t epoch, request_actor& req, kv_blocks_ptr& kv) {
         if (!kv) return;
-        if (self->state.opts.faults && self->state.opts.faults->take(fault_kind::drop_kv)) {
-          return;  // lost in flight: the set is incomplete at arrival
-        }
+        if (self->state.opts.faults->lose_piece()) return;  // lost in flight: the set is incomplete at arrival
         // A piece that fails to move is simply not staged: the decode side then finds the set
         // incomplete at arrival and refuses it, so nothing decodes on partial KV.
         maybe_stall(self);
@@ -294,10 +280,9 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
         }
         status lost;  // a piece that does not land is found missing at the closing arrive
         if (kv_blocks_ptr landed = move(self, req, kv, lost)) {
-          if (self->state.opts.faults && self->state.opts.faults->take(fault_kind::delay_kv)) {
+          if (const auto held = self->state.opts.faults->hold_back(); held.count() > 0) {
             // It arrives late, possibly after the set was found incomplete (and shipped again whole).
-            self->delayed_send(self->state.decode, self->state.opts.faults->stall_duration(), kv_piece_atom::value, id,
-                               epoch, std::move(landed));
+            self->delayed_send(self->state.decode, held, kv_piece_atom::value, id, epoch, std::move(landed));
             return;
           }
           self->send(self->state.decode, kv_piece_atom::value, id, epoch, std::move(landed));

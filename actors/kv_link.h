@@ -22,7 +22,7 @@ struct kv_link_options {
   // lands); the others within one process (runtime/kinds.h).
   kv_transport_kind transport = kv_transport_kind::local;
   std::shared_ptr<metrics::registry> metrics;
-  std::shared_ptr<fault_injector> faults;  // armed faults this link can suffer (tests, tandem chaos)
+  std::shared_ptr<fault_hooks> faults = no_faults();  // what faults this link meets (tests, tandem chaos)
   tandem::channel_mode channel_mode = tandem::channel_mode::automatic;  // channel: shm on one host, else tcp
   std::string kv_address;             // "channel": the decode process's KV receiver
   int32_t target = 0;                 // "channel": the decode worker's index there

@@ -22,7 +22,7 @@ struct router_options {
   // transfer-retry limits, the stall timeout, KV-aware placement, the policies.
   sched::router_core_config core;
   kv_transport_kind kv_transport = kv_transport_kind::local;  // its links within this process
-  std::shared_ptr<fault_injector> faults;
+  std::shared_ptr<fault_hooks> faults = no_faults();  // given to the links it spawns
   // The host KV store, if any: a prompt whose full blocks are all in it goes straight to a
   // decode worker (disaggregated mode), which fetches them and computes only the tail.
   std::shared_ptr<kv_store_directory> store;

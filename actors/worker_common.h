@@ -33,7 +33,7 @@ struct worker_options {
   std::shared_ptr<kv_store_directory> store;
   std::chrono::milliseconds store_timeout{1000};  // a fetch not answered by then is given up
   std::shared_ptr<metrics::registry> metrics;
-  std::shared_ptr<fault_injector> faults;  // armed faults this worker can suffer
+  std::shared_ptr<fault_hooks> faults = no_faults();  // what faults this worker meets
 
   // Tokens per step: a prefill or colocated step's budget (a decode step is its batch).
   int32_t token_budget() const {
@@ -55,9 +55,9 @@ struct worker_engine {
   bool busy = false;
   uint64_t steps = 0;      // steps started
   uint64_t finished = 0;   // steps whose result came back (progress, as heartbeats report it)
-  std::shared_ptr<fault_injector> faults;
+  std::shared_ptr<fault_hooks> faults;
   std::shared_ptr<std::atomic<bool>> stopping = std::make_shared<std::atomic<bool>>(false);
-  worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults) {
+  worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults ? o.faults : no_faults()) {
     engine_options eo;
     eo.n_threads = o.resources.n_threads;
     eo.matmul = o.steps.matmul;
@@ -84,7 +84,7 @@ struct worker_engine {
     engine* e = eng.get();
     caf::weak_actor_ptr weak = caf::actor_cast<caf::weak_actor_ptr>(self);
     // Fault injection: this step hangs before it computes (the actor stays responsive).
-    const auto stall = faults && faults->take(fault_kind::stall) ? faults->stall_duration() : std::chrono::milliseconds(0);
+    const auto stall = faults->step_stall();
     runner->post([e, weak, stall, stop = stopping, w = std::move(work)]() mutable {
       for (auto until = std::chrono::steady_clock::now() + stall; std::chrono::steady_clock::now() < until && !*stop;)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -183,6 +183,7 @@ template <class State>
 void init_worker(State& st, worker_kind kind, std::shared_ptr<const model> m, worker_options opts, router_actor router) {
   st.opts = std::move(opts);
   st.opts.kind = kind;
+  if (!st.opts.faults) st.opts.faults = no_faults();  // (null given: none)
   st.router = std::move(router);
   st.we = std::make_unique<worker_engine>(std::move(m), st.opts);
   if constexpr (requires { st.ledger; })

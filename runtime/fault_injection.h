@@ -1,14 +1,21 @@
 #pragma once
-// Faults a tester arms and the parts that can suffer them consume: KV links (corrupt a block
-// in flight, drop a streamed piece, hold a message back, block), decode workers (a block
-// allocation fails), workers (the next compute step stalls). One instance per pipeline, shared by its actors; each armed fault
-// is taken once by whichever actor meets it first. Kills are not here: they are messages.
+// Faults a tester arms and the parts that can suffer them meet: KV links (corrupt a block in
+// flight, drop a streamed piece, hold a message back, block), decode workers (a block
+// reservation fails), workers (the next compute step stalls). Kills are not here: they are
+// messages.
+//
+// One seam: production code asks a fault_hooks at each point where a fault can strike and
+// does what it answers; no_faults() answers "nothing happens" everywhere, so there is no
+// null check and no fault logic at the call sites. fault_injector answers from armed counts
+// (one instance per pipeline, shared by its actors; each armed fault is taken once by
+// whichever actor meets it first); a test can put any other fault_hooks in its place.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
 
+#include "runtime/kv_cache.h"
 #include "runtime/metrics.h"
 
 namespace tandem {
@@ -34,7 +41,33 @@ inline const char* to_string(fault_kind k) {
   return "?";
 }
 
-class fault_injector {
+class fault_hooks {
+ public:
+  using blocks = std::shared_ptr<const std::vector<kv_block_export>>;
+  virtual ~fault_hooks() = default;
+  // A worker: how long its next compute step hangs (alive, not progressing) before it
+  // computes; 0: it does not.
+  virtual std::chrono::milliseconds step_stall() { return {}; }
+  // A decode worker: this reservation is refused as if its pool were full.
+  virtual bool refuse_reservation() { return false; }
+  // A KV link: the blocks as they land on the other side (a damaged copy, never the sender's
+  // own set, when corrupted in flight).
+  virtual blocks land(blocks kv) { return kv; }
+  // A KV link: this streamed piece (or a channel's last frame) is lost in flight.
+  virtual bool lose_piece() { return false; }
+  // A KV link: how long a landed transfer or piece is held back before it is delivered; 0: not.
+  virtual std::chrono::milliseconds hold_back() { return {}; }
+  // A KV link: how long it blocks (and the thread it runs on), answering nothing; 0: not.
+  virtual std::chrono::milliseconds block_link() { return {}; }
+};
+
+// The hooks that never inject anything (shared; the default of every option that holds hooks).
+std::shared_ptr<fault_hooks> no_faults();
+
+// A copy of the set with one value changed (what corrupt_kv delivers).
+fault_hooks::blocks damaged_copy(const fault_hooks::blocks& kv);
+
+class fault_injector : public fault_hooks {
  public:
   // Faults taken are counted here: tandem_faults_injected_total{kind}.
   explicit fault_injector(std::shared_ptr<metrics::registry> metrics = nullptr) : metrics_(std::move(metrics)) {}
@@ -55,7 +88,15 @@ class fault_injector {
   void set_stall(std::chrono::milliseconds d) { stall_ms_ = d.count(); }
   std::chrono::milliseconds stall_duration() const { return std::chrono::milliseconds(stall_ms_.load()); }
 
+  std::chrono::milliseconds step_stall() override { return take(fault_kind::stall) ? stall_duration() : zero(); }
+  bool refuse_reservation() override { return take(fault_kind::fail_alloc); }
+  blocks land(blocks kv) override { return kv && take(fault_kind::corrupt_kv) ? damaged_copy(kv) : kv; }
+  bool lose_piece() override { return take(fault_kind::drop_kv); }
+  std::chrono::milliseconds hold_back() override { return take(fault_kind::delay_kv) ? stall_duration() : zero(); }
+  std::chrono::milliseconds block_link() override { return take(fault_kind::stall_link) ? stall_duration() : zero(); }
+
  private:
+  static constexpr std::chrono::milliseconds zero() { return std::chrono::milliseconds(0); }
   std::atomic<int>& slot(fault_kind k) { return slots_[static_cast<size_t>(k)]; }
   std::atomic<int> slots_[6] = {0, 0, 0, 0, 0, 0};
   std::atomic<int64_t> stall_ms_{5000};
