@@ -1,8 +1,14 @@
 #pragma once
-// The one dispatch point between the CPU and CUDA backends. Callers name a backend_kind and
-// pass pointers in that backend's memory: host memory for cpu, device memory for cuda.
-// CUDA ops are queued asynchronously on the default stream; execution errors surface as
-// std::runtime_error at the next synchronisation or copy (see kernels/cuda/launchers.h).
+// The CUDA backend as it stands: device discovery and the elementwise ops it has, each
+// selectable by backend_kind so that tests/test_cuda.cpp checks it against the CPU reference.
+// It is NOT wired into the engine: runtime/engine.cpp computes with kernels/cpu/* directly
+// (matmul, attention, quantized dot products exist only there), so no request runs on a GPU
+// today. When the CUDA backend has the engine's ops, this becomes their one dispatch point.
+//
+// Callers name a backend_kind and pass pointers in that backend's memory: host memory for
+// cpu, device memory for cuda. CUDA ops are queued asynchronously on the default stream;
+// execution errors surface as std::runtime_error at the next synchronisation or copy (see
+// kernels/cuda/launchers.h).
 #include <cstddef>
 #include <cstdint>
 #include <string>
