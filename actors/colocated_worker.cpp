@@ -109,10 +109,7 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
                      std::string("request needs more KV blocks than the worker has"));
           return;
         }
-        const int32_t expected = expected_reuse_at_arrival(*st.we->eng, st.claims, spec);
-        auto& e = st.seqs.add(std::move(spec));
-        e.req = std::move(req);
-        e.reuse.expected_reuse = expected;
+        queue_prompt(st, st.seqs, std::move(spec), std::move(req));
         kick(self);
         report_load(self);
       },
@@ -129,11 +126,7 @@ prefill_worker_actor::behavior_type colocated_worker_behavior(self_ptr self, std
         self->state.seqs.pause(id, pause);
         kick(self);
       },
-      [self](step_atom, step_result_ptr& r) {
-        apply(self, *r);
-        kick(self);
-        report_load(self);
-      },
+      step_handler(self, apply, kick, report_load),
       [self](stats_atom) {
         auto& st = self->state;
         return st.we->stats(st.opts, st.ledger.get(), int32_t(st.seqs.size()));

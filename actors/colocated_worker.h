@@ -10,19 +10,13 @@
 
 namespace tandem {
 
-struct colocated_worker_state {
+struct colocated_worker_state : prompt_worker_state_base {
   struct seq_entry : sched::sequence {
     request_actor req;
     bool reserved = false;  // KV credits held
   };
-  worker_options opts;
-  router_actor router;
-  std::unique_ptr<worker_engine> we;
   std::unique_ptr<kv_credit_ledger> ledger;
   sched::sequence_table<seq_entry> seqs;  // every request it holds; its prompts in arrival order
-  std::vector<seq_id> to_free;
-  prefix_claims claims;              // prompt blocks being computed, by request
-  prefix_cache_stats prefix_last;    // the engine's counters at the last report
   static inline const char* name = "colocated_worker";
 };
 

@@ -272,11 +272,7 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         self->state.active.pause(id, pause);
         kick(self);
       },
-      [self](step_atom, step_result_ptr& r) {
-        apply(self, *r);
-        kick(self);
-        report_load(self);
-      },
+      step_handler(self, apply, kick, report_load),
       [self](load_atom) { report_load(self); },
       [self](stats_atom) {
         auto& st = self->state;

@@ -10,7 +10,7 @@
 
 namespace tandem {
 
-struct decode_worker_state {
+struct decode_worker_state : worker_state_base {
   struct active_seq : sched::sequence {  // decoding from its import on
     request_actor req;
   };
@@ -26,14 +26,10 @@ struct decode_worker_state {
     int32_t kv_tokens = 0;
     std::shared_ptr<const std::vector<token_id>> penalty_prompt;  // made once, at its import step
   };
-  worker_options opts;
-  router_actor router;
-  std::unique_ptr<worker_engine> we;
   std::unique_ptr<kv_credit_ledger> ledger;
   sched::sequence_table<active_seq> active;
   std::vector<arrival> arrivals;        // waiting for the next step
   std::vector<arrival> importing;       // in the step in flight
-  std::vector<seq_id> to_free;
   std::set<request_id> cancelled_importing;  // cancelled while their import was in flight
   // A second try of a transfer (a retry after its first link died) while the first one is
   // still being imported: answered with the first's outcome, not refused as a failure.

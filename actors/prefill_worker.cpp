@@ -230,10 +230,7 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
   return {
       [self](prefill_atom, request_spec& spec, request_actor& req) {
         auto& st = self->state;
-        const int32_t expected = expected_reuse_at_arrival(*st.we->eng, st.claims, spec);
-        auto& j = st.queue.add(std::move(spec));
-        j.req = std::move(req);
-        j.reuse.expected_reuse = expected;
+        queue_prompt(st, st.queue, std::move(spec), std::move(req));
         kick(self);
         report_load(self);
       },
@@ -281,11 +278,7 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
         report_load(self);
       },
       [](pause_atom, request_id, bool) {},  // prefill emits one token: nothing to pause
-      [self](step_atom, step_result_ptr& r) {
-        apply(self, *r);
-        kick(self);
-        report_load(self);
-      },
+      step_handler(self, apply, kick, report_load),
       [self](stats_atom) {
         auto& st = self->state;
         return st.we->stats(st.opts, nullptr, int32_t(st.queue.size() + st.leases.size()));

@@ -9,7 +9,7 @@
 
 namespace tandem {
 
-struct prefill_worker_state {
+struct prefill_worker_state : prompt_worker_state_base {
   struct job : sched::sequence {  // a prompt until its first token
     request_actor req;
     // Its decode worker was reserved before the prompt finished: the KV streams over this
@@ -29,14 +29,8 @@ struct prefill_worker_state {
     kv_link_actor pending;           // a transfer waiting for the engine to be idle (to export again)
     bool resend_all = false;         // a try failed: the next one exports the whole set again
   };
-  worker_options opts;
-  router_actor router;
-  std::unique_ptr<worker_engine> we;
   sched::sequence_table<job> queue;  // its prompts, first come first
   std::map<request_id, lease> leases;
-  std::vector<seq_id> to_free;
-  prefix_claims claims;              // prompt blocks being computed, by request
-  prefix_cache_stats prefix_last;    // the engine's counters at the last report
   static inline const char* name = "prefill_worker";
 };
 

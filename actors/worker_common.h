@@ -177,6 +177,43 @@ inline void worker_engine::returned(const worker_options& o, const step_result& 
   record_step(o, r, batch);
 }
 
+// What every worker's state holds: its options, router and engine, and the engine sequences
+// to free at its next step.
+struct worker_state_base {
+  worker_options opts;
+  router_actor router;
+  std::unique_ptr<worker_engine> we;
+  std::vector<seq_id> to_free;
+};
+
+// ...and a worker that computes prompts (prefill, colocated): the prompt blocks being computed
+// (by request) and the engine's prefix-cache counters at the last report.
+struct prompt_worker_state_base : worker_state_base {
+  prefix_claims claims;
+  prefix_cache_stats prefix_last;
+};
+
+// The step handler every worker has: the result applied, the next step planned, the load told.
+template <class Self>
+auto step_handler(Self self, void (*apply)(Self, step_result&), void (*kick)(Self), void (*report_load)(Self)) {
+  return [=](step_atom, step_result_ptr& r) {
+    apply(self, *r);
+    kick(self);
+    report_load(self);
+  };
+}
+
+// A prompt arrives at a prefill or colocated worker: queued in arrival order, counting what it
+// expects to reuse of the prompts computing here (its load is only the rest).
+template <class State, class Table>
+auto& queue_prompt(State& st, Table& table, request_spec&& spec, request_actor&& req) {
+  const int32_t expected = expected_reuse_at_arrival(*st.we->eng, st.claims, spec);
+  auto& e = table.add(std::move(spec));
+  e.req = std::move(req);
+  e.reuse.expected_reuse = expected;
+  return e;
+}
+
 // What every worker state starts with: its options (of its kind), router and engine, and the
 // KV credits of a worker that decodes.
 template <class State>
