@@ -197,6 +197,8 @@ void expect_same(const trace_entry& a, const trace_entry& b, size_t i) {
   EXPECT_EQ(a.conversation, b.conversation) << i;
   EXPECT_EQ(a.turn, b.turn) << i;
   EXPECT_EQ(a.new_tokens, b.new_tokens) << i;
+  EXPECT_EQ(a.block_ids, b.block_ids) << i;
+  EXPECT_EQ(a.block_tokens, b.block_tokens) << i;
 }
 
 void expect_same(const std::vector<trace_entry>& a, const std::vector<trace_entry>& b) {
@@ -690,4 +692,128 @@ TEST(LlamaBench, PassesPromptDepthAndThreadsAndReadsTheResult) {
   fs::remove(dir / "llama-bench");
   EXPECT_THROW(tandem::bench::llama_bench(dir.string()), tandem::failure);
   fs::remove_all(dir);
+}
+
+// ------------------------------------------------------------ the Mooncake trace
+
+namespace {
+
+const std::string mooncake_sample = std::string(TANDEM_TEST_DATA_DIR) + "/mooncake-sample.jsonl";
+
+// The sample's raw lines, parsed by hand (the loader's answer is checked against them).
+std::vector<nlohmann::json> raw_mooncake() {
+  std::ifstream in(mooncake_sample);
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+}  // namespace
+
+TEST(BenchTrace, MooncakeWindowIsScaledAsAsked) {
+  const auto raw = raw_mooncake();
+  ASSERT_EQ(raw.size(), 190u);
+  const auto t = load_mooncake_trace(mooncake_sample, {.scale_tokens = 16, .speedup = 2.0, .from = 120, .count = 50});
+  EXPECT_EQ(t.file_entries, 190u);
+  ASSERT_EQ(t.entries.size(), 50u);
+  EXPECT_EQ(t.trimmed, 0);
+  EXPECT_NE(t.scaling.find("entries 120..170 of 190"), std::string::npos) << t.scaling;
+  EXPECT_NE(t.scaling.find("/ 16 (32-token blocks)"), std::string::npos) << t.scaling;
+  EXPECT_NE(t.scaling.find("time / 2"), std::string::npos) << t.scaling;
+  const double t0 = raw[120]["timestamp"].get<double>();
+  for (size_t i = 0; i < t.entries.size(); ++i) {
+    const auto& e = t.entries[i];
+    const auto& r = raw[120 + i];  // the sample's timestamps do not decrease: order kept
+    EXPECT_DOUBLE_EQ(e.arrival_s, (r["timestamp"].get<double>() - t0) / 1000.0 / 2.0) << i;
+    EXPECT_EQ(e.block_ids, r["hash_ids"].get<std::vector<int64_t>>()) << i;
+    EXPECT_EQ(e.block_tokens, 32);
+    EXPECT_EQ(e.prompt_tokens, (r["input_length"].get<int32_t>() + 15) / 16) << i;
+    EXPECT_EQ(e.output_tokens, std::max(1, (r["output_length"].get<int32_t>() + 15) / 16)) << i;
+    // Within its blocks: every block but the last full, the last one not empty.
+    EXPECT_GT(e.prompt_tokens, (int32_t(e.block_ids.size()) - 1) * 32) << i;
+    EXPECT_LE(e.prompt_tokens, int32_t(e.block_ids.size()) * 32) << i;
+  }
+  // The whole file at scale 1 keeps every length as it is.
+  const auto whole = load_mooncake_trace(mooncake_sample, {.scale_tokens = 1});
+  ASSERT_EQ(whole.entries.size(), 190u);
+  EXPECT_EQ(whole.entries[0].prompt_tokens, raw[0]["input_length"].get<int32_t>());
+  EXPECT_EQ(whole.entries[0].block_tokens, 512);
+}
+
+TEST(BenchTrace, MooncakeEqualHashIdsSendEqualBlocks) {
+  const auto t = load_mooncake_trace(mooncake_sample, {.scale_tokens = 32});
+  serve_options so;
+  so.seed = 5;
+  std::map<int64_t, std::vector<int32_t>> block_of;  // hash id -> the tokens it stood for
+  size_t reused = 0;
+  for (size_t i = 0; i < t.entries.size(); ++i) {
+    const auto& e = t.entries[i];
+    const auto p = synthetic_prompt(e, i, so);
+    ASSERT_EQ(p.size(), size_t(e.prompt_tokens));
+    for (size_t k = 0; k < e.block_ids.size(); ++k) {
+      const size_t b = k * size_t(e.block_tokens), n = std::min(size_t(e.block_tokens), p.size() - b);
+      std::vector<int32_t> blk(p.begin() + std::ptrdiff_t(b), p.begin() + std::ptrdiff_t(b + n));
+      auto [it, fresh] = block_of.emplace(e.block_ids[k], blk);
+      if (fresh) continue;
+      ++reused;
+      // A shorter last block is the start of the same block elsewhere.
+      const size_t m = std::min(blk.size(), it->second.size());
+      EXPECT_TRUE(std::equal(blk.begin(), blk.begin() + std::ptrdiff_t(m), it->second.begin()))
+          << "request " << i << ", block " << k << " (id " << e.block_ids[k] << ")";
+    }
+  }
+  EXPECT_GT(reused, 190u) << "the sample shares block 0 everywhere and longer prefixes from line 134";
+  // Different ids give different blocks.
+  EXPECT_NE(block_of.at(1), block_of.at(14));
+  // The share a prefix cache could reuse: block 0 of every request, and the conversations.
+  const double share = shared_prefix_share(t.entries);
+  EXPECT_GT(share, 0.05);
+  EXPECT_LT(share, 0.9);
+}
+
+TEST(BenchTrace, MooncakeFitsTheContextAndRoundTrips) {
+  const auto t = load_mooncake_trace(mooncake_sample, {.scale_tokens = 8, .count = 60, .max_context = 512});
+  ASSERT_EQ(t.entries.size(), 60u);
+  EXPECT_GT(t.trimmed, 0);  // 26K-token prompts / 8 do not fit 512
+  EXPECT_NE(t.scaling.find("shortened to the context"), std::string::npos);
+  for (const auto& e : t.entries) {
+    EXPECT_LE(e.prompt_tokens + e.output_tokens, 512);
+    EXPECT_GT(e.prompt_tokens, (int32_t(e.block_ids.size()) - 1) * e.block_tokens);  // cut at the end, ids with it
+    EXPECT_LE(e.prompt_tokens, int32_t(e.block_ids.size()) * e.block_tokens);
+  }
+  const std::string path = temp_path("tandem_test_mooncake.jsonl");
+  save_trace(t.entries, path);
+  expect_same(load_trace(path), t.entries);  // --save-trace replays the same prompts
+  std::filesystem::remove(path);
+}
+
+TEST(BenchTrace, MooncakeBadLinesAndOptionsAreNamed) {
+  const std::string path = temp_path("tandem_test_mooncake_bad.jsonl");
+  auto fails_with = [&](const std::string& line, const std::string& what) {
+    { std::ofstream(path) << R"({"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [0]})" << "\n" << line << "\n"; }
+    try {
+      load_mooncake_trace(path, {});
+      ADD_FAILURE() << "accepted: " << line;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(":2: "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  fails_with("not json", "not a JSON object");
+  fails_with(R"({"timestamp": 0, "input_length": 10, "output_length": 5})", "'hash_ids'");
+  fails_with(R"({"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": []})", "'hash_ids'");
+  fails_with(R"({"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [-1]})", "non-negative");
+  fails_with(R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0]})", "does not fit 1 blocks");
+  fails_with(R"({"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [0, 1]})", "does not fit 2 blocks");
+  fails_with(R"({"timestamp": -5, "input_length": 10, "output_length": 5, "hash_ids": [0]})", "'timestamp'");
+  fails_with(R"({"timestamp": 0, "input_length": 10, "output_length": 0, "hash_ids": [0]})", "'output_length'");
+  EXPECT_THROW(load_mooncake_trace(path, {.scale_tokens = 0}), std::invalid_argument);
+  EXPECT_THROW(load_mooncake_trace(path, {.scale_tokens = 513}), std::invalid_argument);
+  EXPECT_THROW(load_mooncake_trace(path, {.speedup = 0}), std::invalid_argument);
+  EXPECT_THROW(load_mooncake_trace(path + ".missing", {}), std::runtime_error);
+  // A saved block trace whose ids do not cover its prompt is refused too.
+  { std::ofstream(path) << R"({"arrival_s": 0, "prompt_tokens": 70, "output_tokens": 3, "block_ids": [1, 2], "block_tokens": 32})" << "\n"; }
+  EXPECT_THROW(load_trace(path), std::runtime_error);
+  std::filesystem::remove(path);
 }

@@ -188,8 +188,10 @@ class cluster {
                               std::chrono::milliseconds timeout = 20s) {
     const char* field = workers.at(0).rfind("decode", 0) == 0 ? "decode_worker" : "prefill_worker";
     std::map<std::string, int> seen;  // what the router listed meanwhile, for the failure report
+    std::string last;                 // and the last state it gave
     for (auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
       const json s = get("/admin/state");
+      last = s.dump().substr(0, 1500);
       if (s.contains("router"))
         for (const auto& r : s["router"]["listed"]) {
           const std::string on = r.value(field, "");
@@ -200,7 +202,8 @@ class cluster {
     }
     std::string report;
     for (const auto& [what, n] : seen) report += " [" + what + "] x" + std::to_string(n);
-    ADD_FAILURE() << "no request was " << state << " on " << workers.at(0) << "...; the router listed:" << report;
+    ADD_FAILURE() << "no request was " << state << " on " << workers.at(0) << "...; the router listed:" << report
+                  << "; the last state: " << last;
     return "";
   }
   bool wait_request_on(const std::string& state, const std::string& worker) {
@@ -366,7 +369,9 @@ TEST(Cluster, StoppedDecodeProcessIsLostByHeartbeatAndRejoins) {
   // SIGSTOP: the process's sockets stay open but nothing answers, as behind a partition. Only
   // the heartbeats can tell; its requests must finish elsewhere, exactly.
   cluster c(1, 2, "tcp");
-  const auto js = jobs(8, 120);
+  // Long answers (prompt + 200 within the 256 context): decoding lasts long enough for the
+  // observer's snapshot (a round trip to every remote worker) to show it under ASan on 2 cores.
+  const auto js = jobs(8, 200);
   int victim = 1;  // the node stopped: one whose decode worker has a request decoding
   const auto got = run_jobs(c, js, [&] {
     victim = std::max(1, c.wait_node_with("decoding", "decode"));

@@ -24,6 +24,10 @@ struct serve_bench_opts {
   bool json = false, no_progress = false;
   CLI::Option* rate_given = nullptr;  // a file trace is rescaled to --rate only when it is given
   bench::trace_options shape;         // --prefix-tokens, --prefix-groups, --conversations, --turns
+  std::vector<std::string> trace_args = {"short"};  // --trace KIND, or --trace mooncake FILE
+  bench::mooncake_options mooncake;   // --scale-tokens, --speedup, --from, --count
+  std::string scaling;                // what was done to a Mooncake trace, for the report
+  CLI::Option *scale_given = nullptr, *speedup_given = nullptr, *from_given = nullptr, *count_given = nullptr;
   CLI::Option *requests_given = nullptr, *prefix_tokens_given = nullptr, *prefix_groups_given = nullptr,
               *conversations_given = nullptr, *turns_given = nullptr;
 };
@@ -31,7 +35,18 @@ struct serve_bench_opts {
 bool given(const CLI::Option* opt) { return opt && opt->count() > 0; }
 
 // A flag that shapes one generated trace is an error with any other: it would be ignored.
-void check_trace_flags(const serve_bench_opts& o) {
+void check_trace_flags(serve_bench_opts& o) {
+  o.trace = o.trace_args.at(0);
+  const bool mooncake = o.trace == "mooncake";
+  if (mooncake != (o.trace_args.size() == 2))
+    throw failure(errc::invalid_argument, mooncake ? "--trace mooncake needs the trace file: --trace mooncake FILE"
+                                                   : "--trace takes one value (a kind or a file), or mooncake FILE");
+  if (!mooncake && (given(o.scale_given) || given(o.speedup_given) || given(o.from_given) || given(o.count_given)))
+    throw failure(errc::invalid_argument, "--scale-tokens, --speedup, --from and --count shape --trace mooncake only");
+  if (mooncake && given(o.requests_given))
+    throw failure(errc::invalid_argument, "--trace mooncake replays --count entries from --from; --requests does not apply");
+  if (mooncake && given(o.speedup_given) && given(o.rate_given))
+    throw failure(errc::invalid_argument, "--speedup and --rate both set the replay's pace: give one");
   bench::workload w;
   const bool generated = bench::parse_workload(o.trace, w);
   const bool prefix = generated && w == bench::workload::shared_prefix, multiturn = generated && w == bench::workload::multiturn;
@@ -50,7 +65,18 @@ void check_trace_flags(const serve_bench_opts& o) {
 
 // The trace: generated (short, long, mixed, system-prompt, multiturn) for the server's context,
 // or read from a file.
-std::vector<bench::trace_entry> build_trace(const serve_bench_opts& o, int32_t context) {
+std::vector<bench::trace_entry> build_trace(serve_bench_opts& o, int32_t context) {
+  if (o.trace == "mooncake") {
+    auto m = o.mooncake;
+    m.max_context = o.max_context > 0 ? o.max_context : context;
+    try {
+      auto t = bench::load_mooncake_trace(o.trace_args[1], m);
+      o.scaling = t.scaling;
+      return std::move(t.entries);
+    } catch (const std::invalid_argument& e) {
+      throw failure(errc::invalid_argument, e.what());
+    }
+  }
   bench::workload w;
   if (!bench::parse_workload(o.trace, w)) return bench::load_trace(o.trace);
   bench::trace_options t = o.shape;
@@ -79,7 +105,11 @@ int run(serve_bench_opts o) {
   auto trace = build_trace(o, info.context_length);
   bench::workload kind;
   const bool generated = bench::parse_workload(o.trace, kind);
-  if (!generated && given(o.rate_given)) trace = bench::at_rate(std::move(trace), o.rate);
+  if (!generated && given(o.rate_given)) {
+    trace = bench::at_rate(std::move(trace), o.rate);
+    if (!o.scaling.empty()) o.scaling += "; then rescaled to " + std::to_string(o.rate) + " req/s";
+  }
+  if (!o.scaling.empty()) spdlog::info("trace: {}", o.scaling);
   if (!o.save_trace.empty()) bench::save_trace(trace, o.save_trace);
   if (trace.empty()) throw failure(errc::invalid_argument, "the trace has no request");
   spdlog::info("{} requests ({} trace, {}) against {} ({}, model '{}', context {})", trace.size(), o.trace,
@@ -90,6 +120,14 @@ int run(serve_bench_opts o) {
   j["config"] = {{"url", o.so.url},   {"api", o.so.api},         {"model", o.so.model},   {"trace", o.trace},
                  {"rate", o.rate},    {"arrival", o.arrival},    {"burstiness", o.burstiness},
                  {"seed", o.so.seed}, {"slo_ttft_ms", o.slo_ttft_ms}, {"slo_tpot_ms", o.slo_tpot_ms}};
+  if (!o.scaling.empty()) {
+    j["config"]["trace_file"] = o.trace_args[1];
+    j["config"]["scaling"] = o.scaling;
+    j["config"]["scale_tokens"] = o.mooncake.scale_tokens;
+    j["config"]["speedup"] = o.mooncake.speedup;
+    j["config"]["from"] = o.mooncake.from;
+    j["config"]["count"] = o.mooncake.count;
+  }
   if (generated && kind == bench::workload::shared_prefix) {
     j["config"]["prefix_tokens"] = o.shape.prefix_tokens;
     j["config"]["prefix_groups"] = o.shape.prefix_groups;
@@ -103,7 +141,10 @@ int run(serve_bench_opts o) {
     f << j.dump(2) << "\n";
   }
   if (o.json) std::cout << j.dump(2) << "\n";
-  else bench::print_report(rep, o.so);
+  else {
+    bench::print_report(rep, o.so);
+    if (!o.scaling.empty()) std::printf("%-28s %s\n", "trace scaling", o.scaling.c_str());
+  }
   return rep.figures.completed > 0 ? 0 : 1;
 }
 
@@ -175,10 +216,22 @@ void add_bench_serve(CLI::App* bench) {
       ->capture_default_str();
   c->add_option("--model", o->so.model, "Model id to ask for (default: the first /v1/models lists)");
   c->add_option("--api-key", o->so.api_key, "Bearer token, if the server wants one");
-  c->add_option("--trace", o->trace,
+  c->add_option("--trace", o->trace_args,
                 "short, long, mixed, system-prompt (a shared prefix), multiturn (conversations resending their history; "
-                "--api ws) (generated), or a JSON Lines trace file")
+                "--api ws) (generated), a JSON Lines trace file, or mooncake FILE (Moonshot AI's trace format: equal hash "
+                "ids send equal token blocks)")
+      ->expected(1, 2)
       ->capture_default_str();
+  o->scale_given = c->add_option("--scale-tokens", o->mooncake.scale_tokens,
+                                 "mooncake: divide lengths and the 512-token block by this (1..512)")
+                       ->check(CLI::Range(1, 512))
+                       ->capture_default_str();
+  o->speedup_given = c->add_option("--speedup", o->mooncake.speedup, "mooncake: divide arrival times by this")
+                         ->check(CLI::PositiveNumber)
+                         ->capture_default_str();
+  o->from_given = c->add_option("--from", o->mooncake.from, "mooncake: first entry of the window (file order)")->capture_default_str();
+  o->count_given = c->add_option("--count", o->mooncake.count, "mooncake: entries in the window (0: to the end)")
+                       ->capture_default_str();
   o->requests_given = c->add_option("--requests", o->requests, "Requests in a generated trace")
                           ->check(CLI::Range(1, 1000000))
                           ->capture_default_str();

@@ -183,8 +183,22 @@ class progress_bar {
 
 }  // namespace
 
+// A block's stream: from (seed, block id) only, so every request with that id sends it alike.
+uint64_t block_stream(uint64_t seed, int64_t id) {
+  return splitmix64(splitmix64(seed ^ 0x626c6f636b000000ull) ^ uint64_t(id));
+}
+
 std::vector<int32_t> synthetic_prompt(const trace_entry& e, size_t index, const serve_options& o) {
   const size_t total = size_t(std::max(0, e.prompt_tokens));
+  if (!e.block_ids.empty()) {  // block k from its id alone; the last one as long as the prompt has left
+    std::vector<int32_t> p;
+    p.reserve(total);
+    for (size_t k = 0; k < e.block_ids.size() && p.size() < total; ++k)
+      append_tokens(p, std::min(size_t(std::max(1, e.block_tokens)), total - p.size()), block_stream(o.seed, e.block_ids[k]),
+                    o.vocab);
+    append_tokens(p, total - p.size(), request_stream(o.seed, index), o.vocab);  // (ids that fall short: its own)
+    return p;
+  }
   const size_t shared = e.prefix_group >= 0 ? std::min(total, size_t(std::max(0, e.prefix_tokens))) : 0;
   std::vector<int32_t> p;
   p.reserve(total);

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <cstdio>
 #include <map>
+#include <set>
 #include <random>
 #include <stdexcept>
 
@@ -263,6 +265,22 @@ std::vector<trace_entry> load_trace(const std::string& path) {
       if (e.turn > 0 && !fresh) throw std::runtime_error(where("a turn after the first needs 'new_tokens'"));
       if (e.turn > 0 && group) throw std::runtime_error(where("'prefix_group' belongs on turn 0 (later turns start with its prompt)"));
     }
+    // A block-structured prompt (as a Mooncake replay saves it): its ids must cover it exactly.
+    const bool block_tokens = optional_int("block_tokens", 1, 1 << 20, e.block_tokens);
+    if (j.contains("block_ids") && !j["block_ids"].is_null()) {
+      if (!block_tokens || !e.prompt_text.empty() || group || conversation)
+        throw std::runtime_error(where("'block_ids' go with 'block_tokens' and 'prompt_tokens', without prefix groups or conversations"));
+      if (!j["block_ids"].is_array()) throw std::runtime_error(where("'block_ids' must be an array"));
+      for (const auto& id : j["block_ids"]) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0) throw std::runtime_error(where("'block_ids' holds non-negative integers"));
+        e.block_ids.push_back(id.get<int64_t>());
+      }
+      const int64_t n_blocks = int64_t(e.block_ids.size());
+      if (e.prompt_tokens > n_blocks * e.block_tokens || e.prompt_tokens <= (n_blocks - 1) * e.block_tokens)
+        throw std::runtime_error(where("'prompt_tokens' must fill its 'block_ids' of 'block_tokens' each (the last one partly)"));
+    } else if (block_tokens) {
+      throw std::runtime_error(where("'block_tokens' needs 'block_ids'"));
+    }
     t.push_back(std::move(e));
     lines.push_back(n);
   }
@@ -306,9 +324,76 @@ void save_trace(const std::vector<trace_entry>& t, const std::string& path) {
       j["turn"] = e.turn;
       j["new_tokens"] = e.new_tokens;
     }
+    if (!e.block_ids.empty()) {
+      j["block_ids"] = e.block_ids;
+      j["block_tokens"] = e.block_tokens;
+    }
     out << j.dump() << "\n";
   }
   if (!out) throw std::runtime_error("cannot write trace file '" + path + "'");
+}
+
+mooncake_trace load_mooncake_trace(const std::string& path, const mooncake_options& o) {
+  if (o.scale_tokens < 1 || o.scale_tokens > 512) throw std::invalid_argument("--scale-tokens must be 1..512");
+  if (!(o.speedup > 0) || !std::isfinite(o.speedup)) throw std::invalid_argument("--speedup must be positive");
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read trace file '" + path + "'");
+  constexpr int32_t mooncake_block = 512;  // the tokens one hash id stands for in the file
+  const int32_t block = std::max(1, mooncake_block / o.scale_tokens);
+  mooncake_trace out;
+  std::string line;
+  double first_ms = 0;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const size_t index = out.file_entries++;
+    if (index < o.from || (o.count > 0 && index >= o.from + o.count)) continue;  // outside the window: not read
+    auto where = [&](const std::string& what) { return path + ":" + std::to_string(n) + ": " + what; };
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw std::runtime_error(where("not a JSON object"));
+    auto integer = [&](const char* key, int64_t lo) {
+      if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < lo || j[key].get<int64_t>() > (int64_t(1) << 40))
+        throw std::runtime_error(where("'" + std::string(key) + "' must be an integer >= " + std::to_string(lo)));
+      return j[key].get<int64_t>();
+    };
+    const int64_t ts = integer("timestamp", 0), input = integer("input_length", 1), output = integer("output_length", 1);
+    if (!j.contains("hash_ids") || !j["hash_ids"].is_array() || j["hash_ids"].empty())
+      throw std::runtime_error(where("'hash_ids' must be a non-empty array (one id per 512-token block)"));
+    trace_entry e;
+    for (const auto& id : j["hash_ids"]) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0) throw std::runtime_error(where("'hash_ids' holds non-negative integers"));
+      e.block_ids.push_back(id.get<int64_t>());
+    }
+    const int64_t blocks = int64_t(e.block_ids.size());
+    if (input > blocks * mooncake_block || input <= (blocks - 1) * mooncake_block)
+      throw std::runtime_error(where("'input_length' " + std::to_string(input) + " does not fit " + std::to_string(blocks) +
+                                     " blocks of 512 tokens"));
+    if (out.entries.empty()) first_ms = double(ts);
+    e.arrival_s = (double(ts) - first_ms) / 1000.0 / o.speedup;
+    e.block_tokens = block;
+    // Scaled, and still within its blocks: the last one holds at least one token.
+    const int64_t scaled = (input + o.scale_tokens - 1) / o.scale_tokens;
+    e.prompt_tokens = int32_t(std::clamp<int64_t>(scaled, (blocks - 1) * block + 1, blocks * block));
+    e.output_tokens = int32_t(std::max<int64_t>(1, (output + o.scale_tokens - 1) / o.scale_tokens));
+    if (o.max_context > 0 && e.prompt_tokens + e.output_tokens > o.max_context) {
+      ++out.trimmed;
+      e.output_tokens = std::max(1, std::min(e.output_tokens, o.max_context / 4));  // an answer, if short
+      if (e.prompt_tokens + e.output_tokens > o.max_context) {
+        e.prompt_tokens = std::max(1, o.max_context - e.output_tokens);  // cut at the end: its prefix stays
+        e.block_ids.resize(size_t((e.prompt_tokens + block - 1) / block));
+      }
+    }
+    out.entries.push_back(std::move(e));
+  }
+  sort_by_arrival(out.entries, nullptr);
+  if (!out.entries.empty())  // (timestamps out of order in the file: the earliest is time 0)
+    for (double t0 = out.entries.front().arrival_s; auto& e : out.entries) e.arrival_s -= t0;
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "Mooncake trace entries %zu..%zu of %zu; lengths and 512-token blocks / %d (%d-token blocks); time / %g%s",
+                o.from, o.from + out.entries.size(), out.file_entries, o.scale_tokens, block, o.speedup,
+                out.trimmed ? (", " + std::to_string(out.trimmed) + " shortened to the context").c_str() : "");
+  out.scaling = buf;
+  return out;
 }
 
 std::vector<trace_entry> at_rate(std::vector<trace_entry> t, double rate) {
@@ -322,11 +407,20 @@ std::vector<trace_entry> at_rate(std::vector<trace_entry> t, double rate) {
 
 double shared_prefix_share(const std::vector<trace_entry>& t) {
   double shared = 0, all = 0;
+  std::set<int64_t> seen;  // block ids sent before
   for (const auto& e : t) {
     if (!e.prompt_text.empty()) continue;  // its token count is the server's to know
     all += e.prompt_tokens;
-    if (e.conversation >= 0 && e.turn > 0) shared += e.prompt_tokens - e.new_tokens;  // the history
-    else if (e.prefix_group >= 0) shared += e.prefix_tokens;
+    if (!e.block_ids.empty()) {
+      // A block is reusable only while every block before it was (its prefix chain).
+      for (size_t k = 0; k < e.block_ids.size() && seen.count(e.block_ids[k]); ++k)
+        shared += std::min<int64_t>(e.block_tokens, e.prompt_tokens - int64_t(k) * e.block_tokens);
+      seen.insert(e.block_ids.begin(), e.block_ids.end());
+    } else if (e.conversation >= 0 && e.turn > 0) {
+      shared += e.prompt_tokens - e.new_tokens;  // the history
+    } else if (e.prefix_group >= 0) {
+      shared += e.prefix_tokens;
+    }
   }
   return all > 0 ? shared / all : 0.0;
 }

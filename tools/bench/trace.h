@@ -27,6 +27,11 @@ struct trace_entry {
   int32_t conversation = -1;  // >= 0: a turn of this conversation, sent once the previous turn finished
   int32_t turn = 0;           // 0, 1, ... within the conversation
   int32_t new_tokens = 0;     // a turn's own new tokens at the end of its prompt (turn 0: the whole prompt)
+  // A prompt made of blocks (a Mooncake trace): block k is block_tokens token ids drawn from
+  // block_ids[k] alone (the last block may be shorter), so equal ids give equal blocks, and
+  // requests whose ids agree up to a block share their prompt up to there. Empty: not so.
+  std::vector<int64_t> block_ids;
+  int32_t block_tokens = 0;
 };
 
 // short: chat, 100-300 tokens in, 100-200 out; long: documents / RAG, 1000-4000 in, 30-100
@@ -61,10 +66,32 @@ std::vector<trace_entry> make_trace(const trace_options& o);
 std::vector<trace_entry> load_trace(const std::string& path);
 void save_trace(const std::vector<trace_entry>& t, const std::string& path);
 
+// A window of a Mooncake trace (Moonshot AI's published format, one JSON object a line:
+// {"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [one per 512-token
+// block]}), scaled to this machine: lengths and the 512-token block divided by scale_tokens,
+// arrival times (from the window's first) by speedup.
+struct mooncake_options {
+  int32_t scale_tokens = 16;  // 1..512: blocks of 512 / scale_tokens tokens
+  double speedup = 1.0;       // > 0
+  size_t from = 0;            // the window: entries [from, from + count) in file order
+  size_t count = 0;           // 0: to the end
+  int32_t max_context = 0;    // > 0: prompt + output within it (outputs shortened, then prompts cut)
+};
+struct mooncake_trace {
+  std::vector<trace_entry> entries;
+  size_t file_entries = 0;  // in the whole file
+  int32_t trimmed = 0;      // entries shortened to fit max_context
+  std::string scaling;      // what was done, in words, for the report
+};
+// Throws std::runtime_error naming the line of a malformed entry, std::invalid_argument for
+// options it cannot honour.
+mooncake_trace load_mooncake_trace(const std::string& path, const mooncake_options& o);
+
 // The same lengths arriving at another mean rate (arrival times scaled): compare sweeps rates.
 std::vector<trace_entry> at_rate(std::vector<trace_entry> t, double rate);
 
-// Prompt tokens a prefix cache could reuse (a group's shared prefix; a later turn's history),
+// Prompt tokens a prefix cache could reuse (a group's shared prefix; a later turn's history; a
+// block whose id an earlier request had),
 // as a fraction of all prompt tokens; 0 for a trace without either. An upper bound on the hit
 // ratio: the first request of each group, and every turn 0, still computes its prefix.
 double shared_prefix_share(const std::vector<trace_entry>& t);
