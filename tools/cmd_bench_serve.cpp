@@ -150,6 +150,7 @@ int run(serve_bench_opts o) {
 
 struct compare_opts {
   bench::compare_options co;
+  std::vector<std::string> trace_args = {"mixed"};
   double slo_ttft_ms = 0, slo_tpot_ms = 0;
   std::string html, json_out, matmul;
   bool no_progress = false;
@@ -162,8 +163,20 @@ int run_compare_cmd(compare_opts o) {
   if (!o.co.slos.ttft_s && !o.co.slos.tpot_s) throw failure(errc::invalid_argument, "give --slo-ttft and/or --slo-tpot");
   if (!o.matmul.empty()) o.co.extra_serve_args = {"--matmul", o.matmul};
   o.co.progress = !o.no_progress;
+  o.co.trace = o.trace_args.at(0);
+  const bool mooncake = o.co.trace == "mooncake";
+  if (mooncake != (o.trace_args.size() == 2))
+    throw failure(errc::invalid_argument, mooncake ? "--trace mooncake needs the trace file: --trace mooncake FILE"
+                                                   : "--trace takes one value (a kind or a file), or mooncake FILE");
   bench::workload w;
-  if (!bench::parse_workload(o.co.trace, w)) (void)bench::load_trace(o.co.trace);  // a bad file fails before any server starts
+  // A bad file fails before any server starts.
+  if (mooncake) {
+    o.co.mooncake_file = o.trace_args[1];
+    if (o.co.mooncake.count == 0) throw failure(errc::invalid_argument, "--trace mooncake in compare needs --count (requests per run)");
+    (void)bench::load_mooncake_trace(o.co.mooncake_file, o.co.mooncake);
+  } else if (!bench::parse_workload(o.co.trace, w)) {
+    (void)bench::load_trace(o.co.trace);
+  }
   const auto r = bench::run_compare(o.co);
   bench::print_compare(r, o.co);
   const std::string html = o.html.empty() ? "bench-compare-" + std::filesystem::path(o.co.trace).stem().string() + ".html" : o.html;
@@ -180,7 +193,15 @@ void add_bench_compare(CLI::App* bench) {
   auto* c = bench->add_subcommand(
       "compare", "Run one trace against a colocated and a disaggregated tandem serve on the same cores, sweep the rate, "
                  "find each one's highest rate holding the SLOs, write an HTML report and print a verdict");
-  c->add_option("--trace", o->co.trace, "short, long, mixed (generated), or a JSON Lines trace file")->capture_default_str();
+  c->add_option("--trace", o->trace_args,
+                "short, long, mixed (generated), a JSON Lines trace file, or mooncake FILE (with --count; see bench serve)")
+      ->expected(1, 2)
+      ->capture_default_str();
+  c->add_option("--scale-tokens", o->co.mooncake.scale_tokens, "mooncake: divide lengths and the 512-token block by this")
+      ->check(CLI::Range(1, 512))
+      ->capture_default_str();
+  c->add_option("--from", o->co.mooncake.from, "mooncake: first entry of the window")->capture_default_str();
+  c->add_option("--count", o->co.mooncake.count, "mooncake: entries per run (the window)")->capture_default_str();
   c->add_option("--requests", o->co.requests, "Requests per run")->check(CLI::Range(1, 100000))->capture_default_str();
   c->add_option("--rates", o->co.rates, "Rates to run, req/s (default: doubling from 0.25 until the SLOs are missed)")
       ->delimiter(',')

@@ -181,6 +181,12 @@ compare_result run_compare(const compare_options& o) {
     if (parse_workload(o.trace, w)) {
       trace_options t{.kind = w, .requests = o.requests, .rate = 1.0, .seed = o.seed, .max_context = info.context_length};
       base = make_trace(t);
+    } else if (!o.mooncake_file.empty()) {
+      auto m = o.mooncake;
+      m.max_context = info.context_length;
+      auto t = load_mooncake_trace(o.mooncake_file, m);
+      spdlog::info("trace: {}", t.scaling);
+      base = std::move(t.entries);
     } else {
       base = load_trace(o.trace);
     }
@@ -278,8 +284,12 @@ json compare_result::to_json(const compare_options& o) const {
   json runs_j = json::array(), chaos_j = json::array();
   for (const auto& r : runs) runs_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
   for (const auto& r : chaos_runs) chaos_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
-  return {{"trace", o.trace},
-          {"requests_per_run", o.requests},
+  json trace = o.trace;
+  if (!o.mooncake_file.empty())
+    trace = {{"kind", "mooncake"}, {"file", o.mooncake_file}, {"scale_tokens", o.mooncake.scale_tokens},
+             {"from", o.mooncake.from}, {"count", o.mooncake.count}};
+  return {{"trace", trace},
+          {"requests_per_run", o.mooncake_file.empty() ? size_t(o.requests) : o.mooncake.count},
           {"total_threads", o.total_threads},
           {"slo_ttft_ms", o.slos.ttft_s ? *o.slos.ttft_s * 1e3 : 0.0},
           {"slo_tpot_ms", o.slos.tpot_s ? *o.slos.tpot_s * 1e3 : 0.0},

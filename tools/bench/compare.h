@@ -8,13 +8,16 @@
 #include <vector>
 
 #include "tools/bench/serve.h"
+#include "tools/bench/trace.h"
 
 namespace tandem::bench {
 
 struct compare_options {
   std::string tandem_binary;   // the `tandem` to run `serve` with
   std::string model;           // --model for both servers (empty: the built-in default)
-  std::string trace = "mixed"; // short, long, mixed, or a JSON Lines file
+  std::string trace = "mixed"; // short, long, mixed, a JSON Lines file, or mooncake (mooncake_file)
+  std::string mooncake_file;   // --trace mooncake FILE: a window of it, scaled (its speedup unused: rates are swept)
+  mooncake_options mooncake;
   int32_t requests = 40;       // per run
   std::vector<double> rates;   // empty: doubling from 0.25 req/s until both modes miss the SLOs
   int32_t total_threads = 2;   // colocated: one worker with all; disaggregated: split in two
