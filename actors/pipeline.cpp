@@ -554,17 +554,17 @@ bool pipeline::kill_worker(worker_kind pool, int index) {
   return !kill(actor_kind_of(pool), index).empty();
 }
 
-std::string pipeline::kill(const std::string& kind_or_name, int index) {
+std::string pipeline::kill(const std::string& kind_or_name, int index, std::chrono::milliseconds within) {
   // A name as kill() returns it ("decode-1", "kv_link-p0-d1", "request-17"), a kind, or random.
-  if (auto n = parse_actor_name(kind_or_name)) return kill(*n);
-  if (auto k = parse_actor_kind(kind_or_name)) return kill(*k, index);
+  if (auto n = parse_actor_name(kind_or_name)) return kill(*n, within);
+  if (auto k = parse_actor_kind(kind_or_name)) return kill(*k, index, within);
   if (kind_or_name != "random")
     throw failure(errc::invalid_argument, "unknown kind '" + kind_or_name +
                                               "' (prefill, decode, colocated, kv_link, kv_store, request, router, random, "
                                               "or a name such as decode-1)");
   // Any kind this pipeline has; the router rarely (one in 20: it restarts everything below it).
   thread_local std::mt19937 rng{std::random_device{}()};
-  if (std::uniform_int_distribution<int>(0, 19)(rng) == 0) return kill(actor_kind::router);
+  if (std::uniform_int_distribution<int>(0, 19)(rng) == 0) return kill(actor_kind::router, -1, within);
   std::vector<actor_kind> pick;
   switch (impl_->cfg.pools.mode) {
     case serving_mode::disaggregated:
@@ -572,25 +572,27 @@ std::string pipeline::kill(const std::string& kind_or_name, int index) {
       break;
     case serving_mode::colocated: pick = {actor_kind::colocated, actor_kind::request}; break;
   }
-  return kill(pick[std::uniform_int_distribution<size_t>(0, pick.size() - 1)(rng)]);
+  return kill(pick[std::uniform_int_distribution<size_t>(0, pick.size() - 1)(rng)], -1, within);
 }
 
-std::string pipeline::kill(actor_kind kind, int index) { return kill_actor(kind, index, -1); }
+std::string pipeline::kill(actor_kind kind, int index, std::chrono::milliseconds within) {
+  return kill_actor(kind, index, -1, within);
+}
 
-std::string pipeline::kill(const actor_name& name) {
+std::string pipeline::kill(const actor_name& name, std::chrono::milliseconds within) {
   switch (name.kind) {
-    case actor_kind::request: return kill_request(request_id(name.index)) ? name.str() : std::string();
-    case actor_kind::kv_link: return kill_actor(name.kind, int32_t(name.index), name.decode);
+    case actor_kind::request: return kill_request(request_id(name.index), within) ? name.str() : std::string();
+    case actor_kind::kv_link: return kill_actor(name.kind, int32_t(name.index), name.decode, within);
     case actor_kind::prefill:
     case actor_kind::decode:
-    case actor_kind::colocated: return kill_actor(name.kind, int32_t(name.index), -1);
+    case actor_kind::colocated: return kill_actor(name.kind, int32_t(name.index), -1, within);
     case actor_kind::router:
-    case actor_kind::kv_store: return kill_actor(name.kind, -1, -1);
+    case actor_kind::kv_store: return kill_actor(name.kind, -1, -1, within);
   }
   return {};
 }
 
-std::string pipeline::kill_actor(actor_kind kind, int32_t index, int32_t decode) {
+std::string pipeline::kill_actor(actor_kind kind, int32_t index, int32_t decode, std::chrono::milliseconds within) {
   auto& im = *impl_;
   if (kind == actor_kind::kv_store) {
     auto s = im.store ? im.store->get() : kv_store_actor{};
@@ -605,20 +607,28 @@ std::string pipeline::kill_actor(actor_kind kind, int32_t index, int32_t decode)
     return actor_name{actor_kind::router}.str();
   }
   std::string killed;
+  status err;
   caf::scoped_actor self{*im.sys};
-  self->request(router, std::chrono::seconds(10), kill_atom::value, kind, index, decode)
-      .receive([&](std::string& name) { killed = std::move(name); }, [&](caf::error&) {});
+  self->request(router, within, kill_atom::value, kind, index, decode)
+      .receive([&](std::string& name) { killed = std::move(name); }, [&](caf::error& e) { err = from_caf_error(e); });
+  if (err.code() == errc::timeout)
+    throw failure(errc::timeout, "the router did not answer within " + std::to_string(within.count()) + " ms: nothing killed");
   return killed;
 }
 
-bool pipeline::kill_request(request_id id) {
+bool pipeline::kill_request(request_id id) { return kill_request(id, kill_wait); }
+
+bool pipeline::kill_request(request_id id, std::chrono::milliseconds within) {
   auto& im = *impl_;
   auto router = im.routers->get();
   if (!router) return false;
   bool killed = false;
+  status err;
   caf::scoped_actor self{*im.sys};
-  self->request(router, std::chrono::seconds(10), kill_atom::value, id)
-      .receive([&](bool ok) { killed = ok; }, [&](caf::error&) {});
+  self->request(router, within, kill_atom::value, id)
+      .receive([&](bool ok) { killed = ok; }, [&](caf::error& e) { err = from_caf_error(e); });
+  if (err.code() == errc::timeout)
+    throw failure(errc::timeout, "the router did not answer within " + std::to_string(within.count()) + " ms: nothing killed");
   return killed;
 }
 

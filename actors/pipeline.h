@@ -158,11 +158,14 @@ class pipeline {
   // Fault injection by kind (runtime/kinds.h): `index` picks one of that kind, -1 a random
   // one; or by name ("decode-1", "kv_link-p0-d1", "request-17", "router", "kv_store").
   // Returns the name of what was killed, empty if there was nothing of that kind alive.
-  std::string kill(actor_kind kind, int index = -1);
-  std::string kill(const actor_name& name);
+  // Waits at most `within` for the router to pick the victim: past it, throws failure(timeout)
+  // (nothing was killed; /admin/kill answers 503 rather than hang).
+  static constexpr std::chrono::milliseconds kill_wait{10000};
+  std::string kill(actor_kind kind, int index = -1, std::chrono::milliseconds within = kill_wait);
+  std::string kill(const actor_name& name, std::chrono::milliseconds within = kill_wait);
   // The same from text (/admin/kill, tandem chaos): a kind, a name, or "random" (any kind
   // this pipeline has). Throws failure(invalid_argument) on anything else.
-  std::string kill(const std::string& kind_or_name, int index = -1);
+  std::string kill(const std::string& kind_or_name, int index = -1, std::chrono::milliseconds within = kill_wait);
   // Arms `count` faults of a kind (runtime/fault_injection.h); each is suffered once by the
   // first actor that meets it. `stall` is how long a stalled step hangs.
   void inject(fault_kind kind, int count, std::chrono::milliseconds stall = std::chrono::milliseconds(5000));
@@ -187,7 +190,8 @@ class pipeline {
   const serving_config& config() const;
 
  private:
-  std::string kill_actor(actor_kind kind, int32_t index, int32_t decode);  // through the router
+  std::string kill_actor(actor_kind kind, int32_t index, int32_t decode, std::chrono::milliseconds within);
+  bool kill_request(request_id id, std::chrono::milliseconds within);
   friend class connection;
   struct impl;
   std::unique_ptr<impl> impl_;

@@ -495,6 +495,31 @@ TEST_F(ServerTest, LogprobsOnCompletionsChatAndWebSocket) {
   expect_clean();
 }
 
+// Issue 22 item 7: /admin/kill answers within a bound whatever the pipeline is doing. Here
+// the pipeline's only actor thread is blocked (a stalled KV link holds it for 5 s): the kill
+// cannot be decided, and the answer is a 503 after the bound (2 s), not a wait for the router.
+TEST_F(ServerTest, AdminKillAnswersWithinItsBoundWhenTheRouterCannot) {
+  server::server_config sc;
+  sc.admin_key = "boss";
+  serving_config pc;
+  pc.pools.scheduler_threads = 1;
+  start(sc, pc);
+  pipe->inject(fault_kind::stall_link, 1, 5000ms);
+  auto h = pipe->submit({.prompt = "Once upon a time", .max_tokens = 4, .ignore_eos = true});
+  for (int i = 0; i < 500 && pipe->metrics().get_counter("tandem_faults_injected_total", "", {{"kind", "stall_link"}}).value() < 1; ++i)
+    std::this_thread::sleep_for(2ms);
+  ASSERT_EQ(pipe->metrics().get_counter("tandem_faults_injected_total", "", {{"kind", "stall_link"}}).value(), 1.0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = request(http::verb::post, "/admin/kill", R"({"kind": "decode"})", "boss");
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_NE(r.body.find("did not answer within 2000 ms"), std::string::npos) << r.body;
+  EXPECT_LT(waited, 4.0) << "the admin call waited for the blocked router";
+  // Once the link lets go, the request finishes and the next kill is decided as usual.
+  EXPECT_EQ(h.wait(30s).error, errc::ok);
+  EXPECT_EQ(request(http::verb::post, "/admin/kill", R"({"kind": "decode", "index": 0})", "boss").status, 200);
+}
+
 TEST_F(ServerTest, KeysGuardTheApiAndAdmin) {
   server::server_config sc;
   sc.api_key = "secret";

@@ -25,6 +25,10 @@ using tcp = net::ip::tcp;
 
 namespace {
 
+// How long /admin/kill waits for the router to pick its victim (issue 22 item 7: /admin/*
+// answers within a bound, whatever the pipeline is doing).
+constexpr std::chrono::milliseconds admin_kill_wait{2000};
+
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -406,8 +410,12 @@ class http_session : public std::enable_shared_from_this<http_session> {
                                     "index", "invalid_argument"});
       std::string killed;
       try {
-        killed = srv_->pipe.kill(b[key].get<std::string>(), b.contains("index") ? int(b["index"].get<int64_t>()) : -1);
+        // Bounded: a router that cannot answer now (its threads busy or blocked) gets a 503, not
+        // an admin call (and an I/O thread) waiting on it.
+        killed = srv_->pipe.kill(b[key].get<std::string>(), b.contains("index") ? int(b["index"].get<int64_t>()) : -1,
+                                 admin_kill_wait);
       } catch (const failure& f) {
+        if (f.code() == errc::timeout) return send_error(api_error{503, "server_error", f.what(), "", "timeout"});
         return send_error(api_error{400, "invalid_request_error", f.what(), key, "invalid_argument"});
       }
       if (killed.empty())
