@@ -60,7 +60,7 @@ void account_moved(kv_link_actor::stateful_pointer<kv_link_state> self, const re
   st.bytes += bytes;
   self->send(req, kv_atom::value, bytes, ms);
   if (st.opts.metrics)
-    st.opts.metrics->get_counter("tandem_kv_link_bytes_total", "Bytes of KV moved by a link", {{"link", st.opts.name.str()}})
+    st.opts.metrics->get_counter("tandem_kv_link_bytes_total", "Bytes of KV moved by a link", {{"link", st.label}})
         .inc(double(bytes));
 }
 
@@ -69,7 +69,7 @@ void count_transfer(kv_link_actor::stateful_pointer<kv_link_state> self) {
   auto& st = self->state;
   ++st.transfers;
   if (st.opts.metrics)
-    st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", {{"link", st.opts.name.str()}}).inc();
+    st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", {{"link", st.label}}).inc();
 }
 
 // Moves blocks through the link's transport (or hands them over) and accounts for them.
@@ -114,10 +114,10 @@ bool settle_frame(kv_link_actor::stateful_pointer<kv_link_state> self, const kv_
                   const transport::transfer_status& ts) {
   auto& st = self->state;
   if (ts.state != transport::transfer_state::done) {
-    spdlog::warn("{}: a frame failed: {}", st.opts.name.str(), ts.error.to_string());
+    spdlog::warn("{}: a frame failed: {}", st.label, ts.error.to_string());
     if (st.opts.metrics)
       st.opts.metrics->get_counter("tandem_kv_link_failed_frames_total", "KV frames a link could not deliver",
-                                   {{"link", st.opts.name.str()}})
+                                   {{"link", st.label}})
           .inc();
     return false;
   }
@@ -199,6 +199,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
                                               decode_worker_actor decode, kv_link_options opts) {
   self->state.opts = std::move(opts);
   if (!self->state.opts.faults) self->state.opts.faults = no_faults();  // (null given: none)
+  self->state.label = self->state.opts.name.str();
   self->state.decode = std::move(decode);
   const bool channel = self->state.opts.transport == kv_transport_kind::channel;
   switch (self->state.opts.transport) {
@@ -274,7 +275,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
           send_frame(self, req, id, epoch, kv);
           if (auto& m = self->state.opts.metrics)
             m->get_counter("tandem_kv_link_pieces_total", "KV pieces streamed by a link while prefill ran",
-                           {{"link", self->state.opts.name.str()}})
+                           {{"link", self->state.label}})
                 .inc();
           return;
         }
@@ -288,7 +289,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
           self->send(self->state.decode, kv_piece_atom::value, id, epoch, std::move(landed));
           if (auto& m = self->state.opts.metrics)
             m->get_counter("tandem_kv_link_pieces_total", "KV pieces streamed by a link while prefill ran",
-                           {{"link", self->state.opts.name.str()}})
+                           {{"link", self->state.label}})
                 .inc();
         }
       },

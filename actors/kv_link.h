@@ -30,6 +30,7 @@ struct kv_link_options {
 
 struct kv_link_state {
   kv_link_options opts;
+  std::string label;  // opts.name as text, made once: its logs and metric labels
   decode_worker_actor decode;
   std::unique_ptr<transport::kv_transport> transport;
   // "channel": frames sent and not yet acknowledged (what they carried, for the accounting).

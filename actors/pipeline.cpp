@@ -575,6 +575,14 @@ std::string pipeline::kill(const std::string& kind_or_name, int index, std::chro
   return kill(pick[std::uniform_int_distribution<size_t>(0, pick.size() - 1)(rng)], -1, within);
 }
 
+namespace {
+// A kill the router did not decide within the bound: nothing was killed, and the caller says so.
+void throw_if_unanswered(const status& err, std::chrono::milliseconds within) {
+  if (err.code() == errc::timeout)
+    throw failure(errc::timeout, "the router did not answer within " + std::to_string(within.count()) + " ms: nothing killed");
+}
+}  // namespace
+
 std::string pipeline::kill(actor_kind kind, int index, std::chrono::milliseconds within) {
   return kill_actor(kind, index, -1, within);
 }
@@ -611,8 +619,7 @@ std::string pipeline::kill_actor(actor_kind kind, int32_t index, int32_t decode,
   caf::scoped_actor self{*im.sys};
   self->request(router, within, kill_atom::value, kind, index, decode)
       .receive([&](std::string& name) { killed = std::move(name); }, [&](caf::error& e) { err = from_caf_error(e); });
-  if (err.code() == errc::timeout)
-    throw failure(errc::timeout, "the router did not answer within " + std::to_string(within.count()) + " ms: nothing killed");
+  throw_if_unanswered(err, within);
   return killed;
 }
 
@@ -627,8 +634,7 @@ bool pipeline::kill_request(request_id id, std::chrono::milliseconds within) {
   caf::scoped_actor self{*im.sys};
   self->request(router, within, kill_atom::value, id)
       .receive([&](bool ok) { killed = ok; }, [&](caf::error& e) { err = from_caf_error(e); });
-  if (err.code() == errc::timeout)
-    throw failure(errc::timeout, "the router did not answer within " + std::to_string(within.count()) + " ms: nothing killed");
+  throw_if_unanswered(err, within);
   return killed;
 }
 

@@ -57,7 +57,7 @@ struct worker_engine {
   uint64_t finished = 0;   // steps whose result came back (progress, as heartbeats report it)
   std::shared_ptr<fault_hooks> faults;
   std::shared_ptr<std::atomic<bool>> stopping = std::make_shared<std::atomic<bool>>(false);
-  worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults ? o.faults : no_faults()) {
+  worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults) {  // (never null: init_worker)
     engine_options eo;
     eo.n_threads = o.resources.n_threads;
     eo.matmul = o.steps.matmul;
