@@ -25,6 +25,17 @@ void drop(self_ptr self, request_id id) {
 
 void kick(self_ptr self);
 
+// Tokens this step may hold: the configured budget, or with a TPOT target what the fitted step
+// cost says fits in its share of the target (Sarathi-Serve), decodes first; at least one KV
+// block of prefill besides them, so prompts progress however loaded decode is.
+int32_t step_budget(const colocated_worker_state& st, int32_t running) {
+  const int32_t budget = st.opts.token_budget();
+  const double target = st.opts.steps.tpot_target_ms;
+  if (target <= 0) return budget;
+  return st.cost.tokens_within(target * step_settings::colocated_step_share, running + st.opts.kv.block_size,
+                               std::max(budget, running + st.opts.kv.block_size));
+}
+
 void kick(self_ptr self) {
   auto& st = self->state;
   if (st.we->busy) return;
@@ -54,7 +65,7 @@ void kick(self_ptr self) {
     }
     pending.push_back({int64_t(id), int32_t(e.spec.prompt.size()), e.prefilled});
   }
-  const auto plan = plan_colocated_step(running, pending, st.opts.token_budget(), st.opts.steps.chunk_size);
+  const auto plan = plan_colocated_step(running, pending, step_budget(st, running), st.opts.steps.chunk_size);
   for (const auto& c : plan.prefill) {
     auto& e = *st.seqs.find(request_id(c.request));
     if (e.announce()) self->send(e.req, state_atom::value, request_state::prefilling);
@@ -67,6 +78,7 @@ void kick(self_ptr self) {
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
   st.we->returned(st.opts, r, int32_t(r.tokens.size()));
+  if (r.error.ok()) st.cost.observe(r.batch_tokens, r.ms);
   record_prefix_cache(st.opts, *st.we->eng, st.prefix_last, r.error.ok() ? st.seqs.planned_prompt_tokens() : 0);
   for (const auto& c : r.created_seqs)
     if (auto* e = st.seqs.find(c.id)) e->seq = c.seq;

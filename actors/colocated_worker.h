@@ -7,6 +7,7 @@
 #include <map>
 
 #include "actors/worker_common.h"
+#include "runtime/scheduler/step_cost.h"
 
 namespace tandem {
 
@@ -17,6 +18,8 @@ struct colocated_worker_state : prompt_worker_state_base {
   };
   std::unique_ptr<kv_credit_ledger> ledger;
   sched::sequence_table<seq_entry> seqs;  // every request it holds; its prompts in arrival order
+  // Its steps' measured times (steps.tpot_target_ms: each step's prefill sized from it).
+  sched::step_cost_model cost;
   static inline const char* name = "colocated_worker";
 };
 

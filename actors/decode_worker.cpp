@@ -48,9 +48,26 @@ void answer(self_ptr self, request_id id, const status& why, caf::typed_response
 
 caf::error refused(const std::string& why) { return to_caf_error({errc::refused, why}); }
 
+// Pacing with shared cores: while a prompt computes beside this worker, decode steps start at
+// most every pace_ms(), and the cores are the prompt's in between (this worker is not
+// busy then). True: the next step waits for a tick. Arrivals are never held back.
+bool pace_wait(self_ptr self) {
+  auto& st = self->state;
+  const double pace = st.opts.steps.pace_ms();
+  if (pace <= 0 || !st.arrivals.empty() || !st.we->eng->others_busy()) return false;
+  const auto due = st.last_start + std::chrono::microseconds(int64_t(pace * 1000));
+  const auto now = std::chrono::steady_clock::now();
+  if (due <= now + std::chrono::microseconds(200)) return false;
+  if (!st.pace_pending) {
+    st.pace_pending = true;
+    self->delayed_send(self, due - now, tick_atom::value);
+  }
+  return true;
+}
+
 void kick(self_ptr self) {
   auto& st = self->state;
-  if (st.we->busy) return;
+  if (st.we->busy || pace_wait(self)) return;
   step_work work;
   work.frees = std::move(st.to_free);
   st.to_free.clear();
@@ -79,6 +96,7 @@ void kick(self_ptr self) {
   st.arrivals.clear();
   st.active.add_decodes(work);
   if (work.imports.empty() && work.decodes.empty() && work.frees.empty()) return;
+  st.last_start = std::chrono::steady_clock::now();
   st.we->start(self, std::move(work));
 }
 
@@ -274,6 +292,12 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
       },
       step_handler(self, apply, kick, report_load),
       [self](load_atom) { report_load(self); },
+      [self](tick_atom) {
+        auto& st = self->state;
+        st.pace_pending = false;
+        kick(self);
+        if (!st.we->busy) st.we->eng->set_busy(false);
+      },
       [self](stats_atom) {
         auto& st = self->state;
         return st.we->stats(st.opts, st.ledger.get(),

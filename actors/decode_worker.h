@@ -39,6 +39,10 @@ struct decode_worker_state : worker_state_base {
     std::vector<kv_blocks_ptr> pieces;
   };
   std::map<request_id, staged_kv> staged;   // streamed pieces of reserved requests, by id
+  // Pacing (step_settings::decode_pace_ms): when the last step started, and whether a tick
+  // to start the next one is on its way.
+  std::chrono::steady_clock::time_point last_start;
+  bool pace_pending = false;
   static inline const char* name = "decode_worker";
 };
 

@@ -161,6 +161,9 @@ struct pipeline::impl {
   cluster_actor cluster;                      // a router process's members (cluster_port >= 0)
   uint16_t cluster_port = 0;
   std::atomic<request_id> next_id{1};
+  // The process's cores when its workers share them (pools.share_cores, disaggregated): every
+  // prefill and decode worker's threads together; null: each owns threads_per_worker.
+  std::shared_ptr<kernels::core_share> cores;
 
   // The observer: refreshes `latest` when asked (snapshot()) or every interval otherwise.
   struct observer {
@@ -176,7 +179,8 @@ struct pipeline::impl {
   // Worker `index` of a kind, with what this process gives it and the deployment's settings.
   worker_options worker_opts(worker_kind kind, int32_t index) const {
     return {kind, index,
-            worker_resources{cfg.pools.threads_per_worker, cfg.pools.kv_blocks_per_worker, cfg.pools.kv_memory_bytes_per_worker},
+            worker_resources{cfg.pools.threads_per_worker, cfg.pools.kv_blocks_per_worker, cfg.pools.kv_memory_bytes_per_worker,
+                             cores},
             cfg.kv, cfg.steps, store, std::chrono::milliseconds(1000), metrics, faults};
   }
   // The pool supervisors of the current router (the observer asks them whether they gave up).
@@ -215,6 +219,9 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
     throw failure(errc::invalid_argument, "routing weights must be finite and not negative");
   im.mdl = im.cfg.model.loaded ? im.cfg.model.loaded
                         : model::load(im.cfg.model.path.empty() ? default_model_path() : im.cfg.model.path);
+  if (im.cfg.pools.share_cores && im.cfg.pools.mode == serving_mode::disaggregated && !cluster)
+    im.cores = std::make_shared<kernels::core_share>(
+        (im.cfg.pools.prefill_workers + im.cfg.pools.decode_workers) * im.cfg.pools.threads_per_worker);
   im.sys_cfg.set("scheduler.max-threads", std::max(1, im.cfg.pools.scheduler_threads));
   register_error_category(im.sys_cfg);
   if (cluster) {

@@ -137,7 +137,8 @@ using decode_worker_actor = caf::typed_actor<
     caf::reacts_to<pause_atom, request_id, bool>,
     caf::reacts_to<step_atom, step_result_ptr>,
     caf::replies_to<stats_atom>::with<worker_stats>,
-    caf::reacts_to<load_atom>>;                                        // report your load to the router
+    caf::reacts_to<load_atom>,                                         // report your load to the router
+    caf::reacts_to<tick_atom>>;                                        // its pace's wait is over: step
 
 // Moves one request's KV from a prefill worker to one decode worker through a transport.
 // The host's KV store (actors/kv_store.h): full blocks by prefix key (runtime/prefix_cache.h).

@@ -17,9 +17,12 @@ namespace tandem {
 
 // What one process gives each of its workers (the rest is the deployment's and shared).
 struct worker_resources {
-  int n_threads = 1;
+  int n_threads = 1;  // its own cores, or its floor in a core share
   int32_t kv_blocks = 0;  // 0: as many as kv_memory_bytes holds
   int64_t kv_memory_bytes = 256ll << 20;
+  // Cores shared with the process's other workers (null: it owns n_threads): it computes on
+  // every core the others' floors leave while they are busy (kernels/thread_pool.h).
+  std::shared_ptr<kernels::core_share> cores;
 };
 
 struct worker_options {
@@ -60,6 +63,7 @@ struct worker_engine {
   worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults) {  // (never null: init_worker)
     engine_options eo;
     eo.n_threads = o.resources.n_threads;
+    eo.cores = o.resources.cores;
     eo.matmul = o.steps.matmul;
     eo.kv_dtype = o.kv.dtype;
     eo.block_size = o.kv.block_size;
@@ -80,6 +84,7 @@ struct worker_engine {
   template <class Handle>
   void start(Handle self, step_work work) {
     busy = true;
+    eng->set_busy(true);  // in a core share: the others leave this worker its floor from now
     ++steps;
     engine* e = eng.get();
     caf::weak_actor_ptr weak = caf::actor_cast<caf::weak_actor_ptr>(self);
@@ -199,6 +204,9 @@ auto step_handler(Self self, void (*apply)(Self, step_result&), void (*kick)(Sel
   return [=](step_atom, step_result_ptr& r) {
     apply(self, *r);
     kick(self);
+    // No next step: the cores this worker kept go to the others (in a core share). A worker
+    // with more work started its next step in kick and so never gave them up in between.
+    if (!self->state.we->busy) self->state.we->eng->set_busy(false);
     report_load(self);
   };
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -18,6 +19,7 @@ struct thread_pool::job {
   // Runs chunk i as participant p (pinned jobs: chunk p on participant p only).
   std::function<void(int64_t, int)> run;
   int64_t n = 0;
+  int participants = 0;  // only participants below this take chunks (a core share's limit)
   bool pinned = false;  // run_on_all: every thread runs exactly its own chunk
   uint64_t generation = 0;
   alignas(64) std::atomic<int64_t> next{0};  // next chunk to claim
@@ -46,12 +48,63 @@ bool spin_until(Done&& done, int us) {
 
 }  // namespace
 
+core_share::core_share(int cores) : cores_(std::max(1, cores)) {}
+
+int core_share::join(int floor) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (size_t i = 0; i < floor_.size(); ++i)
+    if (floor_[i].load() == 0) {
+      busy_[i].store(false);
+      floor_[i].store(std::clamp(floor, 1, cores_));
+      return int(i);
+    }
+  throw std::length_error("core_share: more than 64 pools share the cores");
+}
+
+void core_share::leave(int member) {
+  set_busy(member, false);
+  std::lock_guard<std::mutex> lk(mu_);
+  floor_[size_t(member)].store(0);
+}
+
+void core_share::set_busy(int member, bool busy) {
+  const size_t m = size_t(member);
+  if (busy_[m].exchange(busy, std::memory_order_acq_rel) == busy) return;
+  const int f = floor_[m].load(std::memory_order_relaxed);
+  busy_floors_.fetch_add(busy ? f : -f, std::memory_order_acq_rel);
+}
+
+int core_share::allowed(int member) const {
+  const size_t m = size_t(member);
+  const int own = floor_[m].load(std::memory_order_relaxed);
+  // The sum and the flag are read separately: a member changing state in between makes this
+  // one call off by that member's floor, corrected at the next call.
+  const int others = busy_floors_.load(std::memory_order_acquire) -
+                     (busy_[m].load(std::memory_order_acquire) ? own : 0);
+  return std::clamp(cores_ - others, own, cores_);
+}
+
+bool core_share::others_busy(int member) const {
+  const size_t m = size_t(member);
+  const int own = busy_[m].load(std::memory_order_acquire) ? floor_[m].load(std::memory_order_relaxed) : 0;
+  return busy_floors_.load(std::memory_order_acquire) - own > 0;
+}
+
 thread_pool::thread_pool(int n_threads, int spin_us)
     : n_threads_(std::max(1, n_threads)), spin_us_(std::max(0, spin_us)) {
   for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker_loop(i); });
 }
 
+thread_pool::thread_pool(std::shared_ptr<core_share> share, int floor, int spin_us)
+    : thread_pool(share ? share->cores() : floor, spin_us) {
+  if (share) {
+    member_ = share->join(floor);
+    share_ = std::move(share);
+  }
+}
+
 thread_pool::~thread_pool() {
+  if (share_) share_->leave(member_);
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_.store(true, std::memory_order_release);
@@ -76,6 +129,7 @@ void thread_pool::run_chunks(job& j, int participant) {
     one(participant);
     return;
   }
+  if (participant >= j.participants) return;  // past the share's limit when it was published
   for (int64_t i; (i = j.next.fetch_add(1, std::memory_order_relaxed)) < j.n;) one(i);
 }
 
@@ -142,6 +196,7 @@ void thread_pool::run_on_all(const std::function<void(int)>& fn) {
   job j;
   j.run = [&](int64_t i, int) { fn(int(i)); };
   j.n = n_threads_;
+  j.participants = n_threads_;
   j.pinned = true;
   dispatch(j);
 }
@@ -151,7 +206,11 @@ void thread_pool::parallel_for(int64_t n, int64_t grain,
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t chunks = (n + grain - 1) / grain;
-  const int slices = int(std::min<int64_t>(n_threads_, chunks));
+  const int threads = active();
+  // In a core share more threads may be runnable than there are cores for a moment (a member
+  // whose share shrank finishes the slices it holds): slices of a quarter of a thread's part
+  // then keep a descheduled thread from holding up the call for long.
+  const int slices = int(std::min<int64_t>(share_ && threads > 1 ? 4 * int64_t(threads) : threads, chunks));
   if (slices <= 1) {
     fn(0, n, 0);
     return;
@@ -159,29 +218,33 @@ void thread_pool::parallel_for(int64_t n, int64_t grain,
   // Spread whole grains evenly: the first `extra` slices get one more grain.
   struct plan {
     int64_t n, grain, per, extra;
+    bool by_participant;  // more slices than threads: number them by who runs them
     const std::function<void(int64_t, int64_t, int)>* fn;
-  } const p{n, grain, chunks / slices, chunks % slices, &fn};
+  } const p{n, grain, chunks / slices, chunks % slices, slices > threads, &fn};
   job j;
-  j.run = [&p](int64_t s, int) {  // one reference: fits std::function's inline buffer
+  j.run = [&p](int64_t s, int participant) {  // one reference: fits std::function's inline buffer
     const int64_t first = s * p.per + std::min<int64_t>(s, p.extra);
     const int64_t count = p.per + (s < p.extra ? 1 : 0);
     const int64_t begin = first * p.grain;
     const int64_t end = std::min(p.n, (first + count) * p.grain);
-    if (begin < end) (*p.fn)(begin, end, int(s));
+    if (begin < end) (*p.fn)(begin, end, p.by_participant ? participant : int(s));
   };
   j.n = slices;
+  j.participants = threads;
   dispatch(j);
 }
 
 void thread_pool::for_each_dynamic(int64_t n, const std::function<void(int64_t, int)>& fn) {
   if (n <= 0) return;
-  if (n_threads_ == 1 || n == 1) {
+  const int threads = active();
+  if (threads == 1 || n == 1) {
     for (int64_t i = 0; i < n; ++i) fn(i, 0);
     return;
   }
   job j;
   j.run = [&](int64_t i, int p) { fn(i, p); };
   j.n = n;
+  j.participants = threads;
   dispatch(j);
 }
 

@@ -26,6 +26,9 @@ using seq_id = int64_t;
 
 struct engine_options {
   int n_threads = 1;
+  // Cores shared with the process's other engines (kernels/thread_pool.h): the engine then
+  // computes on as many of them as the share allows (at least n_threads while it is busy).
+  std::shared_ptr<kernels::core_share> cores;
   int32_t block_size = 16;
   // KV pool size: n_kv_blocks if > 0, else as many blocks as kv_memory_bytes holds.
   int32_t n_kv_blocks = 0;
@@ -72,6 +75,11 @@ class engine {
   const llama_config& config() const { return model_->config(); }
   const kv_block_pool& kv_pool() const { return pool_; }
   int n_threads() const { return pool_threads_.size(); }
+  // In a core share: whether this engine has work now (its owner says: a decode worker while it
+  // holds sequences, a prefill worker while a step runs); others then leave it its floor.
+  void set_busy(bool busy) { pool_threads_.set_busy(busy); }
+  bool shares_cores() const { return pool_threads_.shared(); }
+  bool others_busy() const { return pool_threads_.others_busy(); }  // another engine of the share is
 
   seq_id create_sequence();
   status free_sequence(seq_id s);  // returns every block the sequence holds

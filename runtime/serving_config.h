@@ -35,6 +35,11 @@ struct pool_settings {
   int decode_workers = 1;
   int colocated_workers = 1;
   int threads_per_worker = 1;
+  // Disaggregated, in one process: the workers share the cores of all of them (kernels/
+  // thread_pool.h, core_share) instead of owning threads_per_worker each. A busy worker keeps
+  // threads_per_worker; the rest go to whoever is busy, so prefill computes on every core while
+  // decode is idle, and decode on every core while no prompt computes.
+  bool share_cores = false;
   int32_t kv_blocks_per_worker = 0;  // 0: from kv_memory_bytes_per_worker
   int64_t kv_memory_bytes_per_worker = 256ll << 20;
   // Each pool restarts its workers (one for one) at most this many times per window; past that
@@ -85,6 +90,21 @@ struct step_settings {
   int32_t prefill_token_budget = 512;    // tokens per prefill step
   int32_t colocated_token_budget = 256;  // tokens per colocated step (decodes + prefill chunks)
   int32_t max_batch = 64;                // sequences decoding at once per worker
+  // The time per output token to hold (0: none). Colocated workers size each step's prefill
+  // from their fitted step cost (runtime/scheduler/step_cost.h) so that the step, its decodes
+  // included, is predicted to take colocated_step_share of it; with shared cores a decode
+  // worker paces its steps at decode_pace_share of it (unless decode_pace_ms is given).
+  double tpot_target_ms = 0;
+  // Shared cores (pool_settings::share_cores): while a prompt computes beside it, a decode
+  // worker starts a step at most every decode_pace_ms and leaves the cores to prefill in
+  // between (its tokens then come at about this interval: keep it under the TPOT target).
+  // 0: from tpot_target_ms, or back to back without one.
+  double decode_pace_ms = 0;
+
+  static constexpr double colocated_step_share = 0.8;  // room for the p90 and the fit's error
+  // Room for a decode step slowed by a prefill kernel still finishing on another core.
+  static constexpr double decode_pace_share = 0.6;
+  double pace_ms() const { return decode_pace_ms > 0 ? decode_pace_ms : tpot_target_ms * decode_pace_share; }
 };
 
 // The router's decisions: admission, placement, recovery.

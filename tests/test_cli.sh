@@ -78,6 +78,11 @@ expect_error "has no valid port" serve --model "$model" --role prefill --join 12
 expect_error "is for --role prefill or decode" serve --model "$model" --port 0 --join 127.0.0.1:7070
 expect_error "cannot reach the router at 127.0.0.1:1" serve --model "$model" --role decode --join 127.0.0.1:1
 expect_error "role" serve --model "$model" --role middle
+expect_error "is for --mode disaggregated" serve --model "$model" --port 0 --mode colocated --share-cores
+expect_error "needs --share-cores" serve --model "$model" --port 0 --decode-pace-ms 10
+expect_error "modes" bench compare --trace short --slo-tpot 10 --modes colocated,sideways
+expect_error "more names than" bench compare --trace short --slo-tpot 10 --against-name a
+expect_error "two contenders have one name" bench compare --trace short --slo-tpot 10 --against http://127.0.0.1:1 --against-name shared --modes shared
 expect_error "disaggregated" serve --model "$model" --role router --mode colocated --port 0
 
 # 5. Through the actor runtime: every concurrent request equals the lone-engine reference.

@@ -410,6 +410,45 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
   }
 }
 
+// Shared cores (pools.share_cores): the prefill and decode workers compute on as many of the
+// process's cores as the other leaves, decode paced while a prompt computes; the tokens are a
+// lone engine's (the kernels do not depend on the thread count), also across a kill of either
+// worker (the killed one's pool leaves the share, its restart joins it).
+TEST(Pipeline, SharedCoresKeepOutputsExactThroughKills) {
+  for (const worker_kind pool : {worker_kind::decode, worker_kind::prefill}) {
+    SCOPED_TRACE(to_string(pool));
+    auto m = tiny();
+    serving_config cfg;
+    cfg.model.loaded = m;
+    cfg.pools.share_cores = true;
+    cfg.pools.threads_per_worker = 1;  // 2 cores shared
+    cfg.steps.decode_pace_ms = 4;
+    cfg.steps.prefill_token_budget = 32;  // prompts of several steps, so prefill and decode overlap
+    pipeline p(cfg);
+    std::vector<std::vector<token_id>> prompts;
+    std::vector<request_handle> hs;
+    const sampling_params greedy{.temperature = 0.0f};
+    for (int i = 0; i < 6; ++i) {
+      prompts.push_back(prompt_of(90 + 7 * i, i, 300));
+      hs.push_back(p.submit({.prompt_tokens = prompts.back(), .max_tokens = 80, .sampling = greedy, .ignore_eos = true}));
+    }
+    std::vector<token_id> first;
+    request_event ev;
+    while (hs[0].next(ev, 10s)) {
+      if (ev.kind == event_kind::token && ev.token >= 0) first.push_back(ev.token);
+      if (first.size() >= 3) break;
+    }
+    ASSERT_TRUE(p.kill_worker(pool, 0));
+    for (size_t i = 0; i < hs.size(); ++i) {
+      auto r = hs[i].wait(30s);
+      ASSERT_EQ(r.error, errc::ok) << i << ": " << r.message;
+      if (i == 0) r.tokens.insert(r.tokens.begin(), first.begin(), first.end());
+      EXPECT_EQ(r.tokens, alone(*m, prompts[i], 80, greedy, true)) << "request " << i;
+    }
+    expect_no_leaks(p);
+  }
+}
+
 // A request actor killed mid-decode: its reader gets an error, and everything it held is freed.
 TEST(Pipeline, KilledRequestActorEndsWithAnErrorAndFreesItsKv) {
   for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {

@@ -150,3 +150,92 @@ TEST(thread_pool, exceptions_reach_the_caller_after_all_slices) {
 }
 
 }  // namespace
+
+namespace {
+
+// A core share hands every core to whoever is busy alone, and each busy member its floor.
+TEST(core_share, busy_members_keep_their_floors_and_share_the_rest) {
+  tk::core_share share(4);
+  const int prefill = share.join(1), decode = share.join(2);
+  struct row {
+    bool prefill_busy, decode_busy;
+    int prefill_allowed, decode_allowed;
+  };
+  for (const row& r : {row{false, false, 4, 4}, row{true, false, 4, 3}, row{false, true, 2, 4},
+                       row{true, true, 2, 3}, row{false, false, 4, 4}}) {
+    share.set_busy(prefill, r.prefill_busy);
+    share.set_busy(decode, r.decode_busy);
+    share.set_busy(decode, r.decode_busy);  // saying it twice changes nothing
+    SCOPED_TRACE(std::to_string(r.prefill_busy) + std::to_string(r.decode_busy));
+    EXPECT_EQ(share.allowed(prefill), r.prefill_allowed);
+    EXPECT_EQ(share.allowed(decode), r.decode_allowed);
+  }
+  // A floor never exceeds the cores; a member that leaves gives its floor back and its slot.
+  const int greedy = share.join(9);
+  share.set_busy(greedy, true);
+  EXPECT_EQ(share.allowed(prefill), 1);  // 4 cores less greedy's 4, but never below its floor
+  share.leave(greedy);
+  EXPECT_EQ(share.allowed(prefill), 4);
+  EXPECT_EQ(share.join(1), greedy);
+}
+
+TEST(core_share, slots_are_reused_so_restarts_never_run_out) {
+  auto share = std::make_shared<tk::core_share>(2);
+  const int decode = share->join(1);
+  share->set_busy(decode, true);
+  for (int i = 0; i < 3 * tk::core_share::max_members; ++i) {  // a worker restarted again and again
+    tk::thread_pool pool(share, 1);
+    pool.set_busy(true);
+    EXPECT_EQ(share->allowed(decode), 1);
+  }  // each pool left the share (and its floor) when destroyed
+  EXPECT_EQ(share->allowed(decode), 2);
+  for (int i = 1; i < tk::core_share::max_members; ++i) share->join(1);
+  EXPECT_THROW(share->join(1), std::length_error);
+}
+
+// A pool in a share has the share's cores as threads, uses what the share allows at each call,
+// and still covers every index exactly once.
+TEST(core_share, a_pool_uses_what_the_share_allows_at_each_call) {
+  auto share = std::make_shared<tk::core_share>(3);
+  tk::thread_pool a(share, 1), b(share, 2);
+  EXPECT_EQ(a.size(), 3);
+  EXPECT_EQ(a.active(), 3);
+  auto participants = [](tk::thread_pool& p) {
+    std::mutex mu;
+    std::set<int> seen;
+    std::vector<std::atomic<int>> hits(64);
+    p.for_each_dynamic(64, [&](int64_t i, int who) {
+      ++hits[size_t(i)];
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // long enough for all to join
+      std::lock_guard<std::mutex> lk(mu);
+      seen.insert(who);
+    });
+    for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+    std::atomic<int> n_slices{0};
+    const int allowed = p.active();
+    p.parallel_for(64, 1, [&](int64_t, int64_t, int slot) {
+      ++n_slices;
+      EXPECT_LT(slot, allowed);  // the participant running it: only those the share allows
+    });
+    const int slices = n_slices.load();
+    return std::make_pair(seen, slices);
+  };
+  b.set_busy(true);  // b keeps 2 of 3 cores: a runs on 1, inline
+  EXPECT_EQ(a.active(), 1);
+  auto [seen, slices] = participants(a);
+  EXPECT_EQ(seen, std::set<int>{0});
+  EXPECT_EQ(slices, 1);
+  b.set_busy(false);  // b idle: a may use all 3
+  EXPECT_EQ(a.active(), 3);
+  std::tie(seen, slices) = participants(a);
+  EXPECT_EQ(slices, 12);  // 4 per thread: a descheduled one holds up a quarter of its part
+  EXPECT_LE(seen.size(), 3u);
+  for (int who : seen) EXPECT_LT(who, 3);
+  a.set_busy(true);  // a busy keeps 1: b gets 2 of its 3 threads; no participant 2 takes work
+  EXPECT_EQ(b.active(), 2);
+  std::tie(seen, slices) = participants(b);
+  EXPECT_EQ(slices, 8);
+  for (int who : seen) EXPECT_LT(who, 2);
+}
+
+}  // namespace

@@ -171,7 +171,7 @@ TEST_F(WireFixture, JoinHelloAndWelcomeKeepEveryField) {
   w.node = 9;
   w.indices = {4, 5, 6};
   w.kv = {kernels::dtype::q8_0, 32, false, false, 2, 1234, "/tmp/x", 99, kv_transport_kind::shm};
-  w.steps = {kernels::cpu::matmul_mode::fastest, 100, 300, 200, 17};
+  w.steps = {kernels::cpu::matmul_mode::fastest, 100, 300, 200, 17, 30.0, 12.5};
   w.kv_channel = channel_mode::tcp;
   w.heartbeat_ms = 55;
   auto wo = round_trip(caf::make_message(w));
@@ -193,6 +193,8 @@ TEST_F(WireFixture, JoinHelloAndWelcomeKeepEveryField) {
   EXPECT_EQ(r.steps.prefill_token_budget, 300);
   EXPECT_EQ(r.steps.colocated_token_budget, 200);
   EXPECT_EQ(r.steps.max_batch, 17);
+  EXPECT_EQ(r.steps.tpot_target_ms, 30.0);
+  EXPECT_EQ(r.steps.decode_pace_ms, 12.5);
   EXPECT_EQ(r.kv_channel, channel_mode::tcp);
   EXPECT_EQ(r.heartbeat_ms, 55);
 }

@@ -2,6 +2,7 @@
 // WebSocket protocol), with the serving figures and goodput under the given SLOs.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 
@@ -150,6 +151,7 @@ int run(serve_bench_opts o) {
 
 struct compare_opts {
   bench::compare_options co;
+  std::vector<std::string> against_urls, against_cmds, against_names;
   std::vector<std::string> trace_args = {"mixed"};
   double slo_ttft_ms = 0, slo_tpot_ms = 0;
   std::string html, json_out, matmul;
@@ -163,6 +165,18 @@ int run_compare_cmd(compare_opts o) {
   if (!o.co.slos.ttft_s && !o.co.slos.tpot_s) throw failure(errc::invalid_argument, "give --slo-ttft and/or --slo-tpot");
   if (!o.matmul.empty()) o.co.extra_serve_args = {"--matmul", o.matmul};
   o.co.progress = !o.no_progress;
+  for (const auto& u : o.against_urls) o.co.against.push_back({"", u, ""});
+  for (const auto& c : o.against_cmds) o.co.against.push_back({"", "", c});
+  if (o.against_names.size() > o.co.against.size())
+    throw failure(errc::invalid_argument, "--against-name: more names than --against/--against-cmd servers");
+  for (size_t i = 0; i < o.against_names.size(); ++i) o.co.against[i].name = o.against_names[i];
+  if (o.co.modes.empty() && o.co.against.empty()) throw failure(errc::invalid_argument, "--modes: nothing to run");
+  {
+    auto names = bench::contender_names(o.co);
+    std::sort(names.begin(), names.end());
+    if (std::adjacent_find(names.begin(), names.end()) != names.end())
+      throw failure(errc::invalid_argument, "two contenders have one name: give --against-name");
+  }
   o.co.trace = o.trace_args.at(0);
   const bool mooncake = o.co.trace == "mooncake";
   if (mooncake != (o.trace_args.size() == 2))
@@ -191,8 +205,9 @@ int run_compare_cmd(compare_opts o) {
 void add_bench_compare(CLI::App* bench) {
   auto o = std::make_shared<compare_opts>();
   auto* c = bench->add_subcommand(
-      "compare", "Run one trace against a colocated and a disaggregated tandem serve on the same cores, sweep the rate, "
-                 "find each one's highest rate holding the SLOs, write an HTML report and print a verdict");
+      "compare", "Run one trace against tandem serve in several modes (colocated, disaggregated, shared cores) on the same "
+                 "cores, and against other OpenAI-compatible servers (--against), sweep the rate, find each one's highest "
+                 "rate holding the SLOs, write an HTML report and print a verdict");
   c->add_option("--trace", o->trace_args,
                 "short, long, mixed (generated), a JSON Lines trace file, or mooncake FILE (with --count; see bench serve)")
       ->expected(1, 2)
@@ -206,9 +221,26 @@ void add_bench_compare(CLI::App* bench) {
   c->add_option("--rates", o->co.rates, "Rates to run, req/s (default: doubling from 0.25 until the SLOs are missed)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
-  c->add_option("--threads", o->co.total_threads, "Compute threads in all, the same for both modes")
+  c->add_option("--threads", o->co.total_threads, "Compute threads in all, the same for every mode")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  c->add_option("--modes", o->co.modes,
+                "tandem's modes to run: colocated (one worker, all threads), colocated-slo (the same, steps sized to "
+                "the TPOT SLO: --tpot-target-ms), disaggregated (a prefill and a decode worker, half each), shared "
+                "(those two sharing the cores: --share-cores, decode paced under the TPOT SLO)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"colocated", "colocated-slo", "disaggregated", "shared"}))
+      ->capture_default_str();
+  c->add_option("--against", o->against_urls,
+                "An OpenAI-compatible server already running (its base URL) to run the same trace against; every "
+                "server is then measured over the OpenAI API (SSE)");
+  c->add_option("--against-cmd", o->against_cmds,
+                "A command that starts such a server ({port}: a free port it must listen on), e.g. "
+                "'llama-server -m M.gguf -t 2 -np 4 -c 8192 --port {port}'; stopped after its runs");
+  c->add_option("--against-name", o->against_names, "Names for the --against servers, then the --against-cmd ones");
+  c->add_option("--max-context", o->co.max_context,
+                "Keep prompt + output within this (default: the context the first server reports)")
+      ->check(CLI::Range(16, 1 << 24));
   c->add_option("--slo-ttft", o->slo_ttft_ms, "TTFT SLO in ms")->check(CLI::NonNegativeNumber);
   c->add_option("--slo-tpot", o->slo_tpot_ms, "TPOT SLO in ms")->check(CLI::NonNegativeNumber);
   c->add_option("--attainment", o->co.attainment, "Fraction of requests that must meet the SLOs")

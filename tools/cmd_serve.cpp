@@ -25,9 +25,9 @@ struct serve_options {
       max_worker_restarts = 5;
   int32_t kv_blocks = 0, chunk = 256, token_budget = 512, max_batch = 64;
   int32_t max_queue = 256, max_requests_per_connection = 32;
-  double ttft_budget_ms = 0, tpot_budget_ms = 0, grace_s = 10;
+  double ttft_budget_ms = 0, tpot_budget_ms = 0, grace_s = 10, decode_pace_ms = 0, tpot_target_ms = 0;
   size_t max_body = 1 << 20, max_frame = 1 << 20;
-  bool no_prefix_cache = false;
+  bool no_prefix_cache = false, share_cores = false;
   sampling_params defaults;  // where an HTTP request leaves temperature, top_k or top_p out
   double route_overlap_weight = 1.0, route_load_weight = 1.0;
   int64_t kv_store_mib = 512, kv_store_disk_mib = 0;
@@ -133,6 +133,9 @@ int run_serve(const serve_options& o) {
   cfg.pools.decode_workers = o.decode_workers;
   cfg.pools.colocated_workers = o.colocated_workers;
   cfg.pools.threads_per_worker = o.threads;
+  cfg.pools.share_cores = o.share_cores;
+  if (o.share_cores && cfg.pools.mode != serving_mode::disaggregated)
+    throw CLI::ValidationError("--share-cores", "is for --mode disaggregated");
   cfg.pools.kv_blocks_per_worker = o.kv_blocks;
   cfg.pools.max_worker_restarts = o.max_worker_restarts;
   cfg.kv.dtype = parse_kv_dtype(o.kv_dtype);
@@ -141,7 +144,9 @@ int run_serve(const serve_options& o) {
   cfg.kv.store_disk_path = o.kv_store_disk;
   cfg.kv.store_disk_bytes = o.kv_store_disk_mib << 20;
   cfg.kv.transport = enum_flag("--kv-transport", parse_kv_transport_kind(o.kv_transport), o.kv_transport);
-  cfg.steps = {parse_matmul_mode(o.matmul), o.chunk, o.token_budget, o.token_budget, o.max_batch};
+  cfg.steps = {parse_matmul_mode(o.matmul), o.chunk,          o.token_budget, o.token_budget,
+               o.max_batch,                 o.tpot_target_ms, o.decode_pace_ms};
+  if (o.decode_pace_ms > 0 && !o.share_cores) throw CLI::ValidationError("--decode-pace-ms", "needs --share-cores");
   cfg.scheduling.route_overlap_weight = o.route_overlap_weight;
   cfg.scheduling.route_load_weight = o.route_load_weight;
   cfg.scheduling.admission.max_prefill_queue = o.max_queue;
@@ -207,6 +212,17 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--decode-workers", o->decode_workers, "Decode workers (disaggregated)")->check(CLI::Range(1, 256));
   cmd->add_option("--colocated-workers", o->colocated_workers, "Workers (colocated)")->check(CLI::Range(1, 256));
   cmd->add_option("-t,--threads", o->threads, "Compute threads per worker")->check(CLI::Range(1, 1024));
+  cmd->add_flag("--share-cores,!--no-share-cores", o->share_cores,
+                "Disaggregated: prefill and decode workers share all their cores (each keeps --threads while "
+                "busy; the rest go to whoever has work) instead of owning --threads each");
+  cmd->add_option("--tpot-target-ms", o->tpot_target_ms,
+                  "Time per output token to hold: colocated steps take as much prefill as their fitted step cost "
+                  "says fits in 0.8 x this; with --share-cores decode steps are paced at 0.6 x this (0: off)")
+      ->check(CLI::Range(0.0, 10000.0));
+  cmd->add_option("--decode-pace-ms", o->decode_pace_ms,
+                  "With --share-cores: while a prompt computes, a decode step starts at most this often and the "
+                  "cores go to prefill in between (default: 0.6 x --tpot-target-ms; 0 and no target: back to back)")
+      ->check(CLI::Range(0.0, 1000.0));
   add_matmul_option(cmd, o->matmul);
   add_kv_dtype_option(cmd, o->kv_dtype);
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,

@@ -1,7 +1,10 @@
 #include "tools/bench/compare.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
@@ -24,51 +28,23 @@ namespace {
 
 using json = nlohmann::json;
 
-// A `tandem serve` child on a free port; its log goes to a temporary file. Stopped (SIGTERM,
-// then SIGKILL) when destroyed.
+// A server child: `tandem serve` on a free port (its URL read from its log), or an external
+// server's shell command with "{port}" replaced by a free port (ready when GET /v1/models
+// answers 200). Its log goes to a temporary file. Stopped (SIGTERM, then SIGKILL) when destroyed.
 class server_process {
  public:
-  server_process(const std::string& bin, const std::vector<std::string>& args) {
-    log_ = (std::filesystem::temp_directory_path() / ("tandem-bench-" + std::to_string(getpid()) + "-" +
-                                                      std::to_string(counter_++) + ".log")).string();
+  static server_process tandem(const std::string& bin, const std::vector<std::string>& args) {
     std::vector<std::string> all = {bin, "serve"};
     all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_ = fork();
-    if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) {
-      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      const int null = open("/dev/null", O_RDWR);
-      if (fd >= 0) dup2(fd, 2);
-      if (null >= 0) {
-        dup2(null, 0);
-        dup2(null, 1);
-      }
-      execv(bin.c_str(), argv.data());
-      _exit(127);
-    }
-    static const std::regex re(R"(on http://([0-9.]+):(\d+))");
-    for (int i = 0; i < 1200; ++i) {  // up to 60 s (the default model may be made on first use)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      std::ifstream in(log_);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      std::smatch m;
-      const std::string text = ss.str();
-      if (std::regex_search(text, m, re)) {
-        url_ = "http://" + std::string(m[1]) + ":" + std::string(m[2]);
-        return;
-      }
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        throw std::runtime_error("tandem serve exited before serving:\n" + text.substr(text.size() > 2000 ? text.size() - 2000 : 0));
-      }
-    }
-    throw std::runtime_error("tandem serve did not start within 60 s (log: " + log_ + ")");
+    return server_process(all, "");
   }
+  static server_process external(std::string command) {
+    const int port = free_port();
+    for (size_t at; (at = command.find("{port}")) != std::string::npos;) command.replace(at, 6, std::to_string(port));
+    return server_process({"/bin/sh", "-c", "exec " + command}, "http://127.0.0.1:" + std::to_string(port));
+  }
+  server_process(server_process&& o) noexcept : pid_(o.pid_), log_(std::move(o.log_)), url_(std::move(o.url_)) { o.pid_ = -1; }
+  server_process& operator=(server_process&&) = delete;
   ~server_process() {
     if (pid_ > 0) {
       kill(pid_, SIGTERM);
@@ -80,12 +56,77 @@ class server_process {
         waitpid(pid_, &status, 0);
       }
     }
-    std::error_code ec;
-    std::filesystem::remove(log_, ec);
+    if (!log_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove(log_, ec);
+    }
   }
   const std::string& url() const { return url_; }
 
  private:
+  // known_url empty: tandem serve, which logs the URL it serves on.
+  server_process(std::vector<std::string> all, std::string known_url) : url_(std::move(known_url)) {
+    log_ = (std::filesystem::temp_directory_path() / ("tandem-bench-" + std::to_string(getpid()) + "-" +
+                                                      std::to_string(counter_++) + ".log")).string();
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int null = open("/dev/null", O_RDWR);
+      if (fd >= 0) dup2(fd, 2);
+      if (null >= 0) dup2(null, 0);
+      if (fd >= 0) dup2(fd, 1);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    const bool tandem = url_.empty();
+    static const std::regex re(R"(on http://([0-9.]+):(\d+))");
+    for (int i = 0; i < 2400; ++i) {  // up to 120 s (a model may be made or loaded first)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::ifstream in(log_);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      const std::string text = ss.str();
+      if (tandem) {
+        std::smatch m;
+        if (std::regex_search(text, m, re)) {
+          url_ = "http://" + std::string(m[1]) + ":" + std::string(m[2]);
+          return;
+        }
+      } else {
+        try {
+          if (http_call(parse_url(url_), "GET", "/v1/models", "", "").status == 200) return;
+        } catch (const std::exception&) {  // not listening yet
+        }
+      }
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        throw std::runtime_error(std::string(tandem ? "tandem serve" : all.back()) + " exited before serving:\n" +
+                                 text.substr(text.size() > 2000 ? text.size() - 2000 : 0));
+      }
+    }
+    throw std::runtime_error("the server did not start within 120 s (log: " + log_ + ")");
+  }
+  // A port no one listens on now (the child binds it a moment later).
+  static int free_port() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      if (fd >= 0) close(fd);
+      throw std::runtime_error("no free port for the external server");
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+  }
+
   static inline int counter_ = 0;
   pid_t pid_ = -1;
   std::string log_, url_;
@@ -97,11 +138,26 @@ std::vector<std::string> serve_args(const compare_options& o, const std::string&
   std::vector<std::string> a = {"--port", "0", "--admin-key", admin_key, "--max-queue", "100000"};
   if (!o.model.empty()) a.insert(a.end(), {"--model", o.model});
   const int t = std::max(1, o.total_threads);
-  if (mode == "colocated") {
+  // The SLO-aware modes hold the TPOT SLO as their target (colocated-slo sizes its steps by it,
+  // shared paces decode under it).
+  std::string target;
+  if (o.slos.tpot_s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.6g", *o.slos.tpot_s * 1e3);
+    target = buf;
+  }
+  if (mode == "colocated" || mode == "colocated-slo") {
     a.insert(a.end(), {"--mode", "colocated", "--colocated-workers", "1", "--threads", std::to_string(t)});
-  } else {  // the same cores split between the pools
+    if (mode == "colocated-slo" && !target.empty()) a.insert(a.end(), {"--tpot-target-ms", target});
+  } else {  // the same cores split between the pools (shared: each keeps its half while busy)
     a.insert(a.end(), {"--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1", "--threads",
                        std::to_string(std::max(1, t / 2))});
+    if (mode == "shared") {
+      a.push_back("--share-cores");
+      if (!target.empty()) a.insert(a.end(), {"--tpot-target-ms", target});
+    } else {
+      a.push_back("--no-share-cores");
+    }
   }
   a.insert(a.end(), o.extra_serve_args.begin(), o.extra_serve_args.end());
   return a;
@@ -158,32 +214,69 @@ double explained_rate(const compare_result& r) {
     highest = std::max(highest, c.rate);
     if (c.held != d->held && (decisive == 0 || c.rate < decisive)) decisive = c.rate;
   }
-  return decisive > 0 ? decisive : highest;
+  if (decisive > 0) return decisive;
+  if (highest > 0) return highest;
+  // Not both of those modes: the highest rate every contender ran.
+  std::vector<std::string> names;
+  for (const auto& [n, b] : r.best) names.push_back(n);
+  for (const auto& c : r.runs) {
+    bool all = true;
+    for (const auto& n : names) all = all && find_run(r, n, c.rate) != nullptr;
+    if (all) highest = std::max(highest, c.rate);
+  }
+  return highest;
+}
+
+std::vector<std::string> contender_names(const compare_options& o) {
+  std::vector<std::string> n = o.modes;
+  for (size_t i = 0; i < o.against.size(); ++i) {
+    const auto& e = o.against[i];
+    std::string name = e.name;
+    if (name.empty() && !e.command.empty()) {  // the program's file name: llama-server
+      std::istringstream words(e.command);
+      words >> name;
+      name = std::filesystem::path(name).filename().string();
+    }
+    if (name.empty()) name = o.against.size() == 1 ? "external" : "external-" + std::to_string(i + 1);
+    n.push_back(name);
+  }
+  return n;
 }
 
 compare_result run_compare(const compare_options& o) {
   compare_result res;
-  for (const std::string mode : {"colocated", "disaggregated"}) {
-    server_process srv(o.tandem_binary, serve_args(o, mode));
+  const auto names = contender_names(o);
+  int32_t context = 0;
+  for (size_t ci = 0; ci < names.size(); ++ci) {
+    const std::string& mode = names[ci];
+    const bool ours = ci < o.modes.size();
+    const external_server* ext = ours ? nullptr : &o.against[ci - o.modes.size()];
+    std::optional<server_process> srv;
+    if (ours) srv.emplace(server_process::tandem(o.tandem_binary, serve_args(o, mode)));
+    else if (!ext->command.empty()) srv.emplace(server_process::external(ext->command));
     serve_options so;
-    so.url = srv.url();
+    so.url = srv ? srv->url() : ext->url;
     // tandem's WebSocket sends a frame for every token, also one whose text is held back (an
     // incomplete UTF-8 sequence, a possible stop string); SSE, like OpenAI's, only sends
-    // visible text, which would time a later token as the first.
-    so.api = "ws";
+    // visible text, which would time a later token as the first. Against another server every
+    // contender is measured over the OpenAI API instead: the same client for all.
+    so.api = o.against.empty() ? "ws" : "openai";
     so.slos = o.slos;
     so.seed = o.seed;
     so.progress = o.progress;
     const served_info info = query_server(so);
     so.model = info.model;
+    // One context for every contender: the first one's (a server with parallel slots, as
+    // llama-server -np, may report all of them together), unless given.
+    if (context == 0) context = o.max_context > 0 ? o.max_context : info.context_length;
     std::vector<trace_entry> base;
     workload w;
     if (parse_workload(o.trace, w)) {
-      trace_options t{.kind = w, .requests = o.requests, .rate = 1.0, .seed = o.seed, .max_context = info.context_length};
+      trace_options t{.kind = w, .requests = o.requests, .rate = 1.0, .seed = o.seed, .max_context = context};
       base = make_trace(t);
     } else if (!o.mooncake_file.empty()) {
       auto m = o.mooncake;
-      m.max_context = info.context_length;
+      m.max_context = context;
       auto t = load_mooncake_trace(o.mooncake_file, m);
       spdlog::info("trace: {}", t.scaling);
       base = std::move(t.entries);
@@ -198,7 +291,7 @@ compare_result run_compare(const compare_options& o) {
       (void)run_serve_bench(quiet, at_rate(warm, 2.0));  // serve the measured runs' prompts
     }
     uint64_t run_index = 0;
-    double& best = mode == "colocated" ? res.best_colocated : res.best_disaggregated;
+    double best = 0;
     auto run_at = [&](double rate) {
       spdlog::info("{}: {} requests at {:.3g} req/s", mode, base.size(), rate);
       // Every rate replays the same lengths and arrivals with new prompt contents: replaying the
@@ -225,30 +318,67 @@ compare_result run_compare(const compare_options& o) {
         }
       if (missed > 0 && best > 0) run_at(best * 1.5);
     }
-    if (o.with_chaos && best > 0) {
+    if (o.with_chaos && best > 0 && ours) {
       spdlog::info("{}: again at {:.3g} req/s, a worker killed every 3 s", mode, best);
-      killer k(so.url, mode == "colocated" ? "colocated" : "random");
+      killer k(so.url, mode.rfind("colocated", 0) == 0 ? "colocated" : "random");
       mode_run r{mode, best, run_serve_bench(so, at_rate(base, best))};
       r.report.server["kills"] = k.kills();
       res.chaos_runs.push_back(std::move(r));
     }
+    res.best.emplace_back(mode, best);
+    if (mode == "colocated") res.best_colocated = best;
+    if (mode == "disaggregated") res.best_disaggregated = best;
   }
 
   // The verdict, and why: what colocated decode steps lose to prefill, and what the split costs.
   res.explained_rate = explained_rate(res);
-  std::ostringstream v;
-  const double c = res.best_colocated, d = res.best_disaggregated;
+  res.verdict = modes_verdict(res, o);
+  for (const std::string& more : {shared_verdict(res, o), against_verdict(res, o)})
+    if (!more.empty()) res.verdict += (res.verdict.empty() ? "" : ". ") + more;
+  return res;
+}
+
+namespace {
+
+bool has_mode(const compare_options& o, const std::string& m) {
+  return std::find(o.modes.begin(), o.modes.end(), m) != o.modes.end();
+}
+
+std::string slo_text(const compare_options& o) {
   std::string slos;
   if (o.slos.ttft_s) slos += "TTFT <= " + std::to_string(int(*o.slos.ttft_s * 1e3)) + " ms";
   if (o.slos.tpot_s) slos += std::string(slos.empty() ? "" : " and ") + "TPOT <= " + std::to_string(int(*o.slos.tpot_s * 1e3)) + " ms";
-  if (slos.empty()) slos = "no SLO";
+  return slos.empty() ? "no SLO" : slos;
+}
+
+double best_of(const compare_result& r, const std::string& name) {
+  for (const auto& [n, b] : r.best)
+    if (n == name) return b;
+  return 0;
+}
+
+std::string ratio(double a, double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fx", a / b);
+  return buf;
+}
+
+}  // namespace
+
+// Colocated against disaggregated (both run): which holds the SLOs to the higher rate, and why.
+std::string modes_verdict(const compare_result& res, const compare_options& o) {
+  if (!has_mode(o, "colocated") || !has_mode(o, "disaggregated")) return "";
+  std::ostringstream v;
+  const double c = res.best_colocated, d = res.best_disaggregated;
+  const std::string slos = slo_text(o);
   char buf[512];
   if (c == 0 && d == 0) {
     std::snprintf(buf, sizeof buf, "neither mode holds %s for %.0f%% of requests at any rate tried", slos.c_str(), 100 * o.attainment);
   } else if (c == 0 || d == 0) {
     const bool dis = d > 0;
     double lowest = 1e300;
-    for (const auto& m : res.runs) lowest = std::min(lowest, m.rate);
+    for (const auto& m : res.runs)
+      if (m.mode == "colocated" || m.mode == "disaggregated") lowest = std::min(lowest, m.rate);
     std::snprintf(buf, sizeof buf, "%s wins: it holds %s for %.0f%% of requests up to %.3g req/s; %s does not at any rate tried (from %.3g req/s)",
                   dis ? "disaggregated" : "colocated", slos.c_str(), 100 * o.attainment, dis ? d : c,
                   dis ? "colocated" : "disaggregated", lowest);
@@ -276,12 +406,61 @@ compare_result run_compare(const compare_options& o) {
                   cf.ttft_s.p90 * 1e3);
     v << buf;
   }
-  res.verdict = v.str();
-  return res;
+  return v.str();
+}
+
+// Shared cores against the better of the fixed-core modes that ran.
+std::string shared_verdict(const compare_result& res, const compare_options& o) {
+  if (!has_mode(o, "shared")) return "";
+  const double s = best_of(res, "shared");
+  std::string other = "";
+  double b = -1;
+  for (const std::string m : {"colocated", "colocated-slo", "disaggregated"})
+    if (has_mode(o, m) && best_of(res, m) > b) b = best_of(res, m), other = m;
+  char buf[512];
+  if (other.empty()) {
+    std::snprintf(buf, sizeof buf, "shared cores hold %s up to %.3g req/s", slo_text(o).c_str(), s);
+  } else {
+    std::snprintf(buf, sizeof buf, "shared cores (disaggregated, each phase computing on the cores the other leaves) hold %s up to %.3g req/s, %s up to %.3g req/s%s",
+                  slo_text(o).c_str(), s, other.c_str(), b, s > 0 && b > 0 ? (" (" + ratio(s, b) + ")").c_str() : "");
+  }
+  return buf;
+}
+
+std::string against_verdict(const compare_result& r, const compare_options& o) {
+  if (o.against.empty() || o.modes.empty()) return "";
+  const auto names = contender_names(o);
+  std::string ours;
+  double b = -1;
+  for (const auto& m : o.modes)
+    if (best_of(r, m) > b) b = best_of(r, m), ours = m;
+  std::ostringstream v;
+  for (size_t i = o.modes.size(); i < names.size(); ++i) {
+    const double e = best_of(r, names[i]);
+    // Goodput at the highest rate both ran: the sweep's steps are coarse.
+    double rate = 0, g_ours = 0, g_ext = 0;
+    for (const auto& run : r.runs) {
+      if (run.mode != ours) continue;
+      const mode_run* x = find_run(r, names[i], run.rate);
+      if (x && run.rate > rate) rate = run.rate, g_ours = run.report.figures.goodput, g_ext = x->report.figures.goodput;
+    }
+    char buf[640];
+    std::snprintf(buf, sizeof buf, "%sAgainst %s: tandem's best mode (%s) holds %s up to %.3g req/s, %s up to %.3g req/s%s",
+                  v.tellp() > 0 ? ". " : "", names[i].c_str(), ours.c_str(), slo_text(o).c_str(), b, names[i].c_str(), e,
+                  b > 0 && e > 0 ? (" (" + ratio(b, e) + ")").c_str() : "");
+    v << buf;
+    if (rate > 0) {
+      std::snprintf(buf, sizeof buf, "; at %.3g req/s goodput %.3f vs %.3f req/s%s", rate, g_ours, g_ext,
+                    g_ext > 0 ? (" (" + ratio(g_ours, g_ext) + ")").c_str() : "");
+      v << buf;
+    }
+  }
+  return v.str();
 }
 
 json compare_result::to_json(const compare_options& o) const {
-  json runs_j = json::array(), chaos_j = json::array();
+  json runs_j = json::array(), chaos_j = json::array(), best_j = json::object();
+  for (const auto& [n, b] : best) best_j[n] = b;
   for (const auto& r : runs) runs_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
   for (const auto& r : chaos_runs) chaos_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
   json trace = o.trace;
@@ -296,6 +475,8 @@ json compare_result::to_json(const compare_options& o) const {
           {"attainment", o.attainment},
           {"best_rate_colocated", best_colocated},
           {"best_rate_disaggregated", best_disaggregated},
+          {"best_rate", best_j},
+          {"api", o.against.empty() ? "ws" : "openai"},
           {"verdict", verdict},
           {"runs", runs_j},
           {"chaos_runs", chaos_j}};

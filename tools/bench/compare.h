@@ -1,7 +1,9 @@
 #pragma once
-// `tandem bench compare`: one trace against a colocated and a disaggregated tandem serve on the
-// same machine and cores, a rate sweep for each, the highest rate at which each holds both SLOs
-// (for the attainment target), a verdict that says why, and a self-contained HTML report.
+// `tandem bench compare`: one trace against tandem serve in several modes (colocated,
+// disaggregated, shared: disaggregated with cores that follow the work) on the same machine and
+// cores, and against any other OpenAI-compatible server (llama-server, vLLM: `--against`), a
+// rate sweep for each, the highest rate at which each holds both SLOs (for the attainment
+// target), a verdict that says why, and a self-contained HTML report.
 #include <nlohmann/json.hpp>
 
 #include <string>
@@ -12,6 +14,14 @@
 
 namespace tandem::bench {
 
+// A server that is not tandem, on the same trace, rates and client: one already running (url),
+// or one this run starts (command, run by /bin/sh; "{port}" in it is replaced by a free port).
+struct external_server {
+  std::string name;     // in the table and the verdict (default: the command's program, or "external")
+  std::string url;
+  std::string command;
+};
+
 struct compare_options {
   std::string tandem_binary;   // the `tandem` to run `serve` with
   std::string model;           // --model for both servers (empty: the built-in default)
@@ -20,7 +30,13 @@ struct compare_options {
   mooncake_options mooncake;
   int32_t requests = 40;       // per run
   std::vector<double> rates;   // empty: doubling from 0.25 req/s until both modes miss the SLOs
-  int32_t total_threads = 2;   // colocated: one worker with all; disaggregated: split in two
+  int32_t total_threads = 2;   // colocated: one worker with all; disaggregated, shared: split in two
+  // tandem's modes to run, in this order: colocated, colocated-slo (steps sized to the TPOT SLO),
+  // disaggregated (fixed halves of the cores), shared (disaggregated, the cores shared:
+  // --share-cores, decode paced under the TPOT SLO).
+  std::vector<std::string> modes = {"colocated", "disaggregated"};
+  std::vector<external_server> against;  // other servers (all runs then use the OpenAI API)
+  int32_t max_context = 0;     // prompt + output within this (0: what the first server reports)
   slo slos;
   double attainment = 0.9;
   uint64_t seed = 1;
@@ -30,7 +46,7 @@ struct compare_options {
 };
 
 struct mode_run {
-  std::string mode;  // colocated | disaggregated
+  std::string mode;  // colocated | disaggregated | shared | an external server's name
   double rate = 0;
   serve_report report;
   bool held = false;  // the SLOs held for the attainment target
@@ -40,12 +56,21 @@ struct compare_result {
   std::vector<mode_run> runs;
   std::vector<mode_run> chaos_runs;
   double best_colocated = 0, best_disaggregated = 0;  // highest rate holding the SLOs (0: none)
+  std::vector<std::pair<std::string, double>> best;   // every contender's, in run order
   double explained_rate = 0;  // where the verdict's "why" and the report's CDFs are taken
   std::string verdict;
   nlohmann::json to_json(const compare_options& o) const;
 };
 
 compare_result run_compare(const compare_options& o);
+// The contenders' names in run order: tandem's modes, then the external servers.
+std::vector<std::string> contender_names(const compare_options& o);
+// The verdict's parts (each empty where its contenders did not run): colocated against
+// disaggregated and why, shared cores against the better fixed split, and the external
+// servers against tandem's best mode.
+std::string modes_verdict(const compare_result& r, const compare_options& o);
+std::string shared_verdict(const compare_result& r, const compare_options& o);
+std::string against_verdict(const compare_result& r, const compare_options& o);
 // The lowest rate both modes ran at which exactly one holds the SLOs, else the highest both ran.
 double explained_rate(const compare_result& r);
 // The report: CDFs of TTFT and TPOT (at the highest rate both modes ran) and goodput vs rate.

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <sstream>
 
 #include "tools/bench/compare.h"
@@ -93,12 +94,14 @@ series cdf(const std::string& label, const std::string& color, std::vector<doubl
 }  // namespace
 
 std::string html_report(const compare_result& r, const compare_options& o) {
-  const std::string colors[2] = {"#d62728", "#1f77b4"};  // colocated, disaggregated
+  const std::string palette[] = {"#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
   const double common = r.explained_rate;
   std::vector<series> ttft, tpot, good;
-  for (int m = 0; m < 2; ++m) {
-    const std::string mode = m == 0 ? "colocated" : "disaggregated";
-    series g{mode, colors[m], {}};
+  const auto names = contender_names(o);
+  for (size_t m = 0; m < names.size(); ++m) {
+    const std::string& mode = names[m];
+    const std::string& color = palette[m % std::size(palette)];
+    series g{mode, color, {}};
     for (const auto& run : r.runs) {
       if (run.mode != mode) continue;
       g.points.emplace_back(run.rate, run.report.figures.goodput);
@@ -109,8 +112,8 @@ std::string html_report(const compare_result& r, const compare_options& o) {
         t1.push_back(q.ttft_s * 1e3);
         if (auto t = tpot_of(q)) t2.push_back(*t * 1e3);
       }
-      ttft.push_back(cdf(mode, colors[m], t1));
-      tpot.push_back(cdf(mode, colors[m], t2));
+      ttft.push_back(cdf(mode, color, t1));
+      tpot.push_back(cdf(mode, color, t2));
     }
     std::sort(g.points.begin(), g.points.end());
     good.push_back(std::move(g));
@@ -120,11 +123,14 @@ std::string html_report(const compare_result& r, const compare_options& o) {
     << "</title><style>body{font-family:sans-serif;max-width:1200px;margin:20px auto;color:#222}"
        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
        ".v{background:#f4f4f4;padding:10px;border-left:4px solid #1f77b4}</style></head><body>";
-  h << "<h1>Colocated vs disaggregated: " << esc(o.trace) << " trace</h1>";
+  std::string title;
+  for (const auto& n : names) title += (title.empty() ? "" : " vs ") + n;
+  h << "<h1>" << esc(title) << ": " << esc(o.trace) << " trace</h1>";
   h << "<p class='v'><b>Verdict.</b> " << esc(r.verdict) << "</p>";
   h << "<p>" << o.requests << " requests per run; " << o.total_threads
-    << " threads in all (colocated: one worker with all of them; disaggregated: a prefill and a decode worker with half each); "
-       "SLO attainment target "
+    << " threads in all (colocated: one worker with all of them; disaggregated: a prefill and a decode worker with half each; "
+       "shared: those two workers, each keeping its half while busy and computing on the other's while it is idle); "
+    << (o.against.empty() ? "tandem's WebSocket client" : "the OpenAI API (SSE) for every server") << "; SLO attainment target "
     << 100 * o.attainment << "%.</p>";
   h << chart("Goodput vs offered rate", "offered rate (req/s)", "goodput (req/s meeting the SLOs)", good, false);
   if (common > 0) {
