@@ -54,7 +54,7 @@ caf::error refused(const std::string& why) { return to_caf_error({errc::refused,
 bool pace_wait(self_ptr self) {
   auto& st = self->state;
   const double pace = st.opts.steps.pace_ms();
-  if (pace <= 0 || !st.arrivals.empty() || !st.we->eng->others_busy()) return false;
+  if (pace <= 0 || !st.arrivals.empty() || !st.we->eng->other_groups_busy()) return false;
   const auto due = st.last_start + std::chrono::microseconds(int64_t(pace * 1000));
   const auto now = std::chrono::steady_clock::now();
   if (due <= now + std::chrono::microseconds(200)) return false;

@@ -64,6 +64,7 @@ struct worker_engine {
     engine_options eo;
     eo.n_threads = o.resources.n_threads;
     eo.cores = o.resources.cores;
+    eo.core_group = int(o.kind);  // a decode worker paces for prefill workers, not for its peers
     eo.matmul = o.steps.matmul;
     eo.kv_dtype = o.kv.dtype;
     eo.block_size = o.kv.block_size;

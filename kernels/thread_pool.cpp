@@ -50,11 +50,12 @@ bool spin_until(Done&& done, int us) {
 
 core_share::core_share(int cores) : cores_(std::max(1, cores)) {}
 
-int core_share::join(int floor) {
+int core_share::join(int floor, int group) {
   std::lock_guard<std::mutex> lk(mu_);
   for (size_t i = 0; i < floor_.size(); ++i)
     if (floor_[i].load() == 0) {
       busy_[i].store(false);
+      group_[i].store(std::clamp(group, 0, max_groups - 1));
       floor_[i].store(std::clamp(floor, 1, cores_));
       return int(i);
     }
@@ -71,6 +72,7 @@ void core_share::set_busy(int member, bool busy) {
   const size_t m = size_t(member);
   if (busy_[m].exchange(busy, std::memory_order_acq_rel) == busy) return;
   const int f = floor_[m].load(std::memory_order_relaxed);
+  group_busy_floors_[size_t(group_[m].load(std::memory_order_relaxed))].fetch_add(busy ? f : -f, std::memory_order_acq_rel);
   busy_floors_.fetch_add(busy ? f : -f, std::memory_order_acq_rel);
 }
 
@@ -84,10 +86,11 @@ int core_share::allowed(int member) const {
   return std::clamp(cores_ - others, own, cores_);
 }
 
-bool core_share::others_busy(int member) const {
-  const size_t m = size_t(member);
-  const int own = busy_[m].load(std::memory_order_acquire) ? floor_[m].load(std::memory_order_relaxed) : 0;
-  return busy_floors_.load(std::memory_order_acquire) - own > 0;
+bool core_share::other_groups_busy(int member) const {
+  const int own = group_[size_t(member)].load(std::memory_order_relaxed);
+  for (int g = 0; g < max_groups; ++g)
+    if (g != own && group_busy_floors_[size_t(g)].load(std::memory_order_acquire) > 0) return true;
+  return false;
 }
 
 thread_pool::thread_pool(int n_threads, int spin_us)
@@ -95,10 +98,10 @@ thread_pool::thread_pool(int n_threads, int spin_us)
   for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker_loop(i); });
 }
 
-thread_pool::thread_pool(std::shared_ptr<core_share> share, int floor, int spin_us)
+thread_pool::thread_pool(std::shared_ptr<core_share> share, int floor, int group, int spin_us)
     : thread_pool(share ? share->cores() : floor, spin_us) {
   if (share) {
-    member_ = share->join(floor);
+    member_ = share->join(floor, group);
     share_ = std::move(share);
   }
 }

@@ -39,26 +39,31 @@ namespace tandem::kernels {
 class core_share {
  public:
   static constexpr int max_members = 64;
+  static constexpr int max_groups = 4;
   explicit core_share(int cores);
   int cores() const { return cores_; }
-  // A new member keeping `floor` cores (clamped to 1..cores) while busy; returns its index.
-  // Throws when max_members are in at once.
-  int join(int floor);
+  // A new member keeping `floor` cores (clamped to 1..cores) while busy, in `group` (0 ..
+  // max_groups-1: members of one kind, e.g. the decode workers); returns its index. Throws
+  // when max_members are in at once.
+  int join(int floor, int group = 0);
   void leave(int member);  // its index may be given to a later member
   void set_busy(int member, bool busy);
   bool busy(int member) const { return busy_[size_t(member)].load(std::memory_order_relaxed); }
   // Cores `member` may use now: all of them but the floors of the other busy members, and
   // never fewer than its own floor.
   int allowed(int member) const;
-  // Whether another member is busy now (a decode worker paces its steps only then).
-  bool others_busy(int member) const;
+  // Whether a member of another group is busy now (a decode worker paces its steps only while
+  // a prefill worker computes, not for the other decode workers).
+  bool other_groups_busy(int member) const;
 
  private:
   int cores_;
   std::mutex mu_;  // join/leave only
   std::array<std::atomic<int>, max_members> floor_{};  // 0: slot free
   std::array<std::atomic<bool>, max_members> busy_{};
+  std::array<std::atomic<int>, max_members> group_{};
   std::atomic<int> busy_floors_{0};  // sum of the floors of busy members
+  std::array<std::atomic<int>, max_groups> group_busy_floors_{};  // ... by group
 };
 
 class thread_pool {
@@ -68,7 +73,7 @@ class thread_pool {
   explicit thread_pool(int n_threads, int spin_us = 100);
   // A pool in a core share: share->cores() threads, of which a parallel call uses as many as
   // the share allows it then (at least `floor`).
-  thread_pool(std::shared_ptr<core_share> share, int floor, int spin_us = 100);
+  thread_pool(std::shared_ptr<core_share> share, int floor, int group = 0, int spin_us = 100);
   ~thread_pool();
   thread_pool(const thread_pool&) = delete;
   thread_pool& operator=(const thread_pool&) = delete;
@@ -81,9 +86,8 @@ class thread_pool {
   void set_busy(bool busy) {
     if (share_) share_->set_busy(member_, busy);
   }
-  bool shared() const { return share_ != nullptr; }
-  // In a core share, another member is busy now (false outside a share).
-  bool others_busy() const { return share_ && share_->others_busy(member_); }
+  // In a core share, a member of another group is busy now (false outside a share).
+  bool other_groups_busy() const { return share_ && share_->other_groups_busy(member_); }
 
   // Calls fn(begin, end, slot) on disjoint slices covering [0, n), at most size() of them
   // numbered 0, 1, ... (in a core share: up to 4 per thread it may use, so that a descheduled

@@ -47,7 +47,7 @@ uint64_t engine_prefix_salt(const model& m, int32_t block_size, kernels::cpu::ma
 engine::engine(std::shared_ptr<const model> m, engine_options opts)
     : model_(std::move(m)),
       opts_(opts),
-      pool_threads_(opts.cores, opts.n_threads),
+      pool_threads_(opts.cores, opts.n_threads, opts.core_group),
       pool_(kv_layout{model_->config().n_layer, model_->config().n_kv_head, model_->config().head_dim,
                       opts.block_size, opts.kv_dtype},
             opts.n_kv_blocks > 0

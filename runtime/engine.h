@@ -29,6 +29,7 @@ struct engine_options {
   // Cores shared with the process's other engines (kernels/thread_pool.h): the engine then
   // computes on as many of them as the share allows (at least n_threads while it is busy).
   std::shared_ptr<kernels::core_share> cores;
+  int core_group = 0;  // its kind in the share (kernels::core_share::join)
   int32_t block_size = 16;
   // KV pool size: n_kv_blocks if > 0, else as many blocks as kv_memory_bytes holds.
   int32_t n_kv_blocks = 0;
@@ -78,8 +79,8 @@ class engine {
   // In a core share: whether this engine has work now (its owner says: a decode worker while it
   // holds sequences, a prefill worker while a step runs); others then leave it its floor.
   void set_busy(bool busy) { pool_threads_.set_busy(busy); }
-  bool shares_cores() const { return pool_threads_.shared(); }
-  bool others_busy() const { return pool_threads_.others_busy(); }  // another engine of the share is
+  // An engine of another group in the share is busy (a decode engine: a prefill one computes).
+  bool other_groups_busy() const { return pool_threads_.other_groups_busy(); }
 
   seq_id create_sequence();
   status free_sequence(seq_id s);  // returns every block the sequence holds

@@ -179,6 +179,22 @@ TEST(core_share, busy_members_keep_their_floors_and_share_the_rest) {
   EXPECT_EQ(share.join(1), greedy);
 }
 
+// A decode worker paces its steps for a busy prefill worker, not for its fellow decode workers.
+TEST(core_share, other_groups_are_told_apart_from_peers) {
+  tk::core_share share(4);
+  const int prefill = share.join(1, 0), d1 = share.join(1, 1), d2 = share.join(1, 1);
+  EXPECT_FALSE(share.other_groups_busy(d1));
+  share.set_busy(d2, true);
+  EXPECT_FALSE(share.other_groups_busy(d1));  // a peer
+  EXPECT_TRUE(share.other_groups_busy(prefill));
+  share.set_busy(prefill, true);
+  EXPECT_TRUE(share.other_groups_busy(d1));
+  EXPECT_TRUE(share.other_groups_busy(d2));
+  share.leave(prefill);  // leaving clears its busy floor
+  EXPECT_FALSE(share.other_groups_busy(d1));
+  EXPECT_EQ(share.allowed(d1), 3);  // d2's floor kept for it
+}
+
 TEST(core_share, slots_are_reused_so_restarts_never_run_out) {
   auto share = std::make_shared<tk::core_share>(2);
   const int decode = share->join(1);
