@@ -62,3 +62,17 @@ def stream_completion(port, body):
             for p in ev.get("completion_probabilities", []):
                 steps.append({"id": p["id"], "top": [[t["id"], round(t["logprob"], 6)] for t in p["top_logprobs"]]})
     return steps
+
+
+def gpt2_byte_chars():
+    """GPT-2's byte -> unicode character map of byte-level BPE vocabularies (printable bytes as
+    themselves, the others shifted past U+0100)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}

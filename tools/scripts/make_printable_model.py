@@ -9,23 +9,14 @@ weights and shapes in a benchmark and every answer is text. (tandem serves the c
 
   PYTHONPATH=../shared/peers/llama.cpp/gguf-py /usr/bin/python3 tools/scripts/make_printable_model.py IN.gguf OUT.gguf
 """
+import os
 import shutil
 import sys
 
 import gguf  # llama.cpp's gguf-py (../shared/peers/llama.cpp/gguf-py)
 
-
-def gpt2_byte_spelling():
-    """The GPT-2 byte -> unicode mapping (printable bytes as themselves, others shifted)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_peers import gpt2_byte_chars  # noqa: E402
 
 
 def main():
@@ -37,7 +28,7 @@ def main():
     f = r.fields["tokenizer.ggml.tokens"]
     texts = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
     taken = set(texts)
-    spelling = gpt2_byte_spelling()
+    spelling = gpt2_byte_chars()
     ascii_pairs = (a + b for a in "~^`|" for b in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
     changed = 0
     for byte in range(0x80, 0x100):

@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llama_peers import free_port, post, stage_bin, stream_completion, wait_healthy  # noqa: E402
+from llama_peers import free_port, gpt2_byte_chars, post, stage_bin, stream_completion, wait_healthy  # noqa: E402
 
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 build = os.path.abspath(sys.argv[1])
@@ -70,16 +70,7 @@ STEPS = 16
 
 
 def byte_decoder():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
+    return {c: b for b, c in gpt2_byte_chars().items()}
 
 
 dec = byte_decoder()
