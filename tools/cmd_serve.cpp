@@ -218,11 +218,13 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--tpot-target-ms", o->tpot_target_ms,
                   "Time per output token to hold: colocated steps take as much prefill as their fitted step cost "
                   "says fits in 0.8 x this; with --share-cores decode steps are paced at 0.6 x this (0: off)")
-      ->check(CLI::Range(0.0, 10000.0));
+      ->check(CLI::Range(0.0, 10000.0))
+      ->capture_default_str();
   cmd->add_option("--decode-pace-ms", o->decode_pace_ms,
                   "With --share-cores: while a prompt computes, a decode step starts at most this often and the "
-                  "cores go to prefill in between (default: 0.6 x --tpot-target-ms; 0 and no target: back to back)")
-      ->check(CLI::Range(0.0, 1000.0));
+                  "cores go to prefill in between (0: 0.6 x --tpot-target-ms, or back to back without one)")
+      ->check(CLI::Range(0.0, 1000.0))
+      ->capture_default_str();
   add_matmul_option(cmd, o->matmul);
   add_kv_dtype_option(cmd, o->kv_dtype);
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,

@@ -33,12 +33,12 @@ using json = nlohmann::json;
 // answers 200). Its log goes to a temporary file. Stopped (SIGTERM, then SIGKILL) when destroyed.
 class server_process {
  public:
-  static server_process tandem(const std::string& bin, const std::vector<std::string>& args) {
+  static server_process start_tandem(const std::string& bin, const std::vector<std::string>& args) {
     std::vector<std::string> all = {bin, "serve"};
     all.insert(all.end(), args.begin(), args.end());
     return server_process(all, "");
   }
-  static server_process external(std::string command) {
+  static server_process start_command(std::string command) {
     const int port = free_port();
     for (size_t at; (at = command.find("{port}")) != std::string::npos;) command.replace(at, 6, std::to_string(port));
     return server_process({"/bin/sh", "-c", "exec " + command}, "http://127.0.0.1:" + std::to_string(port));
@@ -252,8 +252,8 @@ compare_result run_compare(const compare_options& o) {
     const bool ours = ci < o.modes.size();
     const external_server* ext = ours ? nullptr : &o.against[ci - o.modes.size()];
     std::optional<server_process> srv;
-    if (ours) srv.emplace(server_process::tandem(o.tandem_binary, serve_args(o, mode)));
-    else if (!ext->command.empty()) srv.emplace(server_process::external(ext->command));
+    if (ours) srv.emplace(server_process::start_tandem(o.tandem_binary, serve_args(o, mode)));
+    else if (!ext->command.empty()) srv.emplace(server_process::start_command(ext->command));
     serve_options so;
     so.url = srv ? srv->url() : ext->url;
     // tandem's WebSocket sends a frame for every token, also one whose text is held back (an
