@@ -17,11 +17,13 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <unistd.h>
 
 #include "runtime/errors.h"
+#include "tools/bench/client.h"
 #include "tools/bench/llama_bench.h"
 #include "tools/bench/serve.h"
 #include "tools/bench/stats.h"
@@ -581,6 +583,45 @@ trace_entry turn(double at, int32_t conversation, int32_t k, int32_t prompt, int
 }
 
 }  // namespace
+
+// Over SSE each event is timed when it arrives, not when the client's read buffer fills: a
+// server sending five small events 60 ms apart is seen as five tokens about 60 ms apart.
+TEST(BenchServe, SseTokensAreTimedAsTheyArrive) {
+  asio::io_context ioc;
+  tcp::acceptor acc(ioc);
+  acc.open(tcp::v4());
+  acc.bind({asio::ip::address_v4::loopback(), 0});
+  acc.listen();
+  std::thread server([&] {
+    tcp::socket s(ioc);
+    acc.accept(s);
+    beast::flat_buffer buf;
+    http::request<http::string_body> req;
+    http::read(s, buf, req);
+    asio::write(s, asio::buffer(std::string("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                            "Transfer-Encoding: chunked\r\n\r\n")));
+    auto chunk = [&](const std::string& data) {
+      std::ostringstream c;
+      c << std::hex << data.size() << "\r\n" << data << "\r\n";
+      asio::write(s, asio::buffer(c.str()));
+    };
+    for (int k = 0; k < 5; ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      chunk("data: {\"choices\":[{\"text\":\"x\",\"index\":0}]}\n\n");
+    }
+    chunk("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5}}\n\ndata: [DONE]\n\n");
+    chunk("");
+  });
+  const auto r = openai_stream({"127.0.0.1", std::to_string(acc.local_endpoint().port())}, "",
+                               {.prompt_tokens = {1, 2, 3}, .max_tokens = 5, .model = "m"}, std::chrono::seconds(10));
+  server.join();
+  ASSERT_TRUE(r.ok) << r.error;
+  ASSERT_EQ(r.token_times_s.size(), 5u);
+  EXPECT_EQ(r.output_tokens, 5);
+  EXPECT_LT(r.ttft_s, 0.2);  // the first event, not the last
+  for (size_t k = 1; k < r.token_times_s.size(); ++k)
+    EXPECT_GT(r.token_times_s[k] - r.token_times_s[k - 1], 0.03) << k;
+}
 
 TEST(BenchServe, MultiturnSendsEachTurnWithItsHistoryAndStopsAtAFailure) {
   fake_server srv(true);

@@ -99,8 +99,11 @@ stream_result openai_stream(const endpoint& ep, const std::string& api_key, cons
     while (!p.is_done()) {
       p.get().body().data = tmp;
       p.get().body().size = sizeof tmp;
+      // read_some: back as soon as some of the body came (one event, usually). read() would
+      // wait until the buffer is full, timing every token in it at the moment the last came
+      // (whole short answers looked like one burst at their end).
       beast::error_code ec;
-      http::read(s, buf, p, ec);
+      http::read_some(s, buf, p, ec);
       if (ec == http::error::need_buffer) ec = {};
       if (ec) throw beast::system_error(ec);
       pending.append(tmp, sizeof tmp - p.get().body().size);
