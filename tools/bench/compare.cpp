@@ -444,9 +444,12 @@ std::string against_verdict(const compare_result& r, const compare_options& o) {
       const mode_run* x = find_run(r, names[i], run.rate);
       if (x && run.rate > rate) rate = run.rate, g_ours = run.report.figures.goodput, g_ext = x->report.figures.goodput;
     }
+    char theirs[96];
+    if (e > 0) std::snprintf(theirs, sizeof theirs, "up to %.3g req/s", e);
+    else std::snprintf(theirs, sizeof theirs, "at none of the rates tried");
     char buf[640];
-    std::snprintf(buf, sizeof buf, "%sAgainst %s: tandem's best mode (%s) holds %s up to %.3g req/s, %s up to %.3g req/s%s",
-                  v.tellp() > 0 ? ". " : "", names[i].c_str(), ours.c_str(), slo_text(o).c_str(), b, names[i].c_str(), e,
+    std::snprintf(buf, sizeof buf, "%sAgainst %s: tandem's best mode (%s) holds %s up to %.3g req/s, %s %s%s",
+                  v.tellp() > 0 ? ". " : "", names[i].c_str(), ours.c_str(), slo_text(o).c_str(), b, names[i].c_str(), theirs,
                   b > 0 && e > 0 ? (" (" + ratio(b, e) + ")").c_str() : "");
     v << buf;
     if (rate > 0) {
