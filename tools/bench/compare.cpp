@@ -227,6 +227,12 @@ double explained_rate(const compare_result& r) {
   return highest;
 }
 
+double compare_result::best_rate(const std::string& contender) const {
+  for (const auto& [n, b] : best)
+    if (n == contender) return b;
+  return 0;
+}
+
 std::vector<std::string> contender_names(const compare_options& o) {
   std::vector<std::string> n = o.modes;
   for (size_t i = 0; i < o.against.size(); ++i) {
@@ -326,8 +332,6 @@ compare_result run_compare(const compare_options& o) {
       res.chaos_runs.push_back(std::move(r));
     }
     res.best.emplace_back(mode, best);
-    if (mode == "colocated") res.best_colocated = best;
-    if (mode == "disaggregated") res.best_disaggregated = best;
   }
 
   // The verdict, and why: what colocated decode steps lose to prefill, and what the split costs.
@@ -351,12 +355,6 @@ std::string slo_text(const compare_options& o) {
   return slos.empty() ? "no SLO" : slos;
 }
 
-double best_of(const compare_result& r, const std::string& name) {
-  for (const auto& [n, b] : r.best)
-    if (n == name) return b;
-  return 0;
-}
-
 std::string ratio(double a, double b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2fx", a / b);
@@ -369,7 +367,7 @@ std::string ratio(double a, double b) {
 std::string modes_verdict(const compare_result& res, const compare_options& o) {
   if (!has_mode(o, "colocated") || !has_mode(o, "disaggregated")) return "";
   std::ostringstream v;
-  const double c = res.best_colocated, d = res.best_disaggregated;
+  const double c = res.best_rate("colocated"), d = res.best_rate("disaggregated");
   const std::string slos = slo_text(o);
   char buf[512];
   if (c == 0 && d == 0) {
@@ -412,11 +410,11 @@ std::string modes_verdict(const compare_result& res, const compare_options& o) {
 // Shared cores against the better of the fixed-core modes that ran.
 std::string shared_verdict(const compare_result& res, const compare_options& o) {
   if (!has_mode(o, "shared")) return "";
-  const double s = best_of(res, "shared");
+  const double s = res.best_rate("shared");
   std::string other = "";
   double b = -1;
   for (const std::string m : {"colocated", "colocated-slo", "disaggregated"})
-    if (has_mode(o, m) && best_of(res, m) > b) b = best_of(res, m), other = m;
+    if (has_mode(o, m) && res.best_rate(m) > b) b = res.best_rate(m), other = m;
   char buf[512];
   if (other.empty()) {
     std::snprintf(buf, sizeof buf, "shared cores hold %s up to %.3g req/s", slo_text(o).c_str(), s);
@@ -433,10 +431,10 @@ std::string against_verdict(const compare_result& r, const compare_options& o) {
   std::string ours;
   double b = -1;
   for (const auto& m : o.modes)
-    if (best_of(r, m) > b) b = best_of(r, m), ours = m;
+    if (r.best_rate(m) > b) b = r.best_rate(m), ours = m;
   std::ostringstream v;
   for (size_t i = o.modes.size(); i < names.size(); ++i) {
-    const double e = best_of(r, names[i]);
+    const double e = r.best_rate(names[i]);
     // Goodput at the highest rate both ran: the sweep's steps are coarse.
     double rate = 0, g_ours = 0, g_ext = 0;
     for (const auto& run : r.runs) {
@@ -476,8 +474,8 @@ json compare_result::to_json(const compare_options& o) const {
           {"slo_ttft_ms", o.slos.ttft_s ? *o.slos.ttft_s * 1e3 : 0.0},
           {"slo_tpot_ms", o.slos.tpot_s ? *o.slos.tpot_s * 1e3 : 0.0},
           {"attainment", o.attainment},
-          {"best_rate_colocated", best_colocated},
-          {"best_rate_disaggregated", best_disaggregated},
+          {"best_rate_colocated", best_rate("colocated")},
+          {"best_rate_disaggregated", best_rate("disaggregated")},
           {"best_rate", best_j},
           {"api", o.against.empty() ? "ws" : "openai"},
           {"verdict", verdict},

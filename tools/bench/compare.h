@@ -55,8 +55,9 @@ struct mode_run {
 struct compare_result {
   std::vector<mode_run> runs;
   std::vector<mode_run> chaos_runs;
-  double best_colocated = 0, best_disaggregated = 0;  // highest rate holding the SLOs (0: none)
-  std::vector<std::pair<std::string, double>> best;   // every contender's, in run order
+  // Every contender's highest rate holding the SLOs (0: none), in run order.
+  std::vector<std::pair<std::string, double>> best;
+  double best_rate(const std::string& contender) const;  // 0: none, or it did not run
   double explained_rate = 0;  // where the verdict's "why" and the report's CDFs are taken
   std::string verdict;
   nlohmann::json to_json(const compare_options& o) const;
