@@ -83,7 +83,7 @@ void kick(self_ptr self) {
       im.last = a.generated.back();
       im.index = int32_t(a.generated.size());
       im.kv_tokens = int32_t(a.spec.prompt.size());
-      if (im.sampling.penalizes()) im.output = a.generated;
+      if (im.sampling.needs_output()) im.output = a.generated;
     } else {
       im.feed = a.feed;
       im.index = 0;
@@ -127,7 +127,7 @@ void apply(self_ptr self, step_result& r) {
     s.req = a.req;
     s.seq = im->seq;
     s.generated = int32_t(a.generated.size());
-    s.output = s.spec.sampling.penalizes() && a.feed.empty() ? a.generated : std::vector<token_id>{};
+    s.output = s.spec.sampling.needs_output() && a.feed.empty() ? a.generated : std::vector<token_id>{};
     s.penalty_prompt = std::move(a.penalty_prompt);
     s.last = a.feed.empty() ? a.generated.back() : a.feed.back();
     if (feed > 0 && st.opts.metrics)  // a prompt served from the store: its cache figures

@@ -31,13 +31,22 @@ namespace tandem {
 
 // Bumped whenever a message type that crosses processes changes shape or meaning. A peer
 // with another version is refused at join time (actors/cluster.h), before any such message.
-constexpr uint32_t wire_version = 5;  // 5: a decode worker takes (tick) (its pacing), step_settings carries tpot_target_ms and decode_pace_ms. 2: sampling_params carries logit_bias, stop tokens, min_tokens, penalties, logprobs; token_logprobs. 3: done carries finish_reason (an enum), errc travels as its value, refusals as caf::error. 4: the join is hello (version alone), then node_hello / node_welcome (inspected, not JSON); a node link is asked for by (p, d)
+constexpr uint32_t wire_version = 6;  // 6: sampling_params carries a grammar. 5: a decode worker takes (tick) (its pacing), step_settings carries tpot_target_ms and decode_pace_ms. 2: sampling_params carries logit_bias, stop tokens, min_tokens, penalties, logprobs; token_logprobs. 3: done carries finish_reason (an enum), errc travels as its value, refusals as caf::error. 4: the join is hello (version alone), then node_hello / node_welcome (inspected, not JSON); a node link is asked for by (p, d)
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
   return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.seed, x.bias_tokens,
            x.bias_values, x.stop_tokens, x.min_tokens, x.presence_penalty, x.frequency_penalty, x.logprobs,
-           x.repetition_penalty);
+           x.repetition_penalty, x.grammar, caf::meta::load_callback([&]() -> caf::error {
+             // The compiled form is rebuilt here (the text was checked where the request came
+             // in); should it not compile, the text stays and the step allows only the end.
+             x.constraint.reset();
+             if (!x.grammar.empty()) {
+               std::string text = x.grammar;
+               if (!x.set_grammar(text).ok()) x.grammar = std::move(text);
+             }
+             return caf::none;
+           }));
 }
 
 template <class Inspector>

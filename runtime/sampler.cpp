@@ -7,7 +7,54 @@
 #include <string>
 #include <vector>
 
+#include "runtime/grammar.h"
+
 namespace tandem {
+
+status sampling_params::set_grammar(std::string text) {
+  constraint.reset();
+  grammar = std::move(text);
+  if (grammar.empty()) return {};
+  try {
+    constraint = std::make_shared<grammar_constraint>(grammar::cached(grammar));
+  } catch (const failure& e) {
+    grammar.clear();
+    return {e.code(), e.what()};
+  }
+  return {};
+}
+
+std::span<const float> constrained_logits(std::span<const float> logits, const sampling_params& p,
+                                          std::span<const token_id> output, const tokenizer& tok,
+                                          std::vector<float>& buf) {
+  if (p.grammar.empty()) return logits;
+  std::shared_ptr<grammar_constraint> c = p.constraint;
+  std::shared_ptr<const token_mask> mask;
+  try {
+    // Parameters that arrived without their compiled form (unusual: the wire attaches it)
+    // compile here and replay the output; the text was checked where the request came in.
+    if (!c) c = std::make_shared<grammar_constraint>(grammar::cached(p.grammar));
+    mask = c->mask_after(output, tok.vocab_trie());
+  } catch (const failure&) {
+    auto m = std::make_shared<token_mask>((size_t(tok.n_vocab()) + 63) / 64, 0);
+    for (token_id t = 0; t < tok.n_vocab(); ++t)
+      if (tok.is_eog(t)) (*m)[size_t(t) / 64] |= uint64_t(1) << (t % 64);
+    mask = std::move(m);  // a grammar that cannot compile allows nothing: the output ends
+  }
+  if (logits.data() != buf.data()) buf.assign(logits.begin(), logits.end());
+  const float ban = -std::numeric_limits<float>::infinity();
+  bool any = false;
+  for (size_t t = 0; t < buf.size(); ++t) {
+    if (!mask_allows(*mask, token_id(t)))
+      buf[t] = ban;
+    else
+      any = any || buf[t] != ban;
+  }
+  if (!any)
+    for (size_t t = 0; t < buf.size(); ++t)
+      if (mask_allows(*mask, token_id(t))) buf[t] = 0.0f;
+  return buf;
+}
 
 status sampling_params::validate(int32_t n_vocab) const {
   if (bias_tokens.size() != bias_values.size())

@@ -3,13 +3,17 @@
 // for token i comes from a counter-based generator keyed by (seed, i), so a request resumed
 // on another worker continues exactly as it would have where it started.
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "runtime/errors.h"
 #include "runtime/tokenizer.h"
 
 namespace tandem {
+
+class grammar_constraint;
 
 // The defaults (llama.cpp's) are tandem's one set: `tandem generate` and the HTTP API use them
 // when a request leaves a field out (`tandem serve --temperature/--top-k/--top-p` change the
@@ -39,11 +43,25 @@ struct sampling_params {
   // >= 0: each output token comes with its log-probability and those of the `logprobs` most
   // likely tokens (at most 20); -1: none.
   int32_t logprobs = -1;
+  // Constrained decoding: a grammar in GBNF (runtime/grammar.h; the API compiles JSON schemas
+  // into one) that the output must match; empty: none. Tokens it does not allow next are set
+  // to -inf after every other adjustment, before temperature, top-k and top-p; end of
+  // generation is allowed only where the grammar is complete. `constraint` is the compiled
+  // grammar with the matcher that follows the output, shared by every in-process copy of these
+  // parameters; it never travels (a peer rebuilds it from the text), and a step without one
+  // compiles the text itself (set_grammar).
+  std::string grammar;
+  std::shared_ptr<grammar_constraint> constraint;
 
   // invalid_argument naming the bad field, or ok. With n_vocab > 0, token ids are checked too.
   status validate(int32_t n_vocab = 0) const;
   bool penalizes() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f || repeats(); }
   bool repeats() const { return repetition_penalty != 1.0f; }  // needs the prompt's tokens too
+  // Whether a step needs the output so far: penalties count it, a grammar is matched on it.
+  bool needs_output() const { return penalizes() || !grammar.empty(); }
+  // Sets `grammar` to `text` and compiles it (cached by text); invalid_argument with the
+  // grammar's line and column when it does not compile. Empty text: no grammar.
+  status set_grammar(std::string text);
   // Whether logits are changed before sampling at output index `token_index`.
   bool adjusts(uint64_t token_index) const {
     return !bias_tokens.empty() || uint64_t(min_tokens) > token_index || penalizes();
@@ -65,6 +83,14 @@ std::span<const float> adjusted_logits(std::span<const float> logits, const samp
 // Whether sampling `t` ends the generation: an end-of-generation token (unless ignore_eos) or
 // one of p.stop_tokens.
 bool ends_generation(const sampling_params& p, bool ignore_eos, const tokenizer& tok, token_id t);
+
+// The logits with every token p.grammar forbids after `output` (the output so far) at -inf,
+// in `buf` (which may already hold `logits`). Returns `logits` itself when there is no grammar.
+// Should nothing finite remain (a min_tokens ban meeting a finished grammar), the allowed
+// tokens get equal logits: the grammar wins.
+std::span<const float> constrained_logits(std::span<const float> logits, const sampling_params& p,
+                                          std::span<const token_id> output, const tokenizer& tok,
+                                          std::vector<float>& buf);
 
 // A sampled token's log-probability and the most likely alternatives, under the model's raw
 // distribution: log_softmax of the logits as the model gave them, before logit_bias,

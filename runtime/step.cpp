@@ -95,10 +95,11 @@ step_result run_step(engine& eng, step_work work) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto& sp = *rows[i].sampling;
       const uint64_t index = uint64_t(rows[i].index);
-      const auto l = adjusted_logits(std::span<const float>(logits).subspan(i * V, V), sp, index,
-                                     eng.get_model().tok(), adjusted, *rows[i].output,
-                                     *rows[i].prompt ? std::span<const token_id>(**rows[i].prompt)
-                                                     : std::span<const token_id>());
+      const auto& vocab = eng.get_model().tok();
+      auto l = adjusted_logits(std::span<const float>(logits).subspan(i * V, V), sp, index, vocab, adjusted,
+                               *rows[i].output,
+                               *rows[i].prompt ? std::span<const token_id>(**rows[i].prompt) : std::span<const token_id>());
+      l = constrained_logits(l, sp, *rows[i].output, vocab, adjusted);
       const token_id tok = sample(l, sp, index);
       std::shared_ptr<const token_logprobs> lp;
       if (sp.logprobs >= 0)

@@ -30,7 +30,7 @@ struct step_work {
     // Instead of `last`: several tokens to compute after the set (a prompt's tail when its
     // cached blocks came from the host store); the last one's logits are sampled.
     std::vector<token_id> feed;
-    std::vector<token_id> output;  // the output so far, when sampling.penalizes() (else empty)
+    std::vector<token_id> output;  // the output so far, when sampling.needs_output() (else empty)
     prompt_ptr prompt;             // the prompt's tokens, when sampling.repeats() (else null)
   };
   std::vector<import_item> imports;
@@ -46,7 +46,7 @@ struct step_work {
     int32_t stream_from = -1;
     uint32_t epoch = 0;       // tags the streamed pieces
     int32_t first_index = 0;  // output index of the token sampled at the end (resumed requests: > 0)
-    std::vector<token_id> output;  // the output so far (first_index tokens), when sampling.penalizes()
+    std::vector<token_id> output;  // the output so far (first_index tokens), when sampling.needs_output()
     prompt_ptr prompt;             // the whole prompt, when sampling.repeats()
   };
   std::vector<chunk_item> chunks;
@@ -56,7 +56,7 @@ struct step_work {
     token_id last = 0;
     int32_t index = 0;
     sampling_params sampling;
-    std::vector<token_id> output;  // the output so far (index tokens), when sampling.penalizes()
+    std::vector<token_id> output;  // the output so far (index tokens), when sampling.needs_output()
     prompt_ptr prompt;             // the prompt's tokens, when sampling.repeats()
   };
   std::vector<decode_item> decodes;

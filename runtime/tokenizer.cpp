@@ -11,8 +11,10 @@
 #include <array>
 #include <string>
 #include <utility>
+#include <mutex>
 
 #include "runtime/errors.h"
+#include "runtime/grammar.h"
 #include "runtime/tokenizer_internal.h"
 
 namespace tandem {
@@ -131,7 +133,15 @@ std::string compute_bytes(const tokenizer_tables& t, size_t i) {
 
 }  // namespace
 
-struct tokenizer::impl : tokenizer_tables {};
+struct tokenizer::impl : tokenizer_tables {
+  std::once_flag trie_once;
+  std::shared_ptr<const token_trie> trie;
+};
+
+std::shared_ptr<const token_trie> tokenizer::vocab_trie() const {
+  std::call_once(impl_->trie_once, [&] { impl_->trie = std::make_shared<const token_trie>(*this); });
+  return impl_->trie;
+}
 
 tokenizer::tokenizer(vocab_spec spec) : impl_(std::make_unique<impl>()) {
   validate(spec);

@@ -14,6 +14,7 @@
 namespace tandem {
 
 using token_id = int32_t;
+struct token_trie;
 
 // What a tokenizer is built from: exactly the tokenizer.ggml.* keys of a GGUF file.
 struct vocab_spec {
@@ -67,6 +68,9 @@ class tokenizer {
   // (inferred when the file gives none). 0 for an id out of range.
   int32_t token_type(token_id id) const;
   const vocab_spec& spec() const;
+  // The vocabulary as a byte trie for grammar-constrained decoding (runtime/grammar.h), built
+  // on first use (thread-safe) and shared.
+  std::shared_ptr<const token_trie> vocab_trie() const;
 
  private:
   struct impl;

@@ -38,8 +38,9 @@ inline std::vector<token_id> alone(const model& m, const std::vector<token_id>& 
   rule.prompt = prompt;
   rule.max_tokens = max_tokens;
   for (int32_t i = 0; i < max_tokens; ++i) {
-    const token_id t =
-        sample(adjusted_logits(logits, sp, uint64_t(i), m.tok(), adjusted, out, prompt), sp, uint64_t(i));
+    auto l = adjusted_logits(logits, sp, uint64_t(i), m.tok(), adjusted, out, prompt);
+    l = constrained_logits(l, sp, out, m.tok(), adjusted);
+    const token_id t = sample(l, sp, uint64_t(i));
     const finish_reason end = finish_after(rule, i + 1, ends_generation(sp, ignore_eos, m.tok(), t), m.config().n_ctx);
     if (end == finish_reason::stop) break;
     out.push_back(t);

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "actors/pipeline.h"
+#include "runtime/grammar.h"
 #include "tests/test_models.h"
 
 using namespace tandem;
@@ -360,12 +361,19 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
       request_handle h;
     };
     std::vector<job> jobs;
-    for (int i = 0; i < 6; ++i) {
+    // Grammars that cannot complete within 120 tokens (so every request runs to its length).
+    const std::string grammars[] = {"root ::= [a-z ]{600,}",
+                                    "root ::= item{600,}\nitem ::= \"(\" [a-z]* \")\" | [0-9]"};
+    for (int i = 0; i < 8; ++i) {
       job j;
       j.prompt = prompt_of(60, i, 300);
       j.sp = i % 2 == 0 ? sampling_params{.temperature = 0.0f}
                         : sampling_params{.temperature = 0.9f, .top_k = 20, .seed = uint64_t(50 + i)};
-      if (i >= 2) {  // logit_bias and min_tokens resume exactly too (functions of index and logits)
+      // A grammar resumes exactly too: the matcher's state is a function of the output so far.
+      if (i >= 6) {
+        ASSERT_TRUE(j.sp.set_grammar(grammars[i - 6]).ok());
+      }
+      if (i >= 2 && i < 6) {  // logit_bias and min_tokens resume exactly too (functions of index and logits)
         for (token_id t = 10; t < 40; t += 3) {
           j.sp.bias_tokens.push_back(t);
           j.sp.bias_values.push_back(i == 2 ? 4.0f : -3.0f);
@@ -392,6 +400,10 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
       EXPECT_EQ(r.finish_reason, finish_reason::length);
       if (i == 0) r.tokens.insert(r.tokens.begin(), first.begin(), first.end());
       EXPECT_EQ(r.tokens, alone(*m, jobs[i].prompt, 120, jobs[i].sp, true)) << "request " << i;
+      if (i >= 6) {
+        grammar_matcher gm(grammar::compile(grammars[i - 6]), nullptr);
+        EXPECT_TRUE(gm.accept_bytes(m->tok().decode(r.tokens))) << m->tok().decode(r.tokens);
+      }
     }
     const std::string prom = p.metrics().to_prometheus();
     EXPECT_NE(prom.find("tandem_restarts_total"), std::string::npos);

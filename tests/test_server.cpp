@@ -271,7 +271,16 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
   for (const auto& [k, v] : std::vector<std::pair<std::string, json>>{
            {"logprobs", 2},
            {"top_logprobs", 3},  // without logprobs: true
-           {"response_format", {{"type", "json_object"}}},
+           // structured outputs: implemented, but what cannot be honoured is refused
+           {"response_format", {{"type", "json_schema"},
+                                {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}},
+           {"response_format", {{"type", "xml"}}},
+           {"response_format", {{"type", "json_object"}, {"strict", true}}},
+           {"grammar", "root ::= undefined-rule"},
+           {"grammar", 7},
+           {"guided_choice", json::array()},
+           {"guided_json", "{not json"},
+           {"guided_regex", "a+"},
            {"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}})},
            {"tool_choice", "required"},
            {"max_tokens_typo", 4}}) {

@@ -9,6 +9,7 @@
 #include "actors/cluster.h"
 #include "actors/error.h"
 #include "actors/protocol.h"
+#include "runtime/grammar.h"
 
 using namespace tandem;
 
@@ -60,6 +61,29 @@ TEST_F(WireFixture, RequestSpecKeepsEveryField) {
   EXPECT_TRUE(r.ignore_eos);
   EXPECT_EQ(r.epoch, 3u);
   EXPECT_EQ(r.resumed, 2);
+  EXPECT_TRUE(r.sampling.grammar.empty());
+  EXPECT_EQ(r.sampling.constraint, nullptr);
+}
+
+// A grammar travels as its text; the receiving side compiles it again (its own constraint,
+// which follows the output it is given), and a text that does not compile there still arrives
+// (the step then allows only the end) rather than the constraint being dropped.
+TEST_F(WireFixture, GrammarTravelsAsTextAndIsRebuilt) {
+  request_spec s;
+  s.id = 7;
+  ASSERT_TRUE(s.sampling.set_grammar("root ::= \"{\" [a-z]* \"}\"").ok());
+  auto out = round_trip(caf::make_message(prefill_atom::value, s));
+  const auto& r = out.get_as<request_spec>(1);
+  EXPECT_EQ(r.sampling.grammar, s.sampling.grammar);
+  ASSERT_NE(r.sampling.constraint, nullptr);
+  EXPECT_NE(r.sampling.constraint, s.sampling.constraint);
+  EXPECT_EQ(r.sampling.constraint->rules().rules(), s.sampling.constraint->rules().rules());
+  request_spec bad;
+  bad.sampling.grammar = "root ::= nothing";  // as from a peer that checks differently
+  auto out2 = round_trip(caf::make_message(prefill_atom::value, bad));
+  const auto& r2 = out2.get_as<request_spec>(1);
+  EXPECT_EQ(r2.sampling.grammar, "root ::= nothing");
+  EXPECT_EQ(r2.sampling.constraint, nullptr);
 }
 
 TEST_F(WireFixture, LoadsStatsStatesAndErrorsKeepEveryField) {

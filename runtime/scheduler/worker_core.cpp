@@ -9,7 +9,7 @@ token_outcome take_token(sequence& s, token_id tok, bool eog, int32_t n_ctx) {
   o.emit = o.end != finish_reason::stop;  // a stop token ends the output; it is not part of it
   if (o.emit) {
     ++s.generated;
-    if (s.spec.sampling.penalizes()) s.output.push_back(tok);
+    if (s.spec.sampling.needs_output()) s.output.push_back(tok);
     s.last = tok;
   }
   return o;

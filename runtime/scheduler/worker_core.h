@@ -34,7 +34,7 @@ struct sequence {
   int32_t prefilled = 0;         // prompt tokens in the cache
   int32_t planned = 0;           // prompt tokens in the step in flight
   int32_t generated = 0;         // output tokens sent (a migrated request starts at spec.resumed)
-  std::vector<token_id> output;  // those tokens, kept only when spec.sampling.penalizes()
+  std::vector<token_id> output;  // those tokens, kept only when spec.sampling.needs_output()
   prompt_ptr penalty_prompt;     // the prompt, shared by its steps, when spec.sampling.repeats()
   token_id last = 0;             // the last token sent: the next decode step's input
   bool decoding = false;         // past its prompt
@@ -100,7 +100,7 @@ class sequence_table {
     const request_id id = spec.id;
     Entry e;
     e.generated = spec.resumed;
-    if (spec.sampling.penalizes()) e.output = spec.resumed_output();
+    if (spec.sampling.needs_output()) e.output = spec.resumed_output();
     e.penalty_prompt = spec.prompt_for_penalty();
     e.decoding = decoding;
     e.spec = std::move(spec);

@@ -147,9 +147,114 @@ await check('openai: sampling controls change the output; unimplemented fields a
     await assert.rejects(client.completions.create({ ...base, [field]: value }),
       (e) => e.status === 400 && e.param === field, field);
   }
-  await assert.rejects(client.chat.completions.create({
-    model: 'tiny', messages: [{ role: 'user', content: 'Hi' }], response_format: { type: 'json_object' } }),
-  (e) => e.status === 400 && e.param === 'response_format');
+});
+
+// Structured outputs on a random-weight model: whatever it would say, the grammar shapes it. The
+// schema bounds every string, number and list, so each answer must end by itself (finish
+// "stop") and validate. Half chat (OpenAI's way), half completions (llama-server's and vLLM's).
+await check('openai: json_schema answers parse and validate for 20 seeds, streamed and not', async () => {
+  const schema = {
+    type: 'object',
+    properties: {
+      name: { type: 'string', maxLength: 12 },
+      age: { type: 'integer' },
+      mood: { enum: ['happy', 'sad', 'calm'] },
+      tags: { type: 'array', items: { type: 'string', maxLength: 6 }, maxItems: 3 },
+      pet: { type: 'object', properties: { kind: { enum: ['cat', 'dog'] }, legs: { type: 'integer' } },
+             required: ['kind', 'legs'], additionalProperties: false },
+      note: { anyOf: [{ type: 'null' }, { type: 'boolean' }] },
+    },
+    required: ['name', 'age', 'mood', 'pet'],
+    additionalProperties: false,
+  };
+  const valid = (v) => {
+    const keys = Object.keys(v);
+    assert.ok(keys.every((k) => k in schema.properties), 'no extra keys: ' + keys);
+    // Properties come in the schema's order.
+    const order = Object.keys(schema.properties).filter((k) => k in v);
+    assert.deepEqual(keys, order);
+    assert.equal(typeof v.name, 'string');
+    assert.ok([...v.name].length <= 12);
+    assert.ok(Number.isInteger(v.age));
+    assert.ok(schema.properties.mood.enum.includes(v.mood));
+    if ('tags' in v) {
+      assert.ok(Array.isArray(v.tags) && v.tags.length <= 3);
+      assert.ok(v.tags.every((t) => typeof t === 'string' && [...t].length <= 6));
+    }
+    assert.deepEqual(Object.keys(v.pet), ['kind', 'legs']);
+    assert.ok(['cat', 'dog'].includes(v.pet.kind) && Number.isInteger(v.pet.legs));
+    if ('note' in v) assert.ok(v.note === null || typeof v.note === 'boolean');
+  };
+  const response_format = { type: 'json_schema', json_schema: { name: 'person', schema, strict: true } };
+  // The grammar allows some whitespace between JSON tokens; a random model takes plenty of it,
+  // and this one's context is 256 tokens. Its whitespace-only tokens (found by forcing each of
+  // the 300 with logit_bias) are banned, so that the answers fit.
+  const whitespace = {};
+  for (let t0 = 0; t0 < 300; t0 += 50) {
+    await Promise.all(Array.from({ length: 50 }, (_, i) => t0 + i).map(async (t) => {
+      const r = await client.completions.create({ model: 'tiny', prompt: 'x', max_tokens: 1, temperature: 0,
+        ignore_eos: true, logit_bias: { [String(t)]: 100 } });
+      if (/^\s+$/.test(r.choices[0].text)) whitespace[String(t)] = -100;
+    }));
+  }
+  assert.ok(Object.keys(whitespace).length >= 3, 'space, tab and newline tokens found');
+  const runs = [], lengths = [];
+  for (let seed = 0; seed < 20; seed++) {
+    const stream = seed % 2 === 1;
+    const chat = seed % 4 < 2;
+    const req = { model: 'tiny', temperature: 1.0, seed, response_format, stream, logit_bias: whitespace,
+                  ...(chat ? {} : { max_tokens: 230 }) };
+    runs.push((async () => {
+      let text = '', finish = null;
+      if (chat) {
+        const r = await client.chat.completions.create({ ...req, messages: [{ role: 'user', content: 'Describe someone' }] });
+        if (stream) {
+          for await (const c of r) if (c.choices.length) { text += c.choices[0].delta.content ?? ''; finish = c.choices[0].finish_reason ?? finish; }
+        } else {
+          text = r.choices[0].message.content;
+          finish = r.choices[0].finish_reason;
+        }
+      } else {
+        const r = await client.completions.create({ ...req, prompt: 'Once upon a time' });
+        if (stream) {
+          for await (const c of r) if (c.choices.length) { text += c.choices[0].text; finish = c.choices[0].finish_reason ?? finish; }
+        } else {
+          text = r.choices[0].text;
+          finish = r.choices[0].finish_reason;
+        }
+      }
+      assert.equal(finish, 'stop', `seed ${seed}: ${text}`);
+      let v;
+      assert.doesNotThrow(() => { v = JSON.parse(text); }, `seed ${seed}: ${text}`);
+      valid(v);
+      lengths.push(text.length);
+      return text;
+    })());
+  }
+  const texts = await Promise.all(runs);
+  assert.ok(new Set(texts).size >= 4, 'the seeds give different answers: ' + texts.join('\n'));
+  console.log('  json_schema answers, characters:', lengths.join(' '));
+  // json_object: any JSON object; llama-server's `grammar` and vLLM's `guided_choice`.
+  const obj = await client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'Hi' }],
+    max_tokens: 200, temperature: 0.7, seed: 3, logit_bias: whitespace, response_format: { type: 'json_object' } });
+  if (obj.choices[0].finish_reason === 'stop') assert.equal(typeof JSON.parse(obj.choices[0].message.content), 'object');
+  else assert.ok(obj.choices[0].message.content.trimStart().startsWith('{'));
+  const yes = await client.completions.create({ model: 'tiny', prompt: 'Answer:', max_tokens: 20, temperature: 1, seed: 1,
+    grammar: 'root ::= ("yes" | "no") "!"' });
+  assert.ok(['yes!', 'no!'].includes(yes.choices[0].text), yes.choices[0].text);
+  assert.equal(yes.choices[0].finish_reason, 'stop');
+  const pick = await client.completions.create({ model: 'tiny', prompt: 'Pick:', max_tokens: 20, temperature: 1, seed: 2,
+    guided_choice: ['red', 'green', 'blue'] });
+  assert.ok(['red', 'green', 'blue'].includes(pick.choices[0].text), pick.choices[0].text);
+  // What cannot be honoured is a 400 naming the parameter (and the keyword, or the grammar's line).
+  await assert.rejects(client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'Hi' }],
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: '^a+$' } } } }),
+  (e) => e.status === 400 && e.param === 'response_format' && /pattern/.test(e.message));
+  await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'x', grammar: 'root ::= nothing' }),
+    (e) => e.status === 400 && e.param === 'grammar' && /line 1/.test(e.message));
+  await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'x', grammar: 'root ::= "a"',
+    response_format: { type: 'json_object' } }), (e) => e.status === 400 && /both constrain/.test(e.message));
+  await expectClean();
 });
 
 await check('ws: two interleaved requests, equal to HTTP', async () => {

@@ -1,5 +1,7 @@
 #include "tools/server/api.h"
 
+#include "runtime/json_schema.h"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -70,7 +72,8 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
   static const char* const shared[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
                                        "stream", "stream_options", "ignore_eos", "user", "logit_bias",
                                        "min_tokens", "stop_token_ids", "presence_penalty", "frequency_penalty",
-                                       "repetition_penalty"};
+                                       "repetition_penalty", "response_format", "grammar", "guided_json",
+                                       "guided_choice", "guided_grammar"};
   for (const auto& [key, v] : b.items()) {
     if (std::find_if(std::begin(shared), std::end(shared), [&](const char* k) { return key == k; }) != std::end(shared))
       continue;
@@ -83,10 +86,10 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
       continue;
     // Known to OpenAI-compatible servers, not implemented by tandem (docs/protocol.md).
     static const char* const unimplemented[] = {
-        "logprobs", "top_logprobs", "echo", "suffix", "best_of", "response_format", "tools",
+        "logprobs", "top_logprobs", "echo", "suffix", "best_of", "tools",
         "tool_choice", "parallel_tool_calls", "functions", "function_call", "store", "metadata", "modalities",
         "audio", "prediction", "reasoning_effort", "service_tier", "web_search_options", "min_p", "typical_p",
-        "grammar", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "use_beam_search",
+        "guided_regex", "guided_whitespace_pattern", "guided_decoding_backend", "json_schema", "use_beam_search",
         "length_penalty", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
         "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs", "documents",
         "priority", "mirostat", "n_probs", "cache_prompt", "samplers", "dynatemp_range", "xtc_probability",
@@ -98,15 +101,141 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
     const bool nothing_asked =
         is_empty_value(v) || (key == "best_of" && v == json(1)) || (key == "repetition_penalty" && v == json(1)) ||
         (key == "tool_choice" && v == json("none")) ||
-        (key == "response_format" && v.is_object() && v.size() == 1 && v.value("type", "") == "text") ||
         (key == "service_tier" && (v == json("auto") || v == json("default")));
     if (!nothing_asked) return bad("'" + key + "' is not supported by tandem (yet); leave it out or null", key);
   }
   return std::nullopt;
 }
 
+// A GBNF literal matching exactly `s`.
+std::string gbnf_literal(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20 || c == 0x7F) {
+      static const char* hex = "0123456789ABCDEF";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+// Structured outputs: the output constrained by a grammar, from one of OpenAI's
+// response_format (json_object, json_schema), llama-server's `grammar` (GBNF), vLLM's
+// guided_json / guided_choice / guided_grammar. Compiled here, so that a schema or grammar
+// tandem cannot honour is a 400 naming the parameter before any work starts.
+std::optional<api_error> parse_constraint(const json& b, std::string_view raw, api_request& out) {
+  // nlohmann::json sorts object keys, but a schema's property order is the order the answer
+  // is written in: schemas are read again from the body's text (`raw`), in order.
+  std::optional<nlohmann::ordered_json> doc;
+  auto ordered = [&](std::initializer_list<const char*> path) {
+    if (!doc) {
+      doc = raw.empty() ? nlohmann::ordered_json::parse(b.dump()) : nlohmann::ordered_json::parse(raw, nullptr, false);
+      if (doc->is_discarded()) doc = nlohmann::ordered_json::parse(b.dump());
+    }
+    const nlohmann::ordered_json* at = &*doc;
+    for (const char* k : path) at = &at->at(k);
+    return *at;
+  };
+  std::string gbnf;
+  const char* source = nullptr;
+  const char* current = nullptr;
+  auto given = [&](const char* key) { return b.contains(key) && !b[key].is_null(); };
+  auto take = [&](std::string text) -> std::optional<api_error> {
+    if (source) return bad(std::string("'") + current + "' and '" + source + "' both constrain the output; give one", current);
+    source = current;
+    gbnf = std::move(text);
+    return std::nullopt;
+  };
+  try {
+    if (given("response_format")) {
+      current = "response_format";
+      const auto& rf = b["response_format"];
+      if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+        return bad("'response_format' must be an object with a string 'type'", current);
+      const std::string type = rf["type"].get<std::string>();
+      for (const auto& [key, v] : rf.items())
+        if (key != "type" && !(type == "json_schema" && key == "json_schema") && !(type == "json_object" && key == "schema"))
+          return bad("'response_format." + key + "' is not a field of response_format type '" + type + "'", current);
+      if (type == "json_object") {
+        // llama-server's extension: a schema given with json_object.
+        if (auto e = take(rf.contains("schema") ? json_schema_to_gbnf(ordered({"response_format", "schema"}))
+                                                : json_object_gbnf()))
+          return e;
+      } else if (type == "json_schema") {
+        if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
+          return bad("'response_format.json_schema' must be an object ({name, schema, strict})", current);
+        const auto& js = rf["json_schema"];
+        for (const auto& [key, v] : js.items())
+          if (key != "name" && key != "description" && key != "schema" && key != "strict")
+            return bad("'response_format.json_schema." + key + "' is not a field of json_schema", current);
+        if (js.contains("name") && !js["name"].is_string())
+          return bad("'response_format.json_schema.name' must be a string", current);
+        if (js.contains("strict") && !js["strict"].is_boolean() && !js["strict"].is_null())
+          return bad("'response_format.json_schema.strict' must be a boolean", current);
+        // Without a schema any JSON value does; strict or not, the output always follows it.
+        if (auto e = take(js.contains("schema") ? json_schema_to_gbnf(ordered({"response_format", "json_schema", "schema"}))
+                                                : json_schema_to_gbnf(json::object())))
+          return e;
+      } else if (type != "text") {
+        return bad("'response_format.type' must be 'text', 'json_object' or 'json_schema'", current);
+      }
+    }
+    if (given("grammar")) {
+      current = "grammar";
+      if (!b["grammar"].is_string()) return bad("'grammar' must be a string (GBNF)", current);
+      if (auto e = take(b["grammar"].get<std::string>())) return e;
+    }
+    if (given("guided_grammar")) {
+      current = "guided_grammar";
+      if (!b["guided_grammar"].is_string()) return bad("'guided_grammar' must be a string (GBNF)", current);
+      if (auto e = take(b["guided_grammar"].get<std::string>())) return e;
+    }
+    if (given("guided_json")) {
+      current = "guided_json";
+      const auto& gj = b["guided_json"];
+      nlohmann::ordered_json schema;
+      if (gj.is_string()) {
+        schema = nlohmann::ordered_json::parse(gj.get<std::string>(), nullptr, false);
+        if (schema.is_discarded()) return bad("'guided_json' is a string but not JSON", current);
+      } else if (gj.is_object()) {
+        schema = ordered({"guided_json"});
+      } else {
+        return bad("'guided_json' must be a JSON schema (an object, or a string holding one)", current);
+      }
+      if (auto e = take(json_schema_to_gbnf(schema))) return e;
+    }
+    if (given("guided_choice")) {
+      current = "guided_choice";
+      const auto& gc = b["guided_choice"];
+      if (!gc.is_array() || gc.empty() || gc.size() > 1024)
+        return bad("'guided_choice' must be an array of 1 to 1024 strings", current);
+      std::string g = "root ::= ";
+      for (size_t i = 0; i < gc.size(); ++i) {
+        if (!gc[i].is_string() || gc[i].get<std::string>().empty() || !valid_utf8(gc[i].get<std::string>()))
+          return bad("'guided_choice' must hold non-empty UTF-8 strings", current);
+        g += (i ? " | " : "") + gbnf_literal(gc[i].get<std::string>());
+      }
+      if (auto e = take(std::move(g))) return e;
+    }
+  } catch (const failure& e) {
+    return bad(std::string("'") + current + "': " + e.what(), current);
+  }
+  if (!source) return std::nullopt;
+  const status st = out.gen.sampling.set_grammar(std::move(gbnf));
+  if (!st.ok()) return bad(std::string("'") + source + "': " + st.message(), source);
+  return std::nullopt;
+}
+
 // Fields every generation shares: model, limits, sampling, stop, streaming.
-std::optional<api_error> parse_common(const json& b, const served_model& m, api_request& out, endpoint ep) {
+std::optional<api_error> parse_common(const json& b, const served_model& m, api_request& out, endpoint ep,
+                                      std::string_view raw) {
   if (!b.is_object()) return bad("the body must be a JSON object");
   if (auto e = check_fields(b, ep)) return e;
   // `model` may be left out (one model is served, as llama-server and vLLM allow); given, it
@@ -250,7 +379,7 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
       out.gen.sampling.stop_tokens.push_back(token_id(x.get<int64_t>()));
     }
   }
-  return std::nullopt;
+  return parse_constraint(b, raw, out);
 }
 
 std::optional<api_error> parse_messages(const json& b, const served_model& m, api_request& out) {
@@ -307,8 +436,9 @@ std::optional<api_error> parse_prompt(const json& p, api_request& out) {
 
 }  // namespace
 
-std::optional<api_error> parse_completion(const json& b, const served_model& m, api_request& out) {
-  if (auto e = parse_common(b, m, out, endpoint::completions)) return e;
+std::optional<api_error> parse_completion(const json& b, const served_model& m, api_request& out,
+                                          std::string_view raw) {
+  if (auto e = parse_common(b, m, out, endpoint::completions, raw)) return e;
   if (b.contains("echo") && !b["echo"].is_null()) {
     if (!b["echo"].is_boolean()) return bad("'echo' must be a boolean", "echo");
     out.echo = b["echo"].get<bool>();
@@ -320,17 +450,19 @@ std::optional<api_error> parse_completion(const json& b, const served_model& m, 
   return parse_prompt(b["prompt"], out);
 }
 
-std::optional<api_error> parse_chat_completion(const json& b, const served_model& m, api_request& out) {
-  if (auto e = parse_common(b, m, out, endpoint::chat)) return e;
+std::optional<api_error> parse_chat_completion(const json& b, const served_model& m, api_request& out,
+                                               std::string_view raw) {
+  if (auto e = parse_common(b, m, out, endpoint::chat, raw)) return e;
   return parse_messages(b, m, out);
 }
 
-std::optional<api_error> parse_ws_generate(const json& f, const served_model& m, api_request& out) {
+std::optional<api_error> parse_ws_generate(const json& f, const served_model& m, api_request& out,
+                                           std::string_view raw) {
   if (!f.is_object()) return bad("a frame must be a JSON object");
   if (!f.contains("id") || !(f["id"].is_string() || f["id"].is_number_integer()))
     return bad("'id' is required (a string or an integer chosen by the client)", "id");
   out.client_id = f["id"].is_string() ? f["id"].get<std::string>() : std::to_string(f["id"].get<int64_t>());
-  if (auto e = parse_common(f, m, out, endpoint::websocket)) return e;
+  if (auto e = parse_common(f, m, out, endpoint::websocket, raw)) return e;
   if (!f.contains("temperature")) out.gen.sampling.temperature = 0.0f;  // greedy unless asked
   if (f.contains("messages")) return parse_messages(f, m, out);
   if (!f.contains("prompt")) return bad("'prompt' (text or token ids) or 'messages' is required", "prompt");

@@ -6,6 +6,7 @@
 #include <optional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "actors/pipeline.h"
@@ -44,10 +45,15 @@ struct api_request {
   std::string client_id;       // WebSocket: the client's id for the request
 };
 
-// Each returns nullopt and fills `out`, or the error to send.
-std::optional<api_error> parse_completion(const json& body, const served_model& m, api_request& out);
-std::optional<api_error> parse_chat_completion(const json& body, const served_model& m, api_request& out);
-std::optional<api_error> parse_ws_generate(const json& frame, const served_model& m, api_request& out);
+// Each returns nullopt and fills `out`, or the error to send. `raw`: the text `body` was parsed
+// from, read again for what needs its key order (a JSON schema's properties); empty: taken
+// from `body` (keys sorted).
+std::optional<api_error> parse_completion(const json& body, const served_model& m, api_request& out,
+                                          std::string_view raw = {});
+std::optional<api_error> parse_chat_completion(const json& body, const served_model& m, api_request& out,
+                                               std::string_view raw = {});
+std::optional<api_error> parse_ws_generate(const json& frame, const served_model& m, api_request& out,
+                                           std::string_view raw = {});
 
 // A pipeline error (an error event) as the HTTP status and body clients expect.
 api_error error_from(errc code, const std::string& message, double retry_after_ms);

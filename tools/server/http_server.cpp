@@ -500,7 +500,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
     if (body.is_discarded())
       return send_error(api_error{400, "invalid_request_error", "the body is not valid JSON", "", "invalid_argument"});
     auto g = std::make_unique<generation>();
-    auto err = chat ? parse_chat_completion(body, srv_->mdl, g->req) : parse_completion(body, srv_->mdl, g->req);
+    auto err = chat ? parse_chat_completion(body, srv_->mdl, g->req, req_.body())
+                    : parse_completion(body, srv_->mdl, g->req, req_.body());
     if (err) return send_error(*err);
     g->stops = std::make_unique<stop_matcher>(g->req.stop);
     g->serial = srv_->next_id++;
@@ -807,7 +808,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     if (srv_->draining)
       return send_frame({{"type", "error"}, {"id", id}, {"code", "shutting_down"}, {"message", "the server is shutting down"}});
     auto g = std::make_unique<generation>();
-    if (auto err = parse_ws_generate(f, srv_->mdl, g->req))
+    if (auto err = parse_ws_generate(f, srv_->mdl, g->req, text))
       return send_frame({{"type", "error"}, {"id", id}, {"code", err->code}, {"message", err->message}});
     if (gens_.count(g->req.client_id))
       return send_frame({{"type", "error"}, {"id", id}, {"code", "invalid_argument"}, {"message", "a request with this id is in flight"}});
