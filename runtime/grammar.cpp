@@ -1,6 +1,7 @@
 #include "runtime/grammar.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <limits>
 
@@ -468,6 +469,17 @@ std::shared_ptr<const grammar> grammar::compile(std::string_view text) {
       g->elems_.push_back(element{});  // end
     }
   g->root_ = root;
+  // Byte classes: the ASCII range cut at every range boundary of every element.
+  std::vector<uint32_t> cuts{0, 0x80};
+  for (const auto& [lo, hi] : g->ranges_) {
+    if (lo < 0x80) cuts.push_back(lo);
+    if (hi + 1 < 0x80) cuts.push_back(hi + 1);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  for (uint32_t b = 0; b < 0x80; ++b)
+    g->byte_class_[b] = uint8_t(std::upper_bound(cuts.begin(), cuts.end(), b) - cuts.begin() - 1);
+  for (uint32_t b = 0x80; b < 256; ++b) g->byte_class_[b] = uint8_t(cuts.size() - 1 + (b - 0x80));
   return g;
 }
 
@@ -639,29 +651,62 @@ bool grammar_matcher::accept(token_id t) {
   return true;
 }
 
-std::string grammar_matcher::key() const {
+std::string grammar_matcher::state_key(const state& st) {
   std::string k;
-  k.reserve(16 + st_.stacks.size() * 16);
+  k.reserve(8 + st.stacks.size() * 16);
   auto put = [&](uint32_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
-  put(uint32_t(trie_->uid));
-  put(uint32_t(trie_->uid >> 32));
-  put(st_.partial);
-  put(uint32_t(st_.left) | uint32_t(st_.width) << 8);
-  for (const auto& s : st_.stacks) {
+  put(st.partial);
+  put(uint32_t(st.left) | uint32_t(st.width) << 8);
+  for (const auto& s : st.stacks) {
     put(uint32_t(s.size()));
     for (uint32_t v : s) put(v);
   }
   return k;
 }
 
-void grammar_matcher::walk(uint32_t node, const state& s, token_mask& m) const {
-  state next;
-  for (const auto& [b, child] : trie_->nodes[node].children) {
-    if (!step_byte(s, b, next)) continue;
-    for (token_id id : trie_->nodes[child].tokens) m[size_t(id) / 64] |= uint64_t(1) << (id % 64);
-    if (!trie_->nodes[child].children.empty()) walk(child, next, m);
-  }
+std::string grammar_matcher::key() const {
+  const uint64_t uid = trie_->uid;
+  return std::string(reinterpret_cast<const char*>(&uid), sizeof uid) + state_key(st_);
 }
+
+// One mask computation walks the vocabulary trie, stepping the matcher's state by each edge's
+// byte. Most of the ~2 bytes per trie node lead back to a handful of states (inside a JSON
+// string every ordinary character returns to the same stacks), so the states met are interned
+// and their transitions memoized as they are found: a small DFA built on the fly, after which
+// a trie node costs one table lookup instead of a copy of the stacks.
+struct grammar_matcher::walker {
+  static constexpr int32_t unknown = -2, dead = -1;
+  const grammar_matcher& m;
+  std::vector<state> states;
+  std::vector<std::array<int32_t, 256>> next;
+  std::unordered_map<std::string, int32_t> ids;
+
+  int32_t intern(state&& s) {
+    auto [it, fresh] = ids.emplace(state_key(s), int32_t(states.size()));
+    if (fresh) {
+      states.push_back(std::move(s));
+      next.emplace_back();
+      next.back().fill(unknown);
+    }
+    return it->second;
+  }
+  int32_t step(int32_t from, uint8_t b) {
+    const uint8_t c = m.g_->byte_class_[b];
+    if (next[size_t(from)][c] != unknown) return next[size_t(from)][c];
+    state out;
+    const int32_t to = m.step_byte(states[size_t(from)], b, out) ? intern(std::move(out)) : dead;
+    next[size_t(from)][c] = to;  // (intern may have moved the table)
+    return to;
+  }
+  void walk(uint32_t node, int32_t at, token_mask& mask) {
+    for (const auto& [b, child] : m.trie_->nodes[node].children) {
+      const int32_t to = step(at, b);
+      if (to == dead) continue;
+      for (token_id id : m.trie_->nodes[child].tokens) mask[size_t(id) / 64] |= uint64_t(1) << (id % 64);
+      if (!m.trie_->nodes[child].children.empty()) walk(child, to, mask);
+    }
+  }
+};
 
 std::shared_ptr<const token_mask> grammar_matcher::allowed() const {
   if (!trie_) throw failure(errc::invalid_argument, "grammar_matcher::allowed needs a vocabulary");
@@ -680,7 +725,9 @@ std::shared_ptr<const token_mask> grammar_matcher::allowed() const {
     if (auto it = g_->masks_.find(k); it != g_->masks_.end()) return it->second;
   }
   auto m = std::make_shared<token_mask>(words, 0);
-  walk(0, st_, *m);
+  walker w{*this, {}, {}, {}};
+  const int32_t start = w.intern(state(st_));
+  w.walk(0, start, *m);
   if (complete()) with_eog(*m);
   std::lock_guard lock(g_->mask_mu_);
   if (g_->masks_.size() >= max_cached_masks) g_->masks_.clear();

@@ -11,6 +11,7 @@
 //
 // A matcher's state is a function of the tokens it accepted, nothing else: a request resumed
 // elsewhere rebuilds it from its output so far and continues identically.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -82,6 +83,9 @@ class grammar {
   std::vector<std::pair<uint32_t, uint32_t>> ranges_;  // inclusive code point ranges
   std::vector<std::vector<uint32_t>> alts_;            // rule -> start position of each alternative
   uint32_t root_ = 0;
+  // ASCII bytes that every character element treats alike share a class (a JSON grammar has a
+  // dozen); bytes >= 0x80 are each their own. Mask walks step once per class, not per byte.
+  std::array<uint8_t, 256> byte_class_{};
 
   // Allowed-token masks by (trie uid, state key), bounded (cleared past a limit).
   mutable std::mutex mask_mu_;
@@ -122,8 +126,9 @@ class grammar_matcher {
   void expand(stack& s, std::vector<stack>& out) const;
   bool step_byte(const state& in, uint8_t b, state& out) const;
   bool advance(const state& in, uint32_t cp, state& out) const;
-  std::string key() const;
-  void walk(uint32_t node, const state& s, token_mask& m) const;
+  static std::string state_key(const state& st);
+  std::string key() const;  // the trie's uid and state_key(st_): names a mask in the cache
+  struct walker;
 
   std::shared_ptr<const grammar> g_;
   std::shared_ptr<const token_trie> trie_;

@@ -172,5 +172,21 @@ kill -TERM "$spid"; wait "$spid" && pass "serve exits 0 on SIGTERM" || fail "ser
 "$bin" serve --host not-an-ip --port 0 --model "$work/tiny.gguf" >/dev/null 2>"$work/err.txt" && fail "bad host accepted" \
   || { grep -q "bad --host" "$work/err.txt" && pass "serve rejects a bad host" || fail "serve bad host: $(cat "$work/err.txt")"; }
 
+# 6. Constrained decoding: the output matches the grammar or schema, engine and runtime alike.
+printf 'root ::= " " ("cat" | "dog") " and the " [a-z]{3,8} "."\n' >"$work/g.gbnf"
+for extra in "" "--mode colocated"; do
+  out=$("$bin" generate --model "$model" --prompt "Once upon a time" -n 40 --temperature 1 --seed 5 --grammar "$work/g.gbnf" $extra 2>/dev/null)
+  if [ -n "$extra" ]; then out=$(printf '%s\n' "$out" | grep -v '^--- request'); fi
+  printf '%s' "$out" | grep -Eqx ' (cat|dog) and the [a-z]{3,8}\.' && pass "grammar ${extra:-engine}: '$out'"     || fail "grammar ${extra:-engine}: '$out'"
+done
+echo '{"type":"object","properties":{"n":{"type":"integer"},"ok":{"type":"boolean"}},"required":["n","ok"]}' >"$work/s.json"
+out=$("$bin" generate --model "$model" --prompt "Once" -n 60 --temperature 1 --seed 3 --json-schema "$work/s.json" 2>/dev/null)
+printf '%s' "$out" | python3 -c 'import json,sys; v=json.load(sys.stdin); assert list(v)==["n","ok"] and isinstance(v["n"],int) and isinstance(v["ok"],bool)' \
+  && pass "json-schema: $out" || fail "json-schema: '$out'"
+echo 'root ::= x' >"$work/bad.gbnf"
+expect_error "the rule 'x' is not defined" generate --model "$model" --prompt x --grammar "$work/bad.gbnf"
+echo '{"type":"string","pattern":"a"}' >"$work/bad.json"
+expect_error "pattern" generate --model "$model" --prompt x --json-schema "$work/bad.json"
+
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]

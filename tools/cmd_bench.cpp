@@ -296,6 +296,7 @@ void add_bench(CLI::App& app) {
   add_bench_serve(bench);
   add_bench_compare(bench);
   add_bench_transport(bench);
+  add_bench_grammar(bench);
   auto o = std::make_shared<bench_opts>();
   auto* k = bench->add_subcommand(
       "kernels", "Prefill and decode throughput of the engine on a synthetic model, with this machine's "

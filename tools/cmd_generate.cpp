@@ -10,6 +10,7 @@
 
 #include "actors/pipeline.h"
 #include "runtime/engine.h"
+#include "runtime/json_schema.h"
 #include "runtime/sampler.h"
 #include "tools/commands.h"
 
@@ -34,6 +35,7 @@ struct generate_opts {
   int32_t token_budget = 512;
   std::string kv_transport = "local";
   bool no_stream_kv = false, no_prefix_cache = false;
+  std::string grammar_file, json_schema_file;  // constrained decoding (docs/protocol.md)
 };
 
 using clock_type = std::chrono::steady_clock;
@@ -45,10 +47,28 @@ void check(const status& st) {
   if (!st.ok()) throw failure(st.code(), st.message());
 }
 
-int run_generate(const generate_opts& o) {
+// The sampling parameters of the flags, with --grammar / --json-schema compiled in.
+sampling_params sampling_of(const generate_opts& o) {
   sampling_params sp{o.temperature, o.top_k, o.top_p,
                      o.seed >= 0 ? uint64_t(o.seed) : uint64_t(std::random_device{}())};
   check(sp.validate());
+  const std::string& file = o.grammar_file.empty() ? o.json_schema_file : o.grammar_file;
+  if (file.empty()) return sp;
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw failure(errc::io_error, "cannot read '" + file + "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!o.grammar_file.empty()) {
+    check(sp.set_grammar(text));
+  } else {
+    const auto schema = nlohmann::ordered_json::parse(text, nullptr, false);
+    if (schema.is_discarded()) throw failure(errc::invalid_argument, "'" + file + "' is not JSON");
+    check(sp.set_grammar(json_schema_to_gbnf(schema)));
+  }
+  return sp;
+}
+
+int run_generate(const generate_opts& o) {
+  const sampling_params sp = sampling_of(o);
   const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
 
   const auto t_load = clock_type::now();
@@ -89,9 +109,10 @@ int run_generate(const generate_opts& o) {
   request_spec rule;  // what the workers' stop rule reads
   rule.prompt = prompt;
   rule.max_tokens = o.n_predict;
+  std::vector<float> constrained;
   const auto t_decode = clock_type::now();
   for (int i = 0; i < o.n_predict; ++i) {
-    const token_id t = sample(logits, sp, uint64_t(i));
+    const token_id t = sample(constrained_logits(logits, sp, out, m->tok(), constrained), sp, uint64_t(i));
     const finish_reason end = finish_after(rule, i + 1, ends_generation(sp, o.ignore_eos, m->tok(), t), c.n_ctx);
     if (end == finish_reason::stop) {
       finish = end;
@@ -153,9 +174,7 @@ int run_pipeline(const generate_opts& o) {
   } else {
     prompts.assign(size_t(o.concurrency), o.prompt);
   }
-  sampling_params sp{o.temperature, o.top_k, o.top_p,
-                     o.seed >= 0 ? uint64_t(o.seed) : uint64_t(std::random_device{}())};
-  check(sp.validate());
+  const sampling_params sp = sampling_of(o);
   serving_config cfg;
   cfg.model.path = resolve_model_path(o.model);
   cfg.pools.mode = parse_serving_mode(o.mode).value_or(serving_mode::disaggregated);
@@ -231,6 +250,9 @@ void add_generate(CLI::App& app) {
       ->check(CLI::Range(0.000001f, 1.0f))
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Sampling seed (default: random; printed with --json)");
+  auto* grammar_opt = cmd->add_option("--grammar", o->grammar_file, "GBNF grammar file the output must match");
+  cmd->add_option("--json-schema", o->json_schema_file, "JSON Schema file the output must match (as JSON)")
+      ->excludes(grammar_opt);
   cmd->add_option("-t,--threads", o->threads, "Compute threads (default: all cores)")->check(CLI::Range(0, 1024));
   add_matmul_option(cmd, o->matmul);
   add_kv_dtype_option(cmd, o->kv_dtype);

@@ -15,6 +15,7 @@ void add_chaos(CLI::App& app);
 void add_bench_serve(CLI::App* bench);    // `tandem bench serve` (cmd_bench_serve.cpp)
 void add_bench_compare(CLI::App* bench);  // `tandem bench compare` (cmd_bench_serve.cpp)
 void add_bench_transport(CLI::App* bench);  // `tandem bench transport` (cmd_bench_transport.cpp)
+void add_bench_grammar(CLI::App* bench);  // `tandem bench grammar` (cmd_bench_grammar.cpp)
 
 // Resolves --model: the given path, or the built-in default synthetic model (made on first use).
 std::string resolve_model_path(const std::string& flag);
