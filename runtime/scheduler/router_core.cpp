@@ -538,7 +538,12 @@ void router_core::handle(const ev::ended& m) {
     case phase::prefilling: {
       auto& p = std::get<prefilling>(e.where);
       cancel(pool_side::prefill, p.worker);
-      if (p.decode.state == claim_state::held) cancel(pool_side::decode, p.decode.worker);
+      // Finished while the router sees it prefilling: its prefill worker ended it (a stop token
+      // or one token), and the end overtook that worker's `prefilled` report, which would have
+      // given the decode credits back. The decode worker holds only a reservation it cannot
+      // know is stale: cancelled whether finished or not.
+      if (p.decode.state == claim_state::held && alive(pool_side::decode, p.decode.worker))
+        emit(cmd::cancel{pool_side::decode, p.decode.worker.index, m.id});
       if (p.decode.state == claim_state::queued) erase_from(decode_queue_, m.id);
       break;
     }
