@@ -6,6 +6,7 @@
 #include <boost/beast.hpp>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "tests/test_models.h"
@@ -185,6 +186,70 @@ TEST_F(ServerTest, CompletionsEqualThePipelineGreedyAndSeeded) {
   expect_clean();
 }
 
+// n > 1: choices with derived seeds (choice 0 is the n = 1 answer), the prompt computed once
+// (the other choices start from its blocks), usage counting the prompt once; streamed, every
+// chunk names its choice and each choice gets its finish chunk.
+TEST_F(ServerTest, NChoicesShareOnePrefill) {
+  start();
+  auto computed = [&] {
+    const auto m = request(http::verb::get, "/metrics").body;
+    const auto at = m.find("\ntandem_prompt_tokens_computed_total ");
+    return at == std::string::npos ? -1.0 : std::stod(m.substr(at + 37));
+  };
+  const std::string prompt = "Once upon a time there was a little girl who loved to play in the park";
+  json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 10}, {"temperature", 2.0}, {"seed", 77},
+               {"ignore_eos", true}};
+  auto one = request(http::verb::post, "/v1/completions", body.dump());
+  ASSERT_EQ(one.status, 200) << one.body;
+  const json j1 = json::parse(one.body);
+  const double before = computed();
+  body["n"] = 3;
+  auto three = request(http::verb::post, "/v1/completions", body.dump());
+  ASSERT_EQ(three.status, 200) << three.body;
+  const double after = computed();
+  const json j3 = json::parse(three.body);
+  ASSERT_EQ(j3["choices"].size(), 3u);
+  std::set<std::string> texts;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j3["choices"][i]["index"], i);
+    EXPECT_EQ(j3["choices"][i]["finish_reason"], "length");
+    texts.insert(j3["choices"][i]["text"].get<std::string>());
+  }
+  EXPECT_EQ(j3["choices"][0]["text"], j1["choices"][0]["text"]);  // choice 0: the request's own seed
+  EXPECT_GE(texts.size(), 2u) << three.body;                       // the others: their own seeds
+  const int prompt_tokens = j1["usage"]["prompt_tokens"].get<int>();
+  EXPECT_EQ(j3["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j3["usage"]["completion_tokens"], 30);
+  EXPECT_EQ(j3["usage"]["total_tokens"], prompt_tokens + 30);
+  // The whole prompt the first time (the n = 1 request's blocks may serve it: at most once),
+  // then only what is past the last full block, per extra choice.
+  EXPECT_LE(after - before, double(prompt_tokens) + 2 * 16) << "the prompt was computed more than once";
+
+  json streamed = body;
+  streamed["n"] = 2;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  auto s = request(http::verb::post, "/v1/completions", streamed.dump());
+  ASSERT_EQ(s.status, 200);
+  bool done = false;
+  std::map<int, std::string> text;
+  std::map<int, int> finishes;
+  json usage;
+  for (const auto& e : sse_events(s.body, done)) {
+    if (e.contains("usage") && !e["usage"].is_null()) usage = e["usage"];
+    for (const auto& c : e["choices"]) {
+      text[c["index"].get<int>()] += c["text"].get<std::string>();
+      if (!c["finish_reason"].is_null()) ++finishes[c["index"].get<int>()];
+    }
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(finishes, (std::map<int, int>{{0, 1}, {1, 1}}));
+  EXPECT_EQ(text[0], j3["choices"][0]["text"]);
+  EXPECT_EQ(text[1], j3["choices"][1]["text"]);
+  EXPECT_EQ(usage["completion_tokens"], 20);
+  expect_clean();
+}
+
 TEST_F(ServerTest, ChatCompletionsStreamAndStopStrings) {
   start();
   json body = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hello"}}}}, {"max_tokens", 10},
@@ -259,6 +324,7 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
   const std::vector<std::pair<std::string, json>> asks = {
       {"logprobs", 21}, {"logprobs", true}, {"echo", 1}, {"suffix", "end"}, {"best_of", 2},
       {"frequency_penalty", 2.5}, {"presence_penalty", -3}, {"repetition_penalty", 0}, {"repetition_penalty", 2.5},
+      {"n", 0}, {"n", 17}, {"n", 1.5}, {"n", "2"},
       {"no_such_field", 1},
       // implemented, but checked: ids outside the vocabulary, biases outside [-100, 100]
       {"logit_bias", {{"999999", 1}}}, {"logit_bias", {{"x", 1}}}, {"logit_bias", {{"5", 101}}},

@@ -143,7 +143,20 @@ await check('openai: sampling controls change the output; unimplemented fields a
   assert.equal(clp.choices[0].logprobs.content[0].top_logprobs.length, 2);
   const echoed = await client.completions.create({ ...base, echo: true });
   assert.equal(echoed.choices[0].text, base.prompt + plain.choices[0].text);
-  for (const [field, value] of [['logprobs', 21], ['suffix', 'x'], ['best_of', 3]]) {
+  // n = 3: three choices (choice 0 the n = 1 answer), usage counting the prompt once; streamed
+  // chat with n = 2: every chunk names its choice.
+  const single = await client.completions.create({ ...base, temperature: 1.5, seed: 9 });
+  const n3 = await client.completions.create({ ...base, temperature: 1.5, seed: 9, n: 3 });
+  assert.deepEqual(n3.choices.map((c) => c.index), [0, 1, 2]);
+  assert.equal(n3.choices[0].text, single.choices[0].text);
+  assert.equal(n3.usage.prompt_tokens, single.usage.prompt_tokens);
+  assert.equal(n3.usage.completion_tokens, 36);
+  const texts = {};
+  const s2 = await client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'Hi' }],
+    max_tokens: 6, temperature: 1.5, seed: 4, n: 2, stream: true, ignore_eos: true });
+  for await (const c of s2) for (const ch of c.choices) texts[ch.index] = (texts[ch.index] ?? '') + (ch.delta.content ?? '');
+  assert.deepEqual(Object.keys(texts), ['0', '1']);
+  for (const [field, value] of [['logprobs', 21], ['suffix', 'x'], ['best_of', 3], ['n', 17]]) {
     await assert.rejects(client.completions.create({ ...base, [field]: value }),
       (e) => e.status === 400 && e.param === field, field);
   }

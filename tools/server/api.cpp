@@ -272,8 +272,14 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
   out.gen.sampling.top_p = float(top_p);
   out.gen.sampling.top_k = int32_t(top_k);
   out.gen.sampling.seed = seed >= 0 ? uint64_t(seed) : std::random_device{}();
-  if (b.contains("n") && !b["n"].is_null() && !(b["n"].is_number_integer() && b["n"].get<int64_t>() == 1))
-    return bad("only 'n': 1 is supported", "n");
+  if (b.contains("n") && !b["n"].is_null()) {
+    const auto& n = b["n"];
+    if (ep == endpoint::websocket && !(n.is_number_integer() && n.get<int64_t>() == 1))
+      return bad("'n' must be 1 on the WebSocket protocol (send one frame per answer)", "n");
+    if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > 16)
+      return bad("'n' must be an integer from 1 to 16", "n");
+    out.n = int32_t(n.get<int64_t>());
+  }
 
   if (b.contains("stop") && !b["stop"].is_null()) {
     const auto& s = b["stop"];
@@ -467,6 +473,14 @@ std::optional<api_error> parse_ws_generate(const json& f, const served_model& m,
   if (f.contains("messages")) return parse_messages(f, m, out);
   if (!f.contains("prompt")) return bad("'prompt' (text or token ids) or 'messages' is required", "prompt");
   return parse_prompt(f["prompt"], out);
+}
+
+uint64_t derived_seed(uint64_t seed, int32_t i) {
+  if (i == 0) return seed;
+  uint64_t z = seed + uint64_t(i) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 
 api_error error_from(errc code, const std::string& message, double retry_after_ms) {

@@ -42,6 +42,9 @@ struct api_request {
   bool include_usage = false;  // stream_options.include_usage
   bool chat = false;
   bool echo = false;           // completions: the prompt's text comes first in the answer
+  // HTTP: choices per request (1..16). Choice i samples with derived_seed(seed, i); the prompt
+  // is computed once (the others start when the first has its first token, from its blocks).
+  int32_t n = 1;
   std::string client_id;       // WebSocket: the client's id for the request
 };
 
@@ -54,6 +57,10 @@ std::optional<api_error> parse_chat_completion(const json& body, const served_mo
                                                std::string_view raw = {});
 std::optional<api_error> parse_ws_generate(const json& frame, const served_model& m, api_request& out,
                                            std::string_view raw = {});
+
+// The seed of choice `i` of a request seeded `seed`: `seed` itself for choice 0 (n = 1 is
+// unchanged), a splitmix64 mix for the others (so seeds s and s + 1 share no choice).
+uint64_t derived_seed(uint64_t seed, int32_t i);
 
 // A pipeline error (an error event) as the HTTP status and body clients expect.
 api_error error_from(errc code, const std::string& message, double retry_after_ms);

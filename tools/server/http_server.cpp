@@ -153,6 +153,9 @@ struct generation {
   bool ended = false;
   int64_t serial = 0;
   int32_t index = 0;  // tokens shown so far
+  int32_t choice = 0;   // its index among the request's choices (n > 1)
+  bool first = true;    // chat streaming: the first chunk carries the role
+  bool done = false;    // its done event came
   // HTTP: log-probabilities (when asked) of the tokens not yet sent: a streamed chunk carries
   // those that arrived since the last one (a token whose text is held back by a stop string
   // rides with the next chunk); a whole answer carries all. (WebSocket frames carry their own.)
@@ -205,7 +208,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   // SSE error event and [DONE], or a 503), not a cut connection.
   void grace_over() {
     if (!gen_) return;
-    conn_.cancel(gen_->rid);
+    for (generation* g : choices()) conn_.cancel(g->rid);
     close_after_ = true;
     end_with_error(error_from(errc::shutting_down, "the server is shutting down: the grace period ended", 0));
   }
@@ -223,9 +226,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
   std::array<char, 1024> peek_;   // what the disconnect watch reads
   std::shared_ptr<http_session> keep_alive_;  // set while a generation runs (see generate)
   bool watching_ = false, read_after_watch_ = false;
-  std::unique_ptr<generation> gen_;
+  std::unique_ptr<generation> gen_;  // the request, and its choice 0
+  std::vector<std::unique_ptr<generation>> more_;  // choices 1..n-1, submitted once choice 0 has its first token
+  bool more_submitted_ = false;
   bool sse_started_ = false;
-  bool chat_first_ = true;
   std::deque<std::string> out_;
   size_t out_bytes_ = 0;
   bool writing_ = false;
@@ -505,8 +509,9 @@ class http_session : public std::enable_shared_from_this<http_session> {
     if (err) return send_error(*err);
     g->stops = std::make_unique<stop_matcher>(g->req.stop);
     g->serial = srv_->next_id++;
-    chat_first_ = true;
     sse_started_ = false;
+    more_.clear();
+    more_submitted_ = g->req.n <= 1;
     ++srv_->in_flight;
     gen_ = std::move(g);
     if (!conn_.open()) {
@@ -544,8 +549,43 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
   static constexpr size_t kMaxPipelinedBytes = size_t(1) << 20;
 
+  // Every choice of the request: gen_ first.
+  std::vector<generation*> choices() {
+    std::vector<generation*> v;
+    if (gen_) v.push_back(gen_.get());
+    for (auto& g : more_) v.push_back(g.get());
+    return v;
+  }
+  generation* choice_of(request_id id) {
+    for (generation* g : choices())
+      if (g->rid == id) return g;
+    return nullptr;
+  }
+
+  // Choices 1..n-1, once choice 0's prompt is computed (its first token came): their prompts
+  // find its blocks in the prefix cache, so the prompt is computed once. Each samples with its
+  // own seed and has its own grammar matcher (the compiled grammar is shared).
+  void submit_more() {
+    more_submitted_ = true;
+    for (int32_t i = 1; i < gen_->req.n; ++i) {
+      auto g = std::make_unique<generation>();
+      g->req = gen_->req;
+      auto& sp = g->req.gen.sampling;
+      sp.seed = derived_seed(sp.seed, i);
+      if (!sp.grammar.empty()) (void)sp.set_grammar(std::string(sp.grammar));  // compiled: cached by text
+      g->stops = std::make_unique<stop_matcher>(g->req.stop);
+      g->serial = gen_->serial;
+      g->choice = i;
+      g->rid = conn_.submit(g->req.gen);
+      more_.push_back(std::move(g));
+    }
+  }
+
   void finish_generation() {
     if (!gen_) return;
+    for (generation* g : choices())
+      if (!g->done) conn_.cancel(g->rid);  // an error ends them all
+    more_.clear();
     gen_.reset();
     keep_alive_.reset();
     --srv_->in_flight;
@@ -553,11 +593,11 @@ class http_session : public std::enable_shared_from_this<http_session> {
 
   // The pending log-probabilities in the request's API form (null when not asked), then
   // forgotten.
-  json logprobs_json() {
-    if (gen_->req.gen.sampling.logprobs < 0) return nullptr;
+  json logprobs_json(generation& g) {
+    if (g.req.gen.sampling.logprobs < 0) return nullptr;
     const tokenizer& tok = srv_->pipe.get_model().tok();
-    json j = gen_->req.chat ? chat_logprobs_json(tok, gen_->logprobs) : completion_logprobs_json(tok, gen_->logprobs);
-    gen_->logprobs.clear();
+    json j = g.req.chat ? chat_logprobs_json(tok, g.logprobs) : completion_logprobs_json(tok, g.logprobs);
+    g.logprobs.clear();
     return j;
   }
 
@@ -566,18 +606,18 @@ class http_session : public std::enable_shared_from_this<http_session> {
     return "text_completion";
   }
 
-  json chunk_json(const std::string& delta, const json& finish) {
-    json choice = {{"index", 0}, {"finish_reason", finish}};
+  json chunk_json(generation& g, const std::string& delta, const json& finish) {
+    json choice = {{"index", g.choice}, {"finish_reason", finish}};
     if (gen_->req.chat) {
       json d = json::object();
-      if (chat_first_) d["role"] = "assistant";
-      if (!delta.empty() || chat_first_) d["content"] = delta;
-      chat_first_ = false;
+      if (g.first) d["role"] = "assistant";
+      if (!delta.empty() || g.first) d["content"] = delta;
+      g.first = false;
       choice["delta"] = d;
     } else {
       choice["text"] = delta;
     }
-    choice["logprobs"] = logprobs_json();
+    choice["logprobs"] = logprobs_json(g);
     return {{"id", (gen_->req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen_->serial)},
             {"object", object_kind(true)},
             {"created", unix_now()},
@@ -591,23 +631,37 @@ class http_session : public std::enable_shared_from_this<http_session> {
     if (!gen_) return;
     request_event ev;
     while (out_bytes_ < srv_->cfg.outgoing_limit_bytes && gen_ && conn_.try_next(ev)) {
-      if (ev.id != gen_->rid) continue;  // a request this connection gave up on
+      generation* g = choice_of(ev.id);
+      if (!g) continue;  // a request this connection gave up on
       if (ev.kind == event_kind::error) return fail(ev);
-      const bool was_ended = gen_->ended;
+      if (!more_submitted_ && g == gen_.get() && (ev.kind == event_kind::token || ev.kind == event_kind::done))
+        submit_more();
+      const bool was_ended = g->ended;
       if (ev.kind == event_kind::token && ev.logprobs && ev.token >= 0 && !was_ended)
-        gen_->logprobs.push_back({ev.token, *ev.logprobs, int64_t(gen_->text.size())});
-      std::string shown = apply_event(conn_, *gen_, ev);
+        g->logprobs.push_back({ev.token, *ev.logprobs, int64_t(g->text.size())});
+      std::string shown = apply_event(conn_, *g, ev);
+      if (ev.kind == event_kind::done) g->done = true;
+      const bool all_done = more_submitted_ && std::all_of(more_.begin(), more_.end(), [](auto& c) { return c->done; }) &&
+                            gen_->done;
       if (gen_->req.stream) {
         if (!sse_started_ && (ev.kind == event_kind::accepted || ev.kind == event_kind::token)) {
           start_sse();
-          if (gen_->req.echo) write_raw(chunk(sse(chunk_json(echoed_prompt(), nullptr))));
+          if (gen_->req.echo)  // every choice starts with the prompt
+            for (int32_t i = 0; i < gen_->req.n; ++i) {
+              generation shell;
+              shell.choice = i;
+              shell.req.gen.sampling.logprobs = -1;
+              write_raw(chunk(sse(chunk_json(shell, echoed_prompt(), nullptr))));
+            }
         }
         // One chunk per generated token, as documented, even when its text is empty (a token
         // that ends inside a UTF-8 character, or text a stop string holds back for now).
         const bool new_token = ev.kind == event_kind::token && ev.token >= 0 && !was_ended;
-        if (new_token || !shown.empty()) write_raw(chunk(sse(chunk_json(shown, nullptr))));
-        if (ev.kind == event_kind::done) return end_sse();
-      } else if (ev.kind == event_kind::done) {
+        if (new_token || !shown.empty()) write_raw(chunk(sse(chunk_json(*g, shown, nullptr))));
+        if (ev.kind == event_kind::done)
+          write_raw(chunk(sse(chunk_json(*g, "", std::string(to_string(g->finish_reason))))));
+        if (all_done) return end_sse();
+      } else if (all_done) {
         return respond_json();
       }
     }
@@ -646,12 +700,22 @@ class http_session : public std::enable_shared_from_this<http_session> {
     write_raw(std::move(head));
   }
 
+  // The request's usage, as OpenAI counts it for n choices: the prompt once, every choice's
+  // completion tokens.
+  json usage_all() {
+    json u = usage_json(gen_->timings);
+    int64_t completion = 0;
+    for (generation* g : choices()) completion += int64_t(g->timings.output_tokens);
+    u["completion_tokens"] = completion;
+    u["total_tokens"] = int64_t(gen_->timings.prompt_tokens) + completion;
+    return u;
+  }
+
   void end_sse() {
-    write_raw(chunk(sse(chunk_json("", std::string(to_string(gen_->finish_reason))))));
     if (gen_->req.include_usage) {
-      json u = chunk_json("", nullptr);
+      json u = chunk_json(*gen_, "", nullptr);
       u["choices"] = json::array();
-      u["usage"] = usage_json(gen_->timings);
+      u["usage"] = usage_all();
       u["tandem"] = timings_json(gen_->timings);
       write_raw(chunk(sse(u)));
     }
@@ -661,16 +725,20 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
   void respond_json() {
-    json choice = {{"index", 0}, {"finish_reason", std::string(to_string(gen_->finish_reason))}};
-    if (gen_->req.chat) choice["message"] = {{"role", "assistant"}, {"content", gen_->text}};
-    else choice["text"] = gen_->req.echo ? echoed_prompt() + gen_->text : gen_->text;
-    choice["logprobs"] = logprobs_json();
+    json list = json::array();
+    for (generation* g : choices()) {
+      json choice = {{"index", g->choice}, {"finish_reason", std::string(to_string(g->finish_reason))}};
+      if (gen_->req.chat) choice["message"] = {{"role", "assistant"}, {"content", g->text}};
+      else choice["text"] = gen_->req.echo ? echoed_prompt() + g->text : g->text;
+      choice["logprobs"] = logprobs_json(*g);
+      list.push_back(std::move(choice));
+    }
     json j = {{"id", (gen_->req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen_->serial)},
               {"object", object_kind(false)},
               {"created", unix_now()},
               {"model", srv_->mdl.id},
-              {"choices", json::array({choice})},
-              {"usage", usage_json(gen_->timings)},
+              {"choices", list},
+              {"usage", usage_all()},
               {"tandem", timings_json(gen_->timings)}};
     finish_generation();
     send_json(http::status::ok, j);
