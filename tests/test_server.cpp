@@ -250,6 +250,41 @@ TEST_F(ServerTest, NChoicesShareOnePrefill) {
   expect_clean();
 }
 
+// best_of: of that many choices, the n likeliest (mean log-probability per token), renumbered;
+// the same seeds as n = best_of, so they are exactly the best of those.
+TEST_F(ServerTest, BestOfReturnsTheLikeliestChoices) {
+  start();
+  json body = {{"model", "tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 2.0},
+               {"seed", 5}, {"ignore_eos", true}, {"n", 4}, {"logprobs", 0}};
+  auto all = request(http::verb::post, "/v1/completions", body.dump());
+  ASSERT_EQ(all.status, 200) << all.body;
+  std::vector<std::pair<double, std::string>> ranked;
+  const json choices = json::parse(all.body)["choices"];
+  for (const auto& c : choices) {
+    double sum = 0;
+    for (const auto& l : c["logprobs"]["token_logprobs"]) sum += l.get<double>();
+    ranked.emplace_back(sum / 8, c["text"].get<std::string>());
+  }
+  std::stable_sort(ranked.begin(), ranked.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  body.erase("logprobs");
+  body["n"] = 2;
+  body["best_of"] = 4;
+  auto best = request(http::verb::post, "/v1/completions", body.dump());
+  ASSERT_EQ(best.status, 200) << best.body;
+  const json j = json::parse(best.body);
+  ASSERT_EQ(j["choices"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], ranked[size_t(i)].second);
+    EXPECT_TRUE(j["choices"][i]["logprobs"].is_null());  // ranked by them, not asked for
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], 32);  // all four were generated
+  body["stream"] = true;
+  auto streamed = request(http::verb::post, "/v1/completions", body.dump());
+  EXPECT_EQ(streamed.status, 400);
+  expect_clean();
+}
+
 TEST_F(ServerTest, ChatCompletionsStreamAndStopStrings) {
   start();
   json body = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hello"}}}}, {"max_tokens", 10},
@@ -322,7 +357,7 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
   const json comp = {{"model", "tiny"}, {"prompt", "Once"}, {"max_tokens", 3}};
   const json chat = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 3}};
   const std::vector<std::pair<std::string, json>> asks = {
-      {"logprobs", 21}, {"logprobs", true}, {"echo", 1}, {"suffix", "end"}, {"best_of", 2},
+      {"logprobs", 21}, {"logprobs", true}, {"echo", 1}, {"suffix", "end"}, {"best_of", 0}, {"best_of", 17},
       {"frequency_penalty", 2.5}, {"presence_penalty", -3}, {"repetition_penalty", 0}, {"repetition_penalty", 2.5},
       {"n", 0}, {"n", 17}, {"n", 1.5}, {"n", "2"},
       {"no_such_field", 1},

@@ -156,7 +156,10 @@ await check('openai: sampling controls change the output; unimplemented fields a
     max_tokens: 6, temperature: 1.5, seed: 4, n: 2, stream: true, ignore_eos: true });
   for await (const c of s2) for (const ch of c.choices) texts[ch.index] = (texts[ch.index] ?? '') + (ch.delta.content ?? '');
   assert.deepEqual(Object.keys(texts), ['0', '1']);
-  for (const [field, value] of [['logprobs', 21], ['suffix', 'x'], ['best_of', 3], ['n', 17]]) {
+  const best = await client.completions.create({ ...base, temperature: 1.5, seed: 9, n: 1, best_of: 3 });
+  assert.equal(best.choices.length, 1);
+  assert.ok(n3.choices.some((c) => c.text === best.choices[0].text), 'the best of the same three');
+  for (const [field, value] of [['logprobs', 21], ['suffix', 'x'], ['best_of', 17], ['n', 17]]) {
     await assert.rejects(client.completions.create({ ...base, [field]: value }),
       (e) => e.status === 400 && e.param === field, field);
   }

@@ -73,7 +73,7 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
                                        "stream", "stream_options", "ignore_eos", "user", "logit_bias",
                                        "min_tokens", "stop_token_ids", "presence_penalty", "frequency_penalty",
                                        "repetition_penalty", "response_format", "grammar", "guided_json",
-                                       "guided_choice", "guided_grammar"};
+                                       "guided_choice", "guided_grammar", "best_of"};
   for (const auto& [key, v] : b.items()) {
     if (std::find_if(std::begin(shared), std::end(shared), [&](const char* k) { return key == k; }) != std::end(shared))
       continue;
@@ -86,7 +86,7 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
       continue;
     // Known to OpenAI-compatible servers, not implemented by tandem (docs/protocol.md).
     static const char* const unimplemented[] = {
-        "logprobs", "top_logprobs", "echo", "suffix", "best_of", "tools",
+        "logprobs", "top_logprobs", "echo", "suffix", "tools",
         "tool_choice", "parallel_tool_calls", "functions", "function_call", "store", "metadata", "modalities",
         "audio", "prediction", "reasoning_effort", "service_tier", "web_search_options", "min_p", "typical_p",
         "guided_regex", "guided_whitespace_pattern", "guided_decoding_backend", "json_schema", "use_beam_search",
@@ -99,7 +99,7 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
                                     [&](const char* k) { return key == k; }) != std::end(unimplemented);
     if (!known) return bad("unknown parameter '" + key + "'", key);
     const bool nothing_asked =
-        is_empty_value(v) || (key == "best_of" && v == json(1)) || (key == "repetition_penalty" && v == json(1)) ||
+        is_empty_value(v) || (key == "repetition_penalty" && v == json(1)) ||
         (key == "tool_choice" && v == json("none")) ||
         (key == "service_tier" && (v == json("auto") || v == json("default")));
     if (!nothing_asked) return bad("'" + key + "' is not supported by tandem (yet); leave it out or null", key);
@@ -279,6 +279,19 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
     if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > 16)
       return bad("'n' must be an integer from 1 to 16", "n");
     out.n = int32_t(n.get<int64_t>());
+  }
+  // best_of (OpenAI's legacy completions, vLLM's on both): that many choices generated, the n
+  // with the highest mean log-probability per token returned. Not streamed (OpenAI's rule).
+  out.best_of = out.n;
+  if (b.contains("best_of") && !b["best_of"].is_null()) {
+    const auto& bo = b["best_of"];
+    if (!bo.is_number_integer() || bo.get<int64_t>() < out.n || bo.get<int64_t>() > 16)
+      return bad("'best_of' must be an integer from 'n' (" + std::to_string(out.n) + ") to 16", "best_of");
+    out.best_of = int32_t(bo.get<int64_t>());
+    if (ep == endpoint::websocket && out.best_of > 1)
+      return bad("'best_of' must be 1 on the WebSocket protocol", "best_of");
+    if (out.best_of > out.n && b.contains("stream") && b["stream"].is_boolean() && b["stream"].get<bool>())
+      return bad("'best_of' above 'n' cannot be streamed (the best are known at the end)", "best_of");
   }
 
   if (b.contains("stop") && !b["stop"].is_null()) {

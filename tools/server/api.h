@@ -45,6 +45,10 @@ struct api_request {
   // HTTP: choices per request (1..16). Choice i samples with derived_seed(seed, i); the prompt
   // is computed once (the others start when the first has its first token, from its blocks).
   int32_t n = 1;
+  // Choices generated (>= n): the n with the highest mean log-probability per token are
+  // returned. Their log-probabilities are computed for the ranking whether asked or not.
+  int32_t best_of = 1;
+  bool hide_logprobs = false;  // computed only to rank best_of's choices (the client did not ask)
   std::string client_id;       // WebSocket: the client's id for the request
 };
 

@@ -2,10 +2,12 @@
 
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -156,6 +158,8 @@ struct generation {
   int32_t choice = 0;   // its index among the request's choices (n > 1)
   bool first = true;    // chat streaming: the first chunk carries the role
   bool done = false;    // its done event came
+  double logprob_sum = 0;  // of its tokens: best_of ranks choices by the mean
+  int32_t logprob_count = 0;
   // HTTP: log-probabilities (when asked) of the tokens not yet sent: a streamed chunk carries
   // those that arrived since the last one (a token whose text is held back by a stop string
   // rides with the next chunk); a whole answer carries all. (WebSocket frames carry their own.)
@@ -509,9 +513,13 @@ class http_session : public std::enable_shared_from_this<http_session> {
     if (err) return send_error(*err);
     g->stops = std::make_unique<stop_matcher>(g->req.stop);
     g->serial = srv_->next_id++;
+    if (g->req.best_of > g->req.n && g->req.gen.sampling.logprobs < 0) {  // ranked by them, not shown
+      g->req.gen.sampling.logprobs = 0;
+      g->req.hide_logprobs = true;
+    }
     sse_started_ = false;
     more_.clear();
-    more_submitted_ = g->req.n <= 1;
+    more_submitted_ = g->req.best_of <= 1;
     ++srv_->in_flight;
     gen_ = std::move(g);
     if (!conn_.open()) {
@@ -567,7 +575,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   // own seed and has its own grammar matcher (the compiled grammar is shared).
   void submit_more() {
     more_submitted_ = true;
-    for (int32_t i = 1; i < gen_->req.n; ++i) {
+    for (int32_t i = 1; i < gen_->req.best_of; ++i) {
       auto g = std::make_unique<generation>();
       g->req = gen_->req;
       auto& sp = g->req.gen.sampling;
@@ -594,7 +602,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   // The pending log-probabilities in the request's API form (null when not asked), then
   // forgotten.
   json logprobs_json(generation& g) {
-    if (g.req.gen.sampling.logprobs < 0) return nullptr;
+    if (g.req.gen.sampling.logprobs < 0 || g.req.hide_logprobs) return nullptr;
     const tokenizer& tok = srv_->pipe.get_model().tok();
     json j = g.req.chat ? chat_logprobs_json(tok, g.logprobs) : completion_logprobs_json(tok, g.logprobs);
     g.logprobs.clear();
@@ -637,8 +645,11 @@ class http_session : public std::enable_shared_from_this<http_session> {
       if (!more_submitted_ && g == gen_.get() && (ev.kind == event_kind::token || ev.kind == event_kind::done))
         submit_more();
       const bool was_ended = g->ended;
-      if (ev.kind == event_kind::token && ev.logprobs && ev.token >= 0 && !was_ended)
-        g->logprobs.push_back({ev.token, *ev.logprobs, int64_t(g->text.size())});
+      if (ev.kind == event_kind::token && ev.logprobs && ev.token >= 0 && !was_ended) {
+        g->logprob_sum += ev.logprobs->logprob;
+        ++g->logprob_count;
+        if (!g->req.hide_logprobs) g->logprobs.push_back({ev.token, *ev.logprobs, int64_t(g->text.size())});
+      }
       std::string shown = apply_event(conn_, *g, ev);
       if (ev.kind == event_kind::done) g->done = true;
       const bool all_done = more_submitted_ && std::all_of(more_.begin(), more_.end(), [](auto& c) { return c->done; }) &&
@@ -725,9 +736,20 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
   void respond_json() {
+    // best_of: the n choices with the highest mean log-probability per token (ties: the lower
+    // choice), renumbered 0..n-1.
+    std::vector<generation*> shown = choices();
+    if (gen_->req.best_of > gen_->req.n) {
+      auto mean = [](const generation* g) {
+        return g->logprob_count ? g->logprob_sum / g->logprob_count : -std::numeric_limits<double>::infinity();
+      };
+      std::stable_sort(shown.begin(), shown.end(), [&](auto* a, auto* b) { return mean(a) > mean(b); });
+      shown.resize(size_t(gen_->req.n));
+    }
     json list = json::array();
-    for (generation* g : choices()) {
-      json choice = {{"index", g->choice}, {"finish_reason", std::string(to_string(g->finish_reason))}};
+    for (size_t i = 0; i < shown.size(); ++i) {
+      generation* g = shown[i];
+      json choice = {{"index", int(i)}, {"finish_reason", std::string(to_string(g->finish_reason))}};
       if (gen_->req.chat) choice["message"] = {{"role", "assistant"}, {"content", g->text}};
       else choice["text"] = gen_->req.echo ? echoed_prompt() + g->text : g->text;
       choice["logprobs"] = logprobs_json(*g);
