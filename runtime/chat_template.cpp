@@ -86,6 +86,7 @@ chat_template::chat_template(const std::string& source, std::string bos_token, s
       controls_(std::move(control_tokens)) {
   std::erase(controls_, std::string());
   fallback_ = detect_chat_format(source);
+  tools_ = detect_tool_format(source);
   if (source.empty()) {
     fallback_reason_ = "the model has no chat template";
     return;
@@ -156,7 +157,7 @@ void unmark(std::string& s, std::vector<tokenizer::byte_range>* literal) {
 }  // namespace
 
 status chat_template::render(const std::vector<chat_message>& messages, std::string& out,
-                             std::vector<tokenizer::byte_range>* literal) const {
+                             std::vector<tokenizer::byte_range>* literal, const nlohmann::ordered_json& tools) const {
   out.clear();
   if (literal) literal->clear();
   if (messages.empty()) return {errc::invalid_argument, "messages must not be empty"};
@@ -168,7 +169,20 @@ status chat_template::render(const std::vector<chat_message>& messages, std::str
     // The variables transformers and llama.cpp give a chat template.
     nlohmann::ordered_json ctx;
     ctx["messages"] = nlohmann::ordered_json::array();
-    for (const auto& m : marked) ctx["messages"].push_back({{"role", m.role}, {"content", m.content}});
+    for (const auto& m : marked) {
+      nlohmann::ordered_json msg = {{"role", m.role}, {"content", m.content}};
+      if (m.tool_calls.is_array()) {  // only when present: templates test `'tool_calls' in message`
+        msg["tool_calls"] = m.tool_calls;
+        for (auto& c : msg["tool_calls"])
+          if (c.contains("function") && c["function"].contains("arguments") && c["function"]["arguments"].is_string()) {
+            auto args = nlohmann::ordered_json::parse(c["function"]["arguments"].get<std::string>(), nullptr, false);
+            if (!args.is_discarded()) c["function"]["arguments"] = std::move(args);
+          }
+      }
+      if (!m.tool_call_id.empty()) msg["tool_call_id"] = m.tool_call_id;
+      ctx["messages"].push_back(std::move(msg));
+    }
+    if (!tools.is_null()) ctx["tools"] = tools;
     ctx["add_generation_prompt"] = true;
     ctx["bos_token"] = bos_;
     ctx["eos_token"] = eos_;

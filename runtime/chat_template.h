@@ -11,12 +11,17 @@
 #include "runtime/errors.h"
 #include "runtime/jinja.h"
 #include "runtime/tokenizer.h"
+#include "runtime/tool_calls.h"
 
 namespace tandem {
 
 struct chat_message {
   std::string role;     // "system", "user", "assistant" (and "tool" for templates that take it)
   std::string content;
+  // An assistant's earlier calls (OpenAI's [{id, type, function: {name, arguments}}], the
+  // arguments given to the template as objects, as transformers does); null when none.
+  nlohmann::ordered_json tool_calls;
+  std::string tool_call_id;  // a "tool" message: the call it answers
 };
 
 enum class chat_format : uint8_t { chatml, llama2, llama3, zephyr, gemma };
@@ -54,8 +59,12 @@ class chat_template {
   // raise_exception (its message passed through).
   // `literal` (if given) gets the byte ranges of `out` that copy control-token text from the
   // messages: tokenizer::encode(out, add_bos, true, literal) keeps them characters.
+  // `tools` (OpenAI's list of functions; null: none) is the template's `tools` variable.
   status render(const std::vector<chat_message>& messages, std::string& out,
-                std::vector<tokenizer::byte_range>* literal = nullptr) const;
+                std::vector<tokenizer::byte_range>* literal = nullptr,
+                const nlohmann::ordered_json& tools = nullptr) const;
+  // The call format the template teaches (none without a Jinja template).
+  tool_format tool_calls_format() const { return jinja_ ? tools_ : tool_format::none; }
 
  private:
   std::optional<jinja::template_> jinja_;
@@ -63,6 +72,7 @@ class chat_template {
   std::string fallback_reason_;
   std::string bos_, eos_;
   bool strip_bos_ = false;
+  tool_format tools_ = tool_format::none;
   std::vector<std::string> controls_;
 };
 

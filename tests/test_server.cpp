@@ -5,8 +5,10 @@
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "tests/test_models.h"
@@ -28,6 +30,23 @@ std::shared_ptr<const model> tiny() {
   return m;
 }
 
+// A model with a context long enough for a tools prompt (1024), with Qwen 3's chat template.
+std::shared_ptr<const model> small() {
+  static const std::shared_ptr<const model> m = [] {
+    const auto p = std::filesystem::temp_directory_path() / "tandem-test-models" / "server-small-f32.gguf";
+    std::filesystem::create_directories(p.parent_path());
+    if (!std::filesystem::exists(p)) synthesize_model(find_synth_preset("small"), kernels::dtype::f32, p.string(), 7);
+    return model::load(p.string());
+  }();
+  return m;
+}
+std::shared_ptr<const chat_template> qwen3_template(const tokenizer& tok) {
+  std::ifstream in(std::string(TANDEM_TEST_DATA_DIR) + "/templates/qwen3.jinja");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return std::make_shared<const chat_template>(chat_template::for_vocab(ss.str(), tok));
+}
+
 struct reply {
   int status = 0;
   std::string body;
@@ -41,11 +60,13 @@ class ServerTest : public ::testing::Test {
   std::thread runner;
   uint16_t port = 0;
 
-  void start(server::server_config sc = {}, serving_config pc = {}) {
-    pc.model.loaded = tiny();
+  void start(server::server_config sc = {}, serving_config pc = {}, std::shared_ptr<const model> m = nullptr,
+             std::shared_ptr<const chat_template> chat = nullptr) {
+    if (!m) m = tiny();
+    pc.model.loaded = m;
     pc.pools.kv_blocks_per_worker = 256;
     pipe = std::make_unique<pipeline>(pc);
-    server::served_model sm{"tiny", tiny()->config().n_ctx, nullptr, tiny()->config().n_vocab};
+    server::served_model sm{"tiny", m->config().n_ctx, std::move(chat), m->config().n_vocab};
     sc.port = 0;
     srv = std::make_unique<server::http_server>(*pipe, sm, sc);
     port = srv->port();
@@ -283,6 +304,109 @@ TEST_F(ServerTest, BestOfReturnsTheLikeliestChoices) {
   auto streamed = request(http::verb::post, "/v1/completions", body.dump());
   EXPECT_EQ(streamed.status, 400);
   expect_clean();
+}
+
+// tools: the template gets them; tool_choice "required" and a named function force one valid
+// call (the random model would never write one), read back into tool_calls, streamed as a
+// tool_calls delta; auto leaves the model free; earlier calls and tool results render; what
+// cannot work is a 400 naming the field.
+TEST_F(ServerTest, ToolCallsAreForcedReadAndStreamed) {
+  start({}, {}, small(), qwen3_template(small()->tok()));
+  const json tools = json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]}}},
+    {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+      "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}])");
+  const json msgs = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+  auto chat = [&](json body) {
+    body["model"] = "tiny";
+    if (!body.contains("messages")) body["messages"] = msgs;
+    body["tools"] = tools;
+    return request(http::verb::post, "/v1/chat/completions", body.dump());
+  };
+  for (int seed = 0; seed < 4; ++seed) {
+    auto r = chat({{"tool_choice", "required"}, {"seed", seed}, {"temperature", 1.0}, {"max_tokens", 120}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json j = json::parse(r.body);
+    const auto& c = j["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r.body;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r.body;
+    const auto& call = c["message"]["tool_calls"][0];
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_FALSE(call["id"].get<std::string>().empty());
+    const std::string name = call["function"]["name"];
+    const json args = json::parse(call["function"]["arguments"].get<std::string>());
+    if (name == "get_weather") {
+      EXPECT_TRUE(args["city"].is_string() && (args["unit"] == "c" || args["unit"] == "f")) << args.dump();
+    } else {
+      EXPECT_EQ(name, "add");
+      EXPECT_TRUE(args["a"].is_number_integer() && args["b"].is_number_integer()) << args.dump();
+    }
+  }
+  auto named = chat({{"tool_choice", {{"type", "function"}, {"function", {{"name", "add"}}}}}, {"seed", 1}, {"max_tokens", 120}});
+  ASSERT_EQ(named.status, 200) << named.body;
+  EXPECT_EQ(json::parse(named.body)["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "add");
+  auto free = chat({{"tool_choice", "auto"}, {"seed", 1}, {"max_tokens", 8}});
+  ASSERT_EQ(free.status, 200) << free.body;
+  // Streamed: the role, then the call as a tool_calls delta, then finish "tool_calls".
+  auto s = chat({{"tool_choice", "required"}, {"seed", 2}, {"max_tokens", 120}, {"stream", true}});
+  ASSERT_EQ(s.status, 200);
+  bool done = false;
+  const auto events = sse_events(s.body, done);
+  EXPECT_TRUE(done);
+  json delta_call;
+  std::string finish, role;
+  for (const auto& e : events) {
+    const auto& c = e["choices"][0];
+    if (c["delta"].contains("role")) role = c["delta"]["role"];
+    if (c["delta"].contains("tool_calls")) delta_call = c["delta"]["tool_calls"][0];
+    if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+  }
+  EXPECT_EQ(role, "assistant");
+  EXPECT_EQ(finish, "tool_calls");
+  EXPECT_EQ(delta_call["index"], 0);
+  EXPECT_TRUE(json::parse(delta_call["function"]["arguments"].get<std::string>()).is_object()) << s.body;
+  // A second turn: the call and its result in the history.
+  json turn = msgs;
+  turn.push_back({{"role", "assistant"}, {"content", nullptr},
+                  {"tool_calls", {{{"id", "c1"}, {"type", "function"},
+                                   {"function", {{"name", "get_weather"}, {"arguments", R"({"city":"Paris","unit":"c"})"}}}}}}});
+  turn.push_back({{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "sunny, 21 C"}});
+  auto second = chat({{"messages", turn}, {"max_tokens", 4}});
+  EXPECT_EQ(second.status, 200) << second.body;
+  // Refused, naming the field.
+  auto refused = [&](json body, const std::string& target, const std::string& param) {
+    auto r = request(http::verb::post, target, body.dump());
+    EXPECT_EQ(r.status, 400) << body.dump() << " -> " << r.body;
+    EXPECT_EQ(json::parse(r.body)["error"]["param"], param) << r.body;
+  };
+  const json base = {{"model", "tiny"}, {"messages", msgs}, {"tools", tools}};
+  auto with = [&](json extra) {
+    json b = base;
+    b.update(extra);
+    return b;
+  };
+  refused(with({{"tool_choice", {{"type", "function"}, {"function", {{"name", "rm"}}}}}}), "/v1/chat/completions",
+          "tool_choice");
+  refused(with({{"tool_choice", "sometimes"}}), "/v1/chat/completions", "tool_choice");
+  refused(with({{"tools", {{{"type", "function"}, {"function", {{"name", "bad name!"}}}}}}}), "/v1/chat/completions",
+          "tools");
+  refused({{"model", "tiny"}, {"messages", msgs}, {"tool_choice", "required"}}, "/v1/chat/completions", "tool_choice");
+  refused({{"model", "tiny"}, {"prompt", "x"}, {"tools", tools}}, "/v1/completions", "tools");
+  refused(with({{"tool_choice", "required"}, {"response_format", {{"type", "json_object"}}}}),
+          "/v1/chat/completions", "tool_choice");
+  expect_clean();
+}
+
+// A model whose template has no tool-call format (here: none at all) refuses tools.
+TEST_F(ServerTest, ToolsNeedATemplateThatTakesThem) {
+  start();
+  const json body = {{"model", "tiny"},
+                     {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                     {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}};
+  auto r = request(http::verb::post, "/v1/chat/completions", body.dump());
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(json::parse(r.body)["error"]["param"], "tools");
 }
 
 TEST_F(ServerTest, ChatCompletionsStreamAndStopStrings) {

@@ -79,7 +79,8 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
       continue;
     if (ep == endpoint::completions && (key == "prompt" || key == "logprobs" || key == "echo")) continue;
     if (ep == endpoint::chat && (key == "messages" || key == "max_completion_tokens" || key == "logprobs" ||
-                                 key == "top_logprobs"))
+                                 key == "top_logprobs" || key == "tools" || key == "tool_choice" ||
+                                 key == "parallel_tool_calls"))
       continue;
     if (ep == endpoint::websocket &&
         (key == "type" || key == "id" || key == "prompt" || key == "messages" || key == "logprobs"))
@@ -98,6 +99,9 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
     const bool known = std::find_if(std::begin(unimplemented), std::end(unimplemented),
                                     [&](const char* k) { return key == k; }) != std::end(unimplemented);
     if (!known) return bad("unknown parameter '" + key + "'", key);
+    if ((key == "tools" || key == "tool_choice" || key == "parallel_tool_calls") && ep != endpoint::chat && !is_empty_value(v) &&
+        v != json("none"))
+      return bad("'" + key + "' is for /v1/chat/completions (the chat template renders the tools)", key);
     const bool nothing_asked =
         is_empty_value(v) || (key == "repetition_penalty" && v == json(1)) ||
         (key == "tool_choice" && v == json("none")) ||
@@ -412,7 +416,25 @@ std::optional<api_error> parse_messages(const json& b, const served_model& m, ap
     cm.role = x["role"].get<std::string>();
     if (cm.role == "developer") cm.role = "system";
     const auto& c = x.contains("content") ? x["content"] : json();
-    if (c.is_string()) {
+    if (cm.role == "assistant" && x.contains("tool_calls") && !x["tool_calls"].is_null()) {
+      // An earlier call: [{id, type: "function", function: {name, arguments (a JSON string)}}].
+      const auto& tc = x["tool_calls"];
+      if (!tc.is_array()) return bad("an assistant message's 'tool_calls' must be an array", "messages");
+      for (const auto& t : tc)
+        if (!t.is_object() || !t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
+            !t["function"]["name"].is_string())
+          return bad("each of an assistant message's 'tool_calls' needs function.name", "messages");
+      cm.tool_calls = nlohmann::ordered_json::parse(tc.dump());
+    }
+    if (cm.role == "tool") {
+      if (x.contains("tool_call_id") && !x["tool_call_id"].is_null()) {
+        if (!x["tool_call_id"].is_string()) return bad("a tool message's 'tool_call_id' must be a string", "messages");
+        cm.tool_call_id = x["tool_call_id"].get<std::string>();
+      }
+    }
+    if (c.is_null() && cm.tool_calls.is_array()) {
+      // content may be null beside tool_calls
+    } else if (c.is_string()) {
       cm.content = c.get<std::string>();
     } else if (c.is_array()) {  // content parts: only text is supported
       for (const auto& part : c) {
@@ -427,7 +449,8 @@ std::optional<api_error> parse_messages(const json& b, const served_model& m, ap
     msgs.push_back(std::move(cm));
   }
   std::string prompt;
-  const status st = m.chat ? m.chat->render(msgs, prompt, &out.gen.literal_ranges)
+  if (!out.tools.is_null() && !m.chat) return bad("this model has no chat template that takes tools", "tools");
+  const status st = m.chat ? m.chat->render(msgs, prompt, &out.gen.literal_ranges, out.tools)
                            : render_chat(chat_format::chatml, msgs, prompt);
   if (!st.ok()) return bad(st.message(), "messages");
   out.gen.prompt = std::move(prompt);
@@ -469,9 +492,84 @@ std::optional<api_error> parse_completion(const json& b, const served_model& m, 
   return parse_prompt(b["prompt"], out);
 }
 
+// tools, tool_choice, parallel_tool_calls (chat). The template gets the tools; the answer is
+// read for calls in the format the template teaches; "required" or a named function force a
+// call by the grammar of its arguments' schema.
+static std::optional<api_error> parse_tools(const json& b, const served_model& m, api_request& out,
+                                            std::string_view raw) {
+  auto given = [&](const char* k) { return b.contains(k) && !b[k].is_null(); };
+  if (given("parallel_tool_calls")) {
+    if (!b["parallel_tool_calls"].is_boolean()) return bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+    out.parallel_tools = b["parallel_tool_calls"].get<bool>();
+  }
+  const bool has_tools = given("tools") && !(b["tools"].is_array() && b["tools"].empty());
+  if (!has_tools) {
+    if (given("tool_choice") && b["tool_choice"] != json("none") && b["tool_choice"] != json("auto"))
+      return bad("'tool_choice' needs 'tools'", "tool_choice");
+    return std::nullopt;
+  }
+  if (!b["tools"].is_array() || b["tools"].size() > 128) return bad("'tools' must be an array of up to 128 tools", "tools");
+  out.tools_format = m.chat ? m.chat->tool_calls_format() : tool_format::none;
+  if (out.tools_format == tool_format::none)
+    return bad("this model's chat template has no tool-call format tandem reads (hermes <tool_call>, Llama 3 JSON)",
+               "tools");
+  for (const auto& t : b["tools"]) {
+    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object())
+      return bad("each tool must be {\"type\": \"function\", \"function\": {...}}", "tools");
+    const auto& fn = t["function"];
+    const std::string name = fn.contains("name") && fn["name"].is_string() ? fn["name"].get<std::string>() : "";
+    const bool ok_name = !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+    });
+    if (!ok_name) return bad("a function's 'name' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", "tools");
+    if (fn.contains("parameters") && !fn["parameters"].is_null() && !fn["parameters"].is_object())
+      return bad("function '" + name + "': 'parameters' must be a JSON schema object", "tools");
+    if (std::find(out.tool_names.begin(), out.tool_names.end(), name) != out.tool_names.end())
+      return bad("two tools are named '" + name + "'", "tools");
+    out.tool_names.push_back(name);
+  }
+  // In the client's key order: the template prints the schemas (`tool | tojson`).
+  auto doc = raw.empty() ? nlohmann::ordered_json::parse(b.dump()) : nlohmann::ordered_json::parse(raw, nullptr, false);
+  if (doc.is_discarded()) doc = nlohmann::ordered_json::parse(b.dump());
+  out.tools = doc.at("tools");
+  std::string choice = "auto";
+  std::optional<std::string> only;
+  if (given("tool_choice")) {
+    const auto& tc = b["tool_choice"];
+    if (tc.is_string()) {
+      choice = tc.get<std::string>();
+      if (choice != "auto" && choice != "none" && choice != "required")
+        return bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", ...}", "tool_choice");
+    } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("function") &&
+               tc["function"].is_object() && tc["function"].contains("name") && tc["function"]["name"].is_string()) {
+      choice = "named";
+      only = tc["function"]["name"].get<std::string>();
+      if (std::find(out.tool_names.begin(), out.tool_names.end(), *only) == out.tool_names.end())
+        return bad("'tool_choice' names '" + *only + "', which is not among 'tools'", "tool_choice");
+    } else {
+      return bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", ...}", "tool_choice");
+    }
+  }
+  out.parse_tools = choice != "none";
+  if (choice == "required" || choice == "named") {
+    if (!out.gen.sampling.grammar.empty())
+      return bad("'tool_choice' forces a call, and another field constrains the output already", "tool_choice");
+    std::string g;
+    try {
+      g = tool_call_gbnf(out.tools_format, out.tools, only);
+    } catch (const failure& e) {
+      return bad(std::string("'tools': ") + e.what(), "tools");
+    }
+    const status st = out.gen.sampling.set_grammar(std::move(g));
+    if (!st.ok()) return bad("'tools': " + st.message(), "tools");
+  }
+  return std::nullopt;
+}
+
 std::optional<api_error> parse_chat_completion(const json& b, const served_model& m, api_request& out,
                                                std::string_view raw) {
   if (auto e = parse_common(b, m, out, endpoint::chat, raw)) return e;
+  if (auto e = parse_tools(b, m, out, raw)) return e;
   return parse_messages(b, m, out);
 }
 

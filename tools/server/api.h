@@ -49,6 +49,14 @@ struct api_request {
   // returned. Their log-probabilities are computed for the ranking whether asked or not.
   int32_t best_of = 1;
   bool hide_logprobs = false;  // computed only to rank best_of's choices (the client did not ask)
+  // Chat tools: the functions offered (null: none; given to the template), whether the answer
+  // is read for calls (tool_choice auto, required or a named function; not "none") in which
+  // format, and whether more than one call is kept (parallel_tool_calls).
+  nlohmann::ordered_json tools;
+  tool_format tools_format = tool_format::none;
+  bool parse_tools = false;
+  bool parallel_tools = true;
+  std::vector<std::string> tool_names;
   std::string client_id;       // WebSocket: the client's id for the request
 };
 

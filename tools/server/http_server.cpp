@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "runtime/stop_strings.h"
+#include "runtime/tool_calls.h"
 #include "tools/server/pages.h"
 
 namespace tandem::server {
@@ -668,9 +669,26 @@ class http_session : public std::enable_shared_from_this<http_session> {
         // One chunk per generated token, as documented, even when its text is empty (a token
         // that ends inside a UTF-8 character, or text a stop string holds back for now).
         const bool new_token = ev.kind == event_kind::token && ev.token >= 0 && !was_ended;
-        if (new_token || !shown.empty()) write_raw(chunk(sse(chunk_json(*g, shown, nullptr))));
-        if (ev.kind == event_kind::done)
-          write_raw(chunk(sse(chunk_json(*g, "", std::string(to_string(g->finish_reason))))));
+        // With tools the answer may be a call: held back, then sent whole at the end (its text,
+        // then its calls as tool_calls deltas).
+        if (!gen_->req.parse_tools && (new_token || !shown.empty()))
+          write_raw(chunk(sse(chunk_json(*g, shown, nullptr))));
+        if (ev.kind == event_kind::done) {
+          std::string finish(to_string(g->finish_reason));
+          if (gen_->req.parse_tools) {
+            const auto answer = read_calls(*g);
+            if (!answer.content.empty() || answer.calls.empty()) write_raw(chunk(sse(chunk_json(*g, answer.content, nullptr))));
+            if (!answer.calls.empty()) {
+              json delta = chunk_json(*g, "", nullptr);
+              auto& d = delta["choices"][0]["delta"];  // (keeps the role when nothing came before)
+              d.erase("content");
+              d["tool_calls"] = calls_json(*g, answer, true);
+              write_raw(chunk(sse(delta)));
+              if (g->finish_reason == finish_reason::stop) finish = "tool_calls";
+            }
+          }
+          write_raw(chunk(sse(chunk_json(*g, "", finish))));
+        }
         if (all_done) return end_sse();
       } else if (all_done) {
         return respond_json();
@@ -709,6 +727,25 @@ class http_session : public std::enable_shared_from_this<http_session> {
     head += req_.keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     close_after_ = !req_.keep_alive();
     write_raw(std::move(head));
+  }
+
+  // The calls in a choice's answer (all of them, or the first with parallel_tool_calls false).
+  parsed_answer read_calls(const generation& g) const {
+    auto a = parse_tool_calls(gen_->req.tools_format, g.text, gen_->req.tool_names);
+    if (!gen_->req.parallel_tools && a.calls.size() > 1) a.calls.resize(1);
+    return a;
+  }
+  // OpenAI's tool_calls list (streamed: each with its index).
+  json calls_json(const generation& g, const parsed_answer& a, bool streamed) const {
+    json list = json::array();
+    for (size_t k = 0; k < a.calls.size(); ++k) {
+      json c = {{"id", "call_" + std::to_string(gen_->serial) + "_" + std::to_string(g.choice) + "_" + std::to_string(k)},
+                {"type", "function"},
+                {"function", {{"name", a.calls[k].name}, {"arguments", a.calls[k].arguments}}}};
+      if (streamed) c["index"] = int(k);
+      list.push_back(std::move(c));
+    }
+    return list;
   }
 
   // The request's usage, as OpenAI counts it for n choices: the prompt once, every choice's
@@ -751,6 +788,14 @@ class http_session : public std::enable_shared_from_this<http_session> {
       generation* g = shown[i];
       json choice = {{"index", int(i)}, {"finish_reason", std::string(to_string(g->finish_reason))}};
       if (gen_->req.chat) choice["message"] = {{"role", "assistant"}, {"content", g->text}};
+      if (gen_->req.chat && gen_->req.parse_tools) {
+        const auto answer = read_calls(*g);
+        if (!answer.calls.empty()) {
+          choice["message"]["content"] = answer.content.empty() ? json() : json(answer.content);
+          choice["message"]["tool_calls"] = calls_json(*g, answer, false);
+          if (g->finish_reason == finish_reason::stop) choice["finish_reason"] = "tool_calls";
+        }
+      }
       else choice["text"] = gen_->req.echo ? echoed_prompt() + g->text : g->text;
       choice["logprobs"] = logprobs_json(*g);
       list.push_back(std::move(choice));
