@@ -416,6 +416,24 @@ std::atomic<uint64_t> next_trie_uid{1};
 
 }  // namespace
 
+std::string gbnf_literal(std::string_view bytes) {
+  std::string out = "\"";
+  for (unsigned char c : bytes) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20 || c == 0x7F) {
+      static const char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
 // ---- the vocabulary trie ----
 
 token_trie::token_trie(const tokenizer& tok) : n_vocab(tok.n_vocab()), uid(next_trie_uid++) {

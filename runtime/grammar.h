@@ -50,6 +50,10 @@ inline bool mask_allows(const token_mask& m, token_id t) {
   return t >= 0 && size_t(t) / 64 < m.size() && (m[size_t(t) / 64] >> (t % 64)) & 1;
 }
 
+// A GBNF string literal matching exactly `bytes` (quotes, backslashes and control bytes
+// escaped): how grammars built from data (schemas, tool names, choices) spell text.
+std::string gbnf_literal(std::string_view bytes);
+
 class grammar {
  public:
   // Parses and checks `text`: every rule referenced is defined, `root` exists, no rule can

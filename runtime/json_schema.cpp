@@ -1,5 +1,7 @@
 #include "runtime/json_schema.h"
 
+#include "runtime/grammar.h"
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -82,23 +84,7 @@ const std::vector<std::string_view> type_names = {"object", "array",   "string",
                                                    "integer", "boolean", "null"};
 
 // A GBNF literal of these bytes (UTF-8 passes through; the engine matches code points).
-std::string literal(std::string_view bytes) {
-  std::string out = "\"";
-  for (unsigned char c : bytes) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += char(c);
-    } else if (c < 0x20) {
-      static const char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += char(c);
-    }
-  }
-  return out + "\"";
-}
+std::string literal(std::string_view bytes) { return gbnf_literal(bytes); }
 
 const std::string quote = literal("\"");
 

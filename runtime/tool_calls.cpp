@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "runtime/errors.h"
+#include "runtime/grammar.h"
 #include "runtime/json_schema.h"
 
 namespace tandem {
@@ -31,24 +32,7 @@ std::optional<tool_call> call_of(const ojson& j, const std::vector<std::string>&
   return tool_call{name, args.dump()};
 }
 
-// A GBNF literal for `s`.
-std::string literal(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += char(c);
-    } else if (c < 0x20) {
-      static const char* hex = "0123456789ABCDEF";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += char(c);
-    }
-  }
-  return out + "\"";
-}
+std::string literal(const std::string& s) { return gbnf_literal(s); }
 
 }  // namespace
 

@@ -1,5 +1,6 @@
 #include "tools/server/api.h"
 
+#include "runtime/grammar.h"
 #include "runtime/json_schema.h"
 
 #include <algorithm>
@@ -111,24 +112,6 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
   return std::nullopt;
 }
 
-// A GBNF literal matching exactly `s`.
-std::string gbnf_literal(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += char(c);
-    } else if (c < 0x20 || c == 0x7F) {
-      static const char* hex = "0123456789ABCDEF";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += char(c);
-    }
-  }
-  return out + "\"";
-}
 
 // Structured outputs: the output constrained by a grammar, from one of OpenAI's
 // response_format (json_object, json_schema), llama-server's `grammar` (GBNF), vLLM's
