@@ -6,6 +6,7 @@
 // Usage: node e2e.mjs TANDEM_BINARY MODEL.gguf
 import { spawn, spawnSync, execFileSync } from 'node:child_process';
 import assert from 'node:assert/strict';
+import { unlinkSync } from 'node:fs';
 import OpenAI from 'openai';
 import WebSocket from 'ws';
 import { chromium } from 'playwright-core';
@@ -16,12 +17,12 @@ if (!tandem || !modelPath) {
   process.exit(2);
 }
 
-function startServer() {
+function startServer(args = null) {
   return new Promise((resolve, reject) => {
     // (Restart intensity raised: the kill checks below must not leave a pool degraded for the
     // checks after them; degrading is tested in test_pipeline.)
-    const p = spawn(tandem, ['serve', '--model', modelPath, '--model-name', 'tiny', '--port', '0', '--admin-key', 'adm',
-                             '--max-worker-restarts', '100'],
+    const p = spawn(tandem, args ?? ['serve', '--model', modelPath, '--model-name', 'tiny', '--port', '0', '--admin-key', 'adm',
+                                     '--max-worker-restarts', '100'],
                     { stdio: ['ignore', 'inherit', 'pipe'] });
     let log = '';
     const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 60000);
@@ -502,6 +503,82 @@ await check('tandem bench serve: figures present and consistent (openai and ws)'
     assert.ok(r.server.weight_bytes_per_worker > 0);
     for (const part of ['cpu', 'gpu'])  // a measurement, or said to be missing: never made up
       assert.ok(typeof r.energy[part] === 'string' ? /not available/.test(r.energy[part]) : r.energy[part].joules >= 0, part);
+  }
+});
+
+// A real trained model (stories260K): a frequency penalty lowers the repeats of a greedy story.
+await check('openai on stories260K: frequency_penalty lowers repeats', async () => {
+  const srv = await startServer(['serve', '--model', '../data/stories260K.gguf', '--model-name', 'stories', '--port', '0']);
+  try {
+    const c = new OpenAI({ baseURL: `http://127.0.0.1:${srv.port}/v1`, apiKey: 'unused' });
+    const repeats = (r) => {
+      const counts = {};
+      for (const t of r.choices[0].logprobs.tokens) counts[t] = (counts[t] ?? 0) + 1;
+      return Object.values(counts).reduce((a, b) => a + b - 1, 0);  // tokens that came before
+    };
+    const req = { model: 'stories', prompt: 'Once upon a time', max_tokens: 96, temperature: 0, logprobs: 0, ignore_eos: true };
+    const plain = await c.completions.create(req);
+    const pen = await c.completions.create({ ...req, frequency_penalty: 1.0 });
+    assert.ok(repeats(pen) < repeats(plain), `repeats ${repeats(pen)} with the penalty, ${repeats(plain)} without`);
+    const pres = await c.completions.create({ ...req, presence_penalty: 1.5 });
+    assert.ok(repeats(pres) < repeats(plain), `repeats ${repeats(pres)} with presence_penalty, ${repeats(plain)} without`);
+  } finally {
+    srv.proc.kill('SIGTERM');
+  }
+});
+
+// Tools through the official client, on a synthetic model with room for a tools prompt
+// (context 1024) and Qwen 3's template: forced calls come back as tool_calls, streamed too,
+// and a second turn with the tool's answer renders.
+await check('openai: tools and tool_choice (Qwen 3 template)', async () => {
+  const small = `${process.env.TMPDIR ?? '/tmp'}/tandem-e2e-small-${process.pid}.gguf`;
+  execFileSync(tandem, ['model', 'synth', '--preset', 'small', '--dtype', 'q8_0', '--out', small], { stdio: 'ignore' });
+  const srv = await startServer(['serve', '--model', small, '--model-name', 'small', '--port', '0',
+                                 '--chat-template', '../data/templates/qwen3.jinja']);
+  try {
+    const c = new OpenAI({ baseURL: `http://127.0.0.1:${srv.port}/v1`, apiKey: 'unused' });
+    const tools = [
+      { type: 'function', function: { name: 'get_weather', description: 'The weather in a city',
+        parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 16 }, unit: { enum: ['c', 'f'] } },
+                      required: ['city', 'unit'] } } },
+      { type: 'function', function: { name: 'add', parameters: { type: 'object',
+        properties: { a: { type: 'integer' }, b: { type: 'integer' } }, required: ['a', 'b'] } } },
+    ];
+    const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+    for (let seed = 0; seed < 3; seed++) {
+      const r = await c.chat.completions.create({ model: 'small', messages, tools, tool_choice: 'required', seed, temperature: 1 });
+      assert.equal(r.choices[0].finish_reason, 'tool_calls');
+      const call = r.choices[0].message.tool_calls[0];
+      assert.ok(['get_weather', 'add'].includes(call.function.name));
+      const args = JSON.parse(call.function.arguments);
+      if (call.function.name === 'add') assert.ok(Number.isInteger(args.a) && Number.isInteger(args.b));
+      else assert.ok(typeof args.city === 'string' && ['c', 'f'].includes(args.unit));
+    }
+    const named = await c.chat.completions.create({ model: 'small', messages, tools, seed: 1,
+      tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+    const call = named.choices[0].message.tool_calls[0];
+    assert.equal(call.function.name, 'get_weather');
+    // Streamed: the client sees the call as tool_calls deltas.
+    const stream = await c.chat.completions.create({ model: 'small', messages, tools, tool_choice: 'required', seed: 2, stream: true });
+    let name = '', args = '', finish = null;
+    for await (const ch of stream) {
+      const d = ch.choices[0]?.delta;
+      for (const t of d?.tool_calls ?? []) { name += t.function?.name ?? ''; args += t.function?.arguments ?? ''; }
+      finish = ch.choices[0]?.finish_reason ?? finish;
+    }
+    assert.ok(['get_weather', 'add'].includes(name), name);
+    assert.equal(typeof JSON.parse(args), 'object');
+    assert.equal(finish, 'tool_calls');
+    // The second turn: the call and the tool's answer in the history.
+    const second = await c.chat.completions.create({ model: 'small', tools, max_tokens: 4, messages: [...messages,
+      { role: 'assistant', content: null, tool_calls: [{ id: call.id, type: 'function', function: call.function }] },
+      { role: 'tool', tool_call_id: call.id, content: 'sunny, 21 C' }] });
+    assert.equal(second.choices[0].message.role, 'assistant');
+    await assert.rejects(c.chat.completions.create({ model: 'small', messages, tools,
+      tool_choice: { type: 'function', function: { name: 'rm' } } }), (e) => e.status === 400 && e.param === 'tool_choice');
+  } finally {
+    srv.proc.kill('SIGTERM');
+    unlinkSync(small);
   }
 });
 
