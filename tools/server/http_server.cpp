@@ -161,6 +161,9 @@ struct generation {
   bool done = false;    // its done event came
   double logprob_sum = 0;  // of its tokens: best_of ranks choices by the mean
   int32_t logprob_count = 0;
+  // A forced tool call being streamed: where its arguments start in `text` (0: not yet known)
+  // and how many of their bytes were sent.
+  size_t args_at = 0, args_sent = 0;
   // HTTP: log-probabilities (when asked) of the tokens not yet sent: a streamed chunk carries
   // those that arrived since the last one (a token whose text is held back by a stop string
   // rides with the next chunk); a whole answer carries all. (WebSocket frames carry their own.)
@@ -670,10 +673,17 @@ class http_session : public std::enable_shared_from_this<http_session> {
         // that ends inside a UTF-8 character, or text a stop string holds back for now).
         const bool new_token = ev.kind == event_kind::token && ev.token >= 0 && !was_ended;
         // With tools the answer may be a call: held back, then sent whole at the end (its text,
-        // then its calls as tool_calls deltas).
+        // then its calls as tool_calls deltas). A forced call (tool_choice required or named:
+        // the grammar makes the answer one call) streams as OpenAI's do: the name once known,
+        // then the arguments as they come.
+        const bool forced = gen_->req.parse_tools && !gen_->req.gen.sampling.grammar.empty();
         if (!gen_->req.parse_tools && (new_token || !shown.empty()))
           write_raw(chunk(sse(chunk_json(*g, shown, nullptr))));
-        if (ev.kind == event_kind::done) {
+        if (forced) stream_forced_call(*g, ev.kind == event_kind::done);
+        if (ev.kind == event_kind::done && forced) {
+          const bool whole = g->args_at > 0 && g->finish_reason == finish_reason::stop;
+          write_raw(chunk(sse(chunk_json(*g, "", whole ? std::string("tool_calls") : std::string(to_string(g->finish_reason))))));
+        } else if (ev.kind == event_kind::done) {
           std::string finish(to_string(g->finish_reason));
           if (gen_->req.parse_tools) {
             const auto answer = read_calls(*g);
@@ -727,6 +737,44 @@ class http_session : public std::enable_shared_from_this<http_session> {
     head += req_.keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     close_after_ = !req_.keep_alive();
     write_raw(std::move(head));
+  }
+
+  // A forced call's deltas so far: the call's opening (id, type, name) once the text has its
+  // name and the start of its arguments, then the arguments' new bytes, short of the closing
+  // that may follow (`}` and, for hermes, `\n</tool_call>`) and never inside a UTF-8 character.
+  void stream_forced_call(generation& g, bool at_end) {
+    const bool hermes = gen_->req.tools_format == tool_format::hermes;
+    const std::string closing = hermes ? "}\n</tool_call>" : "}";
+    auto delta = [&](json call) {
+      json c = chunk_json(g, "", nullptr);
+      auto& d = c["choices"][0]["delta"];
+      d.erase("content");
+      d["tool_calls"] = json::array({std::move(call)});
+      write_raw(chunk(sse(c)));
+    };
+    if (g.args_at == 0) {
+      for (const auto& name : gen_->req.tool_names) {
+        const std::string head = std::string(hermes ? "<tool_call>\n" : "") + "{\"name\": \"" + name + "\", \"" +
+                                 (hermes ? "arguments" : "parameters") + "\": ";
+        if (g.text.rfind(head, 0) != 0) continue;
+        g.args_at = g.args_sent = head.size();
+        delta({{"index", 0},
+               {"id", "call_" + std::to_string(gen_->serial) + "_" + std::to_string(g.choice) + "_0"},
+               {"type", "function"},
+               {"function", {{"name", name}, {"arguments", ""}}}});
+        break;
+      }
+      if (g.args_at == 0) return;
+    }
+    size_t end = g.text.size();
+    const bool closed = at_end && g.text.size() >= g.args_at + closing.size() &&
+                        g.text.compare(g.text.size() - closing.size(), closing.size(), closing) == 0;
+    if (closed) end -= closing.size();
+    else if (!at_end) end = end >= g.args_at + closing.size() ? end - closing.size() : g.args_at;
+    while (end > g.args_sent && (static_cast<unsigned char>(g.text[end]) & 0xC0) == 0x80 && end < g.text.size()) --end;
+    if (end <= g.args_sent) return;
+    delta({{"index", 0}, {"function", {{"arguments", g.text.substr(g.args_sent, end - g.args_sent)}}}});
+    g.args_sent = end;
   }
 
   // The calls in a choice's answer (all of them, or the first with parallel_tool_calls false).
