@@ -346,8 +346,25 @@ TEST_F(ServerTest, ToolCallsAreForcedReadAndStreamed) {
   auto named = chat({{"tool_choice", {{"type", "function"}, {"function", {{"name", "add"}}}}}, {"seed", 1}, {"max_tokens", 120}});
   ASSERT_EQ(named.status, 200) << named.body;
   EXPECT_EQ(json::parse(named.body)["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "add");
-  auto free = chat({{"tool_choice", "auto"}, {"seed", 1}, {"max_tokens", 8}});
+  auto free = chat({{"tool_choice", "auto"}, {"seed", 1}, {"max_tokens", 8}, {"ignore_eos", true}});
   ASSERT_EQ(free.status, 200) << free.body;
+  {  // auto, streamed: an answer that is no call streams as content token by token, the same text
+    auto fs = chat({{"tool_choice", "auto"}, {"seed", 1}, {"max_tokens", 8}, {"ignore_eos", true}, {"stream", true}});
+    bool fdone = false;
+    std::string text;
+    int pieces = 0;
+    for (const auto& e : sse_events(fs.body, fdone))
+      if (!e["choices"].empty() && e["choices"][0]["delta"].contains("content") &&
+          !e["choices"][0]["delta"]["content"].get<std::string>().empty()) {
+        text += e["choices"][0]["delta"]["content"].get<std::string>();
+        ++pieces;
+      }
+    const json whole = json::parse(free.body)["choices"][0]["message"];
+    if (!whole.contains("tool_calls")) {
+      EXPECT_EQ(text, whole["content"].get<std::string>());
+      EXPECT_GT(pieces, 1) << fs.body;
+    }
+  }
   // Streamed: the role, then the call as a tool_calls delta, then finish "tool_calls".
   auto s = chat({{"tool_choice", "required"}, {"seed", 2}, {"max_tokens", 120}, {"stream", true}});
   ASSERT_EQ(s.status, 200);

@@ -533,7 +533,9 @@ static std::optional<api_error> parse_tools(const json& b, const served_model& m
       return bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", ...}", "tool_choice");
     }
   }
-  out.parse_tools = choice != "none";
+  // With "auto" beside a response_format the answer follows that grammar, which has no calls
+  // in it: nothing to read.
+  out.parse_tools = choice != "none" && !(choice == "auto" && !out.gen.sampling.grammar.empty());
   if (choice == "required" || choice == "named") {
     if (!out.gen.sampling.grammar.empty())
       return bad("'tool_choice' forces a call, and another field constrains the output already", "tool_choice");

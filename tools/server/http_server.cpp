@@ -164,6 +164,7 @@ struct generation {
   // A forced tool call being streamed: where its arguments start in `text` (0: not yet known)
   // and how many of their bytes were sent.
   size_t args_at = 0, args_sent = 0;
+  size_t content_sent = 0;  // tool_choice auto: the bytes of `text` streamed as content so far
   // HTTP: log-probabilities (when asked) of the tokens not yet sent: a streamed chunk carries
   // those that arrived since the last one (a token whose text is held back by a stop string
   // rides with the next chunk); a whole answer carries all. (WebSocket frames carry their own.)
@@ -680,6 +681,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
         if (!gen_->req.parse_tools && (new_token || !shown.empty()))
           write_raw(chunk(sse(chunk_json(*g, shown, nullptr))));
         if (forced) stream_forced_call(*g, ev.kind == event_kind::done);
+        if (gen_->req.parse_tools && !forced && ev.kind != event_kind::done) stream_content_before_calls(*g);
         if (ev.kind == event_kind::done && forced) {
           const bool whole = g->args_at > 0 && g->finish_reason == finish_reason::stop;
           write_raw(chunk(sse(chunk_json(*g, "", whole ? std::string("tool_calls") : std::string(to_string(g->finish_reason))))));
@@ -687,7 +689,17 @@ class http_session : public std::enable_shared_from_this<http_session> {
           std::string finish(to_string(g->finish_reason));
           if (gen_->req.parse_tools) {
             const auto answer = read_calls(*g);
-            if (!answer.content.empty() || answer.calls.empty()) write_raw(chunk(sse(chunk_json(*g, answer.content, nullptr))));
+            // What was not streamed yet: the rest of the text without calls; with calls, the
+            // rest of their content (the text outside them) past what went out already.
+            std::string rest;
+            if (answer.calls.empty()) {
+              rest = g->text.substr(g->content_sent);
+            } else {
+              const std::string sent = trim_left(g->text.substr(0, g->content_sent));
+              if (answer.content.rfind(sent, 0) == 0) rest = answer.content.substr(sent.size());
+            }
+            if (!rest.empty() || (g->content_sent == 0 && answer.calls.empty()))
+              write_raw(chunk(sse(chunk_json(*g, rest, nullptr))));
             if (!answer.calls.empty()) {
               json delta = chunk_json(*g, "", nullptr);
               auto& d = delta["choices"][0]["delta"];  // (keeps the role when nothing came before)
@@ -775,6 +787,38 @@ class http_session : public std::enable_shared_from_this<http_session> {
     if (end <= g.args_sent) return;
     delta({{"index", 0}, {"function", {{"arguments", g.text.substr(g.args_sent, end - g.args_sent)}}}});
     g.args_sent = end;
+  }
+
+  static std::string trim_left(const std::string& s) {
+    const auto b = s.find_first_not_of(" \t\r\n");
+    return b == std::string::npos ? std::string() : s.substr(b);
+  }
+
+  // tool_choice auto: the text streams as content up to where a call may begin (hermes: a
+  // `<tool_call>`, or a tail that could become one; Llama 3: an answer that starts as a JSON
+  // object or <|python_tag|>, which is then held whole); the calls come at the end.
+  void stream_content_before_calls(generation& g) {
+    size_t limit = g.text.size();
+    if (gen_->req.tools_format == tool_format::hermes) {
+      static const std::string open = "<tool_call>";
+      if (const size_t at = g.text.find(open); at != std::string::npos) {
+        limit = at;
+      } else {
+        for (size_t k = std::min(open.size() - 1, g.text.size()); k > 0; --k)
+          if (g.text.compare(g.text.size() - k, k, open, 0, k) == 0) {
+            limit = g.text.size() - k;
+            break;
+          }
+      }
+    } else {
+      static const std::string tag = "<|python_tag|>";
+      const std::string t = trim_left(g.text);
+      const bool may_be_call = t.empty() || t[0] == '{' || t.rfind(tag, 0) == 0 || tag.rfind(t, 0) == 0;
+      if (may_be_call && g.content_sent == 0) limit = 0;
+    }
+    if (limit <= g.content_sent) return;
+    write_raw(chunk(sse(chunk_json(g, g.text.substr(g.content_sent, limit - g.content_sent), nullptr))));
+    g.content_sent = limit;
   }
 
   // The calls in a choice's answer (all of them, or the first with parallel_tool_calls false).
