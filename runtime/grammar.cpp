@@ -437,7 +437,12 @@ std::string gbnf_literal(std::string_view bytes) {
 // ---- the vocabulary trie ----
 
 token_trie::token_trie(const tokenizer& tok) : n_vocab(tok.n_vocab()), uid(next_trie_uid++) {
-  nodes.emplace_back();
+  // Built as a tree of vectors first, then laid out flat in depth-first order.
+  struct tree_node {
+    std::vector<std::pair<uint8_t, uint32_t>> children;  // by byte, ascending
+    std::vector<token_id> tokens;
+  };
+  std::vector<tree_node> tree(1);
   bytes.resize(size_t(n_vocab));
   for (token_id id = 0; id < n_vocab; ++id) {
     if (tok.is_eog(id)) {
@@ -450,19 +455,45 @@ token_trie::token_trie(const tokenizer& tok) : n_vocab(tok.n_vocab()), uid(next_
     if (b.empty()) continue;
     uint32_t at = 0;
     for (unsigned char c : b) {
-      auto& ch = nodes[at].children;
+      auto& ch = tree[at].children;
       auto it = std::lower_bound(ch.begin(), ch.end(), c, [](const auto& p, uint8_t x) { return p.first < x; });
       if (it != ch.end() && it->first == c) {
         at = it->second;
       } else {
-        const auto fresh = uint32_t(nodes.size());
+        const auto fresh = uint32_t(tree.size());
         ch.insert(it, {c, fresh});
-        nodes.emplace_back();
+        tree.emplace_back();
         at = fresh;
       }
     }
-    nodes[at].tokens.push_back(id);
+    tree[at].tokens.push_back(id);
     bytes[size_t(id)] = std::move(b);
+  }
+  // Depth-first numbering, then each node's edges and tokens in that order.
+  std::vector<uint32_t> order, renum(tree.size());
+  order.reserve(tree.size());
+  std::vector<uint32_t> stack{0};
+  while (!stack.empty()) {
+    const uint32_t t = stack.back();
+    stack.pop_back();
+    renum[t] = uint32_t(order.size());
+    order.push_back(t);
+    const auto& ch = tree[t].children;
+    for (auto it = ch.rbegin(); it != ch.rend(); ++it) stack.push_back(it->second);
+  }
+  nodes.resize(tree.size());
+  for (uint32_t i = 0; i < order.size(); ++i) {
+    const auto& t = tree[order[i]];
+    node& n = nodes[i];
+    n.first_edge = uint32_t(edge_byte.size());
+    n.n_edges = uint32_t(t.children.size());
+    for (const auto& [c, child] : t.children) {
+      edge_byte.push_back(c);
+      edge_child.push_back(renum[child]);
+    }
+    n.first_token = uint32_t(tokens.size());
+    n.n_tokens = uint32_t(t.tokens.size());
+    tokens.insert(tokens.end(), t.tokens.begin(), t.tokens.end());
   }
 }
 
@@ -717,11 +748,18 @@ struct grammar_matcher::walker {
     return to;
   }
   void walk(uint32_t node, int32_t at, token_mask& mask) {
-    for (const auto& [b, child] : m.trie_->nodes[node].children) {
-      const int32_t to = step(at, b);
+    const token_trie& t = *m.trie_;
+    const auto& n = t.nodes[node];
+    for (uint32_t e = n.first_edge; e < n.first_edge + n.n_edges; ++e) {
+      const int32_t to = step(at, t.edge_byte[e]);
       if (to == dead) continue;
-      for (token_id id : m.trie_->nodes[child].tokens) mask[size_t(id) / 64] |= uint64_t(1) << (id % 64);
-      if (!m.trie_->nodes[child].children.empty()) walk(child, to, mask);
+      const uint32_t child = t.edge_child[e];
+      const auto& c = t.nodes[child];
+      for (uint32_t k = c.first_token; k < c.first_token + c.n_tokens; ++k) {
+        const token_id id = t.tokens[k];
+        mask[size_t(id) / 64] |= uint64_t(1) << (id % 64);
+      }
+      if (c.n_edges) walk(child, to, mask);
     }
   }
 };

@@ -28,11 +28,17 @@ namespace tandem {
 // The vocabulary as a trie of the tokens' bytes (control tokens, which have none, left out),
 // with its end-of-generation tokens apart. Built once per tokenizer (token_trie::of).
 struct token_trie {
+  // Flat, in depth-first order (a walk reads memory mostly forward): node i's children are
+  // edges [first_edge, first_edge + n_edges) by ascending byte, the tokens whose bytes end
+  // there tokens[first_token, first_token + n_tokens).
   struct node {
-    std::vector<std::pair<uint8_t, uint32_t>> children;  // by byte, ascending
-    std::vector<token_id> tokens;                        // the tokens whose bytes end here
+    uint32_t first_edge = 0, n_edges = 0;
+    uint32_t first_token = 0, n_tokens = 0;
   };
   std::vector<node> nodes;  // nodes[0] is the root (no token ends there)
+  std::vector<uint8_t> edge_byte;
+  std::vector<uint32_t> edge_child;
+  std::vector<token_id> tokens;
   std::vector<token_id> eog;
   std::vector<std::string> bytes;  // by token: its bytes ("" for those left out)
   int32_t n_vocab = 0;
