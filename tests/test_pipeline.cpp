@@ -489,6 +489,9 @@ TEST(Pipeline, MigrationLimitEndsTheRequestClearly) {
   cfg.model.loaded = tiny();
   cfg.scheduling.max_migrations = 0;
   pipeline p(cfg);
+  // Every step 20 ms slower, so that the 200 tokens cannot all come before the kill lands (on
+  // a loaded machine the request once finished first).
+  p.inject(fault_kind::stall, 1000, std::chrono::milliseconds(20));
   auto h = p.submit({.prompt_tokens = prompt_of(60, 3, 300), .max_tokens = 200, .ignore_eos = true});
   request_event ev;
   while (h.next(ev, 10s) && !(ev.kind == event_kind::token && ev.index >= 2)) {
