@@ -495,6 +495,9 @@ token_trie::token_trie(const tokenizer& tok) : n_vocab(tok.n_vocab()), uid(next_
     n.n_tokens = uint32_t(t.tokens.size());
     tokens.insert(tokens.end(), t.tokens.begin(), t.tokens.end());
   }
+  auto ends = std::make_shared<std::vector<uint64_t>>((size_t(n_vocab) + 63) / 64, 0);
+  for (token_id id : eog) (*ends)[size_t(id) / 64] |= uint64_t(1) << (id % 64);
+  end_only = std::move(ends);
 }
 
 std::shared_ptr<const token_trie> token_trie::of(const tokenizer& tok) { return tok.vocab_trie(); }
@@ -770,11 +773,7 @@ std::shared_ptr<const token_mask> grammar_matcher::allowed() const {
   auto with_eog = [&](token_mask& m) {
     for (token_id id : trie_->eog) m[size_t(id) / 64] |= uint64_t(1) << (id % 64);
   };
-  if (finished_ || dead()) {
-    auto m = std::make_shared<token_mask>(words, 0);
-    with_eog(*m);
-    return m;
-  }
+  if (finished_ || dead()) return trie_->end_only;
   const std::string k = key();
   {
     std::lock_guard lock(g_->mask_mu_);

@@ -40,6 +40,7 @@ struct token_trie {
   std::vector<uint32_t> edge_child;
   std::vector<token_id> tokens;
   std::vector<token_id> eog;
+  std::shared_ptr<const std::vector<uint64_t>> end_only;  // the mask of the eog tokens alone
   std::vector<std::string> bytes;  // by token: its bytes ("" for those left out)
   int32_t n_vocab = 0;
   uint64_t uid = 0;  // unique per trie built: keys the grammars' mask caches

@@ -36,10 +36,7 @@ std::span<const float> constrained_logits(std::span<const float> logits, const s
     if (!c) c = std::make_shared<grammar_constraint>(grammar::cached(p.grammar));
     mask = c->mask_after(output, tok.vocab_trie());
   } catch (const failure&) {
-    auto m = std::make_shared<token_mask>((size_t(tok.n_vocab()) + 63) / 64, 0);
-    for (token_id t = 0; t < tok.n_vocab(); ++t)
-      if (tok.is_eog(t)) (*m)[size_t(t) / 64] |= uint64_t(1) << (t % 64);
-    mask = std::move(m);  // a grammar that cannot compile allows nothing: the output ends
+    mask = tok.vocab_trie()->end_only;  // a grammar that cannot compile allows nothing: the output ends
   }
   if (logits.data() != buf.data()) buf.assign(logits.begin(), logits.end());
   const float ban = -std::numeric_limits<float>::infinity();

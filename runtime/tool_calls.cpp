@@ -32,7 +32,6 @@ std::optional<tool_call> call_of(const ojson& j, const std::vector<std::string>&
   return tool_call{name, args.dump()};
 }
 
-std::string literal(const std::string& s) { return gbnf_literal(s); }
 
 }  // namespace
 
@@ -137,6 +136,14 @@ std::string prefix_rules(const std::string& g, const std::string& prefix) {
   return out;
 }
 
+std::string forced_call_head(tool_format f, const std::string& name) {
+  const bool hermes = f == tool_format::hermes;
+  return std::string(hermes ? "<tool_call>\n" : "") + "{\"name\": \"" + name + "\", \"" +
+         (hermes ? "arguments" : "parameters") + "\": ";
+}
+
+std::string_view forced_call_closing(tool_format f) { return f == tool_format::hermes ? "}\n</tool_call>" : "}"; }
+
 std::string tool_call_gbnf(tool_format f, const ojson& tools, const std::optional<std::string>& only) {
   if (f == tool_format::none) throw failure(errc::invalid_argument, "the model's chat template has no tool-call format");
   if (!tools.is_array() || tools.empty()) throw failure(errc::invalid_argument, "no tools to call");
@@ -153,20 +160,16 @@ std::string tool_call_gbnf(tool_format f, const ojson& tools, const std::optiona
     p += std::to_string(n);
     p += '-';
     rules += prefix_rules(json_schema_to_gbnf(params), p) + "\n";
-    const std::string key = f == tool_format::hermes ? "arguments" : "parameters";
     rules += "call";
     rules += std::to_string(n);
-    rules += " ::= " + literal("{\"name\": \"" + name + "\", \"" + key + "\": ") + " " + p +
-             "root " + literal("}") + "\n";
+    rules += " ::= " + gbnf_literal(forced_call_head(f, name)) + " " + p + "root " +
+             gbnf_literal(forced_call_closing(f)) + "\n";
     calls += n ? " | call" : "call";
     calls += std::to_string(n);
     ++n;
   }
   if (n == 0) throw failure(errc::invalid_argument, "no tool named '" + only.value_or("") + "' among 'tools'");
-  const std::string call = "(" + calls + ")";
-  const std::string root = f == tool_format::hermes ? literal("<tool_call>\n") + " " + call + " " + literal("\n</tool_call>")
-                                                    : call;
-  return "root ::= " + root + "\n" + rules;
+  return "root ::= (" + calls + ")\n" + rules;
 }
 
 }  // namespace tandem

@@ -42,6 +42,12 @@ parsed_answer parse_tool_calls(tool_format f, const std::string& text, const std
 // Schema converter refuses).
 std::string tool_call_gbnf(tool_format f, const nlohmann::ordered_json& tools, const std::optional<std::string>& only);
 
+// How a forced call (tool_call_gbnf) is spelled around its arguments: what comes before them
+// (`{"name": "f", "arguments": ` for hermes, after its `<tool_call>\n`) and what closes it.
+// The server streams a forced call's arguments from between the two.
+std::string forced_call_head(tool_format f, const std::string& name);
+std::string_view forced_call_closing(tool_format f);
+
 // `gbnf` with every rule name prefixed (so that grammars can be combined in one text).
 std::string prefix_rules(const std::string& gbnf, const std::string& prefix);
 

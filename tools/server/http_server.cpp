@@ -701,11 +701,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
             if (!rest.empty() || (g->content_sent == 0 && answer.calls.empty()))
               write_raw(chunk(sse(chunk_json(*g, rest, nullptr))));
             if (!answer.calls.empty()) {
-              json delta = chunk_json(*g, "", nullptr);
-              auto& d = delta["choices"][0]["delta"];  // (keeps the role when nothing came before)
-              d.erase("content");
-              d["tool_calls"] = calls_json(*g, answer, true);
-              write_raw(chunk(sse(delta)));
+              write_tool_calls(*g, calls_json(*g, answer, true));
               if (g->finish_reason == finish_reason::stop) finish = "tool_calls";
             }
           }
@@ -755,25 +751,16 @@ class http_session : public std::enable_shared_from_this<http_session> {
   // name and the start of its arguments, then the arguments' new bytes, short of the closing
   // that may follow (`}` and, for hermes, `\n</tool_call>`) and never inside a UTF-8 character.
   void stream_forced_call(generation& g, bool at_end) {
-    const bool hermes = gen_->req.tools_format == tool_format::hermes;
-    const std::string closing = hermes ? "}\n</tool_call>" : "}";
-    auto delta = [&](json call) {
-      json c = chunk_json(g, "", nullptr);
-      auto& d = c["choices"][0]["delta"];
-      d.erase("content");
-      d["tool_calls"] = json::array({std::move(call)});
-      write_raw(chunk(sse(c)));
-    };
+    const std::string_view closing = forced_call_closing(gen_->req.tools_format);
     if (g.args_at == 0) {
       for (const auto& name : gen_->req.tool_names) {
-        const std::string head = std::string(hermes ? "<tool_call>\n" : "") + "{\"name\": \"" + name + "\", \"" +
-                                 (hermes ? "arguments" : "parameters") + "\": ";
+        const std::string head = forced_call_head(gen_->req.tools_format, name);
         if (g.text.rfind(head, 0) != 0) continue;
         g.args_at = g.args_sent = head.size();
-        delta({{"index", 0},
-               {"id", "call_" + std::to_string(gen_->serial) + "_" + std::to_string(g.choice) + "_0"},
-               {"type", "function"},
-               {"function", {{"name", name}, {"arguments", ""}}}});
+        write_tool_calls(g, json::array({{{"index", 0},
+                                          {"id", call_id(g, 0)},
+                                          {"type", "function"},
+                                          {"function", {{"name", name}, {"arguments", ""}}}}}));
         break;
       }
       if (g.args_at == 0) return;
@@ -785,8 +772,21 @@ class http_session : public std::enable_shared_from_this<http_session> {
     else if (!at_end) end = end >= g.args_at + closing.size() ? end - closing.size() : g.args_at;
     while (end > g.args_sent && (static_cast<unsigned char>(g.text[end]) & 0xC0) == 0x80 && end < g.text.size()) --end;
     if (end <= g.args_sent) return;
-    delta({{"index", 0}, {"function", {{"arguments", g.text.substr(g.args_sent, end - g.args_sent)}}}});
+    write_tool_calls(g, json::array({{{"index", 0}, {"function", {{"arguments", g.text.substr(g.args_sent, end - g.args_sent)}}}}}));
     g.args_sent = end;
+  }
+
+  // A streamed chunk whose delta is `calls` (OpenAI's tool_calls entries); it keeps the role
+  // when nothing came before.
+  void write_tool_calls(generation& g, json calls) {
+    json c = chunk_json(g, "", nullptr);
+    auto& d = c["choices"][0]["delta"];
+    d.erase("content");
+    d["tool_calls"] = std::move(calls);
+    write_raw(chunk(sse(c)));
+  }
+  std::string call_id(const generation& g, size_t k) const {
+    return "call_" + std::to_string(gen_->serial) + "_" + std::to_string(g.choice) + "_" + std::to_string(k);
   }
 
   static std::string trim_left(const std::string& s) {
@@ -831,7 +831,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   json calls_json(const generation& g, const parsed_answer& a, bool streamed) const {
     json list = json::array();
     for (size_t k = 0; k < a.calls.size(); ++k) {
-      json c = {{"id", "call_" + std::to_string(gen_->serial) + "_" + std::to_string(g.choice) + "_" + std::to_string(k)},
+      json c = {{"id", call_id(g, k)},
                 {"type", "function"},
                 {"function", {{"name", a.calls[k].name}, {"arguments", a.calls[k].arguments}}}};
       if (streamed) c["index"] = int(k);
