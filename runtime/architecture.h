@@ -7,13 +7,14 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/cpu/ops.h"
+
 namespace tandem {
 
 enum class architecture : uint8_t { llama, qwen2, qwen3, gemma3, phi3 };
 
-// Which elements of a head RoPE turns together: adjacent pairs (2i, 2i+1) (llama's "normal")
-// or the two halves (i, i + head_dim/2) (GPT-NeoX's, used by Qwen, Gemma and Phi-3).
-enum class rope_style : uint8_t { normal, neox };
+// Which elements of a head RoPE turns together (the kernels' enum).
+using rope_style = kernels::cpu::rope_style;
 
 // The gated FFN: act(gate) * up.
 enum class ffn_activation : uint8_t { silu, gelu_tanh };

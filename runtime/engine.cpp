@@ -313,19 +313,23 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
                       c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
     });
   }
-  auto rms_norm = [&](const std::vector<float>& norm_w) {
-    rows_parallel(c.dim, [&](int64_t r0, int64_t r1) {
-      cpu::rms_norm(s.x.data() + r0 * c.dim, norm_w.data(), s.xn.data() + r0 * c.dim, r1 - r0, c.dim, c.rms_eps);
-    });
-  };
-
-  // y_i = x · W_iᵀ for weights that share x. One token (decode): one job whose tasks are row
-  // slices of every weight (a slice of rows is itself a weight_view), instead of one dispatch
-  // per weight; larger batches: one matmul after the other, each split by cpu::matmul.
-  auto matmuls = [&](const float* x, std::initializer_list<std::pair<const kernels::weight_view*, float*>> mats) {
+  // y_i = in · W_iᵀ for weights that share one input. The RMSNorm (or SwiGLU) before a
+  // projection is fused into it where the kernels convert x anyway (cpu::fuses_input: each
+  // row is normed as it is quantized or rounded to bf16, in L1); elsewhere the input is formed
+  // once into `formed` for all of them. Bitwise the same either way.
+  // One token (decode): one job whose tasks are row slices of every weight (a slice of rows is
+  // itself a weight_view), instead of one dispatch per weight; larger batches: one matmul after
+  // the other, each split by cpu::matmul.
+  auto matmuls = [&](cpu::matmul_input in, int64_t width, float* formed,
+                     std::initializer_list<std::pair<const kernels::weight_view*, float*>> mats) {
+    if (in.op != cpu::input_op::none &&
+        !std::all_of(mats.begin(), mats.end(), [](const auto& wy) { return cpu::fuses_input(*wy.first); })) {
+      cpu::form_input(in, T, width, formed, pool_threads_);
+      in = cpu::matmul_input{formed};
+    }
     const int threads = pool_threads_.size();
     if (T != 1 || threads == 1) {
-      for (auto [w, y] : mats) cpu::matmul(*w, x, T, y, pool_threads_, opts_.matmul);
+      for (auto [w, y] : mats) cpu::matmul(*w, in, T, y, pool_threads_, opts_.matmul);
       return;
     }
     s.slices.clear();
@@ -342,7 +346,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
                      [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
     pool_threads_.for_each_dynamic(int64_t(s.slices.size()), [&](int64_t i, int p) {
       const auto& t = s.slices[size_t(i)];
-      cpu::matmul(kernels::slice_rows(*t.w, t.r0, t.r1), x, 1, t.y + t.r0, *s.solo[size_t(p)], opts_.matmul);
+      cpu::matmul(kernels::slice_rows(*t.w, t.r0, t.r1), in, 1, t.y + t.r0, *s.solo[size_t(p)], opts_.matmul);
     });
   };
 
@@ -357,7 +361,11 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   });
 
   // Attention work, the same for every layer: runs of consecutive entries of one sequence
-  // (consecutive positions), cut into tiles, times KV heads; the longest contexts first.
+  // (consecutive positions), cut into tiles, times KV heads. Order: the sequences with the
+  // longest contexts first (balance); within one, head by head and the longest tiles first, so
+  // that the tiles a thread takes in turn read the same head's K/V (one head's blocks stay in
+  // its L2; taking the heads in turn made every thread stream all of them from L3 at long
+  // contexts). Each task writes its own rows: the order changes no result.
   s.attn_tasks.clear();
   const int32_t tile = cpu::attention_tile_tokens(n_rep);
   for (int32_t t0 = 0; t0 < int32_t(T);) {
@@ -368,14 +376,26 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     for (int32_t g = 0; g < c.n_kv_head; ++g) s.attn_tasks.push_back({t0, t1 - t0, g, pos[size_t(t1) - 1]});
     t0 = t1;
   }
-  std::stable_sort(s.attn_tasks.begin(), s.attn_tasks.end(),
-                   [](const attn_task& a, const attn_task& b) { return a.last_pos > b.last_pos; });
+  // Per sequence: its last position in the batch and its first entry (a stable tie-break).
+  std::unordered_map<const sequence*, std::pair<int32_t, int32_t>> seq_key;
+  for (const attn_task& a : s.attn_tasks) {
+    auto [it, fresh] = seq_key.try_emplace(seqs[size_t(a.first)], a.last_pos, a.first);
+    if (!fresh) it->second = {std::max(it->second.first, a.last_pos), std::min(it->second.second, a.first)};
+  }
+  std::stable_sort(s.attn_tasks.begin(), s.attn_tasks.end(), [&](const attn_task& a, const attn_task& b) {
+    const sequence *sa = seqs[size_t(a.first)], *sb = seqs[size_t(b.first)];
+    if (sa != sb) {
+      const auto ka = seq_key[sa], kb = seq_key[sb];
+      return ka.first != kb.first ? ka.first > kb.first : ka.second < kb.second;
+    }
+    return a.kv_head != b.kv_head ? a.kv_head < b.kv_head : a.last_pos > b.last_pos;
+  });
 
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const layer_weights& w = model_->layers()[size_t(l)];
-    rms_norm(w.attn_norm);
+    const cpu::matmul_input attn_in{s.x.data(), cpu::input_op::rms_norm, w.attn_norm.data(), c.rms_eps};
     // q: [T, n_head, head_dim], k and v: [T, n_kv_head, head_dim]
-    matmuls(s.xn.data(), {{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}});
+    matmuls(attn_in, c.dim, s.xn.data(), {{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}});
     const float* cs = s.rope_cs[size_t(w.rope_variant)].data();
     const int32_t window = w.sliding ? c.sliding_window : 0;
     const kernels::dtype kvt = pool_.layout().dtype;
@@ -399,14 +419,14 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
         cpu::rms_norm(k, w.k_norm.data(), k, n * c.n_kv_head, c.head_dim, c.rms_eps);
       }
       rope_apply(q, cs + r0 * c.head_dim, n, c.n_head, c.head_dim);
-      rope_apply(k, cs + r0 * c.head_dim, n, c.n_kv_head, c.head_dim);
       for (int64_t t = r0; t < r1; ++t) {
         const int32_t p = pos[size_t(t)];
         const block_id b = seqs[size_t(t)]->blocks[size_t(p / bs)];
         const int64_t off = int64_t(p % bs) * row_bytes;
         for (int32_t h = 0; h < c.n_kv_head; ++h) {
-          cpu::store_k_row(kvt, k_order, s.k.data() + t * kv_dim + int64_t(h) * c.head_dim, pool_.k(b, l, h),
-                           p % bs, bs, c.head_dim);
+          // RoPE fused into the K write: the rotated row goes straight into the block.
+          cpu::store_k_row_roped(kvt, k_order, arch.rope, s.k.data() + t * kv_dim + int64_t(h) * c.head_dim,
+                                 cs + t * c.head_dim, pool_.k(b, l, h), p % bs, bs, c.head_dim);
           kernels::quantize_row(kvt, s.v.data() + t * kv_dim + int64_t(h) * c.head_dim,
                                 static_cast<uint8_t*>(pool_.v(b, l, h)) + off, c.head_dim);
         }
@@ -447,16 +467,15 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     cpu::matmul(w.wo, s.attn.data(), T, s.proj.data(), pool_threads_, opts_.matmul);
     add_residual(w.attn_post_norm);
 
-    rms_norm(w.ffn_norm);
-    matmuls(s.xn.data(), {{&w.w_gate, s.gate.data()}, {&w.w_up, s.up.data()}});  // [T, ffn_dim] each
-    rows_parallel(c.ffn_dim, [&](int64_t r0, int64_t r1) {
-      const int64_t o = r0 * c.ffn_dim, n = (r1 - r0) * c.ffn_dim;
-      switch (arch.activation) {
-        case ffn_activation::silu: cpu::silu_mul_fast(s.gate.data() + o, s.up.data() + o, s.gate.data() + o, n); break;
-        case ffn_activation::gelu_tanh: cpu::gelu_mul(s.gate.data() + o, s.up.data() + o, s.gate.data() + o, n); break;
-      }
-    });
-    cpu::matmul(w.w_down, s.gate.data(), T, s.proj.data(), pool_threads_, opts_.matmul);
+    const cpu::matmul_input ffn_in{s.x.data(), cpu::input_op::rms_norm, w.ffn_norm.data(), c.rms_eps};
+    matmuls(ffn_in, c.dim, s.xn.data(), {{&w.w_gate, s.gate.data()}, {&w.w_up, s.up.data()}});  // [T, ffn_dim] each
+    // The gated activation fused into the down projection's input (formed in place otherwise).
+    cpu::input_op act = cpu::input_op::none;
+    switch (arch.activation) {
+      case ffn_activation::silu: act = cpu::input_op::silu_mul; break;
+      case ffn_activation::gelu_tanh: act = cpu::input_op::gelu_mul; break;
+    }
+    matmuls({s.gate.data(), act, s.up.data()}, c.ffn_dim, s.gate.data(), {{&w.w_down, s.proj.data()}});
     add_residual(w.ffn_post_norm);
   }
 }

@@ -246,6 +246,42 @@ TEST_P(matmul_test, row_slices_equal_the_whole) {
   }
 }
 
+// A fused input (RMSNorm, SwiGLU or GEGLU formed row by row inside the kernel's conversion of
+// x) gives bitwise the result of forming the input first and multiplying it, for every m and
+// thread count; the panel kernels of every type but f32 fuse, the other paths form it first.
+TEST_P(matmul_test, fused_input_equals_the_op_then_the_matmul) {
+  const tk::dtype t = GetParam();
+  const problem p = make_problem(t, 64, 200, 512, 21);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.5f, 1.5f);
+  std::vector<float> aux(size_t(p.m * p.cols)), norm_w(size_t(p.cols));
+  for (auto& v : aux) v = u(rng);
+  for (auto& v : norm_w) v = 1.0f + 0.5f * u(rng);
+  EXPECT_EQ(cpu::fuses_input(p.view()),
+            cpu::detail::best_isa() == isa::avx512_bf16 && cpu::detail::has_panels(t) && t != tk::dtype::f32 &&
+                t != tk::dtype::f16);
+  for (cpu::input_op op : {cpu::input_op::rms_norm, cpu::input_op::silu_mul, cpu::input_op::gelu_mul}) {
+    const cpu::matmul_input in{p.x.data(), op, op == cpu::input_op::rms_norm ? norm_w.data() : aux.data(), 1e-5f};
+    for (int64_t m : {1, 2, 7, 64})
+      for (int threads : {1, 2}) {
+        std::vector<float> formed(size_t(m * p.cols)), want(size_t(m * p.rows)), got(size_t(m * p.rows));
+        cpu::form_input(in, m, p.cols, formed.data(), pool_of(threads));
+        cpu::matmul(p.view(), formed.data(), m, want.data(), pool_of(threads));
+        cpu::matmul(p.view(), in, m, got.data(), pool_of(threads));
+        for (size_t j = 0; j < got.size(); ++j)
+          ASSERT_EQ(got[j], want[j]) << "op=" << int(op) << " m=" << m << " threads=" << threads << " j=" << j;
+      }
+  }
+  // form_input's rows are ops.h's functions, row by row.
+  std::vector<float> formed(size_t(3 * p.cols)), want(size_t(3 * p.cols));
+  cpu::form_input({p.x.data(), cpu::input_op::rms_norm, norm_w.data(), 1e-5f}, 3, p.cols, formed.data(), pool_of(2));
+  cpu::rms_norm(p.x.data(), norm_w.data(), want.data(), 3, p.cols, 1e-5f);
+  EXPECT_EQ(formed, want);
+  cpu::form_input({p.x.data(), cpu::input_op::silu_mul, aux.data()}, 3, p.cols, formed.data(), pool_of(2));
+  cpu::silu_mul_fast(p.x.data(), aux.data(), want.data(), 3 * p.cols);
+  EXPECT_EQ(formed, want);
+}
+
 INSTANTIATE_TEST_SUITE_P(dtypes, matmul_test,
                          ::testing::Values(tk::dtype::f32, tk::dtype::f16, tk::dtype::bf16,
                                            tk::dtype::q8_0, tk::dtype::q4_0, tk::dtype::q4_k,
@@ -535,6 +571,30 @@ TEST(ops, silu_mul_fast_matches_silu_mul) {
     for (size_t i = 0; i < ref.size(); ++i)
       ASSERT_NEAR(fast[i], ref[i], 1e-6f * std::fabs(ref[i]) + 1e-30f) << "i=" << i << " g=" << g[i];
   }
+}
+
+// RoPE fused into the K write stores bitwise what rope_apply(_neox) then store_k_row store, in
+// every KV dtype and K order.
+TEST(attention, roped_k_write_equals_rope_then_store) {
+  const int32_t hd = 64, bs = 16;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::vector<float> k(static_cast<size_t>(hd)), cs(static_cast<size_t>(hd));
+  for (auto& v : k) v = u(rng);
+  const int32_t pos = 1234;
+  cpu::rope_table(&pos, 1, hd, 10000.0f, cs.data());
+  for (tk::dtype t : {tk::dtype::f32, tk::dtype::f16, tk::dtype::bf16, tk::dtype::q8_0})
+    for (cpu::rope_style style : {cpu::rope_style::normal, cpu::rope_style::neox}) {
+      const cpu::k_order o = cpu::kv_k_order(t);
+      const size_t bytes = size_t(tk::row_bytes(t, hd)) * bs;
+      std::vector<uint8_t> a(bytes, 0), b(bytes, 0);
+      std::vector<float> turned = k;
+      (style == cpu::rope_style::neox ? cpu::rope_apply_neox : cpu::rope_apply)(turned.data(), cs.data(), 1, 1, hd);
+      cpu::store_k_row(t, o, turned.data(), a.data(), 5, bs, hd);
+      cpu::store_k_row_roped(t, o, style, k.data(), cs.data(), b.data(), 5, bs, hd);
+      EXPECT_EQ(a, b) << tk::to_string(t) << " style " << int(style);
+      EXPECT_NE(turned, k);  // the rotation did something at this position
+    }
 }
 
 TEST(ops, rope_table_and_apply_equal_rope) {

@@ -81,13 +81,25 @@ void check(const status& st) {
 
 // One timed run on a fresh sequence: `context - prompt` tokens prefilled untimed, then the
 // timed prefill of `prompt` tokens, then `decode` timed greedy steps (from position `context`).
+// First an untimed warm-up, as llama-bench's (a prefill of `prompt` tokens and a decode step on
+// a sequence freed after): a new engine's first forward pays the page faults of its scratch and
+// KV memory and its threads' start, which llama-bench's timed runs do not.
 struct timing {
   double prefill_s, decode_s;
 };
 timing time_engine(engine& eng, const llama_config& c, int context, int prompt, int decode) {
+  std::vector<float> logits;
+  {
+    std::vector<token_id> warm(static_cast<size_t>(prompt));
+    for (size_t i = 0; i < warm.size(); ++i) warm[i] = token_id((i * 104729 + 7) % size_t(c.n_vocab));
+    const seq_id w = eng.create_sequence();
+    check(eng.prefill(w, warm, logits));
+    const token_id t = warm.front();
+    check(eng.decode(std::span(&w, 1), std::span(&t, 1), logits));
+    check(eng.free_sequence(w));
+  }
   std::vector<token_id> tokens(static_cast<size_t>(context));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = token_id((i * 7919 + 13) % size_t(c.n_vocab));
-  std::vector<float> logits;
   const seq_id s = eng.create_sequence();
   if (context > prompt) check(eng.prefill(s, std::span(tokens).first(size_t(context - prompt)), logits));
   const auto t0 = clock_type::now();

@@ -1,4 +1,5 @@
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/ops.h"
 
 #include <algorithm>
 #include <bit>
@@ -137,6 +138,18 @@ void store_k_row(dtype t, k_order o, const float* k, void* block, int32_t slot, 
   quantize_row(t, k, row, head_dim);  // elementwise rounding: the same values a row store keeps
   for (int32_t d = 0; d < head_dim; ++d)
     std::memcpy(base + (int64_t(d) * block_size + slot) * es, row + d * es, size_t(es));
+}
+
+void store_k_row_roped(dtype t, k_order o, rope_style style, const float* k, const float* cs, void* block,
+                       int32_t slot, int32_t block_size, int32_t head_dim) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < size_t(head_dim)) buf.resize(size_t(head_dim));
+  std::copy(k, k + head_dim, buf.data());
+  switch (style) {
+    case rope_style::normal: rope_apply(buf.data(), cs, 1, 1, head_dim); break;
+    case rope_style::neox: rope_apply_neox(buf.data(), cs, 1, 1, head_dim); break;
+  }
+  store_k_row(t, o, buf.data(), block, slot, block_size, head_dim);
 }
 
 void load_k_row(dtype t, k_order o, const void* block, int32_t slot, int32_t block_size, int32_t head_dim,

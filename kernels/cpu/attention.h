@@ -2,6 +2,7 @@
 // Attention of query heads over a paged KV context.
 #include <cstdint>
 
+#include "kernels/cpu/ops.h"
 #include "kernels/tensor_types.h"
 
 namespace tandem::kernels::cpu {
@@ -22,6 +23,12 @@ void store_k_row(dtype t, k_order o, const float* k, void* block, int32_t slot, 
                  int32_t head_dim);
 void load_k_row(dtype t, k_order o, const void* block, int32_t slot, int32_t block_size, int32_t head_dim,
                 float* k);
+
+// store_k_row of k turned by RoPE on its way into the block (cs: this position's
+// [head_dim / 2][2] (cos, sin), ops.h's rope_table): the rotated K goes straight to the cache,
+// never back to the caller's tensor. Bitwise rope_apply(_neox) of one row, then store_k_row.
+void store_k_row_roped(dtype t, k_order o, rope_style style, const float* k, const float* cs, void* block,
+                       int32_t slot, int32_t block_size, int32_t head_dim);
 
 // The reference kernel (plain C++). The n_q query heads that share one KV head (a GQA group)
 // attend together, so each key and value row is read once per group.

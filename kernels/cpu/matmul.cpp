@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kernels/cpu/matmul_impl.h"
+#include "kernels/cpu/ops.h"
 
 namespace tandem::kernels::cpu {
 namespace detail {
@@ -246,7 +247,7 @@ void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m,
   }
   // The panel kernels are both exact and the fastest this level has (docs/performance.md),
   // so both modes take them; `fastest` differs only on levels without panels.
-  if (level == isa::avx512_bf16 && w.panels) return matmul_panels(w, x, m, y, pool);
+  if (level == isa::avx512_bf16 && w.panels) return matmul_panels(w, matmul_input{x}, m, y, pool);
   if (is_dequantized_on_the_fly(w.type)) {
     // Integer kernels where AVX2 is (exact, batch-invariant); `fastest` with a large batch and
     // the scalar level dequantize tiles for the f32 paths (OpenBLAS GEMM on prefill).
@@ -270,10 +271,43 @@ void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m,
   }
 }
 
+void form_row(const matmul_input& in, int64_t i, int64_t k, float* out) {
+  const float* x = in.x + i * k;
+  switch (in.op) {
+    case input_op::none:
+      if (out != x) std::copy(x, x + k, out);
+      return;
+    case input_op::rms_norm: return rms_norm(x, in.aux, out, 1, k, in.eps);
+    case input_op::silu_mul: return silu_mul_fast(x, in.aux + i * k, out, k);
+    case input_op::gelu_mul: return gelu_mul(x, in.aux + i * k, out, k);
+  }
+}
+
 }  // namespace detail
 
 void matmul(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool, matmul_mode mode) {
   detail::matmul_with_isa(detail::best_isa(), w, x, m, y, pool, mode);
+}
+
+void form_input(const matmul_input& in, int64_t m, int64_t k, float* out, thread_pool& pool) {
+  auto rows = [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) detail::form_row(in, i, k, out + i * k);
+  };
+  // Rows are formed on their own: the same values whatever the split.
+  if (m * k < (int64_t(1) << 15) || pool.size() == 1) return rows(0, m);
+  pool.parallel_for(m, 1, [&](int64_t r0, int64_t r1, int) { rows(r0, r1); });
+}
+
+bool fuses_input(const weight_view& w) {
+  return detail::best_isa() == detail::isa::avx512_bf16 && w.panels && w.type != dtype::f32 && w.type != dtype::f16;
+}
+
+void matmul(const weight_view& w, const matmul_input& in, int64_t m, float* y, thread_pool& pool, matmul_mode mode) {
+  if (in.op == input_op::none) return matmul(w, in.x, m, y, pool, mode);
+  if (fuses_input(w) && m > 0 && w.rows > 0 && w.cols > 0) return detail::matmul_panels(w, in, m, y, pool);
+  auto* x = static_cast<float*>(detail::thread_scratch(detail::scratch_input, size_t(m * w.cols) * sizeof(float)));
+  form_input(in, m, w.cols, x, pool);
+  matmul(w, x, m, y, pool, mode);
 }
 
 const char* isa_name() {

@@ -41,7 +41,7 @@ class panel_memory {
 };
 
 // Returns w with `panels` set to its rows repacked (into `store`) for the batch-invariant
-// kernels of this CPU, or w unchanged where those kernels read the rows as stored (f16, CPUs
+// kernels of this CPU, or w unchanged where those kernels read the rows as stored (CPUs
 // without AVX-512 VNNI/BF16). Done once per weight, at load.
 weight_view pack_for_matmul(const weight_view& w, panel_memory& store);
 
@@ -61,7 +61,7 @@ namespace cpu {
 //    GEMM microkernels whose per-element order depends on k only (matmul_panels.cpp); without,
 //    the decode kernels, tiled so that weights are reused from cache (slower prefill).
 //  fastest: where weights have panels, the same kernels as batch_invariant (they are the
-//    fastest there too). Elsewhere (AVX2, AVX-512 without VNNI/BF16, f16 weights) large m
+//    fastest there too). Elsewhere (AVX2, AVX-512 without VNNI/BF16) large m
 //    takes the GEMM path (OpenBLAS, or the AVX-512 microkernels, which round x to bf16 for
 //    bf16 and q8_0 weights); rows then differ in their last bits (bf16/q8_0: in about the
 //    third digit) between a prefill and a decode step, and a greedy pick at a near-tie can
@@ -73,6 +73,38 @@ enum class matmul_mode { batch_invariant, fastest };
 // large m (prefill) uses a blocked GEMM (compute-bound path) in `fastest` mode. Work is split
 // over `pool`.
 void matmul(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
+            matmul_mode mode = matmul_mode::batch_invariant);
+
+// A matmul's input as a layer makes it: x itself, or rows made from x (and `aux`) by one of the
+// elementwise ops of ops.h that precede a matmul in a layer: RMSNorm before the q/k/v and
+// gate/up projections, SwiGLU or GEGLU before the down projection.
+enum class input_op {
+  none,      // x: [m, k]
+  rms_norm,  // rms_norm(x) * aux: x [m, k], aux the norm's weights [k], eps
+  silu_mul,  // silu(x) * aux: x the gate [m, k], aux up [m, k] (silu_mul_fast)
+  gelu_mul,  // gelu(x) * aux: the same with gelu_mul
+};
+struct matmul_input {
+  const float* x = nullptr;
+  input_op op = input_op::none;
+  const float* aux = nullptr;
+  float eps = 0.0f;
+};
+
+// Writes the input rows [m, k] that `in` stands for to out (which may be in.x for the
+// elementwise ops, not for rms_norm), each row by ops.h's function of the same name, split over
+// `pool` by rows for large inputs.
+void form_input(const matmul_input& in, int64_t m, int64_t k, float* out, thread_pool& pool);
+
+// Whether matmul(w, in, ...) forms each input row where its kernel converts x anyway (rounds it
+// to bf16, quantizes it per block), in L1, so that the [m, k] f32 input is never written to
+// memory and read back (the fused path: the panel kernels of the integer types and bf16; the
+// f32 and f16 ones read x in place). Otherwise matmul
+// forms the whole input in scratch first.
+bool fuses_input(const weight_view& w);
+
+// y = in · Wᵀ, bitwise equal to form_input followed by matmul on the formed x.
+void matmul(const weight_view& w, const matmul_input& in, int64_t m, float* y, thread_pool& pool,
             matmul_mode mode = matmul_mode::batch_invariant);
 
 // The instruction set the CPU kernels dispatched to at runtime ("avx512", "avx2" or "scalar").

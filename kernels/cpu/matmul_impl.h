@@ -63,8 +63,11 @@ bool has_panels(dtype t);
 int64_t panel_bytes(dtype t, int64_t k);
 // Writes all ceil(w.rows / panel_rows) panels of w to dst (64-byte aligned).
 void pack_panels(const weight_view& w, void* dst);
-// y = x · Wᵀ from w.panels; the same for every m (see the file's header).
-void matmul_panels(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool);
+// y = x · Wᵀ from w.panels; the same for every m (see the file's header). in.op other than none
+// only where fuses_input(w).
+void matmul_panels(const weight_view& w, const matmul_input& in, int64_t m, float* y, thread_pool& pool);
+// Row i of the input `in` stands for (k elements) into out: the arithmetic of form_input.
+void form_row(const matmul_input& in, int64_t i, int64_t k, float* out);
 
 // ---- block types without kernels of their own (matmul_dequant.cpp) ----
 // The contract of matmul_with_isa for w.type with is_dequantized_on_the_fly(w.type): tiles of
@@ -93,7 +96,9 @@ enum scratch_slot {
   scratch_deq_panel = 4,
   scratch_deq_y = 5,
   scratch_x_bf16 = 6,     // matmul_with_isa: x rounded to bf16 for bf16 weights
-  scratch_slots = 7
+  scratch_input = 7,      // matmul(matmul_input): the formed input of an unfused path
+  scratch_row = 8,        // matmul_panels: one formed input row of a fused conversion
+  scratch_slots = 9
 };
 void* thread_scratch(scratch_slot slot, size_t bytes);
 

@@ -5,7 +5,7 @@
 // on 6 rows at a time (4 for q8_0), a decode step on 1. Each output element is one reduction
 // whose order is fixed by k alone:
 //   f32:  one FMA chain over k, in order (the chain crosses k blocks through y, stored and
-//         reloaded exactly);
+//         reloaded exactly); f16 the same, each weight widened to f32 (exactly) as it is loaded;
 //   bf16: x rounded to bf16 for every m, one vdpbf16ps chain over k pairs, in order;
 //   q8_0: x quantized per 32-block for every m (as ggml's Q8_0), each block's dot
 //         product in int32 with vpdpbusd (exact, so its order cannot matter), then one FMA
@@ -16,6 +16,7 @@
 //
 // Panel layouts (64-byte aligned, panels contiguous; rows past w.rows are zero):
 //   f32:  [k][64] f32                      (one k step: 4 zmm of 16 output rows)
+//   f16:  [k][64] f16                      (the file's bits; one k step: 4 ymm)
 //   bf16: [ceil(k/2)][64][2] bf16          (k pairs, as vdpbf16ps takes them)
 //   q8_0: [k/32] blocks of { u8 [8][64][4]: w + 128, k groups of 4 as vpdpbusd takes them;
 //                            f16 [64]: the rows' scales }  = 2176 bytes, the same as 64 rows
@@ -50,6 +51,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <type_traits>
 #include <vector>
 
@@ -101,6 +103,14 @@ void pack_f32_panel(const weight_view& w, int64_t j0, float* dst) {
     if (j0 + c < w.rows) dequantize_row(w.type, row_ptr(w, j0 + c), row.data(), k);
     else std::fill(row.begin(), row.end(), 0.0f);
     for (int64_t p = 0; p < k; ++p) dst[p * PR + c] = row[size_t(p)];
+  }
+}
+
+void pack_f16_panel(const weight_view& w, int64_t j0, uint16_t* dst) {
+  const int64_t k = w.cols;
+  for (int64_t c = 0; c < PR; ++c) {
+    const auto* src = j0 + c < w.rows ? reinterpret_cast<const uint16_t*>(row_ptr(w, j0 + c)) : nullptr;
+    for (int64_t p = 0; p < k; ++p) dst[p * PR + c] = src ? src[p] : 0;
   }
 }
 
@@ -209,6 +219,28 @@ void kernel_f32(const float* a, int64_t lda, const float* b, int64_t kc, float* 
   for (int64_t p = 0; p < kc; ++p) {
     __m512 bv[V];
     TANDEM_UNROLL for (int v = 0; v < V; ++v) bv[v] = _mm512_load_ps(b + p * PR + 16 * v);
+    TANDEM_UNROLL for (int i = 0; i < R; ++i) {
+      const __m512 av = _mm512_set1_ps(a[i * lda + p]);
+      TANDEM_UNROLL for (int v = 0; v < V; ++v) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
+    }
+  }
+  TANDEM_UNROLL for (int i = 0; i < R; ++i)
+    TANDEM_UNROLL for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
+}
+
+// kernel_f32 over an f16 panel ([kc][64] f16): each weight widened to f32 as it is loaded (exact),
+// then the same FMA chain.
+template <int R, int V>
+void kernel_f16(const float* a, int64_t lda, const uint16_t* b, int64_t kc, float* y, int64_t ldy,
+                const __mmask16* mask, bool accumulate) {
+  __m512 c[R][V];
+  TANDEM_UNROLL for (int i = 0; i < R; ++i)
+    TANDEM_UNROLL for (int v = 0; v < V; ++v)
+      c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p) {
+    __m512 bv[V];
+    TANDEM_UNROLL for (int v = 0; v < V; ++v)
+      bv[v] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(b + p * PR + 16 * v)));
     TANDEM_UNROLL for (int i = 0; i < R; ++i) {
       const __m512 av = _mm512_set1_ps(a[i * lda + p]);
       TANDEM_UNROLL for (int v = 0; v < V; ++v) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
@@ -480,6 +512,7 @@ VNNI_BF16 void kernel_q6k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* 
 constexpr int MR_FLOAT = 6;     // x rows per float microkernel (6 x 4 zmm accumulators)
 constexpr int MR_Q8 = 4;        // x rows per q8_0 microkernel (4 x 2 int + 4 x 2 float zmm)
 constexpr int64_t KC_F32 = 256;   // k per pass over a panel: [256][64] f32 = 64 KiB, from L2
+constexpr int64_t KC_F16 = 512;   // [512][64] f16 = 64 KiB
 constexpr int64_t KC_BF16 = 512;  // [256][64][2] bf16 = 64 KiB
 constexpr int64_t KB_Q8 = 16;     // blocks per pass: 16 x 2176 bytes = 34 KiB
 constexpr int MR_Q4K = 4;         // x rows per q4_k microkernel
@@ -563,6 +596,12 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
       }
     } else if constexpr (T == dtype::q8_0) {
       const int64_t nb = k / q8_0_block;
+      if (i1 - i0 == 1) {  // decode: the whole panel per pass (contiguous 256-byte groups)
+        decode_passes(nb, KB_Q8, q8_block_bytes, [&](int64_t b0, const uint8_t* p, int64_t nbk, float* yp) {
+          kernel_q8<1, 4>(*xq, i0, b0, p, nbk, 0, yp, n, mask, b0 > 0);
+        });
+        continue;
+      }
       for (int64_t b0 = 0; b0 < nb; b0 += KB_Q8) {
         const int64_t nbk = std::min(KB_Q8, nb - b0);
         for (int64_t i = i0; i < i1; i += MR_Q8) {
@@ -577,8 +616,8 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
         }
       }
     } else {
-      constexpr int64_t KC = T == dtype::f32 ? KC_F32 : KC_BF16;
-      const int64_t kk = T == dtype::f32 ? k : k + (k & 1);
+      constexpr int64_t KC = T == dtype::f32 ? KC_F32 : T == dtype::f16 ? KC_F16 : KC_BF16;
+      const int64_t kk = T == dtype::bf16 ? k + (k & 1) : k;
       for (int64_t pc = 0; pc < kk; pc += KC) {
         const int64_t kc = std::min(KC, kk - pc);
         for (int64_t i = i0; i < i1; i += MR_FLOAT) {
@@ -588,6 +627,9 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
             if constexpr (T == dtype::f32)
               kernel_f32<R, 4>(static_cast<const float*>(a) + i * lda + pc, lda,
                                reinterpret_cast<const float*>(panel) + pc * PR, kc, yp, n, mask, pc > 0);
+            else if constexpr (T == dtype::f16)
+              kernel_f16<R, 4>(static_cast<const float*>(a) + i * lda + pc, lda,
+                               reinterpret_cast<const uint16_t*>(panel) + pc * PR, kc, yp, n, mask, pc > 0);
             else
               kernel_bf16<R, 4>(static_cast<const uint16_t*>(a) + i * lda + pc, lda,
                                 reinterpret_cast<const uint16_t*>(panel) + pc * PR, kc, yp, n, mask, pc > 0);
@@ -609,8 +651,9 @@ VNNI_BF16 void x_to_bf16(const float* x, int64_t k, int64_t lda, uint16_t* xb) {
 }
 
 template <dtype T>
-void run_panels(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
+void run_panels(const weight_view& w, const matmul_input& in, int64_t m, float* y, thread_pool& pool) {
   const int64_t k = w.cols, np = (w.rows + PR - 1) / PR;
+  const float* x = in.x;
   const void* a = x;
   int64_t lda = k;
   q8_x xq{};
@@ -620,14 +663,25 @@ void run_panels(const weight_view& w, const float* x, int64_t m, float* y, threa
     if (m * k < (int64_t(1) << 14) || pool.size() == 1) return row_fn(int64_t(0), m);
     pool.parallel_for(m, 16, [&](int64_t r0, int64_t r1, int) { row_fn(r0, r1); });
   };
+  // Input row i as f32: x's own row, or (fused) formed by in.op into this thread's row buffer,
+  // which stays in L1 while the conversion reads it.
+  auto input_row = [&](int64_t i) -> const float* {
+    if (in.op == input_op::none) return x + i * k;
+    auto* row = static_cast<float*>(thread_scratch(scratch_row, size_t(k) * sizeof(float)));
+    form_row(in, i, k, row);
+    return row;
+  };
+  if constexpr (T == dtype::f32 || T == dtype::f16) {
+    if (in.op != input_op::none) throw std::logic_error("matmul_panels: float panels read x in place (no fused input)");
+  }
   if constexpr (T == dtype::bf16) {
     lda = k + (k & 1);
     auto* xb = static_cast<uint16_t*>(thread_scratch(scratch_x, size_t(m * lda) * 2));
     convert([&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0; i < r1; ++i) x_to_bf16(x + i * k, k, lda, xb + i * lda);
+      for (int64_t i = r0; i < r1; ++i) x_to_bf16(input_row(i), k, lda, xb + i * lda);
     });
     a = xb;
-  } else if constexpr (T != dtype::f32) {  // the integer kernels: x quantized per 32
+  } else if constexpr (T != dtype::f32 && T != dtype::f16) {  // the integer kernels: x quantized per 32
     const int64_t nb = k / q8_0_block;
     auto* buf = static_cast<uint8_t*>(thread_scratch(scratch_x, size_t(m * nb) * (32 + 4 + 4 + 8)));
     auto* q = reinterpret_cast<int8_t*>(buf);
@@ -638,11 +692,12 @@ void run_panels(const weight_view& w, const float* x, int64_t m, float* y, threa
       for (int64_t i = r0; i < r1; ++i) {
         // x as llama.cpp quantizes it for the weight type: Q8_0 (scales per 32, in f16) for
         // Q8_0 and Q4_0, Q8_K (an f32 scale per 256) for the k-quants.
+        const float* xi = input_row(i);
         if constexpr (T == dtype::q8_0 || T == dtype::q4_0) {
-          quantize_x_q8_avx2(x + i * k, k, q + i * nb * 32, d + i * nb);
+          quantize_x_q8_avx2(xi, k, q + i * nb * 32, d + i * nb);
           round_scales_f16(d + i * nb, nb);
         } else {
-          quantize_x_q8k_avx2(x + i * k, k, q + i * nb * 32, d + i * nb);
+          quantize_x_q8k_avx2(xi, k, q + i * nb * 32, d + i * nb);
         }
         for (int64_t b = 0; b < nb; ++b) {
           int32_t lo = 0, hi = 0;
@@ -660,20 +715,32 @@ void run_panels(const weight_view& w, const float* x, int64_t m, float* y, threa
   // Few panels and many rows: split the rows (stories260K-sized matrices in a prefill).
   // Otherwise split panels; in decode each slice is at least 128 KiB of weights, so that
   // waking a thread pays off (as decode_grain).
-  const int64_t mr = T == dtype::q8_0 ? MR_Q8 : T == dtype::q6_k ? MR_Q6K : T == dtype::f32 ? MR_FLOAT : MR_Q4K;
+  const int64_t mr = T == dtype::q8_0                               ? MR_Q8
+                     : T == dtype::q6_k                               ? MR_Q6K
+                     : T == dtype::f32 || T == dtype::f16 || T == dtype::bf16 ? MR_FLOAT
+                                                                      : MR_Q4K;
   if (np < threads && m >= 2 * mr) {
     pool.parallel_for(m, mr, [&](int64_t i0, int64_t i1, int) { run_block<T>(w, a, lda, &xq, i0, i1, y, 0, np); });
     return;
   }
-  const int64_t parts =
-      m > 8 ? threads : std::clamp<int64_t>(np * panel_bytes(T, k) / (int64_t(1) << 17), 1, threads);
+  if (m > 8 && threads > 1) {
+    // A prefill cuts its panels into up to 4 slices per thread, handed out in turn: a thread
+    // that the VM slows or deschedules for a while then holds up one small slice, not half the
+    // matrix. Free: every panel pass reads all of x again, however the panels are sliced.
+    const int64_t slices = std::min<int64_t>(np, 4 * int64_t(threads)), per = (np + slices - 1) / slices;
+    pool.for_each_dynamic((np + per - 1) / per, [&](int64_t s, int) {
+      run_block<T>(w, a, lda, &xq, 0, m, y, s * per, std::min(np, (s + 1) * per));
+    });
+    return;
+  }
+  const int64_t parts = m > 8 ? 1 : std::clamp<int64_t>(np * panel_bytes(T, k) / (int64_t(1) << 17), 1, threads);
   pool.parallel_for(np, (np + parts - 1) / parts,
                     [&](int64_t p0, int64_t p1, int) { run_block<T>(w, a, lda, &xq, 0, m, y, p0, p1); });
 }
 
 }  // namespace
 
-bool has_panels(dtype t) { return t != dtype::f16; }
+bool has_panels(dtype) { return true; }
 
 int64_t panel_bytes(dtype t, int64_t k) {
   switch (t) {
@@ -684,7 +751,7 @@ int64_t panel_bytes(dtype t, int64_t k) {
     case dtype::q6_k: return k / qk_k * q6k_block_bytes;
     case dtype::q5_k: return k / qk_k * q5k_block_bytes;
     case dtype::q4_0: return k / q4_0_block * q40_block_bytes;
-    case dtype::f16: return 0;
+    case dtype::f16: return k * PR * 2;
   }
   return 0;
 }
@@ -701,12 +768,12 @@ void pack_panels(const weight_view& w, void* dst) {
       case dtype::q6_k: pack_q6k_panel(w, p * PR, out + p * pb); break;
       case dtype::q5_k: pack_k4_planes<block_q5_k>(w, p * PR, out + p * pb, q5k_block_bytes); break;
       case dtype::q4_0: pack_q40_panel(w, p * PR, out + p * pb); break;
-      case dtype::f16: break;
+      case dtype::f16: pack_f16_panel(w, p * PR, reinterpret_cast<uint16_t*>(out + p * pb)); break;
     }
   }
 }
 
-void matmul_panels(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
+void matmul_panels(const weight_view& w, const matmul_input& x, int64_t m, float* y, thread_pool& pool) {
   switch (w.type) {
     case dtype::f32: return run_panels<dtype::f32>(w, x, m, y, pool);
     case dtype::bf16: return run_panels<dtype::bf16>(w, x, m, y, pool);
@@ -715,7 +782,7 @@ void matmul_panels(const weight_view& w, const float* x, int64_t m, float* y, th
     case dtype::q6_k: return run_panels<dtype::q6_k>(w, x, m, y, pool);
     case dtype::q5_k: return run_panels<dtype::q5_k>(w, x, m, y, pool);
     case dtype::q4_0: return run_panels<dtype::q4_0>(w, x, m, y, pool);
-    case dtype::f16: break;
+    case dtype::f16: return run_panels<dtype::f16>(w, x, m, y, pool);
   }
 }
 

@@ -14,6 +14,10 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void silu_mul_fast(const float* gate, const float* up, float* out, int64_t n);
 // x += y over n.
 void add_inplace(float* x, const float* y, int64_t n);
+// Which elements of a head RoPE turns together: adjacent pairs (2i, 2i+1) (llama's "normal",
+// rope_apply) or the two halves (i, i + head_dim/2) (GPT-NeoX's, rope_apply_neox; Qwen, Gemma
+// and Phi-3).
+enum class rope_style : uint8_t { normal, neox };
 // Rotary embedding, llama "normal" layout (adjacent pairs (2i, 2i+1) rotate together):
 // x: [n_tokens, n_heads, head_dim], pos: [n_tokens]; pair i turns by pos·base^(−2i/head_dim).
 void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
