@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
+#include <filesystem>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <variant>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -354,6 +358,26 @@ void record_request(registry& r, const request_timings& t, const std::string& ou
     observe("tandem_request_handoff_seconds", "First token to decode start (KV handoff), seconds.", t.handoff_ms);
   observe("tandem_request_decode_seconds", "Decode time, seconds.", t.decode_ms);
   observe("tandem_request_e2e_seconds", "End-to-end request latency, seconds.", t.e2e_ms);
+}
+
+process_stats read_process_stats() {
+  process_stats st;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    long long size = 0, resident = 0;
+    if (std::fscanf(f, "%lld %lld", &size, &resident) == 2) st.resident_bytes = resident * int64_t(sysconf(_SC_PAGESIZE));
+    std::fclose(f);
+  }
+  std::error_code ec;
+  int64_t n = 0;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) ++n;
+  if (!ec) st.open_fds = n - 1;  // the iterator's own descriptor on the folder
+  return st;
+}
+
+void update_process_metrics(registry& r) {
+  const process_stats st = read_process_stats();
+  r.get_gauge("process_resident_memory_bytes", "Resident memory size in bytes").set(double(st.resident_bytes));
+  r.get_gauge("process_open_fds", "Number of open file descriptors").set(double(st.open_fds));
 }
 
 }  // namespace tandem::metrics

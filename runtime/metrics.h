@@ -100,6 +100,16 @@ std::vector<double> linear_buckets(double start, double width, int count);
 // so an interpolated quantile is off by at most a bucket about 1.5x wide.
 const std::vector<double>& latency_seconds_buckets();  // 100 µs .. 75 s, for exported latencies
 
+// This process's resident memory and open file descriptors, read from /proc/self (statm, fd);
+// -1 where /proc cannot be read.
+struct process_stats {
+  int64_t resident_bytes = -1, open_fds = -1;
+};
+process_stats read_process_stats();
+// Sets process_resident_memory_bytes and process_open_fds (the names Prometheus's client
+// libraries give them) to read_process_stats(): called at each scrape, so they are never stale.
+void update_process_metrics(registry& r);
+
 // One finished request's timings; the request actor fills it and records it in one call.
 struct request_timings {
   double queue_prefill_ms = 0, queue_decode_ms = 0, prefill_ms = 0, ttft_ms = 0, tpot_ms = 0, kv_transfer_ms = 0,

@@ -172,6 +172,29 @@ kill -TERM "$spid"; wait "$spid" && pass "serve exits 0 on SIGTERM" || fail "ser
 "$bin" serve --host not-an-ip --port 0 --model "$work/tiny.gguf" >/dev/null 2>"$work/err.txt" && fail "bad host accepted" \
   || { grep -q "bad --host" "$work/err.txt" && pass "serve rejects a bad host" || fail "serve bad host: $(cat "$work/err.txt")"; }
 
+# 9. tandem chaos against a served model in both modes: kills land, nothing is lost, duplicated
+# or leaked, and the report carries the server's memory and descriptors (sampled from /metrics).
+for mode in disaggregated colocated; do
+  "$bin" serve --port 0 --model "$model" --mode $mode --admin-key k9 >"$work/c.out" 2>"$work/c.err" &
+  cpid=$!
+  for _ in $(seq 1 100); do grep -q "serving model" "$work/c.err" && break; sleep 0.1; done
+  cport=$(grep -o "http://127.0.0.1:[0-9]*" "$work/c.err" | head -1 | sed 's/.*://')
+  curl -s "127.0.0.1:$cport/metrics" | grep -Eq '^process_resident_memory_bytes [1-9]' \
+    && pass "$mode: /metrics has process_resident_memory_bytes" || fail "$mode: no process memory gauge"
+  "$bin" chaos --url "http://127.0.0.1:$cport" --admin-key k9 --for 3s --every 600ms --concurrency 8 --json \
+    >"$work/chaos.json" 2>"$work/chaos.err"
+  python3 - "$work/chaos.json" <<'PY' && pass "$mode: chaos report $(cat "$work/chaos.json")" || fail "$mode: chaos $(cat "$work/chaos.json" "$work/chaos.err")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["ok"] and r["lost"] == 0 and r["duplicated_tokens"] == 0 and r["leaked_blocks"] == 0, r
+assert r["kills"] >= 2 and r["finished"] > 0, r
+for k in ("server_resident_bytes", "server_open_fds"):
+    t = r[k]
+    assert 0 < t["start"] <= t["peak"] and 0 < t["end"] <= t["peak"], (k, t)
+PY
+  kill -TERM "$cpid"; wait "$cpid" || true
+done
+
 # 6. Constrained decoding: the output matches the grammar or schema, engine and runtime alike.
 printf 'root ::= " " ("cat" | "dog") " and the " [a-z]{3,8} "."\n' >"$work/g.gbnf"
 for extra in "" "--mode colocated"; do

@@ -2,7 +2,8 @@
 // level this CPU supports, for 1-3 threads.
 //
 // Error bound per output y[i, r], relative to its L1 magnitude sum_c |x[i,c]| |w[r,c]|:
-//   f32, f16, bf16 weights: 1e-4 (f32 accumulation only)
+//   f32, f16, bf16 weights: 1e-4 (f32 accumulation only; f16 weights are widened exactly, on
+//     the avx512_bf16 level in their panel kernel, as f32's)
 //   bf16 weights on the avx512_bf16 level (panels, every m, either mode): 1e-2 (x is
 //     rounded to bf16 there, 2^-9 per term)
 //   q8_0 weights: 1e-2 (x is quantized to 8 bits, or to bf16 on the avx512_bf16 `fastest` GEMM)

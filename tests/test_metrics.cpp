@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -308,4 +309,27 @@ TEST(Metrics, RecordRequestFillsFamilies) {
   const auto j = nlohmann::json::parse(r.to_json());
   EXPECT_EQ(j["histograms"]["tandem_request_ttft_seconds"][0]["count"], 2);
   EXPECT_EQ(j["counters"]["tandem_requests_total"].size(), 2u);
+}
+
+// The process gauges follow the process: an opened descriptor is counted at the next update,
+// and memory touched shows in the resident size.
+TEST(Metrics, ProcessGaugesFollowTheProcess) {
+  using namespace tandem::metrics;
+  const process_stats before = read_process_stats();
+  ASSERT_GT(before.resident_bytes, 0);
+  ASSERT_GE(before.open_fds, 3);  // stdin, stdout, stderr at least
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  ASSERT_NE(f, nullptr);
+  std::vector<char> block(64 << 20, 1);  // 64 MiB touched
+  const process_stats during = read_process_stats();
+  EXPECT_EQ(during.open_fds, before.open_fds + 1);
+  EXPECT_GE(during.resident_bytes, before.resident_bytes + (48 << 20)) << int(block[12345]);
+  registry r;
+  update_process_metrics(r);
+  const std::string text = r.to_prometheus();
+  EXPECT_NE(text.find("\nprocess_open_fds " + std::to_string(during.open_fds) + "\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE process_resident_memory_bytes gauge\n"), std::string::npos) << text;
+  std::fclose(f);
+  update_process_metrics(r);
+  EXPECT_NE(r.to_prometheus().find("\nprocess_open_fds " + std::to_string(before.open_fds) + "\n"), std::string::npos);
 }

@@ -3,7 +3,10 @@
 // for --for, then drains and reports: requests sent, finished, failed with an error, lost (no
 // final event: must be 0), duplicated or skipped token indices (must be 0), KV blocks still
 // held once every request has ended (must be 0), and how long the streams in flight at each
-// kill took to move again (recovery time percentiles). Exit status 1 if any must-be-0 is not.
+// kill took to move again (recovery time percentiles), and the server's resident memory and
+// open descriptors (from its /metrics, sampled every second: at the start, their peak, and once
+// settled after the drain) so that a soak (`--for 30m`) shows whether either grows. Exit status
+// 1 if any must-be-0 is not.
 #include <utility>
 
 #include <boost/asio.hpp>
@@ -15,7 +18,10 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <atomic>
+#include <cstdlib>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -65,6 +71,25 @@ struct tally {
   std::vector<std::string> killed;
 };
 
+// The server's process gauges over the run (bytes and descriptors; -1: never read).
+struct resource_track {
+  int64_t start = -1, peak = -1, end = -1;
+  void add(int64_t v, bool last = false) {
+    if (v < 0) return;
+    if (start < 0) start = v;
+    peak = std::max(peak, v);
+    if (last) end = v;
+  }
+  json to_json() const { return {{"start", start}, {"peak", peak}, {"end", end}}; }
+};
+
+// One value of an unlabelled series in a Prometheus text exposition (-1 if absent).
+int64_t prometheus_value(const std::string& text, const std::string& name) {
+  for (size_t at = text.find(name + " "); at != std::string::npos; at = text.find(name + " ", at + 1))
+    if (at == 0 || text[at - 1] == '\n') return int64_t(std::strtod(text.c_str() + at + name.size() + 1, nullptr));
+  return -1;
+}
+
 // A kill, and the streams in flight at that moment that have not moved since.
 struct pending_recovery {
   clock_type::time_point at;
@@ -109,6 +134,14 @@ class soak {
         });
       }
     });
+    // The sampler: the server's memory and descriptors every second until the drain ends.
+    std::atomic<bool> sampling{true};
+    std::thread sampler([&] {
+      while (sampling) {
+        sample(false);
+        for (int i = 0; i < 10 && sampling; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
     asio::steady_timer stop_timer(ioc_, total);
     stop_timer.async_wait([this, drain](beast::error_code) {
       submitting_ = false;
@@ -127,10 +160,24 @@ class soak {
     arm();
     ioc_.run();
     killer.join();
+    sampling = false;
+    sampler.join();
     return report();
   }
 
  private:
+  void sample(bool last) {
+    try {
+      const auto res = http_call(ep_, "GET", "/metrics", "");
+      if (res.status != 200) return;
+      std::lock_guard lock(sample_mu_);
+      rss_.add(prometheus_value(res.body, "process_resident_memory_bytes"), last);
+      fds_.add(prometheus_value(res.body, "process_open_fds"), last);
+    } catch (const std::exception&) {
+      // a missed sample: the next one counts
+    }
+  }
+
   void submit() {
     if (!submitting_) return;
     static const char* words[] = {"Once", "upon", "a", "time", "there", "was", "a", "little", "girl", "who",
@@ -245,6 +292,7 @@ class soak {
     } catch (const std::exception& e) {
       spdlog::error("could not read /admin/state: {}", e.what());
     }
+    sample(true);  // settled: every request ended (leaked_blocks waited for it)
     const double secs = std::chrono::duration<double>(clock_type::now() - start_).count();
     const bench::summary rec = bench::summarize(t_.recovery_ms);
     json j = {{"seconds", secs},
@@ -258,6 +306,8 @@ class soak {
               {"skipped_tokens", t_.skipped},
               {"events_after_end", t_.after_end},
               {"leaked_blocks", leaked},
+              {"server_resident_bytes", rss_.to_json()},
+              {"server_open_fds", fds_.to_json()},
               {"recovery_ms",
                {{"count", t_.recovery_ms.size()},
                 {"p50", rec.p50},
@@ -282,6 +332,11 @@ class soak {
                   (long long)lost, (long long)t_.duplicated, (long long)t_.skipped, (long long)t_.after_end, (long long)leaked);
       std::printf("  recovery ms      p50 %.1f  p90 %.1f  p99 %.1f  max %.1f  (%zu kills with streams in flight)\n",
                   rec.p50, rec.p90, rec.p99, rec.max, t_.recovery_ms.size());
+      const double mib = 1024.0 * 1024.0;
+      std::printf("  server memory    start %.1f MiB  peak %.1f MiB  end %.1f MiB\n", double(rss_.start) / mib,
+                  double(rss_.peak) / mib, double(rss_.end) / mib);
+      std::printf("  server open fds  start %lld  peak %lld  end %lld\n", (long long)fds_.start, (long long)fds_.peak,
+                  (long long)fds_.end);
       std::printf("  %s\n", ok ? "OK" : "FAILED");
     }
     return ok ? 0 : 1;
@@ -297,6 +352,8 @@ class soak {
   std::vector<pending_recovery> recoveries_;
   std::mt19937_64 rng_;
   tally t_;
+  std::mutex sample_mu_;
+  resource_track rss_, fds_;
   uint64_t next_id_ = 1;
   bool submitting_ = true, done_ = false;
   clock_type::time_point start_, drain_deadline_ = clock_type::time_point::max();

@@ -340,7 +340,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
       return;
     }
     if (path == "/metrics") {
-      if (only(http::verb::get)) send(http::status::ok, srv_->pipe.metrics().to_prometheus(), "text/plain; version=0.0.4");
+      if (only(http::verb::get)) {
+        metrics::update_process_metrics(srv_->pipe.metrics());
+        send(http::status::ok, srv_->pipe.metrics().to_prometheus(), "text/plain; version=0.0.4");
+      }
       return;
     }
     if (path == "/dashboard/feed") {
