@@ -206,19 +206,25 @@ void pack_q6k_panel(const weight_view& w, int64_t j0, uint8_t* dst) {
 
 // ---------------------------------------------------------------- microkernels
 
-// y[R, 16V] (+)= a[R, kc] · panel, f32: one FMA chain per element. a: rows at stride lda;
-// b: the panel at its k step p0 ([kc][64]); y's columns outside `mask` are neither read nor
-// written.
-template <int R, int V>
-void kernel_f32(const float* a, int64_t lda, const float* b, int64_t kc, float* y, int64_t ldy,
-                const __mmask16* mask, bool accumulate) {
+// A panel's 16 weights at p as f32: f32 as stored, f16 widened (exactly).
+inline __m512 load_weights(const float* p) { return _mm512_load_ps(p); }
+inline __m512 load_weights(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// y[R, 16V] (+)= a[R, kc] · panel, f32 or f16 weights: one FMA chain per element. a: rows at
+// stride lda; b: the panel at its k step p0 ([kc][64]); y's columns outside `mask` are neither
+// read nor written.
+template <int R, int V, class W>
+void kernel_float(const float* a, int64_t lda, const W* b, int64_t kc, float* y, int64_t ldy,
+                  const __mmask16* mask, bool accumulate) {
   __m512 c[R][V];
   TANDEM_UNROLL for (int i = 0; i < R; ++i)
     TANDEM_UNROLL for (int v = 0; v < V; ++v)
       c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
   for (int64_t p = 0; p < kc; ++p) {
     __m512 bv[V];
-    TANDEM_UNROLL for (int v = 0; v < V; ++v) bv[v] = _mm512_load_ps(b + p * PR + 16 * v);
+    TANDEM_UNROLL for (int v = 0; v < V; ++v) bv[v] = load_weights(b + p * PR + 16 * v);
     TANDEM_UNROLL for (int i = 0; i < R; ++i) {
       const __m512 av = _mm512_set1_ps(a[i * lda + p]);
       TANDEM_UNROLL for (int v = 0; v < V; ++v) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
@@ -228,29 +234,7 @@ void kernel_f32(const float* a, int64_t lda, const float* b, int64_t kc, float* 
     TANDEM_UNROLL for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
 }
 
-// kernel_f32 over an f16 panel ([kc][64] f16): each weight widened to f32 as it is loaded (exact),
-// then the same FMA chain.
-template <int R, int V>
-void kernel_f16(const float* a, int64_t lda, const uint16_t* b, int64_t kc, float* y, int64_t ldy,
-                const __mmask16* mask, bool accumulate) {
-  __m512 c[R][V];
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v)
-      c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
-  for (int64_t p = 0; p < kc; ++p) {
-    __m512 bv[V];
-    TANDEM_UNROLL for (int v = 0; v < V; ++v)
-      bv[v] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(b + p * PR + 16 * v)));
-    TANDEM_UNROLL for (int i = 0; i < R; ++i) {
-      const __m512 av = _mm512_set1_ps(a[i * lda + p]);
-      TANDEM_UNROLL for (int v = 0; v < V; ++v) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
-    }
-  }
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
-}
-
-// As kernel_f32 for bf16: a is x rounded to bf16 (k pairs at stride lda), b: [kc/2][64][2].
+// As kernel_float for bf16: a is x rounded to bf16 (k pairs at stride lda), b: [kc/2][64][2].
 template <int R, int V>
 VNNI_BF16 void kernel_bf16(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kc, float* y,
                            int64_t ldy, const __mmask16* mask, bool accumulate) {
@@ -626,11 +610,11 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
           with_const<MR_FLOAT>(int(std::min<int64_t>(MR_FLOAT, i1 - i)), [&](auto rows) {
             constexpr int R = decltype(rows)::value;
             if constexpr (T == dtype::f32)
-              kernel_f32<R, 4>(static_cast<const float*>(a) + i * lda + pc, lda,
-                               reinterpret_cast<const float*>(panel) + pc * PR, kc, yp, n, mask, pc > 0);
+              kernel_float<R, 4>(static_cast<const float*>(a) + i * lda + pc, lda,
+                                 reinterpret_cast<const float*>(panel) + pc * PR, kc, yp, n, mask, pc > 0);
             else if constexpr (T == dtype::f16)
-              kernel_f16<R, 4>(static_cast<const float*>(a) + i * lda + pc, lda,
-                               reinterpret_cast<const uint16_t*>(panel) + pc * PR, kc, yp, n, mask, pc > 0);
+              kernel_float<R, 4>(static_cast<const float*>(a) + i * lda + pc, lda,
+                                 reinterpret_cast<const uint16_t*>(panel) + pc * PR, kc, yp, n, mask, pc > 0);
             else
               kernel_bf16<R, 4>(static_cast<const uint16_t*>(a) + i * lda + pc, lda,
                                 reinterpret_cast<const uint16_t*>(panel) + pc * PR, kc, yp, n, mask, pc > 0);
