@@ -210,7 +210,7 @@ TEST(matmul, integer_kernels_agree_across_levels) {
 TEST_P(matmul_test, batch_invariant_at_every_size_and_tile_position) {
   const tk::dtype t = GetParam();
   const problem big = make_problem(t, 512, 200, 768, 99);
-  if (cpu::detail::best_isa() == isa::avx512_bf16 && cpu::detail::has_panels(t)) {
+  if (cpu::detail::best_isa() == isa::avx512_bf16) {
     ASSERT_NE(big.view().panels, nullptr) << "this CPU's batch-invariant kernels use panels";
   }
   const auto all = run(cpu::detail::best_isa(), big, pool_of(2), cpu::matmul_mode::batch_invariant);
@@ -259,8 +259,7 @@ TEST_P(matmul_test, fused_input_equals_the_op_then_the_matmul) {
   for (auto& v : aux) v = u(rng);
   for (auto& v : norm_w) v = 1.0f + 0.5f * u(rng);
   EXPECT_EQ(cpu::fuses_input(p.view()),
-            cpu::detail::best_isa() == isa::avx512_bf16 && cpu::detail::has_panels(t) && t != tk::dtype::f32 &&
-                t != tk::dtype::f16);
+            cpu::detail::best_isa() == isa::avx512_bf16 && t != tk::dtype::f32 && t != tk::dtype::f16);
   for (cpu::input_op op : {cpu::input_op::rms_norm, cpu::input_op::silu_mul, cpu::input_op::gelu_mul}) {
     const cpu::matmul_input in{p.x.data(), op, op == cpu::input_op::rms_norm ? norm_w.data() : aux.data(), 1e-5f};
     for (int64_t m : {1, 2, 7, 64})

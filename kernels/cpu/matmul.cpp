@@ -299,7 +299,7 @@ void form_input(const matmul_input& in, int64_t m, int64_t k, float* out, thread
 }
 
 bool fuses_input(const weight_view& w) {
-  return detail::best_isa() == detail::isa::avx512_bf16 && w.panels && w.type != dtype::f32 && w.type != dtype::f16;
+  return detail::best_isa() == detail::isa::avx512_bf16 && w.panels && !detail::panels_read_x_in_place(w.type);
 }
 
 void matmul(const weight_view& w, const matmul_input& in, int64_t m, float* y, thread_pool& pool, matmul_mode mode) {
@@ -338,7 +338,7 @@ void* panel_memory::allocate(size_t bytes) {
 }
 
 weight_view pack_for_matmul(const weight_view& w, panel_memory& store) {
-  if (cpu::detail::best_isa() != cpu::detail::isa::avx512_bf16 || !cpu::detail::has_panels(w.type) || w.rows <= 0 ||
+  if (cpu::detail::best_isa() != cpu::detail::isa::avx512_bf16 || w.rows <= 0 ||
       w.cols <= 0 || w.cols % block_elems(w.type) != 0)
     return w;
   weight_view out = w;

@@ -57,8 +57,9 @@ void round_scales_f16(float* d, int64_t n);
 
 // ---- panels (matmul_panels.cpp): the batch-invariant kernels of the avx512_bf16 level ----
 constexpr int64_t panel_rows = 64;
-// Whether the avx512_bf16 level repacks weights of type t.
-bool has_panels(dtype t);
+// The panel kernels of f32 and f16 read x in place (no conversion to fuse an input op into);
+// every other type's convert x first (rounded to bf16, quantized per block).
+constexpr bool panels_read_x_in_place(dtype t) { return t == dtype::f32 || t == dtype::f16; }
 // Bytes of one panel (panel_rows rows) of k columns of type t.
 int64_t panel_bytes(dtype t, int64_t k);
 // Writes all ceil(w.rows / panel_rows) panels of w to dst (64-byte aligned).

@@ -656,7 +656,7 @@ void run_panels(const weight_view& w, const matmul_input& in, int64_t m, float* 
     form_row(in, i, k, row);
     return row;
   };
-  if constexpr (T == dtype::f32 || T == dtype::f16) {
+  if constexpr (panels_read_x_in_place(T)) {
     if (in.op != input_op::none) throw std::logic_error("matmul_panels: float panels read x in place (no fused input)");
   }
   if constexpr (T == dtype::bf16) {
@@ -666,7 +666,7 @@ void run_panels(const weight_view& w, const matmul_input& in, int64_t m, float* 
       for (int64_t i = r0; i < r1; ++i) x_to_bf16(input_row(i), k, lda, xb + i * lda);
     });
     a = xb;
-  } else if constexpr (T != dtype::f32 && T != dtype::f16) {  // the integer kernels: x quantized per 32
+  } else if constexpr (!panels_read_x_in_place(T)) {  // the integer kernels: x quantized per 32
     const int64_t nb = k / q8_0_block;
     auto* buf = static_cast<uint8_t*>(thread_scratch(scratch_x, size_t(m * nb) * (32 + 4 + 4 + 8)));
     auto* q = reinterpret_cast<int8_t*>(buf);
@@ -730,8 +730,6 @@ void run_panels(const weight_view& w, const matmul_input& in, int64_t m, float* 
 }
 
 }  // namespace
-
-bool has_panels(dtype) { return true; }
 
 int64_t panel_bytes(dtype t, int64_t k) {
   switch (t) {
