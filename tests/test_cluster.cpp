@@ -320,14 +320,22 @@ TEST_P(ClusterTransport, OutputsEqualOneEngineAcrossProcesses) {
   const auto js = jobs(12, 40);
   expect_exact(js, run_jobs(c, js));
   // The router sees the other processes' workers (the dashboard's view) and they did the work.
-  const json s = c.get("/admin/state");
-  ASSERT_TRUE(s.contains("workers"));
+  // Its view comes from the nodes' periodic reports: when the requests end within a report's
+  // interval (a fast machine), the next reports bring it up to date, so wait up to 10 s for them.
+  json s;
   int decoders = 0, steps = 0;
-  for (const auto& w : s["workers"])
-    if (w.value("name", "").rfind("decode", 0) == 0) {
-      ++decoders;
-      steps += w.value("steps", 0);
-    }
+  for (auto until = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < until;) {
+    s = c.get("/admin/state");
+    decoders = steps = 0;
+    for (const auto& w : s.value("workers", json::array()))
+      if (w.value("name", "").rfind("decode", 0) == 0) {
+        ++decoders;
+        steps += w.value("steps", 0);
+      }
+    if (decoders == 2 && steps > 0) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(s.contains("workers"));
   EXPECT_EQ(decoders, 2) << s["workers"].dump();
   EXPECT_GT(steps, 0) << s["workers"].dump();
   EXPECT_EQ(s["nodes"].size(), 3u);
