@@ -585,6 +585,8 @@ std::string pipeline::kill(const std::string& kind_or_name, int index, std::chro
 namespace {
 // A kill the router did not decide within the bound: nothing was killed, and the caller says so.
 void throw_if_unanswered(const status& err, std::chrono::milliseconds within) {
+  // The router drops a kill it reads after its deadline (kill_deadline), so "nothing killed"
+  // stays true after the caller has given up: a late kill would land unasked for.
   if (err.code() == errc::timeout)
     throw failure(errc::timeout, "the router did not answer within " + std::to_string(within.count()) + " ms: nothing killed");
 }
@@ -624,7 +626,7 @@ std::string pipeline::kill_actor(actor_kind kind, int32_t index, int32_t decode,
   std::string killed;
   status err;
   caf::scoped_actor self{*im.sys};
-  self->request(router, within, kill_atom::value, kind, index, decode)
+  self->request(router, within, kill_atom::value, kind, index, decode, kill_deadline(within))
       .receive([&](std::string& name) { killed = std::move(name); }, [&](caf::error& e) { err = from_caf_error(e); });
   throw_if_unanswered(err, within);
   return killed;
@@ -639,7 +641,7 @@ bool pipeline::kill_request(request_id id, std::chrono::milliseconds within) {
   bool killed = false;
   status err;
   caf::scoped_actor self{*im.sys};
-  self->request(router, within, kill_atom::value, id)
+  self->request(router, within, kill_atom::value, id, kill_deadline(within))
       .receive([&](bool ok) { killed = ok; }, [&](caf::error& e) { err = from_caf_error(e); });
   throw_if_unanswered(err, within);
   return killed;

@@ -27,6 +27,16 @@ namespace tandem {
 
 using steady = std::chrono::steady_clock;
 
+// A fault-injection kill carries the time after which it must not act (steady clock, ns): a
+// kill the router reads after its caller gave up is dropped, so a timed-out caller's "nothing
+// killed" stays true (CLOCK_MONOTONIC is one clock for every process on a host).
+inline int64_t kill_deadline(std::chrono::milliseconds within) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>((steady::now() + within).time_since_epoch()).count();
+}
+inline bool past(int64_t deadline_ns) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now().time_since_epoch()).count() > deadline_ns;
+}
+
 // A prefilled sequence's KV, handed between actors without copying in one process.
 using kv_blocks_ptr = std::shared_ptr<const std::vector<kv_block_export>>;
 
@@ -190,8 +200,8 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<down_atom, int32_t, bool>,                         // worker index died (true: prefill side)
     // fault injection: kill an actor of a kind (index -1: a random one; a link p -> d: index p
     // and decode d); replies with its name, empty if there is none
-    caf::replies_to<kill_atom, actor_kind, int32_t, int32_t>::with<std::string>,
-    caf::replies_to<kill_atom, request_id>::with<bool>,               // fault injection: kill a request actor
+    caf::replies_to<kill_atom, actor_kind, int32_t, int32_t, int64_t>::with<std::string>,
+    caf::replies_to<kill_atom, request_id, int64_t>::with<bool>,               // fault injection: kill a request actor
     caf::replies_to<stats_atom>::with<std::vector<worker_stats>>,
     caf::reacts_to<heartbeat_atom>,                                   // its own timer: check liveness
     caf::reacts_to<stranded_atom>,                                    // its own timer: a pool stayed empty

@@ -393,7 +393,8 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         self->state.requests.erase(id);
         on_event(self, sched::ev::ended{id, end, tpot_ms});
       },
-      [self](kill_atom, request_id id) {
+      [self](kill_atom, request_id id, int64_t deadline_ns) {
+        if (past(deadline_ns)) return false;
         auto r = request_of(self, id);
         if (!r) return false;
         caf::anon_send_exit(r, caf::exit_reason::kill);
@@ -435,7 +436,8 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         if (from_lost_worker(self)) return;
         on_event(self, sched::ev::ship_started{id});
       },
-      [self](kill_atom, actor_kind kind, int32_t index, int32_t decode) -> std::string {
+      [self](kill_atom, actor_kind kind, int32_t index, int32_t decode, int64_t deadline_ns) -> std::string {
+        if (past(deadline_ns)) return std::string();
         auto& st = self->state;
         // The candidates of that kind, alive now, with their names; a link named by (p, d) is
         // the only candidate then.
