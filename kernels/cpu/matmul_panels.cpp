@@ -40,7 +40,8 @@
 //                                   qh (2 high bits of each of those four), per 128-half h and
 //                                   k group e; i8 [16][64] scales; f16 [64] d } = 13440 bytes
 //         (file: the same). q in 0..63 is u8 for vpdpbusd; each 16-sub-block's
-//         sum(q * x) - 32 * sum(x) is exact in int32, then acc = fma(float(that), d*sc_j*d_x, acc).
+//         sum(q * x) - 32 * sum(x) is exact in int32, and so is the sum over the two sub-blocks
+//         of one x 32-block scaled by their sc_j; then acc = fma(float(that), d * d_x, acc).
 // (vpdpbusd multiplies u8 by s8: w + 128 is the u8 side, and -128 * sum(x) per block, the
 // bias, makes the sum exact again.)
 #pragma GCC diagnostic push
@@ -432,7 +433,10 @@ VNNI_BF16 void kernel_q40(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* 
 
 // y[R, 16V] (+)= x[R, k] · the 16-row quarters [v0, v0 + V) of a q6_k panel, super-blocks
 // [s0, s0 + nsb) (quarter v at y + 16 v under mask[v]); as kernel_q4k, R and V change no lane's
-// arithmetic.
+// arithmetic. The two 16-sub-blocks that share one of x's 32-blocks (one x scale) are scaled and
+// summed in integers, exactly (|q - 32| <= 32, |x| <= 127: 16 * 32 * 127 * 127 * 2 < 2^31), and
+// meet the floats once per 32-block: half the float work of a float step per sub-block, which
+// was as much as the dot products themselves in 1-thread decode.
 template <int R, int V>
 VNNI_BF16 void kernel_q6k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* panel, int64_t nsb, int v0,
                           float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
@@ -443,47 +447,56 @@ VNNI_BF16 void kernel_q6k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* 
       acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = panel + sb * q6k_block_bytes;
-    for (int h = 0; h < 2; ++h)
-      for (int half = 0; half < 2; ++half) {  // e in [4 half, 4 half + 4): sub-blocks half, 2 + half, 4 + half, 6 + half
-        __m512i s[R][V][4];
+    // Unrolled so that odd is a constant in each copy: no selects in the inner loop.
+    TANDEM_UNROLL for (int h = 0; h < 2; ++h)
+      TANDEM_UNROLL for (int odd = 0; odd < 2; ++odd) {  // x's 32-blocks q = odd, 2 + odd: ql plane a (odd 0) or b (1)
+        const uint8_t* plane = blk + (odd ? q6k_b_offset : 0);
+        __m512i s[R][V][2][2];  // [x row][quarter][c: q = 2c + odd][half: k 16 half..]
         TANDEM_UNROLL for (int i = 0; i < R; ++i)
           TANDEM_UNROLL for (int v = 0; v < V; ++v)
-            TANDEM_UNROLL for (int q = 0; q < 4; ++q) s[i][v][q] = _mm512_setzero_si512();
+            TANDEM_UNROLL for (int c = 0; c < 2; ++c) s[i][v][c][0] = s[i][v][c][1] = _mm512_setzero_si512();
         const int64_t xb = (s0 + sb) * 8 + 4 * h;  // x's 32-blocks of k 128h + 32q
-        TANDEM_UNROLL for (int e = 4 * half; e < 4 * half + 4; ++e) {
-          __m512i xv[R][4];
+        TANDEM_UNROLL for (int e = 0; e < 8; ++e) {
+          const int half = e / 4;
+          __m512i xv[R][2];
           TANDEM_UNROLL for (int i = 0; i < R; ++i)
-            TANDEM_UNROLL for (int q = 0; q < 4; ++q) {
+            TANDEM_UNROLL for (int c = 0; c < 2; ++c) {
               int32_t four;
-              std::memcpy(&four, x.q + ((i0 + i) * x.nb + xb + q) * 32 + 4 * e, 4);
-              xv[i][q] = _mm512_set1_epi32(four);
+              std::memcpy(&four, x.q + ((i0 + i) * x.nb + xb + 2 * c + odd) * 32 + 4 * e, 4);
+              xv[i][c] = _mm512_set1_epi32(four);
             }
           TANDEM_UNROLL for (int v = 0; v < V; ++v) {
             const int64_t at = ((h * 8 + e) * PR + 16 * (v0 + v)) * 4;
-            const __m512i a = _mm512_load_si512(blk + at);
-            const __m512i b = _mm512_load_si512(blk + q6k_b_offset + at);
+            const __m512i a = _mm512_load_si512(plane + at);
             const __m512i hb = _mm512_load_si512(blk + q6k_h_offset + at);
-            __m512i qv[4];
-            qv[0] = _mm512_or_si512(_mm512_and_si512(a, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits45));
-            qv[1] = _mm512_or_si512(_mm512_and_si512(b, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 2), bits45));
-            qv[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), low4), _mm512_and_si512(hb, bits45));
-            qv[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), low4),
-                                    _mm512_and_si512(_mm512_srli_epi16(hb, 2), bits45));
-            TANDEM_UNROLL for (int i = 0; i < R; ++i)
-              TANDEM_UNROLL for (int q = 0; q < 4; ++q) s[i][v][q] = _mm512_dpbusd_epi32(s[i][v][q], qv[q], xv[i][q]);
+            // q = odd: low nibbles, qh bits 2 odd..; q = 2 + odd: high nibbles, qh bits 4 + 2 odd..
+            const __m512i hlo = odd ? _mm512_slli_epi16(hb, 2) : _mm512_slli_epi16(hb, 4);
+            const __m512i hhi = odd ? _mm512_srli_epi16(hb, 2) : hb;
+            const __m512i q0 = _mm512_or_si512(_mm512_and_si512(a, low4), _mm512_and_si512(hlo, bits45));
+            const __m512i q1 =
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), low4), _mm512_and_si512(hhi, bits45));
+            TANDEM_UNROLL for (int i = 0; i < R; ++i) {
+              s[i][v][0][half] = _mm512_dpbusd_epi32(s[i][v][0][half], q0, xv[i][0]);
+              s[i][v][1][half] = _mm512_dpbusd_epi32(s[i][v][1][half], q1, xv[i][1]);
+            }
           }
         }
         TANDEM_UNROLL for (int v = 0; v < V; ++v) {
           const __m512 dw = _mm512_cvtph_ps(
               _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q6k_d_offset + 32 * (v0 + v))));
-          TANDEM_UNROLL for (int q = 0; q < 4; ++q) {
-            const int j = 8 * h + 2 * q + half;  // the 16-sub-block: k 128h + 32q + 16 half
-            const __m512 a = _mm512_mul_ps(dw, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(
-                                                   reinterpret_cast<const __m128i*>(blk + q6k_sc_offset + j * PR + 16 * (v0 + v))))));
+          TANDEM_UNROLL for (int c = 0; c < 2; ++c) {
+            const int q = 2 * c + odd;
+            __m512i sc[2];  // the 16-sub-blocks k 128h + 32q + 16 half: j = 8h + 2q + half
+            TANDEM_UNROLL for (int hf = 0; hf < 2; ++hf)
+              sc[hf] = _mm512_cvtepi8_epi32(
+                  _mm_load_si128(reinterpret_cast<const __m128i*>(blk + q6k_sc_offset + (8 * h + 2 * q + hf) * PR + 16 * (v0 + v))));
             TANDEM_UNROLL for (int i = 0; i < R; ++i) {
               const int64_t xi = (i0 + i) * x.nb + xb + q;
-              const __m512i exact = _mm512_sub_epi32(s[i][v][q], _mm512_set1_epi32(32 * x.sum16[2 * xi + half]));
-              acc[i][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(a, _mm512_set1_ps(x.d[xi])), acc[i][v]);
+              // (sum (q6 x) - 32 sum x) per sub-block: the q6 - 32 offset, exact in integers
+              const __m512i e0 = _mm512_sub_epi32(s[i][v][c][0], _mm512_set1_epi32(32 * x.sum16[2 * xi]));
+              const __m512i e1 = _mm512_sub_epi32(s[i][v][c][1], _mm512_set1_epi32(32 * x.sum16[2 * xi + 1]));
+              const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(e0, sc[0]), _mm512_mullo_epi32(e1, sc[1]));
+              acc[i][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[xi])), acc[i][v]);
             }
           }
         }
