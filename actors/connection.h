@@ -35,6 +35,7 @@ struct connection_inbox {
   std::function<void(const request_event&)> callback;  // instead of the queue (runs on the actor)
   std::function<void()> notify;                 // events were queued (runs on the actor)
   connection_actor actor;
+  uint64_t client = 0;  // its requests' request_spec::client (0: a lone request's own)
 };
 
 struct connection_state {

@@ -161,6 +161,7 @@ struct pipeline::impl {
   cluster_actor cluster;                      // a router process's members (cluster_port >= 0)
   uint16_t cluster_port = 0;
   std::atomic<request_id> next_id{1};
+  std::atomic<uint64_t> next_client{1};  // connections' client ids (request_spec::client)
   // The process's cores when its workers share them (pools.share_cores, disaggregated): every
   // prefill and decode worker's threads together; null: each owns threads_per_worker.
   std::shared_ptr<kernels::core_share> cores;
@@ -422,6 +423,7 @@ std::optional<request_spec> make_spec(connection_inbox& in, request_id id, const
   spec.max_tokens = req.max_tokens;
   spec.sampling = req.sampling;
   spec.ignore_eos = req.ignore_eos;
+  spec.client = in.client;
   status bad = spec.sampling.validate(mdl.config().n_vocab);
   if (bad.ok() && spec.prompt.empty()) bad = {errc::invalid_argument, "the prompt is empty"};
   if (bad.ok() && spec.max_tokens < 1) bad = {errc::invalid_argument, "max_tokens must be at least 1"};
@@ -493,6 +495,7 @@ connection pipeline::connect(std::function<void()> on_ready) {
   connection c;
   c.in_ = std::make_shared<connection_inbox>();
   c.in_->notify = std::move(on_ready);
+  c.in_->client = im.next_client++;
   c.in_->actor = im.sys->spawn(connection_behavior, c.in_, im.routers, false, im.live_connections);
   c.pipe_ = this;
   return c;

@@ -47,6 +47,9 @@ struct request_spec {
   // A migrated request (its worker died while decoding): the prompt's last `resumed` tokens are
   // output already generated; the next token sampled is output token number `resumed`.
   int32_t resumed = 0;
+  // Who submitted it: a connection (pipeline::connect), whose requests the router counts
+  // together when it shares the pools between clients. 0: a lone request, a client of its own.
+  uint64_t client = 0;
 
   int32_t original_prompt_tokens() const { return int32_t(prompt.size()) - resumed; }
   // The output generated before it migrated: the prompt's last `resumed` tokens.

@@ -330,6 +330,66 @@ TEST(Pipeline, ConnectionCarriesManyRequestsAndClosingItCancelsThem) {
   EXPECT_EQ(p.stats().live_connections, 0);
 }
 
+// Issue 22 item 2: a client that stops reading slows only its own requests. Client A submits
+// more long requests than a worker has decode slots (default limits) and reads nothing: its
+// requests pause, and while another client waits they give their slots up (parked). Client B's
+// request is served all the same (before, it waited behind A's paused requests for as long as
+// A did not read); when A reads at last, every one of its outputs is exact.
+TEST(Pipeline, AClientThatStopsReadingDoesNotLockOthersOut) {
+  auto m = tiny();
+  for (serving_mode mode : {serving_mode::disaggregated, serving_mode::colocated}) {
+    SCOPED_TRACE(std::string(to_string(mode)));
+    serving_config cfg;
+    cfg.model.loaded = m;
+    cfg.pools.mode = mode;
+    pipeline p(cfg);
+    connection a = p.connect(nullptr), b = p.connect(nullptr);
+    const int n = cfg.steps.max_batch + 6;
+    std::map<request_id, std::vector<token_id>> prompts, got;
+    for (int i = 0; i < n; ++i) {
+      auto prompt = prompt_of(12 + i % 9, 100 + i, m->config().n_vocab);
+      prompts[a.submit({.prompt_tokens = prompt, .max_tokens = 200, .sampling = {.temperature = 0.0f}, .ignore_eos = true})] =
+          prompt;
+    }
+    // A's requests take every decode slot of a worker (and stay, paused, as A reads nothing).
+    auto full = [&] {
+      for (const auto& w : p.stats().workers)
+        if (w.active >= cfg.steps.max_batch) return true;
+      return false;
+    };
+    for (int i = 0; i < 500 && !full(); ++i) std::this_thread::sleep_for(20ms);
+    EXPECT_TRUE(full());
+    const auto b_prompt = prompt_of(15, 7, m->config().n_vocab);
+    const request_id bid = b.submit({.prompt_tokens = b_prompt, .max_tokens = 16, .sampling = {.temperature = 0.0f}, .ignore_eos = true});
+    std::vector<token_id> b_got;
+    request_event ev;
+    bool done = false;
+    while (!done && b.next(ev, 60s)) {
+      EXPECT_EQ(ev.id, bid);
+      if (ev.kind == event_kind::token && ev.token >= 0) b_got.push_back(ev.token);
+      done = ev.kind == event_kind::done || ev.kind == event_kind::error;
+    }
+    ASSERT_TRUE(done) << "client B was not served while client A did not read";
+    EXPECT_EQ(b_got, alone(*m, b_prompt, 16, {.temperature = 0.0f}, true));
+    EXPECT_GT(p.metrics().get_counter("tandem_router_parked_total", "", {}).value(), 0.0);
+    // A reads now: its parked requests resume where they stopped, exactly.
+    std::map<request_id, std::string> ends;
+    while (a.unfinished() > 0 && a.next(ev, 120s)) {
+      if (ev.kind == event_kind::token && ev.token >= 0) got[ev.id].push_back(ev.token);
+      if (ev.kind == event_kind::done) ends[ev.id] = std::string(to_string(ev.finish_reason));
+      if (ev.kind == event_kind::error) ends[ev.id] = "error:" + std::string(to_string(ev.code));
+    }
+    ASSERT_EQ(a.unfinished(), 0u);
+    for (const auto& [id, prompt] : prompts) {
+      EXPECT_EQ(ends[id], "length") << id;
+      EXPECT_EQ(got[id], alone(*m, prompt, 200, {.temperature = 0.0f}, true)) << id;
+    }
+    a.close();
+    b.close();
+    expect_no_leaks(p);
+  }
+}
+
 TEST(Pipeline, BadRequestsGetClearErrors) {
   pipeline p({.model = {.loaded = tiny()}});
   auto r = p.submit({.prompt_tokens = {5, 99999}, .max_tokens = 3}).wait(5s);

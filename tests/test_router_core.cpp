@@ -426,6 +426,82 @@ TEST_F(RouterCore, PauseGoesWhereTheRequestDecodes) {
   });
 }
 
+request_spec from(uint64_t client, int32_t prompt_tokens, int32_t max_tokens = 8) {
+  request_spec s = spec(prompt_tokens, max_tokens);
+  s.client = client;
+  return s;
+}
+constexpr auto parked_ = phase::parked;
+
+TEST_F(RouterCore, PausedRequestsGiveUpTheirSlotWhileOthersWait) {
+  // Issue 22 item 2: a client that stops reading must not keep its slots and KV from others.
+  make(serving_mode::disaggregated, 1, 1);
+  run({
+      {ev::submit{from(7, 40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
+      {ev::prefilled{1, 0, false}, {"state r1 transferring"}},
+      {ev::worker_state{1, pool_side::decode, D(0), request_state::decoding}, {}, {{1, decoding_}}},
+      // Nothing waits: paused on its worker, it keeps its slot.
+      {ev::pause{1, true}, {"pause d0 r1"}, {{1, decoding_}}},
+      {ev::decode_load{room(0, 0)}, {}, {{1, decoding_}}},  // no credits left on d0
+      // Another client's request comes: the paused one is taken off d0 (slot, credits and KV
+      // freed, its prefill lease ended) and a fresh load report asked for.
+      {ev::submit{from(8, 40)},
+       {"admit r2 @0", "cancel d0 r1", "release p0 r1", "load? d0", "prefill p0 r2 e1"},
+       {{1, parked_}, {2, prefilling_}}},
+      {ev::decode_load{room(0)}, {"reserve d0 r2 #2"}},
+      {ev::pause{1, true}, {}, {{1, parked_}}},  // parked already
+      // Its client caught up: its tokens are asked for, then it is prefilled again with them
+      // (the first of the queue: its client has nothing in service).
+      {ev::pause{1, false}, {"resume? r1"}, {{1, migrating_}}},
+      {ev::resume_answer{1, std::vector<token_id>{5, 6, 7}}, {"state r1 queued", "prefill p0 r1 e2"}, {{1, prefilling_}}},
+  });
+  EXPECT_EQ(core->find(1)->spec.resumed, 3);
+  EXPECT_EQ(core->find(1)->spec.prompt.size(), 43u);
+  EXPECT_EQ(core->find(1)->migrations, 0);  // not a migration: no limit spent
+  EXPECT_EQ(counter("tandem_router_parked_total"), 1);
+  EXPECT_EQ(counter("tandem_migrations_total"), 0);
+  // A parked request that ends (its client went away) holds nothing anywhere.
+  run({
+      {ev::reserve_answer{2, 0, 2, ev::reply::granted}, {"ship p0->d0 r2", "reserve d0 r1 #3"}},
+      {ev::worker_state{2, pool_side::decode, D(0), request_state::decoding}, {}, {{2, decoding_}}},
+      {ev::pause{2, true}, {"pause d0 r2"}, {{2, decoding_}}},  // r1's reservation is out: nothing waits
+      {ev::submit{from(9, 40)},
+       {"admit r3 @0", "cancel d0 r2", "release p0 r2", "load? d0", "prefill p0 r3 e1"},
+       {{2, parked_}}},
+      {ev::ended{2, request_state::cancelled, 0}, {}, {{2, std::nullopt}}},
+  });
+  EXPECT_EQ(counter("tandem_router_parked_total"), 2);
+}
+
+TEST_F(RouterCore, PausedColocatedRequestsGiveUpTheirSlotWhenPromptsWait) {
+  make(serving_mode::colocated, 1, 0);
+  run({
+      {ev::submit{from(7, 40)}, {"admit r1 @0", "prefill p0 r1 e1"}},
+      {ev::worker_state{1, pool_side::prefill, P(0), request_state::decoding}, {}, {{1, decoding_}}},
+      {ev::pause{1, true}, {"pause p0 r1"}, {{1, decoding_}}},
+      {ev::submit{from(8, 40)}, {"admit r2 @0", "cancel p0 r1", "prefill p0 r2 e1"}, {{1, parked_}}},
+  });
+}
+
+TEST_F(RouterCore, WaitingRequestsArePlacedClientByClient) {
+  // Max-min fairness: the next slot goes to the client with the fewest requests in service,
+  // first come, first served within a client and between equals.
+  make(serving_mode::colocated, 1, 0);
+  run({
+      {ev::prefill_load{{0, true, 5000, 9}}, {}},  // the worker is full: requests queue here
+      {ev::submit{from(1, 40)}, {"admit r1 @0"}},
+      {ev::submit{from(1, 40)}, {"admit r2 @1"}},
+      {ev::submit{from(1, 40)}, {"admit r3 @2"}},
+      {ev::submit{from(2, 40)}, {"admit r4 @3"}},
+      {ev::submit{spec(40)}, {"admit r5 @4"}},  // a lone request: a client with none in service
+      {ev::submit{from(2, 40)}, {"admit r6 @5"}},
+      {ev::prefill_load{{0, true, 0, 0}},
+       {"prefill p0 r1 e1", "prefill p0 r4 e1", "prefill p0 r5 e1", "prefill p0 r2 e1", "prefill p0 r6 e1",
+        "prefill p0 r3 e1"}},
+  });
+}
+
 TEST_F(RouterCore, LateReportsFromWhereARequestNoLongerIsChangeNothing) {
   make(serving_mode::disaggregated, 2, 2);
   run({

@@ -23,6 +23,7 @@ std::string_view to_string(phase p) {
     case phase::direct: return "direct";
     case phase::decoding: return "decoding";
     case phase::migrating: return "migrating";
+    case phase::parked: return "parked";
   }
   return "?";
 }
@@ -31,6 +32,7 @@ request_state entry::shown_state() const {
   switch (current()) {
     case phase::waiting:
     case phase::migrating:
+    case phase::parked:
     case phase::direct: return request_state::queued;
     case phase::prefilling:
       return std::get<prefilling>(where).prefilled ? request_state::transferring : request_state::prefilling;
@@ -121,7 +123,8 @@ decode_claim* router_core::claim_of(entry& e) {
     case phase::direct: return &std::get<direct>(e.where).decode;
     case phase::waiting:
     case phase::decoding:
-    case phase::migrating: return nullptr;
+    case phase::migrating:
+    case phase::parked: return nullptr;
   }
   return nullptr;
 }
@@ -162,7 +165,7 @@ router_view router_core::view(int32_t listed) const {
     ++v.by_state[size_t(s)];
     if (int32_t(v.requests.size()) >= listed) continue;
     router_view::request r{id, s, -1, -1, prompt_len(e), e.spec.max_tokens};
-    std::visit(overloaded{[](const waiting&) {}, [](const migrating&) {},
+    std::visit(overloaded{[](const waiting&) {}, [](const migrating&) {}, [](const parked&) {},
                           [&](const prefilling& p) {
                             r.prefill_worker = p.worker.index;
                             if (p.decode.state == claim_state::held) r.decode_worker = p.decode.worker.index;
@@ -272,15 +275,20 @@ void router_core::handle(const ev::store_answer& a) {
 // before its prefill ends, its KV streams to the decode worker while it is being computed.
 void router_core::dispatch_prefill() {
   const bool disaggregated = cfg_.mode == serving_mode::disaggregated;
+  park_paused();
+  std::map<uint64_t, int32_t> in_service;
+  if (!prefill_queue_.empty()) in_service = clients_in_service();
   while (!prefill_queue_.empty()) {
-    const request_id id = prefill_queue_.front();
+    const auto pos = next_waiting(in_service);
+    const request_id id = *pos;
     auto& e = requests_.at(id);
-    if (std::get<waiting>(e.where).asking_store) break;  // first come, first served: wait for it
+    if (std::get<waiting>(e.where).asking_store) break;  // its turn: wait for the store's answer
+    if (e.spec.client != 0) ++in_service[e.spec.client];  // (placed below, or nothing is)
     if (disaggregated && !e.direct_tried && e.spec.resumed == 0 && e.store_tokens > 0 &&
         e.store_tokens >= usable_full_tokens(e)) {
       // Its whole prompt (but the tail) is in the host store: a decode worker fetches it and
       // computes the tail; no prefill worker, no KV link.
-      prefill_queue_.pop_front();
+      prefill_queue_.erase(pos);
       prefill_queue_tokens_ -= prompt_len(e);
       ++e.spec.epoch;
       e.dispatched = now_();
@@ -299,7 +307,7 @@ void router_core::dispatch_prefill() {
     }
     const int32_t w = cfg_.prefill_policy->choose(eligible, prompt_len(e));
     if (w < 0) break;  // every worker is full: the request waits here, where admission sees it
-    prefill_queue_.pop_front();
+    prefill_queue_.erase(pos);
     prefill_queue_tokens_ -= prompt_len(e);
     const int32_t cached = eligible[size_t(w)].cached_tokens;
     if (prefixes_) {
@@ -328,6 +336,7 @@ void router_core::dispatch_prefill() {
 // to ship the KV (at once if the prompt is done, else streamed as the prefill goes).
 void router_core::dispatch_decode() {
   if (reserving_ || decode_queue_.empty()) return;
+  park_paused();
   const request_id id = decode_queue_.front();
   auto& e = requests_.at(id);
   decode_claim* c = claim_of(e);
@@ -463,7 +472,8 @@ void router_core::handle(const ev::prefilled& m) {
     case phase::decoding:  // a re-prefill raced a delivered transfer
     case phase::waiting:
     case phase::direct:
-    case phase::migrating: break;
+    case phase::migrating:
+    case phase::parked: break;
   }
   // A prefill the request no longer waits for (it moved on): that KV is wanted nowhere.
   if (!m.finished && alive(pool_side::prefill, w)) emit(cmd::release{w, m.id, std::nullopt});
@@ -492,6 +502,7 @@ void router_core::handle(const ev::worker_state& m) {
   worker_ref prefill_worker;
   switch (e.current()) {
     case phase::migrating:
+    case phase::parked:
     case phase::decoding: return;  // a late report from where it no longer is
     case phase::waiting: erase_from(prefill_queue_, m.id); prefill_queue_tokens_ -= prompt_len(e); break;
     case phase::prefilling: prefill_worker = std::get<prefilling>(e.where).worker; [[fallthrough]];
@@ -559,8 +570,10 @@ void router_core::handle(const ev::ended& m) {
       if (d.side == pool_side::decode) cancel(pool_side::prefill, d.prefill);
       break;
     }
-    case phase::migrating: break;
+    case phase::migrating:
+    case phase::parked: break;
   }
+  if (e.paused) --paused_;
   requests_.erase(it);
   dispatch_prefill();
   dispatch_decode();
@@ -570,6 +583,15 @@ void router_core::handle(const ev::pause& m) {
   auto it = requests_.find(m.id);
   if (it == requests_.end()) return;
   auto& e = it->second;
+  if (e.paused != m.pause) paused_ += m.pause ? 1 : -1;
+  e.paused = m.pause;
+  if (!m.pause && e.current() == phase::parked) {
+    // Its client caught up: its actor says which tokens it has (ev::resume_answer), and it is
+    // prefilled again with them, as a migration is, without counting as one.
+    e.where = migrating{};
+    emit(cmd::ask_resume{m.id});
+    return;
+  }
   auto send = [&](pool_side side, const worker_ref& w) {
     if (alive(side, w)) emit(cmd::pause{side, w.index, m.id, m.pause});
   };
@@ -587,8 +609,84 @@ void router_core::handle(const ev::pause& m) {
     }
     case phase::decoding: send(std::get<decoding>(e.where).side, std::get<decoding>(e.where).worker); break;
     case phase::waiting:
-    case phase::migrating: break;
+    case phase::migrating:
+    case phase::parked: break;
   }
+  if (m.pause) park_paused();
+}
+
+// ---- sharing between clients ----
+
+// Requests in service (placed on a worker, or decoding) per client; lone requests (client 0)
+// are clients of their own and are not counted.
+std::map<uint64_t, int32_t> router_core::clients_in_service() const {
+  std::map<uint64_t, int32_t> n;
+  for (const auto& [id, e] : requests_) {
+    if (e.spec.client == 0) continue;
+    switch (e.current()) {
+      case phase::prefilling:
+      case phase::direct:
+      case phase::decoding: ++n[e.spec.client]; break;
+      case phase::waiting:
+      case phase::migrating:
+      case phase::parked: break;
+    }
+  }
+  return n;
+}
+
+// The next waiting request to place: the first of the client with the fewest requests in
+// service (max-min fairness: a client that holds many slots gets the next one only when nobody
+// with fewer waits). A lone request counts as a client with none.
+std::deque<request_id>::iterator router_core::next_waiting(const std::map<uint64_t, int32_t>& in_service) {
+  auto best = prefill_queue_.end();
+  int32_t best_n = 0;
+  for (auto it = prefill_queue_.begin(); it != prefill_queue_.end(); ++it) {
+    const uint64_t c = requests_.at(*it).spec.client;
+    const auto found = c == 0 ? in_service.end() : in_service.find(c);
+    const int32_t n = found == in_service.end() ? 0 : found->second;
+    if (best == prefill_queue_.end() || n < best_n) {
+      best = it;
+      best_n = n;
+      if (n == 0) break;
+    }
+  }
+  return best;
+}
+
+// Work waits for a slot: prompts in the router's queue, prefilled (or prefilling) requests
+// queued for decode credits, or (colocated) prompts placed on a worker that are not decoding
+// yet. (The workers' reported queues lag behind the router's own optimistic count.)
+bool router_core::work_waits() const {
+  if (!prefill_queue_.empty() || !decode_queue_.empty()) return true;
+  if (cfg_.mode == serving_mode::colocated)
+    for (const auto& [id, e] : requests_)
+      if (e.current() == phase::prefilling) return true;
+  return false;
+}
+
+// A client that stops reading must not hold the pools (its requests pause: their workers skip
+// them, but they keep their slots and KV). While other work waits, each paused request that
+// decodes is taken off its worker (cancelled there: slot, credits and KV freed, its blocks
+// published to the host store where one is attached) and parked until its client catches up.
+void router_core::park_paused() {
+  if (paused_ == 0 || !work_waits()) return;
+  std::vector<int32_t> freed;  // decode workers asked for a fresh load report
+  for (auto& [id, e] : requests_) {
+    if (!e.paused || e.current() != phase::decoding) continue;
+    const auto d = std::get<decoding>(e.where);
+    if (alive(d.side, d.worker)) {
+      emit(cmd::cancel{d.side, d.worker.index, id});
+      if (d.side == pool_side::decode && std::find(freed.begin(), freed.end(), d.worker.index) == freed.end())
+        freed.push_back(d.worker.index);
+    }
+    if (d.side == pool_side::decode && alive(pool_side::prefill, d.prefill))
+      emit(cmd::release{d.prefill.index, id, std::nullopt});
+    e.where = parked{};
+    count("tandem_router_parked_total",
+          "Paused requests (their client reads too slowly) taken off their worker while other work waited");
+  }
+  for (int32_t w : freed) emit(cmd::ask_load{w, std::chrono::milliseconds(0)});
 }
 
 // ---- recovery ----
@@ -652,7 +750,8 @@ void router_core::migrate(request_id id) {
       erase_from(prefill_queue_, id);
       prefill_queue_tokens_ -= prompt_len(e);
       break;
-    case phase::migrating: break;
+    case phase::migrating:
+    case phase::parked: break;
   }
   e.where = migrating{};
   count("tandem_migrations_total", "Requests moved off a worker that died while they decoded");
@@ -738,7 +837,8 @@ void router_core::handle(const ev::worker_down& m) {
   for (auto& [id, e] : requests_) {
     switch (e.current()) {
       case phase::waiting:
-      case phase::migrating: break;
+      case phase::migrating:
+      case phase::parked: break;
       case phase::prefilling: {
         auto& p = std::get<prefilling>(e.where);
         if (side == pool_side::prefill && p.worker == m.worker) {
@@ -815,6 +915,7 @@ void router_core::handle(const ev::stranded_check&) {
     switch (e.current()) {
       case phase::waiting:
       case phase::migrating:
+      case phase::parked:
       case phase::direct: stranded = true; break;
       case phase::prefilling: stranded = stranded || !std::get<prefilling>(e.where).prefilled; break;
       case phase::decoding: break;

@@ -6,12 +6,18 @@
 //
 // A request is in one phase at a time; the data of each phase lives in its alternative of
 // `phase_data`, so which facts go together is in the types, not in comments:
-//   waiting     in the prefill queue (first come, first served), maybe asking the host store
+//   waiting     in the prefill queue, maybe asking the host store; placed client by client:
+//               the client with the fewest requests in service first (first come, first
+//               served within a client and between equals)
 //   prefilling  on a prefill (or colocated) worker: queued there, computing, or prefilled with
 //               its KV under the worker's lease until a decode worker has it
 //   direct      sent straight to a decode worker that fetches its prompt's blocks from the store
 //   decoding    a decode (or colocated) worker generates its tokens
-//   migrating   its worker died while it decoded: asking its actor for the tokens so far
+//   migrating   its worker died while it decoded (or it resumes from parked): asking its
+//               actor for the tokens so far
+//   parked      paused (its client reads too slowly) while other work waited: taken off its
+//               worker, its slot and KV freed; when its client catches up it is prefilled
+//               again with its tokens and goes on exactly (as a migration)
 // In disaggregated mode a prefilling or direct request also has a decode claim: queued for
 // decode credits, reserving them (one reservation is in flight at a time), or holding them.
 #include <chrono>
@@ -49,7 +55,7 @@ struct worker_ref {
   bool operator==(const worker_ref&) const = default;
 };
 
-enum class phase : uint8_t { waiting, prefilling, direct, decoding, migrating };
+enum class phase : uint8_t { waiting, prefilling, direct, decoding, migrating, parked };
 std::string_view to_string(phase p);
 
 enum class claim_state : uint8_t { none, queued, reserving, held };
@@ -80,7 +86,8 @@ struct decoding {
   worker_ref prefill;  // disaggregated: the worker it was prefilled on (its lease may linger)
 };
 struct migrating {};
-using phase_data = std::variant<waiting, prefilling, direct, decoding, migrating>;
+struct parked {};
+using phase_data = std::variant<waiting, prefilling, direct, decoding, migrating, parked>;
 
 struct entry {
   request_spec spec;  // what workers are sent (prompt, sampling, limits); epoch = prefill attempt
@@ -88,6 +95,7 @@ struct entry {
   int32_t migrations = 0;    // times it was moved off a worker that died while it decoded
   int32_t store_tokens = 0;  // prompt tokens whose blocks the store holds (at its answer)
   bool direct_tried = false;  // sent straight to decode once, and that failed: prefill it
+  bool paused = false;        // its client is behind (ev::pause): parked when other work waits
   clock::time_point dispatched{};
   phase current() const { return phase(where.index()); }
   // The request_state this phase shows as (the router's view; the request actor has its own).
@@ -256,6 +264,10 @@ class router_core {
   void handle(const ev::pause&);
 
   void enqueue(request_id id, entry e, bool ask_the_store);
+  std::deque<request_id>::iterator next_waiting(const std::map<uint64_t, int32_t>& in_service);
+  std::map<uint64_t, int32_t> clients_in_service() const;
+  bool work_waits() const;
+  void park_paused();
   void ask_store(request_id id, entry& e);
   void dispatch_prefill();
   void dispatch_decode();
@@ -293,6 +305,7 @@ class router_core {
   // A pool found still empty seconds after its last worker died (degraded: no restart comes):
   // submits that need it are refused at once. A worker joining clears it.
   bool prefill_gone_ = false, decode_gone_ = false;
+  int32_t paused_ = 0;  // entries whose client is behind (entry::paused)
   ewma prefill_rate_{0.3}, tpot_{0.2}, decode_admits_{0.3};
   clock::time_point last_admit_{};
 };
