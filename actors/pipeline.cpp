@@ -323,6 +323,8 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
   rto.pools = spawn_pools;
   rto.directory = im.routers;
   rto.max_restarts = std::max(0, im.cfg.pools.max_router_restarts);
+  rto.recover_after = std::max(std::chrono::milliseconds(1), im.cfg.pools.router_recover_after);
+  rto.recover_after_max = std::max(rto.recover_after, rto.recover_after_max);
   im.root = im.sys->spawn(root_behavior, std::move(rto));
   // The root starts the router on its first run: until then nothing could find it (a cancel
   // or stats call right after construction), so the pipeline is ready only once it has.

@@ -64,6 +64,7 @@ using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using down_atom = caf::atom_constant<caf::atom("wdown")>;
 using kill_atom = caf::atom_constant<caf::atom("kill")>;
+using recover_atom = caf::atom_constant<caf::atom("recover")>;
 using kv_piece_atom = caf::atom_constant<caf::atom("kvpiece")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;

@@ -36,7 +36,7 @@ void refuse(self_ptr self, const request_spec& spec, const subscriber_actor& sub
   request_event err = make_event(event_kind::error);
   err.id = spec.id;
   err.code = errc::worker_failed;
-  err.message = "the router failed too often and is not restarted (the server is degraded)";
+  err.message = "the router failed too often and is not restarted for now (the server is degraded; it tries again by itself)";
   self->send(sub, std::move(err));
 }
 
@@ -68,6 +68,11 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
       reg(self).get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", "router"}}).set(1);
       for (auto& p : st.forwarded) refuse(self, p.spec, p.sub);
       st.forwarded.clear();
+      // Tried again later, by itself: the wait doubles while degradations follow each other
+      // (within ten of the last wait after a recovery), from recover_after up to its max.
+      const bool soon_again = st.backoff.count() > 0 && now - st.recovered_at < 10 * st.backoff;
+      st.backoff = soon_again ? std::min(2 * st.backoff, st.opts.recover_after_max) : st.opts.recover_after;
+      self->delayed_send(self, st.backoff, recover_atom::value);
       return;
     }
     st.restarts.push_back(now);
@@ -97,6 +102,17 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
         st.forwarded.erase(it);
       },
       [self](degraded_atom) { return self->state.degraded; },
+      [self](recover_atom) {
+        auto& st = self->state;
+        if (!st.degraded) return;
+        st.degraded = false;
+        st.restarts.clear();
+        st.recovered_at = std::chrono::steady_clock::now();
+        reg(self).get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", "router"}}).set(0);
+        reg(self).get_counter("tandem_router_recoveries_total", "Times the router was started again after it was degraded").inc();
+        st.opts.directory->reopen(caf::actor_cast<caf::actor>(self));
+        start_router(self);
+      },
   };
 }
 

@@ -32,6 +32,12 @@ class router_directory {
     std::lock_guard<std::mutex> lk(mu_);
     gateway_ = std::move(g);
   }
+  // A router comes again (the root recovers from degraded): submits and rejoins go to it.
+  void reopen(caf::actor gateway) {
+    std::lock_guard<std::mutex> lk(mu_);
+    gone_ = false;
+    gateway_ = std::move(gateway);
+  }
   void close() {
     std::lock_guard<std::mutex> lk(mu_);
     gone_ = true;

@@ -48,8 +48,11 @@ struct pool_settings {
   int32_t max_worker_restarts = 5;
   std::chrono::milliseconds restart_window{10000};
   // The router is restarted (with the pools below it; requests rejoin it) at most this many
-  // times in 10 s; past that the pipeline is degraded and requests end with an error.
+  // times in 10 s; past that the pipeline is degraded and requests end with an error, until
+  // the root starts it again after router_recover_after (doubled while it keeps failing, up
+  // to 5 minutes).
   int32_t max_router_restarts = 3;
+  std::chrono::milliseconds router_recover_after{30000};
   // Liveness: a worker busy with one step this long without finishing it (alive, not
   // progressing) is treated as failed and restarted. 0: not checked.
   std::chrono::milliseconds stall_timeout{30000};

@@ -645,6 +645,46 @@ TEST(Pipeline, ClientLeavingDuringRecoveryFreesEverything) {
 // Past its restart intensity a pool stays empty (degraded): what waits for it ends with
 // worker_failed instead of hanging, new requests are refused at once, the metrics say so. A
 // restart within the intensity only delays requests.
+// Issue 22: the router pushed past its restart intensity no longer stays degraded for good:
+// requests are refused (an error, not a hang) until the root starts it again after its
+// backoff, and then it serves exactly as before.
+TEST(Pipeline, RouterPastItsRestartIntensityRecoversAfterItsBackoff) {
+  auto m = tiny();
+  serving_config cfg;
+  cfg.model.loaded = m;
+  cfg.pools.max_router_restarts = 1;
+  cfg.pools.router_recover_after = 1500ms;
+  pipeline p(cfg);
+  const sampling_params greedy{.temperature = 0.0f};
+  const auto prompt = prompt_of(20, 3, m->config().n_vocab);
+  auto r = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .sampling = greedy, .ignore_eos = true}).wait(30s);
+  ASSERT_EQ(r.error, errc::ok) << r.message;
+  // Killed twice (one restart allowed in the window): degraded.
+  for (int k = 0; k < 2; ++k) {
+    for (int i = 0; i < 500 && p.kill("router").empty(); ++i) std::this_thread::sleep_for(10ms);
+    for (int i = 0; i < 500 && !p.degraded() && k == 1; ++i) std::this_thread::sleep_for(10ms);
+    if (k == 0)
+      for (int i = 0; i < 500; ++i) {  // the restarted router is up before the second kill
+        if (p.submit({.prompt_tokens = prompt, .max_tokens = 1, .sampling = greedy}).wait(30s).error == errc::ok) break;
+        std::this_thread::sleep_for(10ms);
+      }
+  }
+  ASSERT_TRUE(p.degraded());
+  EXPECT_EQ(p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "router"}}).value(), 1);
+  r = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .sampling = greedy, .ignore_eos = true}).wait(30s);
+  EXPECT_EQ(r.error, errc::worker_failed) << r.message;
+  EXPECT_NE(r.message.find("tries again by itself"), std::string::npos) << r.message;
+  // After the backoff it serves again by itself, exactly.
+  for (int i = 0; i < 1000 && p.degraded(); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_FALSE(p.degraded());
+  EXPECT_EQ(p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "router"}}).value(), 0);
+  EXPECT_EQ(p.metrics().get_counter("tandem_router_recoveries_total", "").value(), 1);
+  r = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .sampling = greedy, .ignore_eos = true}).wait(30s);
+  ASSERT_EQ(r.error, errc::ok) << r.message;
+  EXPECT_EQ(r.tokens, alone(*m, prompt, 8, greedy, true));
+  expect_no_leaks(p);
+}
+
 TEST(Pipeline, PoolPastItsRestartIntensityIsDegradedAndRefuses) {
   serving_config cfg;
   cfg.model.loaded = tiny();

@@ -387,7 +387,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
       decode += w.name.rfind("decode", 0) == 0;
       colocated += w.name.rfind("colocated", 0) == 0;
     }
-    // Pools (and the router) past their restart intensity: they are not restarted any more.
+    // Pools past their restart intensity: not restarted any more (the router: until the root
+    // starts it again after its backoff).
     const json degraded = st->degraded_pools;
     const bool disagg = srv_->pipe.config().pools.mode == serving_mode::disaggregated;
     const bool workers_up = disagg ? prefill > 0 && decode > 0 : colocated > 0;
