@@ -72,7 +72,10 @@ struct http_server::impl : std::enable_shared_from_this<impl> {
   served_model mdl;
   server_config cfg;
   net::io_context ioc;
-  tcp::acceptor acceptor{ioc};
+  // On a strand of its own: its accept handler (which arms the next accept) and stop()'s close
+  // run on different io threads otherwise, and an Asio acceptor used from two threads at once
+  // crashed (SIGSEGV in start_op when a close met a re-armed accept: issue 22 item 5).
+  tcp::acceptor acceptor{net::make_strand(ioc)};
   std::atomic<bool> draining{false};
   std::atomic<int64_t> in_flight{0};   // generation requests not finished
   std::atomic<int64_t> next_id{1};
@@ -1239,8 +1242,9 @@ void http_server::run() {
 void http_server::stop() {
   auto im = impl_;
   if (im->draining.exchange(true)) return;
-  // Stop accepting; let in-flight requests finish within the grace period, then stop.
-  net::post(im->ioc, [im] {
+  // Stop accepting (on the acceptor's strand); let in-flight requests finish within the grace
+  // period, then stop.
+  net::post(im->acceptor.get_executor(), [im] {
     beast::error_code ec;
     im->acceptor.close(ec);
     drain(im.get(), std::make_shared<net::steady_timer>(im->ioc), std::chrono::steady_clock::now() + im->cfg.grace);
