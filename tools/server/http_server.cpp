@@ -71,6 +71,9 @@ struct http_server::impl : std::enable_shared_from_this<impl> {
   pipeline& pipe;
   served_model mdl;
   server_config cfg;
+  // WebSocket sessions alive (the drain waits for their close); before ioc, which destroys the
+  // sessions it still holds when it goes.
+  std::atomic<int64_t> websockets{0};
   net::io_context ioc;
   // On a strand of its own: its accept handler (which arms the next accept) and stop()'s close
   // run on different io threads otherwise, and an Asio acceptor used from two threads at once
@@ -962,7 +965,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
 
 class ws_session : public std::enable_shared_from_this<ws_session> {
  public:
-  ws_session(tcp::socket&& s, impl_ptr srv) : ws_(std::move(s)), srv_(std::move(srv)) {}
+  ws_session(tcp::socket&& s, impl_ptr srv) : ws_(std::move(s)), srv_(std::move(srv)) { ++srv_->websockets; }
+  ~ws_session() { --srv_->websockets; }
   void start(http::request<http::string_body> req) {
     conn_ = srv_->pipe.connect(waker(weak_from_this(), srv_->weak_from_this()));
     srv_->watch_grace(shared_from_this());
@@ -989,8 +993,9 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
  public:
   void release() {}
 
-  // The grace period is over: each request still running gets the shutting_down error frame,
-  // then the connection closes with 1001 and that reason.
+  // The drain is over (every request done, or the grace period ran out): each request still
+  // running gets the shutting_down error frame, then the connection closes with 1001 and that
+  // reason (an idle one too: a client is told the server goes away, not left reading).
   void grace_over() {
     if (closed_ || closing_) return;
     for (const auto& [key, g] : gens_) {
@@ -1166,22 +1171,31 @@ void http_session::upgrade() {
   std::make_shared<ws_session>(stream_.release_socket(), srv_)->start(std::move(req_));
 }
 
+void closing(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::steady_clock::time_point until);
+
 // Shutdown: checks every 50 ms until no request is in flight or the grace period is over.
+// Then every session still streaming is told why it ends and every WebSocket is closed with
+// 1001 "shutting_down" (idle ones too: before, they were left open with the server gone, and
+// their clients read on); the server stops once those words are out, or after 500 ms for a
+// client that no longer reads.
 void drain(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::steady_clock::time_point deadline) {
-  if (im->in_flight.load() <= 0) {
+  const auto now = std::chrono::steady_clock::now();
+  if (im->in_flight.load() > 0 && now < deadline) {
+    timer->expires_after(std::chrono::milliseconds(50));
+    timer->async_wait([im, timer, deadline](beast::error_code) { drain(im, timer, deadline); });
+    return;
+  }
+  im->grace_over();
+  closing(im, timer, now + std::chrono::milliseconds(500));
+}
+
+void closing(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::steady_clock::time_point until) {
+  if (im->websockets.load() <= 0 || std::chrono::steady_clock::now() >= until) {
     im->ioc.stop();
     return;
   }
-  if (std::chrono::steady_clock::now() >= deadline) {
-    // Grace over with requests still running: each is told why it ends, and the server stops
-    // once those words are out (or after 500 ms, for a client that no longer reads).
-    im->grace_over();
-    timer->expires_after(std::chrono::milliseconds(500));
-    timer->async_wait([im, timer](beast::error_code) { im->ioc.stop(); });
-    return;
-  }
-  timer->expires_after(std::chrono::milliseconds(50));
-  timer->async_wait([im, timer, deadline](beast::error_code) { drain(im, timer, deadline); });
+  timer->expires_after(std::chrono::milliseconds(10));
+  timer->async_wait([im, timer, until](beast::error_code) { closing(im, timer, until); });
 }
 
 }  // namespace
