@@ -74,6 +74,7 @@ struct http_server::impl : std::enable_shared_from_this<impl> {
   // WebSocket sessions alive (the drain waits for their close); before ioc, which destroys the
   // sessions it still holds when it goes.
   std::atomic<int64_t> websockets{0};
+  std::atomic<int64_t> http_writing{0};  // HTTP sessions with bytes still to write (the drain waits)
   net::io_context ioc;
   // On a strand of its own: its accept handler (which arms the next accept) and stop()'s close
   // run on different io threads otherwise, and an Asio acceptor used from two threads at once
@@ -303,7 +304,9 @@ class http_session : public std::enable_shared_from_this<http_session> {
     res->keep_alive(!close && req_.keep_alive());
     res->prepare_payload();
     close_after_ = !res->keep_alive();
+    ++srv_->http_writing;  // the drain's end waits for it (closing)
     http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
+      --self->srv_->http_writing;
       if (ec || self->close_after_) return self->close();
       self->read();
     });
@@ -921,17 +924,27 @@ class http_session : public std::enable_shared_from_this<http_session> {
     if (!writing_) write_next();
   }
 
+  // writing_, counted in http_writing: the drain's end waits for the last bytes of a response
+  // (a stream's final chunk, an error event) rather than stopping under them.
+  void set_writing(bool w) {
+    if (w != writing_) srv_->http_writing += w ? 1 : -1;
+    writing_ = w;
+  }
+
   void write_next() {
     if (out_.empty()) {
-      writing_ = false;
+      set_writing(false);
       if (gen_) return pump();
       if (close_after_) return close();
       if (feed_timer_) return;  // the feed writes on its timer
       return read();
     }
-    writing_ = true;
+    set_writing(true);
     net::async_write(stream_, net::buffer(out_.front()), [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->close();
+      if (ec) {
+        self->set_writing(false);
+        return self->close();
+      }
       self->out_bytes_ -= self->out_.front().size();
       self->out_.pop_front();
       self->write_next();
@@ -1174,10 +1187,9 @@ void http_session::upgrade() {
 void closing(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::steady_clock::time_point until);
 
 // Shutdown: checks every 50 ms until no request is in flight or the grace period is over.
-// Then every session still streaming is told why it ends and every WebSocket is closed with
-// 1001 "shutting_down" (idle ones too: before, they were left open with the server gone, and
-// their clients read on); the server stops once those words are out, or after 500 ms for a
-// client that no longer reads.
+// Then each request still running is told why it ends (an SSE error event and [DONE], a
+// WebSocket error frame) and every WebSocket is closed with 1001 "shutting_down" (idle ones
+// too: before, they were left open with the server gone, and their clients read on).
 void drain(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::steady_clock::time_point deadline) {
   const auto now = std::chrono::steady_clock::now();
   if (im->in_flight.load() > 0 && now < deadline) {
@@ -1189,12 +1201,15 @@ void drain(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::s
   closing(im, timer, now + std::chrono::milliseconds(500));
 }
 
+// The server stops once every WebSocket is closed and every HTTP response written (a stream's
+// last chunk included: stopping at in_flight 0 once cut a stream that had just ended), or
+// after 500 ms for a client that no longer reads.
 void closing(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::steady_clock::time_point until) {
-  if (im->websockets.load() <= 0 || std::chrono::steady_clock::now() >= until) {
+  if ((im->websockets.load() <= 0 && im->http_writing.load() <= 0) || std::chrono::steady_clock::now() >= until) {
     im->ioc.stop();
     return;
   }
-  timer->expires_after(std::chrono::milliseconds(10));
+  timer->expires_after(std::chrono::milliseconds(5));
   timer->async_wait([im, timer, until](beast::error_code) { closing(im, timer, until); });
 }
 
