@@ -1028,9 +1028,27 @@ TEST_F(ServerTest, DrainsUnderLoadEndEveryStreamCleanlyEveryTime) {
         if (!ec) net::write(s, net::buffer(std::string("GET /health HTTP/1.1\r\nHost: x\r\n\r\n")), ec);
       }
     });
+    // An idle keep-alive connection: one answer, then nothing asked.
+    net::io_context idle_ioc;
+    beast::tcp_stream idle(idle_ioc);
+    idle.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+    http::request<http::string_body> hreq(http::verb::get, "/health", 11);
+    hreq.set(http::field::host, "localhost");
+    http::write(idle, hreq);
+    beast::flat_buffer idle_buf;
+    http::response<http::string_body> hres;
+    http::read(idle, idle_buf, hres);
+    ASSERT_TRUE(hres.keep_alive());
     for (int i = 0; i < 2000 && pipe->stats().live_requests < 6; ++i) std::this_thread::sleep_for(1ms);
     srv->stop();
     runner.join();  // run() returns: the drain ended
+    {  // the idle connection was closed by the server, not left open
+      beast::error_code ec;
+      http::response<http::string_body> more;
+      idle.expires_after(5s);
+      http::read(idle, idle_buf, more, ec);
+      EXPECT_EQ(ec, http::error::end_of_stream) << ec.message();
+    }
     stopping = true;
     knocker.join();
     for (auto& t : clients) t.join();

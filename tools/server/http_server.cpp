@@ -220,10 +220,14 @@ class http_session : public std::enable_shared_from_this<http_session> {
 
   void release() { keep_alive_.reset(); }
 
-  // The grace period is over and this request is still running: the shutting_down error (an
-  // SSE error event and [DONE], or a 503), not a cut connection.
+  // The drain is over. A request still running gets the shutting_down error (an SSE error
+  // event and [DONE], or a 503), not a cut connection; an idle keep-alive connection (or the
+  // dashboard feed) is closed, as a server going away does, rather than left open.
   void grace_over() {
-    if (!gen_) return;
+    if (!gen_) {
+      if (!writing_ && !sending_) close();
+      return;
+    }
     for (generation* g : choices()) conn_.cancel(g->rid);
     close_after_ = true;
     end_with_error(error_from(errc::shutting_down, "the server is shutting down: the grace period ended", 0));
@@ -251,6 +255,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   bool writing_ = false;
   bool close_after_ = false;
   std::shared_ptr<net::steady_timer> feed_timer_;  // set while serving /dashboard/feed
+  bool sending_ = false;  // a whole response (send) is being written
 
   void read() {
     if (watching_) {  // one read at a time: end the disconnect watch first, read when it has
@@ -305,8 +310,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
     res->prepare_payload();
     close_after_ = !res->keep_alive();
     ++srv_->http_writing;  // the drain's end waits for it (closing)
+    sending_ = true;
     http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
       --self->srv_->http_writing;
+      self->sending_ = false;
       if (ec || self->close_after_) return self->close();
       self->read();
     });
@@ -1198,7 +1205,9 @@ void drain(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::s
     return;
   }
   im->grace_over();
-  closing(im, timer, now + std::chrono::milliseconds(500));
+  // One timer turn first: the sessions' farewells were posted to their strands just now.
+  timer->expires_after(std::chrono::milliseconds(5));
+  timer->async_wait([im, timer, until = now + std::chrono::milliseconds(500)](beast::error_code) { closing(im, timer, until); });
 }
 
 // The server stops once every WebSocket is closed and every HTTP response written (a stream's
