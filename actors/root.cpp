@@ -7,6 +7,10 @@ using self_ptr = root_actor::stateful_pointer<root_state>;
 
 metrics::registry& reg(self_ptr self) { return *self->state.opts.router.request_ctx.metrics; }
 
+metrics::gauge& router_degraded(self_ptr self) {
+  return reg(self).get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", "router"}});
+}
+
 // A router, then the pools that serve it; submits it has not taken yet go to it in order.
 void start_router(self_ptr self) {
   auto& st = self->state;
@@ -65,7 +69,7 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
     if (int32_t(st.restarts.size()) >= st.opts.max_restarts) {
       st.degraded = true;
       st.opts.directory->close();
-      reg(self).get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", "router"}}).set(1);
+      router_degraded(self).set(1);
       for (auto& p : st.forwarded) refuse(self, p.spec, p.sub);
       st.forwarded.clear();
       // Tried again later, by itself: the wait doubles while degradations follow each other
@@ -108,7 +112,7 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
         st.degraded = false;
         st.restarts.clear();
         st.recovered_at = std::chrono::steady_clock::now();
-        reg(self).get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", "router"}}).set(0);
+        router_degraded(self).set(0);
         reg(self).get_counter("tandem_router_recoveries_total", "Times the router was started again after it was degraded").inc();
         st.opts.directory->reopen(caf::actor_cast<caf::actor>(self));
         start_router(self);

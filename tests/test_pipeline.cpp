@@ -34,6 +34,18 @@ int expected_workers(pipeline& p) {
   return c.mode == serving_mode::colocated ? c.colocated_workers : c.prefill_workers + c.decode_workers;
 }
 
+// Reads a connection until every request it carries has ended (or `wait` passes with no
+// event): tokens by request, and how each ended (its finish reason, or "error:" and its code).
+void read_all(connection& c, std::map<request_id, std::vector<token_id>>& got, std::map<request_id, std::string>& ends,
+              std::chrono::milliseconds wait) {
+  request_event ev;
+  while (c.unfinished() > 0 && c.next(ev, wait)) {
+    if (ev.kind == event_kind::token && ev.token >= 0) got[ev.id].push_back(ev.token);
+    if (ev.kind == event_kind::done) ends[ev.id] = std::string(to_string(ev.finish_reason));
+    if (ev.kind == event_kind::error) ends[ev.id] = "error:" + std::string(to_string(ev.code));
+  }
+}
+
 // Every pool full again and every request actor gone (both settle shortly after the last event).
 void expect_no_leaks(pipeline& p) {
   pipeline_stats s;
@@ -275,12 +287,8 @@ TEST(Pipeline, ConnectionCarriesManyRequestsAndClosingItCancelsThem) {
     const request_id bad = c.submit({.prompt_tokens = {5, 99999}, .max_tokens = 3});
     EXPECT_EQ(c.unfinished(), 5u);
     std::map<request_id, std::string> ends;
+    read_all(c, got, ends, 30s);
     request_event ev;
-    while (c.unfinished() > 0 && c.next(ev, 30s)) {
-      if (ev.kind == event_kind::token && ev.token >= 0) got[ev.id].push_back(ev.token);
-      if (ev.kind == event_kind::done) ends[ev.id] = std::string(to_string(ev.finish_reason));
-      if (ev.kind == event_kind::error) ends[ev.id] = "error:" + std::string(to_string(ev.code));
-    }
     EXPECT_EQ(ends[bad], "error:invalid_argument");
     for (const auto& [id, prompt] : prompts) {
       EXPECT_EQ(ends[id], "length");
@@ -374,11 +382,7 @@ TEST(Pipeline, AClientThatStopsReadingDoesNotLockOthersOut) {
     EXPECT_GT(p.metrics().get_counter("tandem_router_parked_total", "", {}).value(), 0.0);
     // A reads now: its parked requests resume where they stopped, exactly.
     std::map<request_id, std::string> ends;
-    while (a.unfinished() > 0 && a.next(ev, 120s)) {
-      if (ev.kind == event_kind::token && ev.token >= 0) got[ev.id].push_back(ev.token);
-      if (ev.kind == event_kind::done) ends[ev.id] = std::string(to_string(ev.finish_reason));
-      if (ev.kind == event_kind::error) ends[ev.id] = "error:" + std::string(to_string(ev.code));
-    }
+    read_all(a, got, ends, 120s);
     ASSERT_EQ(a.unfinished(), 0u);
     for (const auto& [id, prompt] : prompts) {
       EXPECT_EQ(ends[id], "length") << id;

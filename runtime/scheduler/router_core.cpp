@@ -675,13 +675,10 @@ void router_core::park_paused() {
   for (auto& [id, e] : requests_) {
     if (!e.paused || e.current() != phase::decoding) continue;
     const auto d = std::get<decoding>(e.where);
-    if (alive(d.side, d.worker)) {
-      emit(cmd::cancel{d.side, d.worker.index, id});
-      if (d.side == pool_side::decode && std::find(freed.begin(), freed.end(), d.worker.index) == freed.end())
-        freed.push_back(d.worker.index);
-    }
-    if (d.side == pool_side::decode && alive(pool_side::prefill, d.prefill))
-      emit(cmd::release{d.prefill.index, id, std::nullopt});
+    if (d.side == pool_side::decode && alive(d.side, d.worker) &&
+        std::find(freed.begin(), freed.end(), d.worker.index) == freed.end())
+      freed.push_back(d.worker.index);
+    leave_worker(id, d);
     e.where = parked{};
     count("tandem_router_parked_total",
           "Paused requests (their client reads too slowly) taken off their worker while other work waited");
@@ -690,6 +687,14 @@ void router_core::park_paused() {
 }
 
 // ---- recovery ----
+
+// A decoding request leaves its worker (it migrates, or is parked): dropped there, and the
+// lease its prefill worker may still hold for it ends.
+void router_core::leave_worker(request_id id, const decoding& d) {
+  if (alive(d.side, d.worker)) emit(cmd::cancel{d.side, d.worker.index, id});
+  if (d.side == pool_side::decode && alive(pool_side::prefill, d.prefill))
+    emit(cmd::release{d.prefill.index, id, std::nullopt});
+}
 
 // Gives a claim up: out of the decode queue, credits back (an in-flight reservation's answer
 // finds it unwanted and gives them back itself).
@@ -739,13 +744,7 @@ void router_core::migrate(request_id id) {
       break;
     }
     case phase::direct: drop_claim(id, std::get<direct>(e.where).decode); break;
-    case phase::decoding: {
-      auto& d = std::get<decoding>(e.where);
-      if (alive(d.side, d.worker)) emit(cmd::cancel{d.side, d.worker.index, id});
-      if (d.side == pool_side::decode && alive(pool_side::prefill, d.prefill))
-        emit(cmd::release{d.prefill.index, id, std::nullopt});
-      break;
-    }
+    case phase::decoding: leave_worker(id, std::get<decoding>(e.where)); break;
     case phase::waiting:
       erase_from(prefill_queue_, id);
       prefill_queue_tokens_ -= prompt_len(e);

@@ -273,6 +273,7 @@ class router_core {
   void dispatch_decode();
   void requeue_front(request_id id, entry& e);
   void migrate(request_id id);
+  void leave_worker(request_id id, const decoding& d);
   void drop_claim(request_id id, decode_claim& c);
   void open_link(int32_t p, int32_t d, bool decode_side_replaced);
   void stalled(pool_side side, const worker_ref& w);

@@ -1205,21 +1205,20 @@ void drain(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::s
     return;
   }
   im->grace_over();
-  // One timer turn first: the sessions' farewells were posted to their strands just now.
-  timer->expires_after(std::chrono::milliseconds(5));
-  timer->async_wait([im, timer, until = now + std::chrono::milliseconds(500)](beast::error_code) { closing(im, timer, until); });
+  closing(im, timer, now + std::chrono::milliseconds(500));
 }
 
 // The server stops once every WebSocket is closed and every HTTP response written (a stream's
 // last chunk included: stopping at in_flight 0 once cut a stream that had just ended), or
-// after 500 ms for a client that no longer reads.
+// after 500 ms for a client that no longer reads. Checked every 5 ms, the first time after one
+// wait: the sessions' farewells were just posted to their strands.
 void closing(impl_ptr im, std::shared_ptr<net::steady_timer> timer, std::chrono::steady_clock::time_point until) {
-  if ((im->websockets.load() <= 0 && im->http_writing.load() <= 0) || std::chrono::steady_clock::now() >= until) {
-    im->ioc.stop();
-    return;
-  }
   timer->expires_after(std::chrono::milliseconds(5));
-  timer->async_wait([im, timer, until](beast::error_code) { closing(im, timer, until); });
+  timer->async_wait([im, timer, until](beast::error_code) {
+    if ((im->websockets.load() <= 0 && im->http_writing.load() <= 0) || std::chrono::steady_clock::now() >= until)
+      return im->ioc.stop();
+    closing(im, timer, until);
+  });
 }
 
 }  // namespace
