@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "actors/protocol.h"
+#include "actors/supervisor.h"
 #include "runtime/kv_store.h"
 
 namespace tandem {
@@ -41,10 +42,9 @@ class kv_store_directory {
 };
 
 // Spawns the host store under a supervisor of its own (a pool of one: a dead store is replaced
-// by a fresh, empty one, up to `max_restarts` per `window`) and keeps `dir` pointing at the
-// current one. Returns the supervisor.
-caf::actor spawn_kv_store_pool(caf::actor_system& sys, const kv_store_options& opts,
-                               std::shared_ptr<metrics::registry> metrics, std::shared_ptr<kv_store_directory> dir,
-                               int32_t max_restarts, std::chrono::milliseconds window);
+// by a fresh, empty one, within the restart intensity and backoff of `pool`; its kind and size
+// are set here) and keeps `dir` pointing at the current one. Returns the supervisor.
+caf::actor spawn_kv_store_pool(caf::actor_system& sys, const kv_store_options& opts, std::shared_ptr<kv_store_directory> dir,
+                               pool_options pool);
 
 }  // namespace tandem

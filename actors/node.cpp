@@ -223,8 +223,10 @@ struct node::impl {
     impl* ip = this;
     const bool prefill = cfg.role == node_role::prefill;
     pool = sys->spawn(pool_supervisor,
+                      // No recovery here: past its intensity the node leaves (exits), for its
+                      // own supervisor (systemd, Kubernetes) to start it afresh.
                       pool_options{actor_kind_of(worker_kind_of(cfg.role)), cfg.workers, cfg.max_worker_restarts, std::chrono::milliseconds(10000),
-                                   shared->metrics},
+                                   shared->metrics, std::chrono::milliseconds(0)},
                       [ip, mdl_copy, router, prefill](caf::event_based_actor* self, int32_t i) -> caf::actor {
                         const int32_t global = ip->indices[size_t(i)];
                         if (prefill) {
@@ -320,8 +322,10 @@ void node::impl::start() {
   } else {
     // A prefill node's own host store: its workers reuse each other's computed prefixes.
     im.store = std::make_shared<kv_store_directory>();
-    im.store_pool = spawn_kv_store_pool(*im.sys, kv_store_options{512ll << 20, "", 0}, im.shared->metrics, im.store,
-                                        im.cfg.max_worker_restarts, std::chrono::milliseconds(10000));
+    pool_options po;
+    po.max_restarts = im.cfg.max_worker_restarts;
+    po.metrics = im.shared->metrics;
+    im.store_pool = spawn_kv_store_pool(*im.sys, kv_store_options{512ll << 20, "", 0}, im.store, po);
   }
   auto c = im.sys->middleman().remote_actor<cluster_actor>(im.cfg.join_host, im.cfg.join_port);
   if (!c)

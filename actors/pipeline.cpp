@@ -178,6 +178,11 @@ struct pipeline::impl {
   } watch;
 
   // Worker `index` of a kind, with what this process gives it and the deployment's settings.
+  // A pool's supervision: its restart intensity and the backoff before it recovers.
+  pool_options pool_opts(actor_kind kind, int32_t n) const {
+    return {kind, n, cfg.pools.max_worker_restarts, cfg.pools.restart_window, metrics,
+            std::max(std::chrono::milliseconds(1), cfg.pools.recover_after), cfg.pools.recover_after_max};
+  }
   worker_options worker_opts(worker_kind kind, int32_t index) const {
     return {kind, index,
             worker_resources{cfg.pools.threads_per_worker, cfg.pools.kv_blocks_per_worker, cfg.pools.kv_memory_bytes_per_worker,
@@ -279,9 +284,7 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
         self->send(router, join_atom::value, i, w);
         return caf::actor_cast<caf::actor>(w);
       };
-      pools.push_back(root->spawn(pool_supervisor,
-                                  pool_options{actor_kind_of(kind), n, ip->cfg.pools.max_worker_restarts, ip->cfg.pools.restart_window, ip->metrics},
-                                  std::move(spawner)));
+      pools.push_back(root->spawn(pool_supervisor, ip->pool_opts(actor_kind_of(kind), n), std::move(spawner)));
       kinds.emplace_back(kind, pools.back());
     };
     switch (ip->cfg.pools.mode) {
@@ -303,7 +306,7 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
     kv_store_options so{im.cfg.kv.store_memory_bytes, im.cfg.kv.store_disk_path, im.cfg.kv.store_disk_bytes};
     if (!so.disk_path.empty()) kv_block_store probe(so);  // a bad disk path is the caller's error, now
     im.store = std::make_shared<kv_store_directory>();
-    im.store_pool = spawn_kv_store_pool(*im.sys, so, im.metrics, im.store, im.cfg.pools.max_worker_restarts, im.cfg.pools.restart_window);
+    im.store_pool = spawn_kv_store_pool(*im.sys, so, im.store, im.pool_opts(actor_kind::kv_store, 1));
   }
   ro.store = im.store;
   if (cluster) {
@@ -323,8 +326,8 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
   rto.pools = spawn_pools;
   rto.directory = im.routers;
   rto.max_restarts = std::max(0, im.cfg.pools.max_router_restarts);
-  rto.recover_after = std::max(std::chrono::milliseconds(1), im.cfg.pools.router_recover_after);
-  rto.recover_after_max = std::max(rto.recover_after, rto.recover_after_max);
+  rto.recover_after = std::max(std::chrono::milliseconds(1), im.cfg.pools.recover_after);
+  rto.recover_after_max = std::max(rto.recover_after, im.cfg.pools.recover_after_max);
   im.root = im.sys->spawn(root_behavior, std::move(rto));
   // The root starts the router on its first run: until then nothing could find it (a cancel
   // or stats call right after construction), so the pipeline is ready only once it has.

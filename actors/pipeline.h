@@ -123,7 +123,7 @@ struct pipeline_stats {
   std::vector<request> requests;  // the oldest the router tracks, up to stats()' limit
   int32_t kv_links = 0, retiring_kv_links = 0;
   // In snapshots only: pools past their restart intensity ("prefill", "decode", "colocated",
-  // "router"; they are not restarted any more), whether the router is (nothing is served),
+  // "kv_store", "router"; nothing restarts in them until their backoff ends), whether the router is (nothing is served),
   // a router process's members as JSON (cluster_nodes()), and when it was taken.
   std::vector<std::string> degraded_pools;
   bool router_degraded = false;
@@ -169,7 +169,7 @@ class pipeline {
   // Arms `count` faults of a kind (runtime/fault_injection.h); each is suffered once by the
   // first actor that meets it. `stall` is how long a stalled step hangs.
   void inject(fault_kind kind, int count, std::chrono::milliseconds stall = std::chrono::milliseconds(5000));
-  // The router failed past its restart intensity: nothing is served any more.
+  // The router failed past its restart intensity: nothing is served until its backoff ends.
   bool degraded();
   // A router process (cluster_port >= 0): the port nodes join at, and its members as JSON
   // (role, name, device, workers, KV address, heartbeat age); 0 and "[]" otherwise.

@@ -48,6 +48,10 @@ void refuse(self_ptr self, const request_spec& spec, const subscriber_actor& sub
 
 root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
   self->state.opts = std::move(opts);
+  {
+    auto& o = self->state.opts;
+    self->state.intensity = restart_intensity({o.max_restarts, o.window, std::max(std::chrono::milliseconds(1), o.recover_after), o.recover_after_max});
+  }
   // Shutdown: no request waits for a router that will not come.
   self->attach_functor([dir = self->state.opts.directory] { dir->close(); });
   self->set_exit_handler([self](caf::exit_msg& em) {
@@ -64,30 +68,26 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
     st.pools.clear();
     prune(self);
     reg(self).get_counter("tandem_restarts_total", "Worker restarts by kind", {{"kind", "router"}}).inc();
-    const auto now = std::chrono::steady_clock::now();
-    std::erase_if(st.restarts, [&](auto t) { return now - t > st.opts.window; });
-    if (int32_t(st.restarts.size()) >= st.opts.max_restarts) {
-      st.degraded = true;
-      st.opts.directory->close();
-      router_degraded(self).set(1);
-      for (auto& p : st.forwarded) refuse(self, p.spec, p.sub);
-      st.forwarded.clear();
-      // Tried again later, by itself: the wait doubles while degradations follow each other
-      // (within ten of the last wait after a recovery), from recover_after up to its max.
-      const bool soon_again = st.backoff.count() > 0 && now - st.recovered_at < 10 * st.backoff;
-      st.backoff = soon_again ? std::min(2 * st.backoff, st.opts.recover_after_max) : st.opts.recover_after;
-      self->delayed_send(self, st.backoff, recover_atom::value);
-      return;
+    switch (st.intensity.failed(std::chrono::steady_clock::now())) {
+      case restart_intensity::verdict::restart:
+        return start_router(self);
+      case restart_intensity::verdict::degrade:
+      case restart_intensity::verdict::ignore:  // (not reached: no router runs while degraded)
+        break;
     }
-    st.restarts.push_back(now);
-    start_router(self);
+    st.opts.directory->close();
+    router_degraded(self).set(1);
+    for (auto& p : st.forwarded) refuse(self, p.spec, p.sub);
+    st.forwarded.clear();
+    // Tried again later, by itself, after the policy's backoff.
+    self->delayed_send(self, st.intensity.backoff(), recover_atom::value);
   });
   self->state.opts.directory->set_gateway(caf::actor_cast<caf::actor>(self));
   start_router(self);
   return {
       [self](submit_atom, request_spec& spec, subscriber_actor& sub) {
         auto& st = self->state;
-        if (st.degraded) return refuse(self, spec, sub);
+        if (st.intensity.degraded()) return refuse(self, spec, sub);
         prune(self);
         const uint64_t seq = st.next_seq++;
         st.forwarded.push_back({seq, spec, sub});
@@ -105,15 +105,15 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
         self->send(it->sub, std::move(done));
         st.forwarded.erase(it);
       },
-      [self](degraded_atom) { return self->state.degraded; },
+      [self](degraded_atom) { return self->state.intensity.degraded(); },
       [self](recover_atom) {
         auto& st = self->state;
-        if (!st.degraded) return;
-        st.degraded = false;
-        st.restarts.clear();
-        st.recovered_at = std::chrono::steady_clock::now();
+        if (!st.intensity.degraded()) return;
+        st.intensity.recover(std::chrono::steady_clock::now());
         router_degraded(self).set(0);
-        reg(self).get_counter("tandem_router_recoveries_total", "Times the router was started again after it was degraded").inc();
+        reg(self)
+            .get_counter("tandem_pool_recoveries_total", "Times a degraded pool started its workers again after its backoff", {{"pool", "router"}})
+            .inc();
         st.opts.directory->reopen(caf::actor_cast<caf::actor>(self));
         start_router(self);
       },

@@ -46,10 +46,7 @@ struct root_state {
   };
   std::deque<pending_submit> forwarded;  // not yet taken by the router
   uint64_t next_seq = 1;
-  std::vector<std::chrono::steady_clock::time_point> restarts;
-  bool degraded = false;
-  std::chrono::milliseconds backoff{0};  // the last wait before a recovery (0: none yet)
-  std::chrono::steady_clock::time_point recovered_at{};
+  restart_intensity intensity;
   static inline const char* name = "root";
 };
 

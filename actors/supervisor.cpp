@@ -1,12 +1,24 @@
 #include "actors/supervisor.h"
 
 namespace tandem {
+namespace {
 
-caf::behavior pool_supervisor(caf::stateful_actor<pool_supervisor_state>* self, pool_options opts,
-                              worker_spawner spawn) {
+using self_ptr = caf::stateful_actor<pool_supervisor_state>*;
+
+void set_degraded(self_ptr self, bool on) {
+  auto& o = self->state.opts;
+  if (!o.metrics) return;
+  o.metrics->get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", std::string(to_string(o.kind))}})
+      .set(on ? 1 : 0);
+}
+
+}  // namespace
+
+caf::behavior pool_supervisor(self_ptr self, pool_options opts, worker_spawner spawn) {
   auto& st = self->state;
   st.opts = std::move(opts);
   st.spawn = std::move(spawn);
+  st.intensity = restart_intensity({st.opts.max_restarts, st.opts.window, st.opts.recover_after, st.opts.recover_after_max});
   for (int32_t i = 0; i < st.opts.size; ++i) (*st.children)[i] = st.spawn(self, i);
   // The pool's workers do not outlive it (shutdown, or escalation above it).
   self->attach_functor([children = st.children] {
@@ -18,23 +30,35 @@ caf::behavior pool_supervisor(caf::stateful_actor<pool_supervisor_state>* self, 
     for (auto& [i, c] : *st.children) {
       if (!c || c.address() != dm.source) continue;
       c = nullptr;
-      const auto now = std::chrono::steady_clock::now();
-      std::erase_if(st.restarts, [&](auto t) { return now - t > st.opts.window; });
-      if (int32_t(st.restarts.size()) >= st.opts.max_restarts) {
-        st.degraded = true;
-        if (st.opts.metrics)
-          st.opts.metrics->get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity",
-                                     {{"pool", std::string(to_string(st.opts.kind))}})
-              .set(1);
-        return;
+      switch (st.intensity.failed(std::chrono::steady_clock::now())) {
+        case restart_intensity::verdict::restart:
+          c = st.spawn(self, i);
+          return;
+        case restart_intensity::verdict::degrade:
+          set_degraded(self, true);
+          if (st.intensity.backoff().count() > 0) self->delayed_send(self, st.intensity.backoff(), recover_atom::value);
+          return;
+        case restart_intensity::verdict::ignore:  // degraded already: it stays down until recovery
+          return;
       }
-      st.restarts.push_back(now);
-      c = st.spawn(self, i);
       return;
     }
   });
   return {
-      [self](degraded_atom) { return self->state.degraded; },
+      [self](degraded_atom) { return self->state.intensity.degraded(); },
+      [self](recover_atom) {
+        auto& st = self->state;
+        if (!st.intensity.degraded()) return;
+        st.intensity.recover(std::chrono::steady_clock::now());
+        for (auto& [i, c] : *st.children)
+          if (!c) c = st.spawn(self, i);
+        set_degraded(self, false);
+        if (st.opts.metrics)
+          st.opts.metrics
+              ->get_counter("tandem_pool_recoveries_total", "Times a degraded pool started its workers again after its backoff",
+                            {{"pool", std::string(to_string(st.opts.kind))}})
+              .inc();
+      },
   };
 }
 

@@ -1,7 +1,9 @@
 #pragma once
 // Supervision: a pool supervisor restarts the workers of one pool one-for-one, as Erlang/OTP
 // does, up to a restart intensity (max restarts per window); past it the pool is marked
-// degraded and its dead workers stay down. Killing the supervisor kills its workers.
+// degraded and its dead workers stay down for a backoff (runtime/restart_intensity), after
+// which it starts every dead worker again and the pool recovers by itself. Killing the
+// supervisor kills its workers.
 #include <chrono>
 #include <functional>
 #include <map>
@@ -9,8 +11,10 @@
 
 #include <caf/all.hpp>
 
+#include "actors/protocol.h"
 #include "runtime/kinds.h"
 #include "runtime/metrics.h"
+#include "runtime/restart_intensity.h"
 
 namespace tandem {
 
@@ -22,6 +26,10 @@ struct pool_options {
   int32_t max_restarts = 5;         // within `window`
   std::chrono::milliseconds window{10000};
   std::shared_ptr<metrics::registry> metrics;
+  // Degraded, the pool starts its workers again after this (doubling while it keeps failing,
+  // up to recover_after_max). 0: never (a node process exits instead, for its own supervisor).
+  std::chrono::milliseconds recover_after{30000};
+  std::chrono::milliseconds recover_after_max{300000};
 };
 
 // Spawns worker `index` as a monitored child of `self` and announces it (to the router).
@@ -32,11 +40,11 @@ struct pool_supervisor_state {
   worker_spawner spawn;
   // Shared with the exit hook, which runs after the state is gone.
   std::shared_ptr<std::map<int32_t, caf::actor>> children = std::make_shared<std::map<int32_t, caf::actor>>();
-  std::vector<std::chrono::steady_clock::time_point> restarts;
-  bool degraded = false;
+  restart_intensity intensity;
   static inline const char* name = "pool_supervisor";
 };
 
+// Answers degraded_atom (bool); recover_atom ends a degradation now (its backoff sends it).
 caf::behavior pool_supervisor(caf::stateful_actor<pool_supervisor_state>* self, pool_options opts,
                               worker_spawner spawn);
 

@@ -44,15 +44,19 @@ struct pool_settings {
   int64_t kv_memory_bytes_per_worker = 256ll << 20;
   // Each pool restarts its workers (one for one) at most this many times per window; past that
   // the pool is degraded (tandem_pool_degraded, /health), the requests that need it end with
-  // worker_failed (HTTP 503) and new ones are refused.
+  // worker_failed (HTTP 503) and new ones are refused, until the pool starts its workers again
+  // after recover_after.
   int32_t max_worker_restarts = 5;
   std::chrono::milliseconds restart_window{10000};
   // The router is restarted (with the pools below it; requests rejoin it) at most this many
   // times in 10 s; past that the pipeline is degraded and requests end with an error, until
-  // the root starts it again after router_recover_after (doubled while it keeps failing, up
-  // to 5 minutes).
+  // the root starts it again after recover_after.
   int32_t max_router_restarts = 3;
-  std::chrono::milliseconds router_recover_after{30000};
+  // How long a degraded pool (workers, the KV store, the router) waits before it starts again,
+  // as a crash-looping service is restarted with a backoff: doubled while degradations keep
+  // following recoveries, up to recover_after_max.
+  std::chrono::milliseconds recover_after{30000};
+  std::chrono::milliseconds recover_after_max{300000};
   // Liveness: a worker busy with one step this long without finishing it (alive, not
   // progressing) is treated as failed and restarted. 0: not checked.
   std::chrono::milliseconds stall_timeout{30000};

@@ -657,7 +657,7 @@ TEST(Pipeline, RouterPastItsRestartIntensityRecoversAfterItsBackoff) {
   serving_config cfg;
   cfg.model.loaded = m;
   cfg.pools.max_router_restarts = 1;
-  cfg.pools.router_recover_after = 1500ms;
+  cfg.pools.recover_after = 1500ms;
   pipeline p(cfg);
   const sampling_params greedy{.temperature = 0.0f};
   const auto prompt = prompt_of(20, 3, m->config().n_vocab);
@@ -682,18 +682,22 @@ TEST(Pipeline, RouterPastItsRestartIntensityRecoversAfterItsBackoff) {
   for (int i = 0; i < 1000 && p.degraded(); ++i) std::this_thread::sleep_for(10ms);
   ASSERT_FALSE(p.degraded());
   EXPECT_EQ(p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "router"}}).value(), 0);
-  EXPECT_EQ(p.metrics().get_counter("tandem_router_recoveries_total", "").value(), 1);
+  EXPECT_EQ(p.metrics().get_counter("tandem_pool_recoveries_total", "", {{"pool", "router"}}).value(), 1);
   r = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .sampling = greedy, .ignore_eos = true}).wait(30s);
   ASSERT_EQ(r.error, errc::ok) << r.message;
   EXPECT_EQ(r.tokens, alone(*m, prompt, 8, greedy, true));
   expect_no_leaks(p);
 }
 
-TEST(Pipeline, PoolPastItsRestartIntensityIsDegradedAndRefuses) {
+// Issue 22: a pool past its restart intensity is degraded (refuses at once, not a hang), and
+// does not stay so: after its backoff it starts its workers again and serves exactly.
+TEST(Pipeline, PoolPastItsRestartIntensityIsDegradedAndRefusesThenRecovers) {
+  auto m = tiny();
   serving_config cfg;
-  cfg.model.loaded = tiny();
+  cfg.model.loaded = m;
   cfg.pools.max_worker_restarts = 1;
   cfg.pools.restart_window = 60000ms;
+  cfg.pools.recover_after = 4000ms;  // past the 2 s after which waiting requests end
   pipeline p(cfg);
   auto kill_decode = [&p] {  // a worker not joined yet (start-up, restart) is tried again
     std::string name;
@@ -713,6 +717,25 @@ TEST(Pipeline, PoolPastItsRestartIntensityIsDegradedAndRefuses) {
   EXPECT_EQ(r2.error, errc::worker_failed) << r2.message;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "refused at once, not after the stranded delay";
   EXPECT_EQ(p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "decode"}}).value(), 1);
+  EXPECT_EQ(p.snapshot()->degraded_pools, std::vector<std::string>{"decode"});
+  // The backoff ends: the pool starts decode-0 again and serving resumes by itself, exactly.
+  for (int i = 0; i < 1000 && p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "decode"}}).value() != 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "decode"}}).value(), 0);
+  EXPECT_EQ(p.metrics().get_counter("tandem_pool_recoveries_total", "", {{"pool", "decode"}}).value(), 1);
+  for (int i = 0; i < 200 && !p.snapshot()->degraded_pools.empty(); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(p.snapshot()->degraded_pools.empty());
+  const sampling_params greedy{.temperature = 0.0f};
+  const auto prompt = prompt_of(20, 4, m->config().n_vocab);
+  generation_result r3;
+  for (int i = 0; i < 100; ++i) {  // until the restarted worker has joined the router
+    r3 = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .sampling = greedy, .ignore_eos = true}).wait(30s);
+    if (r3.error == errc::ok) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(r3.error, errc::ok) << r3.message;
+  EXPECT_EQ(r3.tokens, alone(*m, prompt, 8, greedy, true));
+  expect_no_leaks(p);
 }
 
 // Prefix reuse through the workers: requests that share a long prefix, sent together, compute

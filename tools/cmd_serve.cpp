@@ -25,7 +25,7 @@ struct serve_options {
       max_worker_restarts = 5;
   int32_t kv_blocks = 0, chunk = 256, token_budget = 512, max_batch = 64;
   int32_t max_queue = 256, max_requests_per_connection = 32;
-  double ttft_budget_ms = 0, tpot_budget_ms = 0, grace_s = 10, decode_pace_ms = 0, tpot_target_ms = 0;
+  double ttft_budget_ms = 0, tpot_budget_ms = 0, grace_s = 10, decode_pace_ms = 0, tpot_target_ms = 0, recover_after_s = 30;
   size_t max_body = 1 << 20, max_frame = 1 << 20;
   bool no_prefix_cache = false, share_cores = false;
   sampling_params defaults;  // where an HTTP request leaves temperature, top_k or top_p out
@@ -138,6 +138,7 @@ int run_serve(const serve_options& o) {
     throw CLI::ValidationError("--share-cores", "is for --mode disaggregated");
   cfg.pools.kv_blocks_per_worker = o.kv_blocks;
   cfg.pools.max_worker_restarts = o.max_worker_restarts;
+  cfg.pools.recover_after = std::chrono::milliseconds(int64_t(o.recover_after_s * 1000));
   cfg.kv.dtype = parse_kv_dtype(o.kv_dtype);
   cfg.kv.prefix_cache = !o.no_prefix_cache;
   cfg.kv.store_memory_bytes = o.kv_store_mib << 20;
@@ -249,6 +250,9 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--max-worker-restarts", o->max_worker_restarts,
                   "Restarts a pool allows per 10 s before it is degraded (docs/fault-tolerance.md)")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--recover-after-s", o->recover_after_s,
+                  "A degraded pool (or router) starts again after this, doubling while it keeps failing, up to 5 min")
+      ->check(CLI::Range(0.01, 3600.0));
   cmd->add_option("--max-queue", o->max_queue, "Requests waiting per queue before 429 (0: unbounded)")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--ttft-budget-ms", o->ttft_budget_ms, "Reject (429) when the predicted TTFT exceeds this (0: off)")
       ->check(CLI::Range(0.0, 1e9));
