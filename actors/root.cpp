@@ -41,6 +41,9 @@ void refuse(self_ptr self, const request_spec& spec, const subscriber_actor& sub
   err.id = spec.id;
   err.code = errc::worker_failed;
   err.message = "the router failed too often and is not restarted for now (the server is degraded; it tries again by itself)";
+  // Retrying helps once the backoff is over (HTTP Retry-After, the WebSocket's retry_after_ms).
+  const auto left = std::chrono::duration<double, std::milli>(self->state.recover_at - std::chrono::steady_clock::now()).count();
+  err.retry_after_ms = std::max(1000.0, left);
   self->send(sub, std::move(err));
 }
 
@@ -77,6 +80,7 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
     }
     st.opts.directory->close();
     router_degraded(self).set(1);
+    st.recover_at = std::chrono::steady_clock::now() + st.intensity.backoff();
     for (auto& p : st.forwarded) refuse(self, p.spec, p.sub);
     st.forwarded.clear();
     // Tried again later, by itself, after the policy's backoff.

@@ -678,6 +678,7 @@ TEST(Pipeline, RouterPastItsRestartIntensityRecoversAfterItsBackoff) {
   r = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .sampling = greedy, .ignore_eos = true}).wait(30s);
   EXPECT_EQ(r.error, errc::worker_failed) << r.message;
   EXPECT_NE(r.message.find("tries again by itself"), std::string::npos) << r.message;
+  EXPECT_GE(r.retry_after_ms, 1000) << "a hint to retry once the backoff is over";
   // After the backoff it serves again by itself, exactly.
   for (int i = 0; i < 1000 && p.degraded(); ++i) std::this_thread::sleep_for(10ms);
   ASSERT_FALSE(p.degraded());

@@ -389,6 +389,13 @@ class soak {
     return held;
   }
 
+  // "decode-1" → decode, "decode_process decode-node-3 (pid 9)" → decode_process.
+  std::map<std::string, int> kills_by_kind() const {
+    std::map<std::string, int> by_kind;
+    for (auto& k : t_.killed) ++by_kind[k.substr(0, std::min(k.find('-'), k.find(' ')))];
+    return by_kind;
+  }
+
   int report() {
     int64_t lost = 0;
     for (auto& [id, s] : streams_) lost += !s.ended;
@@ -403,6 +410,7 @@ class soak {
     const bench::summary rec = bench::summarize(t_.recovery_ms);
     json j = {{"seconds", secs},
               {"kills", t_.killed.size()},
+              {"kills_by_kind", kills_by_kind()},
               {"requests_sent", t_.sent},
               {"finished", t_.finished},
               {"failed_with_error", t_.failed},
@@ -441,9 +449,7 @@ class soak {
                                            : o_.url;
       std::printf("tandem chaos: %.1f s against %s, killing %s every %s\n", secs, against.c_str(), o_.kill.c_str(), o_.every.c_str());
       std::printf("  kills            %zu", t_.killed.size());
-      std::map<std::string, int> by_kind;
-      for (auto& k : t_.killed) ++by_kind[k.substr(0, std::min(k.find('-'), k.find(' ')))];
-      for (auto& [k, n] : by_kind) std::printf("  %s:%d", k.c_str(), n);
+      for (auto& [k, n] : kills_by_kind()) std::printf("  %s:%d", k.c_str(), n);
       std::printf("\n  requests sent    %lld\n  finished         %lld\n  failed (error)   %lld", (long long)t_.sent,
                   (long long)t_.finished, (long long)t_.failed);
       for (auto& [c, n] : t_.errors) std::printf("  %s:%lld", c.c_str(), (long long)n);
