@@ -1,5 +1,7 @@
 #include "actors/cluster.h"
 
+#include "runtime/oplog.h"
+
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -51,7 +53,10 @@ void lose(self_ptr self, uint64_t id, loss reason) {
   auto n = std::move(it->second);
   st.members.erase(it);
   ++st.losses;
-  spdlog::warn("cluster: {} node {} ({}) lost: {}", to_string(n.role), n.id, n.name, to_string(reason));
+  oplog::event(oplog::level::warn, "node_lost",
+               {{"node", int64_t(n.id)}, {"role", std::string(to_string(n.role))}, {"name", n.name},
+                {"reason", std::string(to_string(reason))}, {"workers", json(n.indices).dump()},
+                {"member_s", std::chrono::duration<double>(steady::now() - n.joined).count()}});
   if (auto& m = st.opts.metrics)
     m->get_counter("tandem_cluster_losses_total", "Worker processes lost", {{"reason", std::string(to_string(reason))}}).inc();
   self->demonitor(n.agent.address());
@@ -119,8 +124,9 @@ cluster_actor::behavior_type cluster_behavior(self_ptr self, cluster_options opt
         node_welcome w{n.id, n.indices, st.opts.kv, st.opts.steps, st.opts.kv_channel,
                        std::max<int64_t>(10, st.opts.heartbeat_timeout.count() / 5)};
         self->monitor(agent);
-        spdlog::info("cluster: {} node {} ({}, {}) joined with workers {}", to_string(n.role), n.id, n.name, n.device,
-                     json(n.indices).dump());
+        oplog::event(oplog::level::info, "node_joined",
+                     {{"node", int64_t(n.id)}, {"role", std::string(to_string(n.role))}, {"name", n.name}, {"device", n.device},
+                      {"workers", json(n.indices).dump()}});
         ++st.joins;
         if (auto& m = st.opts.metrics) m->get_counter("tandem_cluster_joins_total", "Worker processes joined").inc();
         st.members.emplace(n.id, std::move(n));

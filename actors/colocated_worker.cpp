@@ -68,7 +68,7 @@ void kick(self_ptr self) {
   const auto plan = plan_colocated_step(running, pending, step_budget(st, running), st.opts.steps.chunk_size);
   for (const auto& c : plan.prefill) {
     auto& e = *st.seqs.find(request_id(c.request));
-    if (e.announce()) self->send(e.req, state_atom::value, request_state::prefilling);
+    if (e.announce()) self->send(e.req, state_atom::value, request_state::prefilling, st.opts.name(), e.reuse.reused);
     work.chunks.push_back(sched::chunk_item(e, c));
   }
   if (work.chunks.empty() && work.decodes.empty() && work.frees.empty()) return;
@@ -99,7 +99,7 @@ void apply(self_ptr self, step_result& r) {
     if (!e->decoding) {  // its prompt just completed: token 0
       st.seqs.start_decoding(*e);
       st.claims.release(t.id);
-      self->send(e->req, state_atom::value, request_state::decoding);
+      self->send(e->req, state_atom::value, request_state::decoding, st.opts.name(), e->reuse.reused);
       self->send(st.router, state_atom::value, t.id, request_state::decoding);
     }
     if (stream_token(self, *st.we->eng, *e, t.token, t.logprobs) != finish_reason::none) drop(self, t.id);

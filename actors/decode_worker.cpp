@@ -137,7 +137,7 @@ void apply(self_ptr self, step_result& r) {
     // Cancelled while it imported (it was moved on, or it ended): it does not decode here, and
     // saying it does would tell the router a stale "decoding" after it has requeued it.
     if (!s.cancelled) {
-      self->send(s.req, state_atom::value, request_state::decoding);
+      self->send(s.req, state_atom::value, request_state::decoding, st.opts.name(), int32_t(0));
       self->send(st.router, state_atom::value, id, request_state::decoding);
     }
   }

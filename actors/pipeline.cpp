@@ -3,6 +3,8 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -20,6 +22,7 @@
 #include "actors/root.h"
 #include "actors/router.h"
 #include "actors/supervisor.h"
+#include "kernels/cpu/matmul.h"
 #include "runtime/synth.h"
 
 namespace tandem {
@@ -242,6 +245,26 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
   im.metrics->get_gauge("tandem_model_weight_bytes", "Bytes of one copy of the model's weights").set(weights);
   im.metrics->get_gauge("tandem_weight_resident_bytes", "Bytes of weights resident for all workers (shared copies counted once)")
       .set(weights);
+  // Info metrics (value 1, the facts in labels), as Prometheus exporters give build_info.
+  im.metrics->get_gauge("tandem_build_info", "tandem's version and the CPU kernels it runs", {{"version", TANDEM_VERSION},
+                                                                                                  {"isa", kernels::cpu::isa_name()}})
+      .set(1);
+  {
+    std::map<std::string, uint64_t> bytes_by_type;  // the type most of the weights' bytes are in
+    for (const auto& t : im.mdl->file().tensors()) bytes_by_type[std::string(kernels::to_string(t.type))] += t.size_bytes;
+    std::string type;
+    uint64_t most = 0;
+    for (const auto& [t, b] : bytes_by_type)
+      if (b > most) type = t, most = b;
+    const auto& c = im.mdl->config();
+    im.metrics
+        ->get_gauge("tandem_model_info", "The model served",
+                    {{"model", im.cfg.model.path.empty() ? c.name : std::filesystem::path(im.cfg.model.path).filename().string()},
+                     {"architecture", std::string(to_string(c.arch))},
+                     {"type", type},
+                     {"mode", im.cfg.cluster.port >= 0 ? std::string("router") : std::string(to_string(im.cfg.pools.mode))}})
+        .set(1);
+  }
   router_options ro;
   ro.core.mode = im.cfg.pools.mode;
   ro.core.admission = im.cfg.scheduling.admission;
@@ -357,6 +380,7 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
         serving = w.asked;
       }
       auto s = std::make_shared<pipeline_stats>(stats(snapshot_listed));
+      publish_gauges(*s);
       s->degraded_pools = impl_->degraded_pools();
       s->router_degraded = degraded();
       if (s->router_degraded) s->degraded_pools.emplace_back("router");
@@ -393,6 +417,23 @@ std::string pipeline::cluster_nodes() {
   self->request(im.cluster, std::chrono::seconds(2), nodes_atom::value)
       .receive([&](std::string& nodes) { out = std::move(nodes); }, [](caf::error&) {});
   return out;
+}
+
+// Gauges a snapshot knows (refreshed every 200 ms by the observer, idle or not): requests per
+// lifecycle state, and each worker's KV use and running sequences.
+void pipeline::publish_gauges(const pipeline_stats& s) {
+  auto& m = *impl_->metrics;
+  for (const auto& [state, n] : s.requests_by_state)
+    m.get_gauge("tandem_requests", "Requests the router tracks, by lifecycle state (queued: waiting for prefill)", {{"state", state}})
+        .set(n);
+  for (const auto& w : s.workers) {
+    const metrics::labels l{{"worker", w.name}};
+    m.get_gauge("tandem_worker_kv_free_blocks", "KV blocks free to take in the worker's pool (free, or kept only by the prefix cache)", l)
+        .set(w.kv_free_blocks);
+    m.get_gauge("tandem_worker_kv_usage_ratio", "Share of the worker's KV blocks in use (reserved included)", l)
+        .set(w.kv_total_blocks > 0 ? double(w.kv_total_blocks - w.kv_free_blocks + w.reserved_blocks) / w.kv_total_blocks : 0.0);
+    m.get_gauge("tandem_worker_running", "Sequences in the worker (prefilling or decoding)", l).set(w.active);
+  }
 }
 
 pipeline::~pipeline() {

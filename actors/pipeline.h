@@ -191,6 +191,7 @@ class pipeline {
 
  private:
   std::string kill_actor(actor_kind kind, int32_t index, int32_t decode, std::chrono::milliseconds within);
+  void publish_gauges(const pipeline_stats& s);
   bool kill_request(request_id id, std::chrono::milliseconds within);
   friend class connection;
   struct impl;

@@ -83,7 +83,7 @@ void kick(self_ptr self) {
       j->stream_next = c.begin + c.length;
       streams->emplace(j->spec.id, std::make_pair(j->link, j->req));
     }
-    if (j->announce()) self->send(j->req, state_atom::value, request_state::prefilling);
+    if (j->announce()) self->send(j->req, state_atom::value, request_state::prefilling, st.opts.name(), j->reuse.reused);
     work.chunks.push_back(std::move(ci));
   }
   if (work.chunks.empty() && work.frees.empty()) return;

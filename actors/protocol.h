@@ -120,7 +120,10 @@ using subscriber_actor = caf::typed_actor<caf::reacts_to<request_event>>;
 
 // One per request: the source of truth for its tokens and state.
 using request_actor = caf::typed_actor<
-    caf::reacts_to<state_atom, request_state>,                 // lifecycle step (from the router/workers)
+    caf::reacts_to<state_atom, request_state>,                 // lifecycle step (from the router)
+    // ... from a worker: its name ("prefill-0") and the prompt tokens it took from the prefix
+    // cache (the request's log line and timings say where it ran and what it reused)
+    caf::reacts_to<state_atom, request_state, std::string, int32_t>,
     caf::reacts_to<token_atom, int32_t, token_id>,              // token #index (from the worker producing it)
     caf::reacts_to<token_atom, int32_t, token_id, token_logprobs>,  // ... with its log-probabilities
     caf::reacts_to<kv_atom, uint64_t, double>,                  // KV moved: bytes, ms (from the KV link)

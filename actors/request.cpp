@@ -59,6 +59,9 @@ metrics::request_timings timings_of(const request_actor_state& st, steady::time_
   }
   t.kv_bytes = st.kv_bytes;
   t.kv_transfer_ms = st.kv_ms;
+  t.cached_tokens = st.cached_tokens;
+  t.prefill_worker = st.prefill_worker;
+  t.decode_worker = st.decode_worker;
   return t;
 }
 
@@ -101,6 +104,20 @@ void on_token(self_ptr self, int32_t index, token_id tok, const token_logprobs* 
   ev.text = st.decoder->push(tok);
   if (lp) ev.logprobs = *lp;
   emit(self, std::move(ev));
+}
+
+// A lifecycle step: the first prefill and the first decode start the phases' clocks.
+void on_state(self_ptr self, request_state s) {
+  auto& st = self->state;
+  if (is_terminal(st.state)) return;
+  st.state = s;
+  if (s == request_state::prefilling && !st.prefill_started) {
+    st.prefill_started = true;
+    st.t_prefill_start = steady::now();
+  } else if (s == request_state::decoding && !st.decode_started) {
+    st.decode_started = true;
+    st.t_decode_start = steady::now();
+  }
 }
 
 // No router will take this request any more: it ends (and so does its actor).
@@ -157,17 +174,16 @@ request_actor::behavior_type request_behavior(self_ptr self, request_spec spec, 
   emit(self, accepted);
 
   return {
-      [self](state_atom, request_state s) {
+      [self](state_atom, request_state s) { on_state(self, s); },
+      [self](state_atom, request_state s, const std::string& worker, int32_t cached) {
         auto& st = self->state;
         if (is_terminal(st.state)) return;
-        st.state = s;
-        if (s == request_state::prefilling && !st.prefill_started) {
-          st.prefill_started = true;
-          st.t_prefill_start = steady::now();
-        } else if (s == request_state::decoding && !st.decode_started) {
-          st.decode_started = true;
-          st.t_decode_start = steady::now();
+        if (s == request_state::prefilling) {
+          st.prefill_worker = worker;
+          st.cached_tokens = cached;
         }
+        if (s == request_state::decoding) st.decode_worker = worker;
+        on_state(self, s);
       },
       [self](token_atom, int32_t index, token_id tok) { on_token(self, index, tok, nullptr); },
       [self](token_atom, int32_t index, token_id tok, const token_logprobs& lp) { on_token(self, index, tok, &lp); },

@@ -43,6 +43,8 @@ struct request_actor_state {
   steady::time_point t_submit, t_prefill_start, t_first_token, t_decode_start, t_last_token;
   bool prefill_started = false, decode_started = false;
   uint64_t kv_bytes = 0;
+  std::string prefill_worker, decode_worker;  // where it ran last (empty: not there)
+  int32_t cached_tokens = 0;                  // prompt tokens taken from the prefix cache
   double kv_ms = 0;
   static inline const char* name = "request";
 };

@@ -1,5 +1,7 @@
 #include "actors/root.h"
 
+#include "runtime/oplog.h"
+
 namespace tandem {
 namespace {
 
@@ -71,13 +73,23 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
     st.pools.clear();
     prune(self);
     reg(self).get_counter("tandem_restarts_total", "Worker restarts by kind", {{"kind", "router"}}).inc();
+    const std::string reason = dm.reason == caf::exit_reason::kill ? std::string("killed") : caf::to_string(dm.reason);
     switch (st.intensity.failed(std::chrono::steady_clock::now())) {
       case restart_intensity::verdict::restart:
+        // rest_for_one: its pools (and their workers) start again with it.
+        oplog::event(oplog::level::warn, "restart", {{"actor", "router"}, {"reason", reason}});
         return start_router(self);
       case restart_intensity::verdict::degrade:
       case restart_intensity::verdict::ignore:  // (not reached: no router runs while degraded)
         break;
     }
+    oplog::event(oplog::level::error, "pool_degraded",
+                 {{"pool", "router"},
+                  {"actor", "router"},
+                  {"reason", reason},
+                  {"max_restarts", st.opts.max_restarts},
+                  {"window_s", double(st.opts.window.count()) / 1000},
+                  {"recover_in_s", double(st.intensity.backoff().count()) / 1000}});
     st.opts.directory->close();
     router_degraded(self).set(1);
     st.recover_at = std::chrono::steady_clock::now() + st.intensity.backoff();
@@ -87,6 +99,7 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
     self->delayed_send(self, st.intensity.backoff(), recover_atom::value);
   });
   self->state.opts.directory->set_gateway(caf::actor_cast<caf::actor>(self));
+  router_degraded(self).set(0);
   start_router(self);
   return {
       [self](submit_atom, request_spec& spec, subscriber_actor& sub) {
@@ -114,6 +127,11 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
         auto& st = self->state;
         if (!st.intensity.degraded()) return;
         st.intensity.recover(std::chrono::steady_clock::now());
+        oplog::event(oplog::level::info, "pool_recovered",
+                     {{"pool", "router"},
+                      {"degraded_s", std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                                   (st.recover_at - st.intensity.backoff()))
+                                         .count()}});
         router_degraded(self).set(0);
         reg(self)
             .get_counter("tandem_pool_recoveries_total", "Times a degraded pool started its workers again after its backoff", {{"pool", "router"}})

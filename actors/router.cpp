@@ -1,5 +1,7 @@
 #include "actors/router.h"
 
+#include "runtime/oplog.h"
+
 #include "actors/error.h"
 
 #include <spdlog/spdlog.h>
@@ -316,6 +318,13 @@ void join(self_ptr self, pool_side side, int32_t index, Handle& w, std::vector<H
   }
   // A restart may announce itself before the old worker's down message arrives here.
   pool[size_t(index)] = w;
+  const std::string name = worker_name(st.core->kind_of(side), index).str();
+  if (auto d = st.down_since.find(name); d != st.down_since.end()) {
+    oplog::event(oplog::level::info, "worker_joined",
+                 {{"worker", name},
+                  {"recovery_ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d->second).count()}});
+    st.down_since.erase(d);
+  }
   auto commands = st.core->on(sched::ev::joined{side, index});
   st.watched[w.address()] = {side, {index, st.core->gen(side, index)}};
   self->monitor(w);
@@ -365,6 +374,10 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
       if (w.side == pool_side::prefill) st.prefill[size_t(w.worker.index)] = nullptr;
       else st.decode[size_t(w.worker.index)] = nullptr;
     }
+    const std::string name = worker_name(st.core->kind_of(w.side), w.worker.index).str();
+    oplog::event(oplog::level::warn, "worker_down",
+                 {{"worker", name}, {"reason", dm.reason == caf::exit_reason::kill ? std::string("killed") : caf::to_string(dm.reason)}});
+    st.down_since.emplace(name, std::chrono::steady_clock::now());
     on_event(self, sched::ev::worker_down{w.side, w.worker});
   });
   return {

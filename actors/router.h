@@ -51,6 +51,8 @@ struct router_state {
     sched::worker_ref worker;
   };
   std::map<caf::actor_addr, watched_worker> watched;  // monitored workers, by address
+  // When a worker died (by name: "decode-1"), until its replacement joins: the log's recovery time.
+  std::map<std::string, std::chrono::steady_clock::time_point> down_since;
   std::map<caf::actor_addr, kv_link_actor> retiring_links;  // replaced, finishing their transfers
   std::map<caf::actor_addr, std::pair<size_t, size_t>> link_slots;  // live links: [prefill][decode]
   // Links asked of the cluster, by slot: the number of the latest ask (an answer to an older

@@ -1,9 +1,21 @@
 #include "actors/supervisor.h"
 
+#include "runtime/oplog.h"
+
 namespace tandem {
 namespace {
 
 using self_ptr = caf::stateful_actor<pool_supervisor_state>*;
+
+std::string child_name(const pool_options& o, int32_t i) {
+  return o.kind == actor_kind::kv_store ? std::string("kv_store") : std::string(to_string(o.kind)) + "-" + std::to_string(i);
+}
+
+// "killed" for a kill (fault injection, an admin), else what CAF says (an exception, an error).
+std::string why(const caf::error& reason) {
+  if (reason == caf::exit_reason::kill) return "killed";
+  return caf::to_string(reason);
+}
 
 void set_degraded(self_ptr self, bool on) {
   auto& o = self->state.opts;
@@ -19,6 +31,7 @@ caf::behavior pool_supervisor(self_ptr self, pool_options opts, worker_spawner s
   st.opts = std::move(opts);
   st.spawn = std::move(spawn);
   st.intensity = restart_intensity({st.opts.max_restarts, st.opts.window, st.opts.recover_after, st.opts.recover_after_max});
+  set_degraded(self, false);  // the series exists (0) from the start, for dashboards and alerts
   for (int32_t i = 0; i < st.opts.size; ++i) (*st.children)[i] = st.spawn(self, i);
   // The pool's workers do not outlive it (shutdown, or escalation above it).
   self->attach_functor([children = st.children] {
@@ -32,9 +45,18 @@ caf::behavior pool_supervisor(self_ptr self, pool_options opts, worker_spawner s
       c = nullptr;
       switch (st.intensity.failed(std::chrono::steady_clock::now())) {
         case restart_intensity::verdict::restart:
+          oplog::event(oplog::level::warn, "restart", {{"actor", child_name(st.opts, i)}, {"reason", why(dm.reason)}});
           c = st.spawn(self, i);
           return;
         case restart_intensity::verdict::degrade:
+          oplog::event(oplog::level::error, "pool_degraded",
+                       {{"pool", std::string(to_string(st.opts.kind))},
+                        {"actor", child_name(st.opts, i)},
+                        {"reason", why(dm.reason)},
+                        {"max_restarts", st.opts.max_restarts},
+                        {"window_s", double(st.opts.window.count()) / 1000},
+                        {"recover_in_s", double(st.intensity.backoff().count()) / 1000}});
+          st.degraded_at = std::chrono::steady_clock::now();
           set_degraded(self, true);
           if (st.intensity.backoff().count() > 0) self->delayed_send(self, st.intensity.backoff(), recover_atom::value);
           return;
@@ -50,6 +72,9 @@ caf::behavior pool_supervisor(self_ptr self, pool_options opts, worker_spawner s
         auto& st = self->state;
         if (!st.intensity.degraded()) return;
         st.intensity.recover(std::chrono::steady_clock::now());
+        oplog::event(oplog::level::info, "pool_recovered",
+                     {{"pool", std::string(to_string(st.opts.kind))},
+                      {"degraded_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - st.degraded_at).count()}});
         for (auto& [i, c] : *st.children)
           if (!c) c = st.spawn(self, i);
         set_degraded(self, false);

@@ -174,6 +174,7 @@ struct registry::impl {
     auto it = families.find(name);
     if (it != families.end()) {
       family& f = it->second;
+      if (f.help.empty()) f.help = help;  // a reader looked it up before its writer named it
       auto* series = std::get_if<std::map<labels, T>>(&f.series);
       if (series == nullptr) {
         const char* existing =
@@ -337,6 +338,8 @@ void record_request(registry& r, const request_timings& t, const std::string& ou
                                 "' (want finished, failed, cancelled or rejected)");
   r.get_counter("tandem_requests_total", "Requests by outcome.", {{"outcome", outcome}}).inc();
   r.get_counter("tandem_prompt_tokens_total", "Prompt tokens of all requests.").inc(std::max(t.prompt_tokens, 0));
+  r.get_counter("tandem_prompt_tokens_cached_total", "Prompt tokens served from a prefix cache instead of computed.")
+      .inc(std::max(t.cached_tokens, 0));
   r.get_counter("tandem_output_tokens_total", "Output tokens generated for all requests.")
       .inc(std::max(t.output_tokens, 0));
   r.get_counter("tandem_kv_bytes_total", "KV cache bytes moved from prefill to decode workers.")

@@ -74,7 +74,7 @@ class registry {
   // Families are created on first use; the same (name, labels) returns the same series. A name
   // outside [a-zA-Z_:][a-zA-Z0-9_:]*, a bad label name, a name already used by another metric
   // type, or histogram bounds differing from the family's throw std::invalid_argument. The help
-  // text of the first call wins.
+  // text of the first call that gives one wins (a reader may look a metric up with "").
   counter& get_counter(const std::string& name, const std::string& help, const labels& l = {});
   gauge& get_gauge(const std::string& name, const std::string& help, const labels& l = {});
   histogram& get_histogram(const std::string& name, const std::string& help, const std::vector<double>& bounds,
@@ -118,6 +118,8 @@ struct request_timings {
   double handoff_ms = 0;
   uint64_t kv_bytes = 0;
   int32_t prompt_tokens = 0, output_tokens = 0;
+  int32_t cached_tokens = 0;                  // of prompt_tokens, taken from the prefix cache
+  std::string prefill_worker, decode_worker;  // where it ran last ("prefill-0"; empty: not there)
 };
 
 // Counts the request in tandem_requests_total{outcome} and its work in tandem_kv_bytes_total,

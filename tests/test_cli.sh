@@ -7,6 +7,7 @@ bin=$1
 data=$2
 model=$data/stories260K.gguf
 ref=$data/stories260K-reference.txt
+src=$(cd "$(dirname "$0")/.." && pwd)  # the repository (docs/)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export TANDEM_CACHE_DIR=$work/cache
@@ -194,6 +195,67 @@ for k in ("server_resident_bytes", "server_open_fds"):
 PY
   kill -TERM "$cpid"; wait "$cpid" || true
 done
+
+# 10. The operator's log (--log-format json: every line one JSON object): the start banner, a
+# line per request that ended (served or refused), a kill, the restart it caused, the worker's
+# loss and return with its recovery time, and the periodic stats line.
+"$bin" --log-format json serve --port 0 --model "$model" --admin-key k9 --stats-interval-s 0.2 \
+  >"$work/log.out" 2>"$work/log.err" &
+lpid=$!
+for _ in $(seq 1 100); do grep -q "serving model" "$work/log.err" && break; sleep 0.1; done
+lport=$(grep -o "http://127.0.0.1:[0-9]*" "$work/log.err" | head -1 | sed 's/.*://')
+curl -s "127.0.0.1:$lport/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":8,"temperature":0}' >/dev/null
+curl -s "127.0.0.1:$lport/v1/completions" -d '{"prompt":"Once","max_tokens":8,"bogus":1}' >/dev/null
+curl -s -H "Authorization: Bearer k9" "127.0.0.1:$lport/admin/kill" -d '{"kind":"decode"}' >/dev/null
+sleep 0.5
+curl -s "127.0.0.1:$lport/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":8,"stream":true}' >/dev/null
+sleep 0.5
+curl -s "127.0.0.1:$lport/metrics" >"$work/log.metrics"
+kill -TERM "$lpid"; wait "$lpid" || true
+# The Grafana dashboard in docs/ queries only metrics /metrics exports, and docs/metrics.md
+# names every metric it exports (the ones this run made: requests, a kill, a restart).
+python3 - "$work/log.metrics" "$src/docs/grafana/tandem-dashboard.json" "$src/docs/metrics.md" <<'PY' \
+  && pass "grafana queries and the metrics reference match /metrics" || fail "grafana/metrics reference: see above"
+import json, re, sys
+exported = set(re.findall(r"^# TYPE (\S+) ", open(sys.argv[1]).read(), re.M))
+assert "tandem_build_info" in exported and "tandem_model_info" in exported and "tandem_requests" in exported, exported
+dash = json.load(open(sys.argv[2]))
+missing = set()
+for p in dash["panels"]:
+    for t in p["targets"]:
+        for name in re.findall(r"\b((?:tandem|process)_[a-z_]+)\b", t["expr"]):
+            base = re.sub(r"_(bucket|sum|count)$", "", name)
+            if base not in exported: missing.add(name)
+assert not missing, f"dashboard queries metrics /metrics does not export: {sorted(missing)}"
+doc = open(sys.argv[3]).read()
+undocumented = sorted(n for n in exported if n.startswith("tandem_") and f"`{n}`" not in doc)
+assert not undocumented, f"docs/metrics.md lacks {undocumented}"
+PY
+python3 - "$work/log.err" <<'PY' && pass "json logs: banner, requests, kill, restart, recovery, stats" || fail "json logs: $(cat "$work/log.err")"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]  # every line must parse
+assert all("ts" in l and "level" in l for l in lines), lines
+ev = lambda name: [l for l in lines if l.get("event") == name]
+start = ev("start")[0]
+assert start["kv_dtype"] == "f16" and start["port"] > 0 and start["admin"] is True and start["architecture"] == "llama", start
+reqs = ev("request")
+ok = [r for r in reqs if r.get("status") == 200]
+assert len(ok) == 2 and {r["protocol"] for r in ok} == {"json", "sse"}, reqs
+for r in ok:
+    assert r["endpoint"] == "/v1/completions" and r["output_tokens"] == 8 and r["finish"] == "length", r
+    assert r["ttft_ms"] >= 0 and r["e2e_ms"] > 0 and r["prefill_worker"] == "prefill-0" and r["decode_worker"] == "decode-0", r
+    assert r["prompt_tokens"] > 0 and r["kv_bytes"] > 0 and r["ref"].startswith("cmpl-"), r
+bad = [r for r in reqs if r.get("status") == 400]
+assert len(bad) == 1 and bad[0]["error"] == "invalid_argument" and "bogus" in bad[0]["message"], reqs
+assert ev("kill")[0]["actor"] == "decode-0" and ev("kill")[0]["by"] == "/admin/kill", ev("kill")
+assert any(r["actor"] == "decode-0" and r["reason"] == "killed" for r in ev("restart")), ev("restart")
+assert ev("worker_down")[0]["worker"] == "decode-0", ev("worker_down")
+assert ev("worker_joined")[0]["worker"] == "decode-0" and ev("worker_joined")[0]["recovery_ms"] >= 0, ev("worker_joined")
+assert any(s["output_tokens_per_s"] > 0 for s in ev("stats")), ev("stats")
+assert any("msg" in l and "serving model" in l["msg"] for l in lines), "free-form lines are JSON too"
+PY
+grep -Eq '^\[[0-9:.]+\] \[info\] request id=1 ref=cmpl-1 endpoint=/v1/completions protocol=json status=200 .*prefill_worker=colocated-0 decode_worker=colocated-0 ' "$work/kq.err" \
+  && pass "text logs: a request's line" || fail "text logs: $(cat "$work/kq.err")"
 
 # 6. Constrained decoding: the output matches the grammar or schema, engine and runtime alike.
 printf 'root ::= " " ("cat" | "dog") " and the " [a-z]{3,8} "."\n' >"$work/g.gbnf"

@@ -333,3 +333,15 @@ TEST(Metrics, ProcessGaugesFollowTheProcess) {
   update_process_metrics(r);
   EXPECT_NE(r.to_prometheus().find("\nprocess_open_fds " + std::to_string(before.open_fds) + "\n"), std::string::npos);
 }
+
+// A reader (the stats log line, a dashboard) may look a metric up before its writer: the writer's
+// help text still makes it into the exposition (promtool refuses a metric without one).
+TEST(Metrics, HelpComesFromTheFirstCallThatGivesOne) {
+  registry r;
+  EXPECT_EQ(r.get_counter("tandem_x_total", "").value(), 0);
+  r.get_counter("tandem_x_total", "Things counted.").inc();
+  r.get_counter("tandem_x_total", "Another text.").inc();
+  const std::string text = r.to_prometheus();
+  EXPECT_NE(text.find("# HELP tandem_x_total Things counted.\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("tandem_x_total 2"), std::string::npos) << text;
+}

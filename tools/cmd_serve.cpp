@@ -2,6 +2,9 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +15,7 @@
 #include "actors/pipeline.h"
 #include "runtime/chat_template.h"
 #include "runtime/model.h"
+#include "runtime/oplog.h"
 #include "tools/commands.h"
 #include "tools/server/http_server.h"
 
@@ -25,7 +29,8 @@ struct serve_options {
       max_worker_restarts = 5;
   int32_t kv_blocks = 0, chunk = 256, token_budget = 512, max_batch = 64;
   int32_t max_queue = 256, max_requests_per_connection = 32;
-  double ttft_budget_ms = 0, tpot_budget_ms = 0, grace_s = 10, decode_pace_ms = 0, tpot_target_ms = 0, recover_after_s = 30;
+  double ttft_budget_ms = 0, tpot_budget_ms = 0, grace_s = 10, decode_pace_ms = 0, tpot_target_ms = 0, recover_after_s = 30,
+         stats_interval_s = 10;
   size_t max_body = 1 << 20, max_frame = 1 << 20;
   bool no_prefix_cache = false, share_cores = false;
   sampling_params defaults;  // where an HTTP request leaves temperature, top_k or top_p out
@@ -99,6 +104,100 @@ int run_node(const serve_options& o) {
   spdlog::info(stopped ? "stopped" : "leaving: the router is gone");
   return stopped ? 0 : 1;
 }
+
+// What an operator checks first: the model, the KV cache, the workers, the ports.
+void log_banner(const serve_options& o, const serving_config& cfg, pipeline& p, uint16_t port) {
+  const model& m = p.get_model();
+  const auto& c = m.config();
+  std::map<std::string, int> types;  // tensor type -> tensors
+  for (const auto& t : m.file().tensors()) ++types[std::string(kernels::to_string(t.type))];
+  std::string type_list;
+  for (const auto& [t, n] : types) type_list += (type_list.empty() ? "" : ",") + t + ":" + std::to_string(n);
+  const auto snap = p.snapshot();
+  const int32_t blocks = snap && !snap->workers.empty() ? snap->workers.front().kv_total_blocks : 0;
+  const bool cluster = o.role == "router";
+  oplog::event(oplog::level::info, "start",
+               {{"model", cfg.model.path},
+                {"name", c.name},
+                {"architecture", std::string(to_string(c.arch))},
+                {"params_m", double(c.n_params) / 1e6},
+                {"tensor_types", type_list},
+                {"context", c.n_ctx},
+                {"kv_dtype", std::string(kernels::to_string(cfg.kv.dtype))},
+                {"kv_blocks_per_worker", blocks},
+                {"kv_mib_per_worker", double(cfg.pools.kv_memory_bytes_per_worker) / double(1 << 20)},
+                {"mode", cluster ? std::string("router") : o.mode},
+                {"prefill_workers", cluster || o.mode != "disaggregated" ? 0 : o.prefill_workers},
+                {"decode_workers", cluster || o.mode != "disaggregated" ? 0 : o.decode_workers},
+                {"colocated_workers", cluster || o.mode != "colocated" ? 0 : o.colocated_workers},
+                {"threads_per_worker", o.threads},
+                {"shared_cores", o.share_cores},
+                {"host", o.host},
+                {"port", int32_t(port)},
+                {"cluster_port", int32_t(cluster ? p.cluster_port() : 0)},
+                {"prefix_cache", !o.no_prefix_cache},
+                {"admin", !o.admin_key.empty()},
+                {"api_key", !o.api_key.empty()}});
+}
+
+// Every --stats-interval-s while anything happens: running and waiting requests per queue,
+// tokens/s in and out, KV use per worker, the prefix cache's hit ratio (vLLM logs the like).
+class stats_logger {
+ public:
+  stats_logger(pipeline& p, double interval_s) : p_(p) {
+    if (interval_s <= 0) return;
+    thread_ = std::thread([this, every = std::chrono::milliseconds(int64_t(interval_s * 1000))] {
+      std::unique_lock lk(mu_);
+      auto last = std::chrono::steady_clock::now();
+      double prompt0 = counter("tandem_prompt_tokens_total"), out0 = counter("tandem_output_tokens_total"),
+             cached0 = counter("tandem_prompt_tokens_cached_total");
+      while (!cv_.wait_for(lk, every, [this] { return stop_; })) {
+        const auto now = std::chrono::steady_clock::now();
+        const double secs = std::chrono::duration<double>(now - last).count();
+        const double prompt = counter("tandem_prompt_tokens_total"), out = counter("tandem_output_tokens_total"),
+                     cached = counter("tandem_prompt_tokens_cached_total");
+        const auto s = p_.snapshot();
+        int64_t running = 0;
+        for (const auto& [state, n] : s->requests_by_state)
+          if (state != "queued") running += n;
+        const bool idle = prompt == prompt0 && out == out0 && running == 0 && s->prefill_queue == 0 && s->decode_queue == 0;
+        if (!idle) {
+          std::string kv;
+          for (const auto& w : s->workers)
+            kv += (kv.empty() ? "" : ",") + w.name + ":" + std::to_string(w.kv_total_blocks - w.kv_free_blocks) + "/" +
+                  std::to_string(w.kv_total_blocks);
+          oplog::event(oplog::level::info, "stats",
+                       {{"running", running},
+                        {"prefill_queue", s->prefill_queue},
+                        {"decode_queue", s->decode_queue},
+                        {"prompt_tokens_per_s", (prompt - prompt0) / secs},
+                        {"output_tokens_per_s", (out - out0) / secs},
+                        {"prefix_hit_ratio", prompt > prompt0 ? (cached - cached0) / (prompt - prompt0) : 0.0},
+                        {"kv_blocks_used", kv},
+                        {"live_requests", s->live_requests}});
+        }
+        last = now;
+        prompt0 = prompt, out0 = out, cached0 = cached;
+      }
+    });
+  }
+  ~stats_logger() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  double counter(const char* name) { return p_.metrics().get_counter(name, "").value(); }
+  pipeline& p_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 // The model's chat template (or the --chat-template file). A file the user names must parse; a
 // model's own template that does not falls back to a hand-written format, with a warning.
@@ -175,6 +274,8 @@ int run_serve(const serve_options& o) {
   sc.io_threads = o.io_threads;
   sc.stop_on_signals = true;  // SIGINT/SIGTERM: stop accepting, drain, exit 0
   server::http_server srv(p, sm, sc);
+  log_banner(o, cfg, p, srv.port());
+  stats_logger stats(p, o.stats_interval_s);
   spdlog::info("serving model '{}' ({} mode, chat template {}) on http://{}:{} (WebSocket: /ws)", sm.id, o.mode,
                sm.chat->describe(), o.host, srv.port());
   if (o.role == "router")
@@ -250,6 +351,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--max-worker-restarts", o->max_worker_restarts,
                   "Restarts a pool allows per 10 s before it is degraded (docs/fault-tolerance.md)")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--stats-interval-s", o->stats_interval_s,
+                  "Log a stats line (queues, tokens/s, KV use, prefix hits) this often while anything happens; 0: never")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   cmd->add_option("--recover-after-s", o->recover_after_s,
                   "A degraded pool (or router) starts again after this, doubling while it keeps failing, up to 5 min")
       ->check(CLI::Range(0.01, 3600.0));

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "runtime/errors.h"
+#include "runtime/oplog.h"
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
@@ -29,14 +30,22 @@ int main(int argc, char** argv) {
 
   CLI::App app{"tandem: disaggregated LLM serving on actors", "tandem"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "tandem 0.1.0");
+  app.set_version_flag("--version", "tandem " TANDEM_VERSION);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str();
   // Flags from a TOML/INI file: a [serve] section holds `tandem serve`'s (names without --).
   app.set_config("--config", "", "Read flags from a TOML/INI file ([serve] section: port = 8080, ...)")
       ->check(CLI::ExistingFile);
-  app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(log_level)); });
+  std::string log_format = "text";
+  app.add_option("--log-format", log_format, "Logs as text lines or one JSON object per line (for Loki, Elasticsearch, jq)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+  app.parse_complete_callback([&] {
+    spdlog::set_level(spdlog::level::from_str(log_level));
+    tandem::oplog::set_format(log_format == "json" ? tandem::oplog::format::json : tandem::oplog::format::text);
+  });
   tandem::cli::add_generate(app);
   tandem::cli::add_model(app);
   tandem::cli::add_bench(app);

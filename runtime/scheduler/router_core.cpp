@@ -1,5 +1,7 @@
 #include "runtime/scheduler/router_core.h"
 
+#include "runtime/oplog.h"
+
 #include <algorithm>
 
 #include "runtime/prefix_cache.h"
@@ -733,6 +735,12 @@ void router_core::migrate(request_id id) {
     return;
   }
   ++e.migrations;
+  if (const auto* d = std::get_if<decoding>(&e.where))
+    oplog::event(oplog::level::info, "migrate",
+                 {{"id", int64_t(id)},
+                  {"from", worker_name(kind_of(d->side), d->worker.index).str()},
+                  {"attempt", e.migrations},
+                  {"prompt_tokens", int32_t(e.spec.prompt.size()) - e.spec.resumed}});
   // A lease its prefill worker may still hold for it ends; credits it holds on a live decode
   // worker (a failed transfer) go back. A dead worker's died with it.
   const bool disaggregated = cfg_.mode == serving_mode::disaggregated;
@@ -768,6 +776,7 @@ void router_core::handle(const ev::resume_answer& a) {
   prompt.insert(prompt.end(), a.generated->begin(), a.generated->end());
   e.spec.prompt = std::move(prompt);
   e.spec.resumed = int32_t(a.generated->size());
+  oplog::event(oplog::level::debug, "migrate_resume", {{"id", int64_t(a.id)}, {"tokens_carried", e.spec.resumed}});
   requeue_front(a.id, e);
   dispatch_prefill();
   dispatch_decode();

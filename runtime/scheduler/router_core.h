@@ -214,6 +214,7 @@ class router_core {
   const std::deque<request_id>& prefill_queue() const { return prefill_queue_; }
   const std::deque<request_id>& decode_queue() const { return decode_queue_; }
   bool alive(pool_side side, int32_t index) const;
+  worker_kind kind_of(pool_side side) const;  // the workers in that pool
   uint32_t gen(pool_side side, int32_t index) const;  // of the slot's latest incarnation
   int32_t pool_size(pool_side side) const { return int32_t(pool(side).size()); }
   bool link_ready(int32_t p, int32_t d) const;
@@ -233,7 +234,6 @@ class router_core {
   const std::vector<slot>& pool(pool_side s) const { return s == pool_side::prefill ? prefill_ : decode_; }
   bool alive(pool_side side, const worker_ref& w) const;  // that incarnation, still there
   bool none_alive(pool_side side) const;
-  worker_kind kind_of(pool_side side) const;  // the workers in that pool
   link_state& link(int32_t p, int32_t d);
   static decode_claim* claim_of(entry& e);
   int32_t usable_full_tokens(const entry& e) const;

@@ -1,5 +1,7 @@
 #include "tools/server/api.h"
 
+#include "runtime/oplog.h"
+
 #include "runtime/grammar.h"
 #include "runtime/json_schema.h"
 
@@ -656,7 +658,9 @@ void add_ws_logprobs(json& frame, const tokenizer& tok, const token_logprobs& lp
 json usage_json(const metrics::request_timings& t) {
   return {{"prompt_tokens", t.prompt_tokens},
           {"completion_tokens", t.output_tokens},
-          {"total_tokens", t.prompt_tokens + t.output_tokens}};
+          {"total_tokens", t.prompt_tokens + t.output_tokens},
+          // OpenAI's name for the prompt tokens a prefix cache served.
+          {"prompt_tokens_details", {{"cached_tokens", t.cached_tokens}}}};
 }
 
 json timings_json(const metrics::request_timings& t) {
@@ -668,7 +672,45 @@ json timings_json(const metrics::request_timings& t) {
           {"kv_bytes", t.kv_bytes},
           {"kv_transfer_ms", t.kv_transfer_ms},
           {"handoff_ms", t.handoff_ms},
-          {"e2e_ms", t.e2e_ms}};
+          {"e2e_ms", t.e2e_ms},
+          {"prefill_worker", t.prefill_worker},
+          {"decode_worker", t.decode_worker}};
+}
+
+void log_request(const request_log& r) {
+  const auto& t = r.timings;
+  const auto lvl = r.status >= 500 ? oplog::level::warn : oplog::level::info;
+  std::string message = r.message.substr(0, 300);
+  if (r.id == 0) {  // refused before it reached the pipeline
+    oplog::event(lvl, "request",
+                 {{"endpoint", r.endpoint}, {"protocol", r.protocol}, {"status", r.status}, {"error", r.error}, {"message", message}});
+    return;
+  }
+  if (!r.error.empty()) {
+    oplog::event(lvl, "request",
+                 {{"id", r.id}, {"ref", r.ref}, {"endpoint", r.endpoint}, {"protocol", r.protocol}, {"status", r.status},
+                  {"prompt_tokens", t.prompt_tokens}, {"output_tokens", r.output_tokens}, {"e2e_ms", t.e2e_ms},
+                  {"prefill_worker", t.prefill_worker}, {"decode_worker", t.decode_worker}, {"error", r.error},
+                  {"message", message}});
+    return;
+  }
+  oplog::event(lvl, "request",
+               {{"id", r.id},
+                {"ref", r.ref},
+                {"endpoint", r.endpoint},
+                {"protocol", r.protocol},
+                {"status", r.status},
+                {"prompt_tokens", t.prompt_tokens},
+                {"cached_tokens", t.cached_tokens},
+                {"output_tokens", r.output_tokens},
+                {"queue_ms", t.queue_prefill_ms + t.queue_decode_ms},
+                {"ttft_ms", t.ttft_ms},
+                {"tpot_ms", t.tpot_ms},
+                {"e2e_ms", t.e2e_ms},
+                {"prefill_worker", t.prefill_worker},
+                {"decode_worker", t.decode_worker},
+                {"kv_bytes", t.kv_bytes},
+                {"finish", r.finish}});
 }
 
 }  // namespace tandem::server

@@ -96,4 +96,21 @@ void add_ws_logprobs(json& frame, const tokenizer& tok, const token_logprobs& lp
 json usage_json(const metrics::request_timings& t);
 json timings_json(const metrics::request_timings& t);
 
+// The operator's log line for a request that ended (runtime/oplog: `request id=... status=...`):
+// where it came in, how it ended (the HTTP status; a WebSocket request's is 200 or its error's),
+// its tokens, latencies, workers and KV bytes moved.
+struct request_log {
+  int64_t id = 0;        // the pipeline's request id (0: refused before it got one)
+  std::string ref;       // the client's name for it: "cmpl-7", a WebSocket request's id
+  std::string endpoint;  // "/v1/chat/completions", "/ws"
+  std::string protocol;  // "json", "sse", "ws"
+  int status = 200;      // 499: the client went away first
+  metrics::request_timings timings;
+  int64_t output_tokens = 0;  // of every choice
+  std::string finish;         // its finish reason, or
+  std::string error;          // its error code
+  std::string message;        // and message
+};
+void log_request(const request_log& r);
+
 }  // namespace tandem::server

@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "runtime/oplog.h"
 #include "runtime/stop_strings.h"
 #include "runtime/tool_calls.h"
 #include "tools/server/pages.h"
@@ -274,8 +275,9 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
   void on_read(beast::error_code ec) {
+    // The client went, or the drain closed an idle keep-alive connection: nothing to answer.
     if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::connection_reset ||
-        ec == net::error::eof) {
+        ec == net::error::eof || ec == net::error::operation_aborted) {
       return close();
     }
     if (ec == http::error::body_limit) {
@@ -323,7 +325,17 @@ class http_session : public std::enable_shared_from_this<http_session> {
     send(status, j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json", false, std::move(extra));
   }
 
-  void send_error(const api_error& e, bool close = false) {
+  // `logged`: the generation that failed has its log line already (finish_generation).
+  void send_error(const api_error& e, bool close = false, bool logged = false) {
+    if (!logged) {
+      server::request_log r;
+      r.endpoint = std::string(req_.target().substr(0, req_.target().find('?')));
+      r.protocol = "http";
+      r.status = e.http_status;
+      r.error = e.code.empty() ? e.type : e.code;
+      r.message = e.message;
+      server::log_request(r);
+    }
     std::vector<std::pair<std::string, std::string>> extra;
     if (e.http_status == 429 || e.http_status == 503)
       extra.emplace_back("Retry-After", std::to_string(std::max<int64_t>(1, int64_t((e.retry_after_ms + 999) / 1000))));
@@ -333,7 +345,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
 
   void close() {
     conn_.close();  // the client is gone: its request is cancelled, its KV freed
-    finish_generation();
+    finish_generation(499, "client_closed", "the connection closed");
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.socket().close(ec);
@@ -453,6 +465,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
       }
       if (killed.empty())
         return send_error(api_error{404, "invalid_request_error", "nothing of that kind and index is alive", key, "not_found"});
+      beast::error_code ec;
+      const auto peer = stream_.socket().remote_endpoint(ec);
+      oplog::event(oplog::level::warn, "kill",
+                   {{"actor", killed}, {"by", "/admin/kill"}, {"from", ec ? std::string("?") : peer.address().to_string()}});
       return send_json(http::status::ok, {{"killed", true}, {"name", killed}});
     }
     if (path == "/admin/fault" && req_.method() == http::verb::post) {
@@ -614,8 +630,22 @@ class http_session : public std::enable_shared_from_this<http_session> {
     }
   }
 
-  void finish_generation() {
+  // The generation ended (status: its HTTP status; 499 when the client went away first): its
+  // log line, then it is forgotten.
+  void finish_generation(int status, std::string_view error = {}, std::string_view message = {}) {
     if (!gen_) return;
+    server::request_log r;
+    r.id = int64_t(gen_->rid);
+    r.ref = (gen_->req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen_->serial);
+    r.message = std::string(message);
+    r.endpoint = gen_->req.chat ? "/v1/chat/completions" : "/v1/completions";
+    r.protocol = gen_->req.stream ? "sse" : "json";
+    r.status = status;
+    r.timings = gen_->timings;
+    for (generation* g : choices()) r.output_tokens += int64_t(g->tokens.size());
+    r.finish = std::string(to_string(gen_->finish_reason));
+    r.error = std::string(error);
+    server::log_request(r);
     for (generation* g : choices())
       if (!g->done) conn_.cancel(g->rid);  // an error ends them all
     more_.clear();
@@ -735,7 +765,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
  private:
-  void fail(const request_event& ev) { end_with_error(error_from(ev.code, ev.message, ev.retry_after_ms)); }
+  void fail(const request_event& ev) {
+    if (generation* g = choice_of(ev.id)) g->timings = ev.timings;  // for its log line
+    end_with_error(error_from(ev.code, ev.message, ev.retry_after_ms));
+  }
 
   // The generation ends with an error: an SSE error event and [DONE] once streaming began,
   // else the error response.
@@ -744,11 +777,11 @@ class http_session : public std::enable_shared_from_this<http_session> {
       write_raw(chunk(sse(error_body(e))));
       write_raw(chunk("data: [DONE]\n\n"));
       write_raw("0\r\n\r\n");
-      finish_generation();
+      finish_generation(200, e.code, e.message);  // the stream had begun: its status was 200
       return;
     }
-    finish_generation();
-    send_error(e);
+    finish_generation(e.http_status, e.code, e.message);
+    send_error(e, false, true);
   }
 
   // echo: the prompt as text (token-id prompts decoded), ahead of the completion.
@@ -881,7 +914,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
     }
     write_raw(chunk("data: [DONE]\n\n"));
     write_raw("0\r\n\r\n");
-    finish_generation();
+    finish_generation(200);
   }
 
   void respond_json() {
@@ -919,7 +952,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
               {"choices", list},
               {"usage", usage_all()},
               {"tandem", timings_json(gen_->timings)}};
-    finish_generation();
+    finish_generation(200);
     send_json(http::status::ok, j);
   }
 
@@ -1022,6 +1055,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
       conn_.cancel(g->rid);
       send_frame({{"type", "error"}, {"id", key}, {"code", "shutting_down"},
                   {"message", "the server is shutting down: the grace period ended"}});
+      log_end(key, *g, 503, "shutting_down", "the grace period ended");
     }
     srv_->in_flight -= int64_t(gens_.size());
     gens_.clear();
@@ -1040,7 +1074,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     const std::string text = beast::buffers_to_string(buf_.data());
     buf_.consume(buf_.size());
     if (!ws_.got_text()) {
-      send_frame({{"type", "error"}, {"code", "invalid_argument"}, {"message", "frames must be JSON text frames"}});
+      reject({{"type", "error"}, {"code", "invalid_argument"}, {"message", "frames must be JSON text frames"}});
       return read();
     }
     handle(text);
@@ -1050,29 +1084,29 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
   void handle(const std::string& text) {
     const json f = json::parse(text, nullptr, false);
     if (f.is_discarded() || !f.is_object())
-      return send_frame({{"type", "error"}, {"code", "invalid_argument"}, {"message", "the frame is not a JSON object"}});
+      return reject({{"type", "error"}, {"code", "invalid_argument"}, {"message", "the frame is not a JSON object"}});
     const std::string type = f.contains("type") && f["type"].is_string() ? f["type"].get<std::string>() : "";
     const json id = f.contains("id") ? f["id"] : json();
     if (type == "cancel") {
       const std::string key = id.is_string() ? id.get<std::string>() : id.is_number_integer() ? std::to_string(id.get<int64_t>()) : "";
       auto it = gens_.find(key);
       if (it == gens_.end())
-        return send_frame({{"type", "error"}, {"id", id}, {"code", "invalid_argument"}, {"message", "no request with this id in flight"}});
+        return reject({{"type", "error"}, {"id", id}, {"code", "invalid_argument"}, {"message", "no request with this id in flight"}});
       conn_.cancel(it->second->rid);
       return;
     }
     if (type != "generate")
-      return send_frame({{"type", "error"}, {"id", id}, {"code", "invalid_argument"},
+      return reject({{"type", "error"}, {"id", id}, {"code", "invalid_argument"},
                          {"message", "unknown frame type '" + type + "' (generate, cancel)"}});
     if (srv_->draining)
-      return send_frame({{"type", "error"}, {"id", id}, {"code", "shutting_down"}, {"message", "the server is shutting down"}});
+      return reject({{"type", "error"}, {"id", id}, {"code", "shutting_down"}, {"message", "the server is shutting down"}});
     auto g = std::make_unique<generation>();
     if (auto err = parse_ws_generate(f, srv_->mdl, g->req, text))
-      return send_frame({{"type", "error"}, {"id", id}, {"code", err->code}, {"message", err->message}});
+      return reject({{"type", "error"}, {"id", id}, {"code", err->code}, {"message", err->message}});
     if (gens_.count(g->req.client_id))
-      return send_frame({{"type", "error"}, {"id", id}, {"code", "invalid_argument"}, {"message", "a request with this id is in flight"}});
+      return reject({{"type", "error"}, {"id", id}, {"code", "invalid_argument"}, {"message", "a request with this id is in flight"}});
     if (gens_.size() >= srv_->cfg.max_requests_per_connection)
-      return send_frame({{"type", "error"}, {"id", id}, {"code", "overloaded"},
+      return reject({{"type", "error"}, {"id", id}, {"code", "overloaded"},
                          {"message", "too many requests in flight on this connection (limit " +
                                          std::to_string(srv_->cfg.max_requests_per_connection) + ")"}});
     g->stops = std::make_unique<stop_matcher>(g->req.stop);
@@ -1103,7 +1137,8 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
         json e = {{"type", "error"}, {"id", key}, {"code", std::string(to_string(ev.code))}, {"message", ev.message}};
         if (ev.retry_after_ms > 0) e["retry_after_ms"] = ev.retry_after_ms;
         send_frame(e);
-        end(key);
+        g.timings = ev.timings;
+        end(key, error_from(ev.code, ev.message, 0).http_status, to_string(ev.code), ev.message);
         continue;
       }
       if (ev.kind == event_kind::accepted) {
@@ -1124,17 +1159,46 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
                     {"finish_reason", std::string(to_string(g.finish_reason))},
                     {"usage", usage_json(g.timings)},
                     {"timings", timings_json(g.timings)}});
-        end(key);
+        end(key, 200);
       }
     }
   }
 
  private:
-  void end(const std::string& key) {
+  // A request ended (status: what its HTTP twin would have answered; 499: the client went).
+  void end(const std::string& key, int status, std::string_view error = {}, std::string_view message = {}) {
     auto it = gens_.find(key);
+    log_end(key, *it->second, status, error, message);
     keys_.erase(it->second->rid);
     gens_.erase(it);
     --srv_->in_flight;
+  }
+
+  // A frame refused before any generation started: the error frame, and its log line.
+  void reject(const json& e) {
+    server::request_log r;
+    r.endpoint = "/ws";
+    r.protocol = "ws";
+    r.error = e.value("code", "invalid_argument");
+    r.message = e.value("message", "");
+    r.status = r.error == "overloaded" ? 429 : r.error == "shutting_down" ? 503 : 400;
+    server::log_request(r);
+    send_frame(e);
+  }
+
+  void log_end(const std::string& key, const generation& g, int status, std::string_view error, std::string_view message) {
+    server::request_log r;
+    r.id = int64_t(g.rid);
+    r.ref = key;
+    r.message = std::string(message);
+    r.endpoint = "/ws";
+    r.protocol = "ws";
+    r.status = status;
+    r.timings = g.timings;
+    r.output_tokens = int64_t(g.tokens.size());
+    r.finish = std::string(to_string(g.finish_reason));
+    r.error = std::string(error);
+    server::log_request(r);
   }
 
   void send_frame(const json& j) {
@@ -1173,6 +1237,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
   void gone() {
     if (closed_) return;
     closed_ = true;
+    for (const auto& [key, g] : gens_) log_end(key, *g, 499, "client_closed", "the connection closed");
     srv_->in_flight -= int64_t(gens_.size());
     gens_.clear();
     keys_.clear();
@@ -1265,7 +1330,9 @@ void http_server::run() {
     signals.emplace(im.ioc, SIGINT, SIGTERM);
     signals->async_wait([this](beast::error_code ec, int sig) {
       if (ec) return;
-      std::fprintf(stderr, "tandem serve: signal %d: no new requests; in-flight ones get up to the grace period\n", sig);
+      oplog::event(oplog::level::info, "draining",
+                   {{"signal", sig}, {"in_flight", int64_t(impl_->in_flight.load())},
+                    {"grace_s", double(impl_->cfg.grace.count()) / 1000}});
       stop();
     });
   }
