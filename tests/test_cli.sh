@@ -173,6 +173,31 @@ kill -TERM "$spid"; wait "$spid" && pass "serve exits 0 on SIGTERM" || fail "ser
 "$bin" serve --host not-an-ip --port 0 --model "$work/tiny.gguf" >/dev/null 2>"$work/err.txt" && fail "bad host accepted" \
   || { grep -q "bad --host" "$work/err.txt" && pass "serve rejects a bad host" || fail "serve bad host: $(cat "$work/err.txt")"; }
 
+# 8b. Configuration: --help shows defaults; a config file's unknown key or bad value is refused
+# naming it, as on the command line; --print-config writes the effective configuration as a
+# file --config reads back.
+"$bin" serve --help >"$work/help.txt"
+grep -Eq -- '--prefill-workers INT:INT in \[1 - 256\]=1' "$work/help.txt" \
+  && grep -Eq -- '--port INT:INT in \[0 - 65535\]=8080' "$work/help.txt" \
+  && pass "serve --help shows defaults" || fail "serve --help defaults: $(head -30 "$work/help.txt")"
+printf '[serve]\nport = 0\nbogus-key = 3\n' >"$work/unknown.toml"
+"$bin" --config "$work/unknown.toml" serve >/dev/null 2>"$work/err.txt" && fail "unknown config key accepted" \
+  || { grep -q "bogus-key" "$work/err.txt" && pass "an unknown config key is refused by name" || fail "unknown key: $(cat "$work/err.txt")"; }
+printf '[serve]\nport = "abc"\n' >"$work/badval.toml"
+"$bin" --config "$work/badval.toml" serve >/dev/null 2>"$work/err.txt" && fail "bad config value accepted" \
+  || { grep -q -- "--port" "$work/err.txt" && pass "a bad config value is refused by name" || fail "bad value: $(cat "$work/err.txt")"; }
+"$bin" serve --mode colocated --max-batch 17 --print-config >"$work/printed.toml" 2>"$work/err.txt" \
+  && grep -qx '\[serve\]' "$work/printed.toml" && grep -qx 'max-batch=17' "$work/printed.toml" \
+  && grep -qx 'mode="colocated"' "$work/printed.toml" && ! grep -q 'print-config' "$work/printed.toml" \
+  && pass "serve --print-config" || fail "print-config: $(cat "$work/printed.toml" "$work/err.txt")"
+sed -i 's/^port=8080$/port=0/' "$work/printed.toml"
+"$bin" --config "$work/printed.toml" serve --model "$model" >"$work/pc.out" 2>"$work/pc.err" &
+pcpid=$!
+for _ in $(seq 1 100); do grep -q "serving model" "$work/pc.err" && break; sleep 0.1; done
+grep -q "serving model 'stories260K' (colocated mode" "$work/pc.err" && pass "a printed config reads back" \
+  || fail "printed config read back: $(cat "$work/pc.err")"
+kill -TERM "$pcpid"; wait "$pcpid" || true
+
 # 9. tandem chaos against a served model in both modes: kills land, nothing is lost, duplicated
 # or leaked, and the report carries the server's memory and descriptors (sampled from /metrics).
 for mode in disaggregated colocated; do

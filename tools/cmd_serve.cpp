@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <thread>
 
 #include "actors/node.h"
@@ -113,9 +114,13 @@ void log_banner(const serve_options& o, const serving_config& cfg, pipeline& p, 
   for (const auto& t : m.file().tensors()) ++types[std::string(kernels::to_string(t.type))];
   std::string type_list;
   for (const auto& [t, n] : types) type_list += (type_list.empty() ? "" : ",") + t + ":" + std::to_string(n);
-  const auto snap = p.snapshot();
-  const int32_t blocks = snap && !snap->workers.empty() ? snap->workers.front().kv_total_blocks : 0;
   const bool cluster = o.role == "router";
+  auto snap = p.snapshot();  // the workers' pools (a moment after start, they may not have joined yet)
+  for (int i = 0; i < 100 && !cluster && snap && (snap->workers.empty() || snap->workers.front().kv_total_blocks == 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    snap = p.snapshot();
+  }
+  const int32_t blocks = snap && !snap->workers.empty() ? snap->workers.front().kv_total_blocks : 0;
   oplog::event(oplog::level::info, "start",
                {{"model", cfg.model.path},
                 {"name", c.name},
@@ -289,6 +294,25 @@ int run_serve(const serve_options& o) {
 
 }  // namespace
 
+// `tandem serve --print-config`: every flag with its value under [serve], as --config reads it
+// back. A text flag left empty (not set: its default is computed, as the model's own chat
+// template) is written commented out, and this flag and the hidden test flags not at all.
+std::string effective_config(const CLI::App& serve) {
+  std::istringstream in(serve.config_to_str(true, true));
+  std::string out = "[serve]\n", comment, line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') {
+      comment += line + "\n";
+      continue;
+    }
+    const std::string key = line.substr(0, line.find('='));
+    if (key != "print-config" && key != "announce-wire-version")
+      out += comment + (line.size() > key.size() + 1 && line.substr(key.size() + 1) == "\"\"" ? "# " : "") + line + "\n";
+    comment.clear();
+  }
+  return out;
+}
+
 void add_serve(CLI::App& app) {
   auto o = std::make_shared<serve_options>();
   auto* cmd = app.add_subcommand("serve", "Serve the model over HTTP (OpenAI-compatible, SSE) and WebSocket");
@@ -396,7 +420,15 @@ void add_serve(CLI::App& app) {
   cmd->add_flag("--no-shm", o->no_shm, "decode: never offer shared memory to senders (TCP only)");
   cmd->add_option("--announce-wire-version", o->announce_wire_version, "tests: join announcing this wire version")
       ->group("");
-  cmd->callback([o] {
+  auto print_config = std::make_shared<bool>(false);
+  cmd->add_flag("--print-config", *print_config,
+                "Print the effective configuration (every flag with its value, defaults included) as a --config file "
+                "and exit");
+  cmd->callback([o, cmd, print_config] {
+    if (*print_config) {
+      std::printf("%s", effective_config(*cmd).c_str());
+      return;
+    }
     const int rc = run_serve(*o);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

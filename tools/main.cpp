@@ -30,6 +30,10 @@ int main(int argc, char** argv) {
 
   CLI::App app{"tandem: disaggregated LLM serving on actors", "tandem"};
   app.require_subcommand(1);
+  // --help shows every option's default; a --config file's unknown key is an error naming it,
+  // as the same flag on the command line is (both inherited by every subcommand).
+  app.option_defaults()->always_capture_default();
+  app.allow_config_extras(CLI::config_extras_mode::error);
   app.set_version_flag("--version", "tandem " TANDEM_VERSION);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
