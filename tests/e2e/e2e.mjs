@@ -347,6 +347,74 @@ await check('promtool check metrics', async () => {
   assert.equal(r.status, 0, 'promtool: ' + r.stdout + r.stderr);
 });
 
+await check('chromium: chat page: Enter sends, Stop cancels, errors in red, system prompt, a key prompt, reconnect', async () => {
+  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ['--no-sandbox'] });
+  const keyed = await startServer(['serve', '--model', modelPath, '--port', '0', '--api-key', 'sekret']);
+  try {
+    const page = await browser.newPage({ viewport: { width: 390, height: 800 } });
+    const sent = [];
+    await page.exposeFunction('noteFrame', (f) => sent.push(JSON.parse(f)));
+    await page.addInitScript(() => { const s = WebSocket.prototype.send; WebSocket.prototype.send = function (d) { window.noteFrame(d); return s.call(this, d); }; });
+    await page.goto(`${base}/`);
+    await page.waitForFunction(() => document.getElementById('status').textContent === 'connected');
+    // A system prompt leads the messages; Enter sends (Shift+Enter would add a line).
+    await page.click('summary');
+    await page.fill('#system', 'You are terse.');
+    await page.fill('#prompt', 'Hello');
+    await page.press('#prompt', 'Enter');
+    await page.waitForSelector('.answer[data-done="1"]', { timeout: 30000 });
+    assert.deepEqual(sent[0].messages.map((m) => m.role), ['system', 'user']);
+    assert.equal(sent[0].messages[0].content, 'You are terse.');
+    // Stop cancels the answer in flight (a worker's next step stalls 3 s: it is in flight).
+    const armed = await fetch(`${base}/admin/fault`, { method: 'POST', headers: { Authorization: 'Bearer adm' },
+                                                       body: JSON.stringify({ fault: 'stall', count: 1, stall_ms: 3000 }) });
+    assert.equal(armed.status, 200);
+    await page.fill('#max', '200');
+    await page.fill('#prompt', 'Tell me a long story');
+    await page.press('#prompt', 'Enter');
+    await page.waitForTimeout(300);
+    assert.equal(await page.$eval('#stop', (b) => b.disabled), false, 'Stop is enabled while an answer runs');
+    await page.click('#stop');
+    await page.waitForFunction(() => document.querySelectorAll('.answer[data-done="1"]').length === 2, null, { timeout: 30000 });
+    assert.ok(sent.some((f) => f.type === 'cancel' && f.id === sent[1].id), 'a cancel frame was sent');
+    assert.match(await page.textContent('.answer:nth-of-type(4) .meta'), /cancelled/);
+    // (Whatever step met the stall has ended before the checks after this one run.)
+    const after = await fetch(`${base}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'x', max_tokens: 2 }) });
+    assert.equal(after.status, 200);
+    // A refused request shows the server's message, in red.
+    await page.fill('#max', '16');
+    await page.fill('#temp', '7');
+    await page.fill('#prompt', 'Too hot');
+    await page.press('#prompt', 'Enter');
+    await page.waitForSelector('.answer .error', { timeout: 30000 });
+    const err = await page.textContent('.answer .error');
+    assert.match(err, /temperature/);
+    assert.equal(await page.$eval('.answer .error', (e) => getComputedStyle(e).color), 'rgb(176, 0, 32)');
+    // The socket drops: the page connects again by itself.
+    await page.evaluate(() => ws.close());
+    await page.waitForFunction(() => document.getElementById('status').textContent.startsWith('disconnected'), null, { timeout: 5000 });
+    await page.waitForFunction(() => document.getElementById('status').textContent === 'connected', null, { timeout: 15000 });
+    // Usable at 390 px: nothing wider than the viewport.
+    assert.ok(await page.evaluate(() => document.documentElement.scrollWidth <= 390), 'no horizontal scroll at 390 px');
+    // A server with --api-key: the page asks for the key, then connects with it.
+    const kpage = await browser.newPage();
+    await kpage.goto(`http://127.0.0.1:${keyed.port}/`);
+    await kpage.waitForSelector('#keybox', { state: 'visible', timeout: 10000 });
+    assert.match(await kpage.textContent('#status'), /wants an API key/);
+    await kpage.fill('#key', 'sekret');
+    await kpage.click('#savekey');
+    await kpage.waitForFunction(() => document.getElementById('status').textContent === 'connected', null, { timeout: 10000 });
+    await kpage.fill('#prompt', 'Once upon a time');
+    await kpage.fill('#max', '8');
+    await kpage.press('#prompt', 'Enter');
+    await kpage.waitForSelector('.answer[data-done="1"]', { timeout: 30000 });
+    assert.equal(await kpage.$$eval('.answer .error', (e) => e.length), 0);
+  } finally {
+    await browser.close();
+    keyed.proc.kill('SIGTERM');
+  }
+});
+
 await check('chromium: chat page streams an answer; dashboard shows the workers', async () => {
   const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ['--no-sandbox'] });
   try {

@@ -8,36 +8,78 @@ std::string_view chat_page() {
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
  body{font:15px/1.45 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
- header{padding:10px 16px;background:#1d2330;color:#fff;display:flex;gap:16px;align-items:center}
+ header{padding:10px 16px;background:#1d2330;color:#fff;display:flex;gap:16px;align-items:center;flex-wrap:wrap}
  header a{color:#9cc3ff} #status{margin-left:auto;font-size:13px}
+ #keybox{display:none;gap:6px;align-items:center;font-size:13px} #keybox input{font:inherit;padding:3px 6px;width:180px}
  #log{max-width:860px;margin:16px auto;padding:0 16px}
  .msg{background:#fff;border-radius:8px;padding:10px 14px;margin:10px 0;white-space:pre-wrap;box-shadow:0 1px 2px #0002}
  .user{background:#e6f0ff} .meta{font-size:12px;color:#667;margin-top:6px;white-space:normal}
- form{max-width:860px;margin:0 auto 24px;padding:0 16px;display:flex;gap:8px}
- textarea{flex:1;font:inherit;padding:8px;border-radius:6px;border:1px solid #bbb;min-height:48px}
+ .error{color:#b00020;font-weight:600;font-size:13px;margin-top:6px;white-space:normal}
+ form{max-width:860px;margin:0 auto 24px;padding:0 16px;display:flex;gap:8px;flex-wrap:wrap}
+ textarea{flex:1;min-width:220px;font:inherit;padding:8px;border-radius:6px;border:1px solid #bbb;min-height:48px}
  button{font:inherit;padding:8px 16px;border-radius:6px;border:0;background:#2f6fde;color:#fff;cursor:pointer}
- label{font-size:13px;color:#445}
+ button#stop{background:#b00020} button:disabled{opacity:.5;cursor:default}
+ label{font-size:13px;color:#445} details{max-width:860px;margin:0 auto 8px;padding:0 16px;font-size:13px}
+ #system{width:100%;min-height:36px;font:inherit;box-sizing:border-box}
 </style></head>
 <body>
-<header><b>tandem</b><span>chat over the WebSocket protocol (the model's chat template)</span><a href="/dashboard">dashboard</a><span id="status">connecting…</span></header>
+<header><b>tandem</b><span>chat (the model's chat template)</span><a href="/dashboard">dashboard</a>
+<span id="keybox">API key <input id="key" type="password" autocomplete="off"><button id="savekey" type="button">Use</button></span>
+<span id="status">connecting…</span></header>
 <div id="log"></div>
-<form id="f"><textarea id="prompt" placeholder="Say something">Once upon a time</textarea>
+<details><summary>settings</summary><label>system prompt<br><textarea id="system" placeholder="(none)"></textarea></label></details>
+<form id="f"><textarea id="prompt" placeholder="Say something (Enter sends, Shift+Enter for a new line)">Once upon a time</textarea>
 <div><label>max tokens <input id="max" type="number" value="64" min="1" style="width:70px"></label><br>
 <label>temperature <input id="temp" type="number" value="0" step="0.1" min="0" max="2" style="width:70px"></label><br>
 <label><input id="raw" type="checkbox"> raw completion</label><br>
-<button id="send" type="submit">Send</button></div></form>
+<button id="send" type="submit">Send</button> <button id="stop" type="button" disabled>Stop</button></div></form>
 <script>
 const log = document.getElementById('log'), status = document.getElementById('status');
-const key = new URLSearchParams(location.search).get('api_key');
-const ws = new WebSocket((location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/ws' + (key ? '?api_key=' + encodeURIComponent(key) : ''));
+const keybox = document.getElementById('keybox'), keyInput = document.getElementById('key');
+const stopButton = document.getElementById('stop');
 const live = {};
-let next = 1;
-// The conversation so far: each send carries it as 'messages', which the server renders with
-// the model's chat template; 'raw completion' sends the text alone as a prompt instead.
+let next = 1, ws = null, retry = 500;
+// The conversation so far: each send carries it as 'messages' (after the system prompt, if
+// any), which the server renders with the model's chat template; 'raw completion' sends the
+// text alone as a prompt instead.
 const history = [];
-ws.onopen = () => status.textContent = 'connected';
-ws.onclose = () => status.textContent = 'disconnected';
-ws.onmessage = (m) => {
+function apiKey() { return new URLSearchParams(location.search).get('api_key') || localStorage.getItem('tandem_api_key') || ''; }
+function setStatus(t) { status.textContent = t; }
+function showError(r, text) {
+  const e = document.createElement('div'); e.className = 'error'; e.textContent = text; r.box.appendChild(e);
+}
+function finish(id) { delete live[id]; stopButton.disabled = Object.keys(live).length === 0; }
+// Does the server want a key (and is ours right)? Asked over HTTP first: a refused WebSocket
+// upgrade only shows as a closed socket.
+async function connect() {
+  setStatus('connecting…');
+  const key = apiKey();
+  let r;
+  try {
+    r = await fetch('/v1/models', { headers: key ? { Authorization: 'Bearer ' + key } : {} });
+  } catch (e) { return later(); }
+  if (r.status === 401) {
+    keybox.style.display = 'flex';
+    setStatus(key ? 'the API key was refused' : 'this server wants an API key');
+    return;
+  }
+  keybox.style.display = 'none';
+  ws = new WebSocket((location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/ws' + (key ? '?api_key=' + encodeURIComponent(key) : ''));
+  ws.onopen = () => { retry = 500; setStatus('connected'); };
+  ws.onclose = () => {
+    for (const id of Object.keys(live)) { showError(live[id], 'error: the connection closed before the answer ended'); live[id].box.dataset.done = '1'; finish(id); }
+    later();
+  };
+  ws.onmessage = onFrame;
+}
+// The socket dropped (or the server is away): try again, waiting longer each time (up to 10 s).
+function later() {
+  setStatus('disconnected: reconnecting in ' + (retry / 1000).toFixed(1) + ' s');
+  setTimeout(connect, retry);
+  retry = Math.min(retry * 2, 10000);
+}
+document.getElementById('savekey').onclick = () => { localStorage.setItem('tandem_api_key', keyInput.value); connect(); };
+function onFrame(m) {
   const f = JSON.parse(m.data), r = live[f.id];
   if (!r) return;
   if (f.type === 'token') {
@@ -51,18 +93,21 @@ ws.onmessage = (m) => {
     if (r.chat) history.push({role: 'assistant', content: r.body.textContent});
     const t = f.timings;
     r.meta.textContent = 'TTFT ' + t.ttft_ms.toFixed(1) + ' ms · TPOT ' + t.tpot_ms.toFixed(2) + ' ms · ' +
-      f.usage.completion_tokens + ' tokens · KV ' + t.kv_bytes + ' B in ' + t.kv_transfer_ms.toFixed(2) + ' ms · ' + f.finish_reason;
+      f.usage.completion_tokens + ' tokens · queue ' + t.queue_ms.toFixed(1) + ' ms · total ' + t.e2e_ms.toFixed(0) +
+      ' ms · KV ' + t.kv_bytes + ' B in ' + t.kv_transfer_ms.toFixed(2) + ' ms · ' + f.finish_reason;
     r.box.dataset.done = '1';
-    delete live[f.id];
+    finish(f.id);
   } else if (f.type === 'error') {
-    r.meta.textContent = 'error: ' + f.code + ': ' + f.message;
+    if (r.chat) history.pop();  // the turn that failed is not part of the conversation
+    r.meta.textContent = '';
+    showError(r, 'error: ' + f.code + ': ' + f.message);
     r.box.dataset.done = '1';
-    delete live[f.id];
+    finish(f.id);
   }
-};
-document.getElementById('f').onsubmit = (e) => {
-  e.preventDefault();
+}
+function send() {
   const text = document.getElementById('prompt').value;
+  if (!text.trim() || !ws || ws.readyState !== 1) return;
   const u = document.createElement('div'); u.className = 'msg user'; u.textContent = text; log.appendChild(u);
   const box = document.createElement('div'); box.className = 'msg answer';
   const body = document.createElement('span'); body.className = 'text';
@@ -71,16 +116,26 @@ document.getElementById('f').onsubmit = (e) => {
   const id = 'c' + (next++);
   const chat = !document.getElementById('raw').checked;
   live[id] = {box, body, meta, chat, t0: performance.now(), first: 0, count: 0};
+  stopButton.disabled = false;
   const frame = {type: 'generate', id, max_tokens: parseInt(document.getElementById('max').value, 10),
     temperature: parseFloat(document.getElementById('temp').value)};
   if (chat) {
     history.push({role: 'user', content: text});
-    frame.messages = history.slice();
+    const system = document.getElementById('system').value.trim();
+    frame.messages = (system ? [{role: 'system', content: system}] : []).concat(history);
   } else {
     frame.prompt = text;
   }
   ws.send(JSON.stringify(frame));
-};
+  document.getElementById('prompt').value = '';
+}
+document.getElementById('f').onsubmit = (e) => { e.preventDefault(); send(); };
+document.getElementById('prompt').addEventListener('keydown', (e) => {
+  if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
+});
+// Stop: cancels every answer in flight (the server ends each with finish_reason "cancelled").
+stopButton.onclick = () => { for (const id of Object.keys(live)) ws.send(JSON.stringify({type: 'cancel', id})); };
+connect();
 </script></body></html>
 )HTML";
 }
