@@ -8,11 +8,20 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <deque>
+#include <mutex>
 
 namespace tandem::oplog {
 namespace {
 
 std::atomic<format> g_format{format::text};
+
+// The timeline's events (a bounded ring: memory stays flat however long the server runs).
+struct ring {
+  std::mutex mu;
+  std::deque<recorded> events;
+  uint64_t next = 1;
+} g_ring;
 
 void json_escape(std::string& out, std::string_view s) {
   for (unsigned char c : s) {
@@ -96,6 +105,14 @@ void set_format(format f) {
 
 format current_format() { return g_format.load(); }
 
+std::vector<recorded> recent(uint64_t after_seq) {
+  std::lock_guard lk(g_ring.mu);
+  std::vector<recorded> out;
+  for (const auto& r : g_ring.events)
+    if (r.seq > after_seq) out.push_back(r);
+  return out;
+}
+
 std::string render(format f, std::string_view name, std::initializer_list<field> fields) {
   std::string out;
   switch (f) {
@@ -137,6 +154,15 @@ std::string render(format f, std::string_view name, std::initializer_list<field>
 }
 
 void event(level lvl, std::string_view name, std::initializer_list<field> fields) {
+  if (lvl != level::debug && name != "request" && name != "stats") {
+    recorded r;
+    r.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    r.json = render(format::json, name, fields);
+    std::lock_guard lk(g_ring.mu);
+    r.seq = g_ring.next++;
+    g_ring.events.push_back(std::move(r));
+    if (g_ring.events.size() > 256) g_ring.events.pop_front();
+  }
   const auto sl = lvl == level::debug  ? spdlog::level::debug
                   : lvl == level::info ? spdlog::level::info
                   : lvl == level::warn ? spdlog::level::warn

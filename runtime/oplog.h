@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tandem::oplog {
 
@@ -36,7 +37,16 @@ struct field {
 
 // Renders an event: `name k=v k="a b"` or `{"event":"name","k":v,...}` (no level, no time).
 std::string render(format f, std::string_view name, std::initializer_list<field> fields);
-// Logs it at `lvl` in the current format.
+// Logs it at `lvl` in the current format. Supervision events (all but `request`, `stats` and
+// debug ones) are also kept, the last 256, for the dashboard's timeline.
 void event(level lvl, std::string_view name, std::initializer_list<field> fields);
+
+struct recorded {
+  uint64_t seq = 0;     // 1, 2, ... in the order they happened
+  int64_t unix_ms = 0;  // when
+  std::string json;     // {"event": ..., fields...} (render(format::json, ...))
+};
+// The kept events after `seq`, oldest first.
+std::vector<recorded> recent(uint64_t after_seq = 0);
 
 }  // namespace tandem::oplog

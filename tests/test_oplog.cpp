@@ -63,3 +63,20 @@ TEST(Oplog, JsonFormatMakesEveryLineAnObject) {
   EXPECT_NE(line.find("recovered pool=decode"), std::string::npos) << line;
   EXPECT_EQ(line.find('{'), std::string::npos) << line;
 }
+
+TEST(Oplog, TheTimelineKeepsTheLastSupervisionEventsOnly) {
+  const uint64_t before = oplog::recent().empty() ? 0 : oplog::recent().back().seq;
+  oplog::event(oplog::level::info, "request", {{"id", 1}});  // not a supervision event
+  oplog::event(oplog::level::info, "stats", {{"running", 0}});
+  oplog::event(oplog::level::debug, "migrate_resume", {{"id", 1}});
+  oplog::event(oplog::level::warn, "restart", {{"actor", "decode-0"}});
+  auto got = oplog::recent(before);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(json::parse(got[0].json)["actor"], "decode-0");
+  EXPECT_GT(got[0].unix_ms, 0);
+  for (int i = 0; i < 300; ++i) oplog::event(oplog::level::warn, "restart", {{"n", i}});
+  got = oplog::recent();
+  EXPECT_EQ(got.size(), 256u);  // bounded
+  EXPECT_EQ(json::parse(got.back().json)["n"], 299);
+  EXPECT_EQ(got.back().seq, got.front().seq + 255);
+}

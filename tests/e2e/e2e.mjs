@@ -454,6 +454,38 @@ await check('chromium: chat page streams an answer; dashboard shows the workers'
   }
 });
 
+await check('chromium: dashboard plots move under load, a kill from the page shows in the timeline, usable at 390 px', async () => {
+  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ['--no-sandbox'] });
+  try {
+    const page = await browser.newPage({ viewport: { width: 390, height: 900 } });
+    await page.goto(`${base}/dashboard`);
+    await page.waitForSelector('tr.worker', { timeout: 10000 });
+    // Load while the feed ticks: the plots take a point a second and the tokens/s line rises.
+    let loading = true;
+    const load = (async () => {
+      while (loading) await fetch(`${base}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 32 }) });
+    })();
+    await page.waitForFunction(() => +document.getElementById('plot-tokens').dataset.points >= 3, null, { timeout: 20000 });
+    loading = false;
+    await load;
+    assert.match(await page.textContent('#legend-tokens'), /output [1-9]/, 'tokens/s plotted above 0');
+    // The metrics as a table with rates.
+    const metricRows = await page.$$eval('#metrics tr', (trs) => trs.map((t) => t.textContent));
+    assert.ok(metricRows.some((t) => t.startsWith('tandem_requests_total')), metricRows.slice(0, 5).join(' | '));
+    // Kill buttons wait for the admin key; a kill from the page appears in the timeline.
+    assert.equal(await page.$eval('tr.worker button.kill', (b) => b.disabled), true);
+    await page.fill('#adminkey', 'adm');
+    await page.waitForFunction(() => !document.querySelector('tr.worker button.kill').disabled);
+    await page.click('tr.worker button.kill[data-target="decode-0"]');
+    await page.waitForSelector('#timeline .ev[data-event="kill"]', { timeout: 10000 });
+    await page.waitForSelector('#timeline .ev[data-event="restart"]', { timeout: 10000 });
+    assert.match(await page.textContent('#timeline .ev[data-event="kill"]'), /actor=decode-0/);
+    assert.ok(await page.evaluate(() => document.documentElement.scrollWidth <= 390), 'no horizontal scroll at 390 px');
+  } finally {
+    await browser.close();
+  }
+});
+
 // Chaos through the server: the independent `ws` client streams 16 greedy requests while
 // workers and KV links are killed through /admin/kill; every stream must run 0, 1, 2, ...
 // with one final event and the same text as without faults; then nothing is held.

@@ -536,7 +536,21 @@ class http_session : public std::enable_shared_from_this<http_session> {
             {"in_flight", s.in_flight.load()},
             {"workers", workers},
             {"nodes", json::parse(st.cluster_nodes, nullptr, false)},
+            {"events", recent_events()},
             {"metrics", json::parse(s.pipe.metrics().to_json(), nullptr, false)}};
+  }
+
+  // The supervision events kept for the timeline (runtime/oplog), with their time and number.
+  static json recent_events() {
+    json out = json::array();
+    for (const auto& r : oplog::recent()) {
+      json e = json::parse(r.json, nullptr, false);
+      if (!e.is_object()) continue;
+      e["seq"] = r.seq;
+      e["unix_ms"] = r.unix_ms;
+      out.push_back(std::move(e));
+    }
+    return out;
   }
 
  private:

@@ -143,21 +143,39 @@ connect();
 std::string_view dashboard_page() {
   return R"HTML(<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>tandem dashboard</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
  body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
- header{padding:10px 16px;background:#1d2330;color:#fff;display:flex;gap:16px} header a{color:#9cc3ff}
- main{padding:16px;max-width:1100px;margin:auto}
- .tree{font-family:ui-monospace,monospace;background:#fff;padding:12px;border-radius:8px;box-shadow:0 1px 2px #0002}
- table{border-collapse:collapse;width:100%;background:#fff;margin-top:16px;box-shadow:0 1px 2px #0002}
- th,td{padding:6px 10px;border-bottom:1px solid #e3e6ea;text-align:right} th:first-child,td:first-child{text-align:left}
+ header{padding:10px 16px;background:#1d2330;color:#fff;display:flex;gap:12px;flex-wrap:wrap;align-items:center} header a{color:#9cc3ff}
+ header input{font:inherit;padding:2px 6px;width:140px}
+ main{padding:12px;max-width:1100px;margin:auto}
+ .tree{font-family:ui-monospace,monospace;background:#fff;padding:12px;border-radius:8px;box-shadow:0 1px 2px #0002;overflow-x:auto}
+ .tree pre{margin:0}
+ .plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:10px;margin-top:12px}
+ .plot{background:#fff;border-radius:8px;padding:8px;box-shadow:0 1px 2px #0002;min-width:0}
+ .plot h3{margin:0 0 4px;font-size:13px;font-weight:600} .plot canvas{width:100%;height:120px;display:block}
+ .legend{font-size:11px;color:#556}
+ .wrap{overflow-x:auto}
+ table{border-collapse:collapse;width:100%;background:#fff;margin-top:12px;box-shadow:0 1px 2px #0002}
+ th,td{padding:5px 8px;border-bottom:1px solid #e3e6ea;text-align:right} th:first-child,td:first-child{text-align:left}
  .bar{display:inline-block;height:8px;background:#2f6fde;vertical-align:middle}
+ button.kill{font:inherit;font-size:12px;padding:2px 8px;border:0;border-radius:4px;background:#b00020;color:#fff;cursor:pointer}
+ button.kill:disabled{opacity:.35;cursor:default}
+ #timeline{background:#fff;border-radius:8px;box-shadow:0 1px 2px #0002;margin-top:12px;padding:8px 12px;max-height:260px;overflow:auto;font-size:13px}
+ #timeline div{border-bottom:1px solid #eef0f3;padding:3px 0} .lv-warning{color:#8a5a00} .lv-error{color:#b00020;font-weight:600}
  #updated{margin-left:auto;font-size:12px;color:#ccd}
 </style></head>
-<body><header><b>tandem</b><span>live supervision tree</span><a href="/">chat</a><span id="updated">waiting for the feed…</span></header>
+<body><header><b>tandem</b><span>dashboard</span><a href="/">chat</a>
+<label>admin key <input id="adminkey" type="password" autocomplete="off"></label>
+<button class="kill" id="killrouter" data-target="router" disabled>kill router</button>
+<button class="kill" id="killstore" data-target="kv_store" disabled>kill KV store</button>
+<span id="updated">waiting for the feed…</span></header>
 <main><div class="tree" id="tree"></div>
-<table><thead><tr><th>worker</th><th>sequences / max batch</th><th>KV used / total</th><th>reserved</th><th>steps</th></tr></thead><tbody id="workers"></tbody></table>
-<table><thead><tr><th>request actor</th><th>state</th><th>prefill worker</th><th>decode worker</th><th>prompt tokens</th><th>max tokens</th></tr></thead><tbody id="requests"></tbody></table>
-<table><thead><tr><th>metric</th><th>value</th></tr></thead><tbody id="metrics"></tbody></table></main>
+<div class="plots" id="plots"></div>
+<h3>events</h3><div id="timeline"><i>no supervision events yet</i></div>
+<div class="wrap"><table><thead><tr><th>worker</th><th>sequences / max batch</th><th>KV used / total</th><th>reserved</th><th>steps</th><th></th></tr></thead><tbody id="workers"></tbody></table></div>
+<div class="wrap"><table><thead><tr><th>request actor</th><th>state</th><th>prefill worker</th><th>decode worker</th><th>prompt tokens</th><th>max tokens</th></tr></thead><tbody id="requests"></tbody></table></div>
+<div class="wrap"><table><thead><tr><th>metric</th><th>labels</th><th>value</th><th>rate /s</th></tr></thead><tbody id="metrics"></tbody></table></div></main>
 <script>
 const tree = document.getElementById('tree'), rows = document.getElementById('workers'), mrows = document.getElementById('metrics');
 const rrows = document.getElementById('requests');
@@ -213,18 +231,115 @@ function show(s) {
     const used = w.kv_free_blocks < 0 ? '?' : (w.kv_total_blocks - w.kv_free_blocks);
     const pct = w.kv_free_blocks < 0 ? 0 : 100 * used / Math.max(1, w.kv_total_blocks);
     return '<tr class="worker"><td>' + esc(w.name) + '</td><td>' + w.active + ' / ' + (w.max_batch || '–') + '</td><td><span class="bar" style="width:' + pct.toFixed(0) +
-      'px"></span> ' + used + ' / ' + w.kv_total_blocks + '</td><td>' + w.reserved_blocks + '</td><td>' + w.steps + '</td></tr>';
+      'px"></span> ' + used + ' / ' + w.kv_total_blocks + '</td><td>' + w.reserved_blocks + '</td><td>' + w.steps +
+      '</td><td><button class="kill" data-target="' + esc(w.name) + '"' + (keyInput.value ? '' : ' disabled') + '>kill</button></td></tr>';
   }).join('');
   rrows.innerHTML = listed.map(q => '<tr class="request"><td>' + q.id + '</td><td>' + esc(q.state) + '</td><td>' +
     esc(q.prefill_worker || '–') + '</td><td>' + esc(q.decode_worker || '–') + '</td><td>' + q.prompt_tokens + '</td><td>' +
     q.max_tokens + '</td></tr>').join('');
-  const m = [];
-  const walk = (o, p) => { for (const [k, v] of Object.entries(o || {})) { if (v !== null && typeof v === 'object') walk(v, p + k + '.'); else m.push([p + k, v]); } };
-  walk(s.metrics, '');
-  mrows.innerHTML = m.filter(([k]) => /queue|restart|reject|requests_total|kv_link|degraded|prefix|kv_store|direct|cluster/.test(k)).slice(0, 80)
-    .map(([k, v]) => '<tr><td>' + esc(k) + '</td><td>' + esc(v) + '</td></tr>').join('');
+  metricsTable(s.metrics || {});
+  timeline(s.events || []);
+  plot(s);
   document.getElementById('updated').textContent = 'updated ' + new Date().toLocaleTimeString();
 }
+// ---- the metrics as a table: name, labels, value, rate (from the previous feed)
+let lastValues = {}, lastAt = 0;
+function metricsTable(ms) {
+  const now = performance.now(), rows = [], values = {};
+  const add = (name, labels, v) => {
+    const key = name + JSON.stringify(labels);
+    values[key] = v;
+    const rate = lastAt && key in lastValues && name.endsWith('_total') ? (v - lastValues[key]) / ((now - lastAt) / 1000) : null;
+    const l = Object.entries(labels || {}).map(([k, x]) => k + '=' + x).join(', ');
+    rows.push('<tr><td>' + esc(name) + '</td><td>' + esc(l) + '</td><td>' + esc(+v.toFixed(3)) + '</td><td>' + (rate === null ? '' : rate.toFixed(2)) + '</td></tr>');
+  };
+  for (const kind of ['counters', 'gauges'])
+    for (const [name, series] of Object.entries(ms[kind] || {})) for (const x of series) add(name, x.labels, x.value);
+  for (const [name, series] of Object.entries(ms.histograms || {}))
+    for (const x of series) { add(name + '_count', x.labels, x.count); if (x.p50 !== null) add(name + ' p50', x.labels, x.p50); if (x.p90 !== null) add(name + ' p90', x.labels, x.p90); }
+  mrows.innerHTML = rows.join('');
+  lastValues = values; lastAt = now;
+}
+// ---- the supervision events (kills, restarts, migrations, degraded pools), newest first
+let seen = 0;
+const events = [];
+function timeline(list) {
+  for (const e of list) if (e.seq > seen) { events.unshift(e); seen = e.seq; }
+  events.splice(200);
+  if (!events.length) return;
+  document.getElementById('timeline').innerHTML = events.map(e => {
+    const f = Object.entries(e).filter(([k]) => !['event', 'seq', 'unix_ms', 'level'].includes(k)).map(([k, v]) => k + '=' + v).join(' ');
+    const lv = e.event === 'pool_degraded' ? 'error' : /kill|restart|down|lost|migrate/.test(e.event) ? 'warning' : 'info';
+    return '<div class="ev lv-' + lv + '" data-event="' + esc(e.event) + '">' + new Date(e.unix_ms).toLocaleTimeString() + ' <b>' + esc(e.event) + '</b> ' + esc(f) + '</div>';
+  }).join('');
+}
+// ---- plots over the last five minutes, drawn on canvases
+const series = {};  // plot -> line -> [values]
+let prevCounters = null, prevAt = 0;
+const plotDefs = [
+  ['queues', 'queue length'], ['running', 'requests by state'], ['tokens', 'tokens / s'], ['ttft', 'TTFT ms (p50, p90)'],
+  ['tpot', 'TPOT ms (p50, p90)'], ['kv', 'KV blocks used per worker'], ['kvbytes', 'KV bytes moved / s'], ['prefix', 'prefix-cache hit ratio']];
+const plotsDiv = document.getElementById('plots');
+plotsDiv.innerHTML = plotDefs.map(([id, title]) => '<div class="plot"><h3>' + title + '</h3><canvas id="plot-' + id + '" data-points="0"></canvas><div class="legend" id="legend-' + id + '"></div></div>').join('');
+function push(plotId, line, v) {
+  const p = series[plotId] = series[plotId] || {};
+  const a = p[line] = p[line] || [];
+  a.push(Number.isFinite(v) ? v : 0);
+  if (a.length > 300) a.shift();
+}
+function counter(ms, name) { let t = 0; for (const x of ((ms.counters || {})[name] || [])) t += x.value; return t; }
+function hist(ms, name, q) { const x = ((ms.histograms || {})[name] || [])[0]; return x && x[q] !== null ? x[q] * 1000 : 0; }
+function plot(s) {
+  const ms = s.metrics || {}, r = s.router || {requests: {}};
+  push('queues', 'prefill', r.prefill_queue); push('queues', 'decode', r.decode_queue);
+  for (const [state, n] of Object.entries(r.requests || {})) if (['queued', 'prefilling', 'decoding'].includes(state)) push('running', state, n);
+  const now = performance.now(), c = {prompt: counter(ms, 'tandem_prompt_tokens_total'), output: counter(ms, 'tandem_output_tokens_total'),
+    kv: counter(ms, 'tandem_kv_bytes_total'), cached: counter(ms, 'tandem_prompt_tokens_cached_total')};
+  if (prevCounters) {
+    const dt = (now - prevAt) / 1000;
+    push('tokens', 'prompt', (c.prompt - prevCounters.prompt) / dt); push('tokens', 'output', (c.output - prevCounters.output) / dt);
+    push('kvbytes', 'KV link', (c.kv - prevCounters.kv) / dt);
+    const dp = c.prompt - prevCounters.prompt;
+    push('prefix', 'cached / prompt', dp > 0 ? (c.cached - prevCounters.cached) / dp : 0);
+  }
+  prevCounters = c; prevAt = now;
+  push('ttft', 'p50', hist(ms, 'tandem_request_ttft_seconds', 'p50')); push('ttft', 'p90', hist(ms, 'tandem_request_ttft_seconds', 'p90'));
+  push('tpot', 'p50', hist(ms, 'tandem_request_tpot_seconds', 'p50')); push('tpot', 'p90', hist(ms, 'tandem_request_tpot_seconds', 'p90'));
+  for (const w of s.workers) push('kv', w.name, w.kv_total_blocks - w.kv_free_blocks);
+  const colors = ['#2f6fde', '#e07b00', '#18a058', '#b00020', '#7b3fe4', '#0097a7'];
+  for (const [id] of plotDefs) {
+    const cv = document.getElementById('plot-' + id), lines = series[id] || {};
+    const w = cv.width = cv.clientWidth * devicePixelRatio, h = cv.height = 120 * devicePixelRatio, g = cv.getContext('2d');
+    let max = 0, n = 0;
+    for (const a of Object.values(lines)) { for (const v of a) max = Math.max(max, v); n = Math.max(n, a.length); }
+    cv.dataset.points = n;
+    g.clearRect(0, 0, w, h); g.fillStyle = '#889'; g.font = (10 * devicePixelRatio) + 'px sans-serif';
+    g.fillText(max ? +max.toPrecision(3) : '0', 2, 10 * devicePixelRatio);
+    Object.entries(lines).forEach(([name, a], i) => {
+      g.strokeStyle = colors[i % colors.length]; g.lineWidth = 1.5 * devicePixelRatio; g.beginPath();
+      a.forEach((v, k) => { const x = w * (k + 300 - a.length) / 299, y = h - 2 - (max ? v / max : 0) * (h - 14 * devicePixelRatio);
+        k ? g.lineTo(x, y) : g.moveTo(x, y); });
+      g.stroke();
+    });
+    document.getElementById('legend-' + id).innerHTML = Object.keys(lines).map((name, i) =>
+      '<span style="color:' + colors[i % colors.length] + '">■</span> ' + esc(name) + ' ' + (+(lines[name].at(-1) || 0).toPrecision(3))).join(' &nbsp; ');
+  }
+}
+// ---- kill buttons (the fault-injection tester's workflow): enabled once the admin key is in
+const keyInput = document.getElementById('adminkey');
+keyInput.value = localStorage.getItem('tandem_admin_key') || '';
+function armButtons() { for (const b of document.querySelectorAll('button.kill')) b.disabled = !keyInput.value; }
+keyInput.oninput = () => { localStorage.setItem('tandem_admin_key', keyInput.value); armButtons(); };
+document.addEventListener('click', async (e) => {
+  const b = e.target.closest('button.kill');
+  if (!b || b.disabled) return;
+  b.disabled = true;
+  const r = await fetch('/admin/kill', {method: 'POST', headers: {Authorization: 'Bearer ' + keyInput.value}, body: JSON.stringify({kind: b.dataset.target})});
+  const j = await r.json().catch(() => ({}));
+  b.title = r.ok ? 'killed ' + j.name : 'refused: ' + ((j.error || {}).message || r.status);
+  setTimeout(armButtons, 500);
+});
+armButtons();
 const src = new EventSource('/dashboard/feed');
 src.onmessage = (e) => show(JSON.parse(e.data));
 </script></body></html>
