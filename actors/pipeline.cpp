@@ -427,6 +427,7 @@ void pipeline::publish_gauges(const pipeline_stats& s) {
     m.get_gauge("tandem_requests", "Requests the router tracks, by lifecycle state (queued: waiting for prefill)", {{"state", state}})
         .set(n);
   for (const auto& w : s.workers) {
+    if (w.kv_free_blocks < 0) continue;  // not known (yet)
     const metrics::labels l{{"worker", w.name}};
     m.get_gauge("tandem_worker_kv_free_blocks", "KV blocks free to take in the worker's pool (free, or kept only by the prefix cache)", l)
         .set(w.kv_free_blocks);

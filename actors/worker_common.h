@@ -58,6 +58,7 @@ struct worker_engine {
   bool busy = false;
   uint64_t steps = 0;      // steps started
   uint64_t finished = 0;   // steps whose result came back (progress, as heartbeats report it)
+  int32_t free_at_start = -1;  // the pool's free blocks when the step in flight began
   std::shared_ptr<fault_hooks> faults;
   std::shared_ptr<std::atomic<bool>> stopping = std::make_shared<std::atomic<bool>>(false);
   worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults) {  // (never null: init_worker)
@@ -84,6 +85,7 @@ struct worker_engine {
   // Posts the step; its result comes back to `self` as (step_atom, step_result_ptr).
   template <class Handle>
   void start(Handle self, step_work work) {
+    free_at_start = eng->available_blocks();  // what stats() shows while the step owns the pool
     busy = true;
     eng->set_busy(true);  // in a core share: the others leave this worker its floor from now
     ++steps;
@@ -105,13 +107,13 @@ struct worker_engine {
   void returned(const worker_options& o, const step_result& r, int32_t batch);
 
   // What a worker answers to stats_atom (the dashboard's row, the router's heartbeat). Its
-  // pool's free blocks are read only between steps (-1 during one: the compute thread owns the
-  // pool then). `ledger`: its credits, if any.
+  // pool's free blocks are read only between steps: during one (the compute thread owns the
+  // pool then) it says what they were when the step began. `ledger`: its credits, if any.
   worker_stats stats(const worker_options& o, const kv_credit_ledger* ledger, int32_t active) const {
     worker_stats s;
     s.name = o.name();
     s.kv_total_blocks = eng->kv_pool().total_blocks();
-    s.kv_free_blocks = busy ? -1 : eng->available_blocks();
+    s.kv_free_blocks = busy ? free_at_start : eng->available_blocks();
     if (ledger) s.reserved_blocks = ledger->reserved_blocks();
     s.active = active;
     if (ledger) s.max_batch = o.steps.max_batch;

@@ -466,6 +466,10 @@ await check('chromium: dashboard plots move under load, a kill from the page sho
       while (loading) await fetch(`${base}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 32 }) });
     })();
     await page.waitForFunction(() => +document.getElementById('plot-tokens').dataset.points >= 3, null, { timeout: 20000 });
+    // A busy worker's KV use is known (what it was when its step began), never '?'.
+    const kvShown = [];
+    for (let i = 0; i < 4; i++) { kvShown.push(await page.textContent('#workers')); await page.waitForTimeout(300); }
+    assert.ok(kvShown.every((t) => !t.includes('?')), kvShown.join(' | '));
     loading = false;
     await load;
     assert.match(await page.textContent('#legend-tokens'), /output [1-9]/, 'tokens/s plotted above 0');

@@ -305,7 +305,7 @@ function plot(s) {
   prevCounters = c; prevAt = now;
   push('ttft', 'p50', hist(ms, 'tandem_request_ttft_seconds', 'p50')); push('ttft', 'p90', hist(ms, 'tandem_request_ttft_seconds', 'p90'));
   push('tpot', 'p50', hist(ms, 'tandem_request_tpot_seconds', 'p50')); push('tpot', 'p90', hist(ms, 'tandem_request_tpot_seconds', 'p90'));
-  for (const w of s.workers) push('kv', w.name, w.kv_total_blocks - w.kv_free_blocks);
+  for (const w of s.workers) if (w.kv_free_blocks >= 0) push('kv', w.name, w.kv_total_blocks - w.kv_free_blocks);
   const colors = ['#2f6fde', '#e07b00', '#18a058', '#b00020', '#7b3fe4', '#0097a7'];
   for (const [id] of plotDefs) {
     const cv = document.getElementById('plot-' + id), lines = series[id] || {};
