@@ -484,6 +484,11 @@ await check('chromium: dashboard plots move under load, a kill from the page sho
     await page.waitForSelector('#timeline .ev[data-event="kill"]', { timeout: 10000 });
     await page.waitForSelector('#timeline .ev[data-event="restart"]', { timeout: 10000 });
     assert.match(await page.textContent('#timeline .ev[data-event="kill"]'), /actor=decode-0/);
+    // ... and a KV link's.
+    await page.waitForFunction(() => { const b = document.querySelector('tr.link button.kill'); return b && !b.disabled; }, null, { timeout: 10000 });
+    await page.click('tr.link button.kill[data-target="kv_link-p0-d0"]');
+    await page.waitForFunction(() => [...document.querySelectorAll('#timeline .ev[data-event="kill"]')].some((e) => /actor=kv_link-p0-d0/.test(e.textContent)),
+                               null, { timeout: 10000 });
     assert.ok(await page.evaluate(() => document.documentElement.scrollWidth <= 390), 'no horizontal scroll at 390 px');
   } finally {
     await browser.close();

@@ -234,6 +234,15 @@ function show(s) {
       'px"></span> ' + used + ' / ' + w.kv_total_blocks + '</td><td>' + w.reserved_blocks + '</td><td>' + w.steps +
       '</td><td><button class="kill" data-target="' + esc(w.name) + '"' + (keyInput.value ? '' : ' disabled') + '>kill</button></td></tr>';
   }).join('');
+  // A KV link per (prefill, decode) pair: kill buttons of their own (kv_link-pP-dD).
+  if (s.mode === 'disaggregated') {
+    const ps = s.workers.filter(w => w.name.startsWith('prefill-')), ds = s.workers.filter(w => w.name.startsWith('decode-'));
+    for (const p of ps) for (const d of ds) {
+      const name = 'kv_link-p' + p.name.split('-')[1] + '-d' + d.name.split('-')[1];
+      rows.innerHTML += '<tr class="link"><td>' + name + '</td><td></td><td></td><td></td><td></td><td><button class="kill" data-target="' +
+        name + '"' + (keyInput.value ? '' : ' disabled') + '>kill</button></td></tr>';
+    }
+  }
   rrows.innerHTML = listed.map(q => '<tr class="request"><td>' + q.id + '</td><td>' + esc(q.state) + '</td><td>' +
     esc(q.prefill_worker || '–') + '</td><td>' + esc(q.decode_worker || '–') + '</td><td>' + q.prompt_tokens + '</td><td>' +
     q.max_tokens + '</td></tr>').join('');
