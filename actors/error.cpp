@@ -1,5 +1,6 @@
 #include "actors/error.h"
 
+#include <caf/exit_reason.hpp>
 #include <caf/message.hpp>
 
 CAF_ERROR_CODE_ENUM(tandem::errc, "tandem")
@@ -37,6 +38,11 @@ void register_error_category(caf::actor_system_config& cfg) {
     if (ctx.size() == 1 && ctx.match_element<std::string>(0)) out += " (" + ctx.get_as<std::string>(0) + ")";
     return out;
   });
+}
+
+std::string exit_reason_text(const caf::error& reason) {
+  if (reason == caf::exit_reason::kill) return "killed";
+  return caf::to_string(reason);
 }
 
 }  // namespace tandem

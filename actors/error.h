@@ -12,6 +12,10 @@
 
 namespace tandem {
 
+// Why an actor exited, for the log: "killed" for a kill (fault injection, an admin), else what
+// CAF says (an exception, an error).
+std::string exit_reason_text(const caf::error& reason);
+
 // A status as caf::error: category "tandem", code = errc, context = the message.
 caf::error to_caf_error(const status& st);
 // Back from caf::error. CAF's own errors get the nearest code (a request that timed out:

@@ -1,5 +1,7 @@
 #include "actors/root.h"
 
+#include "actors/error.h"
+
 #include "runtime/oplog.h"
 
 namespace tandem {
@@ -44,7 +46,9 @@ void refuse(self_ptr self, const request_spec& spec, const subscriber_actor& sub
   err.code = errc::worker_failed;
   err.message = "the router failed too often and is not restarted for now (the server is degraded; it tries again by itself)";
   // Retrying helps once the backoff is over (HTTP Retry-After, the WebSocket's retry_after_ms).
-  const auto left = std::chrono::duration<double, std::milli>(self->state.recover_at - std::chrono::steady_clock::now()).count();
+  const auto left = std::chrono::duration<double, std::milli>(self->state.intensity.degraded_since() + self->state.intensity.backoff() -
+                                                       std::chrono::steady_clock::now())
+                         .count();
   err.retry_after_ms = std::max(1000.0, left);
   self->send(sub, std::move(err));
 }
@@ -73,7 +77,7 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
     st.pools.clear();
     prune(self);
     reg(self).get_counter("tandem_restarts_total", "Worker restarts by kind", {{"kind", "router"}}).inc();
-    const std::string reason = dm.reason == caf::exit_reason::kill ? std::string("killed") : caf::to_string(dm.reason);
+    const std::string reason = exit_reason_text(dm.reason);
     switch (st.intensity.failed(std::chrono::steady_clock::now())) {
       case restart_intensity::verdict::restart:
         // rest_for_one: its pools (and their workers) start again with it.
@@ -92,7 +96,6 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
                   {"recover_in_s", double(st.intensity.backoff().count()) / 1000}});
     st.opts.directory->close();
     router_degraded(self).set(1);
-    st.recover_at = std::chrono::steady_clock::now() + st.intensity.backoff();
     for (auto& p : st.forwarded) refuse(self, p.spec, p.sub);
     st.forwarded.clear();
     // Tried again later, by itself, after the policy's backoff.
@@ -130,7 +133,7 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
         oplog::event(oplog::level::info, "pool_recovered",
                      {{"pool", "router"},
                       {"degraded_s", std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                                   (st.recover_at - st.intensity.backoff()))
+                                                                   st.intensity.degraded_since())
                                          .count()}});
         router_degraded(self).set(0);
         reg(self)

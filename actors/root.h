@@ -47,7 +47,6 @@ struct root_state {
   std::deque<pending_submit> forwarded;  // not yet taken by the router
   uint64_t next_seq = 1;
   restart_intensity intensity;
-  std::chrono::steady_clock::time_point recover_at{};  // degraded: when it starts again
   static inline const char* name = "root";
 };
 

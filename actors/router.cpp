@@ -376,7 +376,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
     }
     const std::string name = worker_name(st.core->kind_of(w.side), w.worker.index).str();
     oplog::event(oplog::level::warn, "worker_down",
-                 {{"worker", name}, {"reason", dm.reason == caf::exit_reason::kill ? std::string("killed") : caf::to_string(dm.reason)}});
+                 {{"worker", name}, {"reason", exit_reason_text(dm.reason)}});
     st.down_since.emplace(name, std::chrono::steady_clock::now());
     on_event(self, sched::ev::worker_down{w.side, w.worker});
   });

@@ -1,5 +1,6 @@
 #include "actors/supervisor.h"
 
+#include "actors/error.h"
 #include "runtime/oplog.h"
 
 namespace tandem {
@@ -11,11 +12,6 @@ std::string child_name(const pool_options& o, int32_t i) {
   return o.kind == actor_kind::kv_store ? std::string("kv_store") : std::string(to_string(o.kind)) + "-" + std::to_string(i);
 }
 
-// "killed" for a kill (fault injection, an admin), else what CAF says (an exception, an error).
-std::string why(const caf::error& reason) {
-  if (reason == caf::exit_reason::kill) return "killed";
-  return caf::to_string(reason);
-}
 
 void set_degraded(self_ptr self, bool on) {
   auto& o = self->state.opts;
@@ -45,18 +41,17 @@ caf::behavior pool_supervisor(self_ptr self, pool_options opts, worker_spawner s
       c = nullptr;
       switch (st.intensity.failed(std::chrono::steady_clock::now())) {
         case restart_intensity::verdict::restart:
-          oplog::event(oplog::level::warn, "restart", {{"actor", child_name(st.opts, i)}, {"reason", why(dm.reason)}});
+          oplog::event(oplog::level::warn, "restart", {{"actor", child_name(st.opts, i)}, {"reason", exit_reason_text(dm.reason)}});
           c = st.spawn(self, i);
           return;
         case restart_intensity::verdict::degrade:
           oplog::event(oplog::level::error, "pool_degraded",
                        {{"pool", std::string(to_string(st.opts.kind))},
                         {"actor", child_name(st.opts, i)},
-                        {"reason", why(dm.reason)},
+                        {"reason", exit_reason_text(dm.reason)},
                         {"max_restarts", st.opts.max_restarts},
                         {"window_s", double(st.opts.window.count()) / 1000},
                         {"recover_in_s", double(st.intensity.backoff().count()) / 1000}});
-          st.degraded_at = std::chrono::steady_clock::now();
           set_degraded(self, true);
           if (st.intensity.backoff().count() > 0) self->delayed_send(self, st.intensity.backoff(), recover_atom::value);
           return;
@@ -74,7 +69,7 @@ caf::behavior pool_supervisor(self_ptr self, pool_options opts, worker_spawner s
         st.intensity.recover(std::chrono::steady_clock::now());
         oplog::event(oplog::level::info, "pool_recovered",
                      {{"pool", std::string(to_string(st.opts.kind))},
-                      {"degraded_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - st.degraded_at).count()}});
+                      {"degraded_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - st.intensity.degraded_since()).count()}});
         for (auto& [i, c] : *st.children)
           if (!c) c = st.spawn(self, i);
         set_degraded(self, false);

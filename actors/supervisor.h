@@ -41,7 +41,6 @@ struct pool_supervisor_state {
   // Shared with the exit hook, which runs after the state is gone.
   std::shared_ptr<std::map<int32_t, caf::actor>> children = std::make_shared<std::map<int32_t, caf::actor>>();
   restart_intensity intensity;
-  std::chrono::steady_clock::time_point degraded_at{};
   static inline const char* name = "pool_supervisor";
 };
 

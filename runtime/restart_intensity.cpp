@@ -18,6 +18,7 @@ restart_intensity::verdict restart_intensity::failed(clock::time_point now) {
     return verdict::restart;
   }
   degraded_ = true;
+  degraded_since_ = now;
   if (opts_.recover_after.count() == 0) {
     backoff_ = std::chrono::milliseconds(0);
     return verdict::degrade;

@@ -37,6 +37,9 @@ class restart_intensity {
   // Degraded: how long to wait before recover() (0: never by itself).
   std::chrono::milliseconds backoff() const { return backoff_; }
   bool degraded() const { return degraded_; }
+  // Degraded: since when (the failure that passed the intensity); its recovery is due at
+  // degraded_since() + backoff().
+  clock::time_point degraded_since() const { return degraded_since_; }
   // The wait is over: the failures are forgotten and children may start again.
   void recover(clock::time_point now);
 
@@ -44,6 +47,7 @@ class restart_intensity {
   options opts_;
   std::vector<clock::time_point> restarts_;  // within the window
   bool degraded_ = false;
+  clock::time_point degraded_since_{};
   std::chrono::milliseconds backoff_{0};  // the last wait (0: none yet)
   clock::time_point recovered_at_{};
 };

@@ -124,3 +124,12 @@ TEST(RestartIntensity, ZeroMaxRestartsDegradesAtTheFirstFailure) {
                                     {600, what::fail, verdict::degrade, 500},
                                 });
 }
+
+TEST(RestartIntensity, RemembersWhenItDegraded) {
+  restart_intensity ri(opts(1, 10000, 2000, 2000));
+  const auto t0 = restart_intensity::clock::time_point{} + 1h;
+  EXPECT_EQ(name(ri.failed(t0)), "restart");
+  EXPECT_EQ(name(ri.failed(t0 + 5ms)), "degrade");
+  EXPECT_EQ(name(ri.failed(t0 + 9ms)), "ignore");
+  EXPECT_EQ(ri.degraded_since(), t0 + 5ms);  // its recovery is due at degraded_since() + backoff()
+}
