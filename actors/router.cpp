@@ -13,6 +13,9 @@ namespace {
 using self_ptr = router_actor::stateful_pointer<router_state>;
 using sched::pool_side;
 
+// How long a stats ask waits for a worker before its last answer stands in (see stats_atom).
+constexpr auto stats_answer_within = std::chrono::milliseconds(250);
+
 void on_event(self_ptr self, const sched::event& e);
 
 template <class Handle>
@@ -281,7 +284,8 @@ void heartbeat(self_ptr self) {
     const auto side = w.side;
     const auto ref = w.worker;
     self->request(worker, timeout, stats_atom::value)
-        .then([self, side, ref](worker_stats& s) {
+        .then([self, side, ref, addr = addr](worker_stats& s) {
+                if (auto it = self->state.watched.find(addr); it != self->state.watched.end()) it->second.last = s;
                 on_event(self, sched::ev::heartbeat{side, ref, s.busy, s.finished_steps});
               },
               [self, side, ref](caf::error&) { on_event(self, sched::ev::heartbeat_missed{side, ref}); });
@@ -504,15 +508,22 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         auto rp = self->make_response_promise<std::vector<worker_stats>>();
         auto out = std::make_shared<std::vector<worker_stats>>();
         auto pending = std::make_shared<size_t>(0);
+        // A worker that does not answer soon (starting, busy, or far) is given as it last
+        // answered: an observer's snapshot (/health, /admin/state, the dashboard, the gauges)
+        // must not wait seconds for one remote worker. One that never answered is left out.
         auto ask = [self, rp, out, pending](auto handle) mutable {
           ++*pending;
-          self->request(handle, std::chrono::seconds(10), stats_atom::value)
+          const auto addr = handle.address();
+          self->request(handle, stats_answer_within, stats_atom::value)
               .then(
-                  [rp, out, pending](worker_stats& s) mutable {
+                  [self, rp, out, pending, addr](worker_stats& s) mutable {
+                    if (auto it = self->state.watched.find(addr); it != self->state.watched.end()) it->second.last = s;
                     out->push_back(std::move(s));
                     if (--*pending == 0) rp.deliver(*out);
                   },
-                  [rp, out, pending](caf::error&) mutable {
+                  [self, rp, out, pending, addr](caf::error&) mutable {
+                    if (auto it = self->state.watched.find(addr); it != self->state.watched.end() && it->second.last)
+                      out->push_back(*it->second.last);
                     if (--*pending == 0) rp.deliver(*out);
                   });
         };

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <optional>
 #include <random>
 
 #include "actors/cluster.h"
@@ -49,6 +50,9 @@ struct router_state {
   struct watched_worker {
     sched::pool_side side;
     sched::worker_ref worker;
+    // What it last answered (a heartbeat or a stats ask): the stats of a worker slow to answer
+    // (busy starting, or under load) so that an observer's snapshot waits for no one.
+    std::optional<worker_stats> last;
   };
   std::map<caf::actor_addr, watched_worker> watched;  // monitored workers, by address
   // When a worker died (by name: "decode-1"), until its replacement joins: the log's recovery time.

@@ -341,6 +341,72 @@ TEST_F(fixture, DecodeDeathDuringStreamingReservesElsewhere) {
   run();
 }
 
+// Stands in for a worker (a fake_prefill or fake_decode) that also answers stats: at once while
+// *slow is false, never while true (its promise is held: a worker busy starting, or far away).
+caf::behavior stats_worker(caf::event_based_actor* self, log_ptr log, std::string name, std::shared_ptr<bool> slow,
+                           std::shared_ptr<int32_t> free_blocks) {
+  caf::message_handler stats{
+      [=](stats_atom) -> caf::result<worker_stats> {
+        if (*slow) {
+          log->held.push_back(self->make_response_promise());
+          return caf::delegated<worker_stats>{};
+        }
+        worker_stats s;
+        s.name = name;
+        s.kv_free_blocks = *free_blocks;
+        return s;
+      },
+  };
+  caf::behavior fake = name.rfind("decode", 0) == 0 ? fake_decode(self, log) : fake_prefill(self, log, name);
+  return caf::behavior{stats.or_else(caf::message_handler{fake.as_behavior_impl()})};
+}
+
+// Asks the router for its workers' stats and records what comes back.
+caf::behavior stats_client(caf::event_based_actor* self, log_ptr log, router_actor router) {
+  self->request(router, caf::infinite, stats_atom::value)
+      .then([log](std::vector<worker_stats>& ws) {
+        std::sort(ws.begin(), ws.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+        std::string line = "stats:";
+        for (const auto& w : ws) line += " " + w.name + "=" + std::to_string(w.kv_free_blocks);
+        log->lines.push_back(line);
+      },
+      [log](caf::error& e) { log->lines.push_back("stats error " + caf::to_string(e)); });
+  return {[](int32_t) {}};
+}
+
+// The stats behind every observer (/health, /admin/state, the dashboard, the gauges) wait for
+// no worker: one slow to answer is given as it last answered, within a short bound (a remote
+// worker still starting once kept the whole snapshot seconds old under load).
+TEST_F(fixture, StatsGiveASlowWorkerAsItLastAnsweredWithoutWaitingForIt) {
+  auto log = std::make_shared<log_t>();
+  auto router = sys->spawn(router_behavior, disaggregated_router_options());
+  auto slow = std::make_shared<bool>(false);
+  auto free_p = std::make_shared<int32_t>(10), free_d = std::make_shared<int32_t>(20);
+  auto p0 = sys->spawn(stats_worker, log, std::string("prefill-0"), std::make_shared<bool>(false), free_p);
+  auto d0 = sys->spawn(stats_worker, log, std::string("decode-0"), slow, free_d);
+  caf::anon_send(router, join_atom::value, int32_t(0), caf::actor_cast<prefill_worker_actor>(p0));
+  caf::anon_send(router, join_atom::value, int32_t(0), caf::actor_cast<decode_worker_actor>(d0));
+  run();
+  auto c1 = sys->spawn(stats_client, log, router);
+  run();
+  ASSERT_EQ(log->count("stats:"), 1) << ::testing::PrintToString(log->lines);
+  EXPECT_EQ(log->count("stats: decode-0=20 prefill-0=10"), 1) << log->lines.back();
+
+  *slow = true;  // decode-0 stops answering; prefill-0 moves on
+  *free_p = 11;
+  *free_d = 5;
+  auto c2 = sys->spawn(stats_client, log, router);
+  run();
+  EXPECT_EQ(log->count("stats:"), 1) << "answered before the bound with a worker pending";
+  ASSERT_GT(sched->trigger_timeouts(), 0u);  // the stats ask's bound (and a heartbeat) passes
+  run();
+  EXPECT_EQ(log->count("stats: decode-0=20 prefill-0=11"), 1) << ::testing::PrintToString(log->lines);
+
+  log->held.clear();  // (a promise is delivered from inside its actor only)
+  for (auto a : {caf::actor_cast<caf::actor>(router), p0, d0, c1, c2}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  run();
+}
+
 // Every decode worker down: new requests are refused at once with worker_failed (HTTP 503),
 // not queued without bound; before any worker has joined, requests queue.
 TEST_F(fixture, NoHealthyWorkerOfANeededKindRefusesNewRequests) {
