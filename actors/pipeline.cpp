@@ -729,7 +729,8 @@ pipeline_stats pipeline::stats(size_t listed_requests) {
       .receive(
           [&](std::vector<worker_stats>& ws) {
             for (auto& w : ws)
-              out.workers.push_back({w.name, w.kv_total_blocks, w.kv_free_blocks, w.reserved_blocks, w.active, w.steps, w.max_batch});
+              out.workers.push_back({w.name, w.kv_total_blocks, w.kv_free_blocks, w.reserved_blocks, w.active, w.steps, w.max_batch,
+                                    w.busy, w.step_sequences, w.step_prefill_tokens});
           },
           [&](caf::error&) {});
   self->request(router, std::chrono::seconds(10), state_atom::value, int32_t(listed_requests))

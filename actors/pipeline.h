@@ -106,6 +106,8 @@ struct pipeline_stats {
     int32_t kv_total_blocks = 0, kv_free_blocks = 0, reserved_blocks = 0, active = 0;
     uint64_t steps = 0;
     int32_t max_batch = 0;
+    bool busy = false;  // in a step now
+    int32_t step_sequences = 0, step_prefill_tokens = 0;  // that step's (or the last one's)
   };
   std::vector<worker> workers;
   int64_t live_requests = 0;     // request actors alive

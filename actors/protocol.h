@@ -97,12 +97,15 @@ struct worker_stats {
   // Liveness (heartbeats): a worker busy with a step whose result does not come back is stalled.
   bool busy = false;
   uint64_t finished_steps = 0;
+  // Its step in flight (busy) or its last one: sequences in it, and prompt tokens it computes.
+  int32_t step_sequences = 0;
+  int32_t step_prefill_tokens = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_stats& x) {
   return f(caf::meta::type_name("worker_stats"), x.name, x.kv_total_blocks, x.kv_free_blocks, x.reserved_blocks,
-           x.active, x.max_batch, x.steps, x.busy, x.finished_steps);
+           x.active, x.max_batch, x.steps, x.busy, x.finished_steps, x.step_sequences, x.step_prefill_tokens);
 }
 
 using sched::router_view;  // its own view (for `state`)

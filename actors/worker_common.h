@@ -59,6 +59,8 @@ struct worker_engine {
   uint64_t steps = 0;      // steps started
   uint64_t finished = 0;   // steps whose result came back (progress, as heartbeats report it)
   int32_t free_at_start = -1;  // the pool's free blocks when the step in flight began
+  // The step in flight (or the last one): its sequences, and the prompt tokens it computes.
+  int32_t step_sequences = 0, step_prefill_tokens = 0;
   std::shared_ptr<fault_hooks> faults;
   std::shared_ptr<std::atomic<bool>> stopping = std::make_shared<std::atomic<bool>>(false);
   worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults) {  // (never null: init_worker)
@@ -86,6 +88,10 @@ struct worker_engine {
   template <class Handle>
   void start(Handle self, step_work work) {
     free_at_start = eng->available_blocks();  // what stats() shows while the step owns the pool
+    step_sequences = int32_t(work.imports.size() + work.decodes.size() + work.chunks.size());
+    step_prefill_tokens = 0;
+    for (const auto& c : work.chunks) step_prefill_tokens += int32_t(c.tokens.size());
+    for (const auto& im : work.imports) step_prefill_tokens += int32_t(im.feed.size());
     busy = true;
     eng->set_busy(true);  // in a core share: the others leave this worker its floor from now
     ++steps;
@@ -120,6 +126,8 @@ struct worker_engine {
     s.steps = steps;
     s.busy = busy;
     s.finished_steps = finished;
+    s.step_sequences = step_sequences;
+    s.step_prefill_tokens = step_prefill_tokens;
     return s;
   }
 };

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "runtime/oplog.h"
 #include "runtime/scheduler/router_core.h"
 
 namespace tandem::sched {
@@ -151,6 +152,18 @@ TEST_F(RouterCore, ColocatedWorkerDiesWhileDecodingTheRequestMigrates) {
   EXPECT_EQ(e->spec.resumed, 3);
   EXPECT_EQ(e->spec.prompt.size(), 43u);
   EXPECT_EQ(e->migrations, 1);
+  // Decoding again: the operator's log says where from, where to and what was carried, once.
+  const uint64_t before = oplog::recent().empty() ? 0 : oplog::recent().back().seq;
+  run({{ev::worker_state{1, pool_side::prefill, P(1), request_state::decoding}, {}, {{1, decoding_}}}});
+  run({{ev::worker_state{1, pool_side::prefill, P(1), request_state::decoding}, {}, {{1, decoding_}}}});
+  std::vector<nlohmann::json> moved;
+  for (const auto& r : oplog::recent(before))
+    if (auto j = nlohmann::json::parse(r.json); j["event"] == "migrated") moved.push_back(j);
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved[0]["from"], "colocated-0");
+  EXPECT_EQ(moved[0]["to"], "colocated-1");
+  EXPECT_EQ(moved[0]["tokens_carried"], 3);
+  EXPECT_GE(moved[0]["recovery_ms"].get<double>(), 0.0);
 }
 
 TEST_F(RouterCore, PrefillWorkerDiesMidPrefillTheRequestStartsAgainElsewhere) {

@@ -491,14 +491,29 @@ void router_core::handle(const ev::ship_started& s) {
   if (p.prefilled) p.shipping = true;
 }
 
+// A migrated request decodes again: where to, with how many of its tokens carried over, and how
+// long the move took (from its worker's death to decoding again).
+void router_core::moved(request_id id, entry& e, pool_side side, const worker_ref& to) {
+  if (e.moved_from.empty()) return;
+  oplog::event(oplog::level::info, "migrated",
+               {{"id", int64_t(id)},
+                {"from", e.moved_from},
+                {"to", worker_name(kind_of(side), to.index).str()},
+                {"tokens_carried", e.spec.resumed},
+                {"recovery_ms", std::chrono::duration<double, std::milli>(now_() - e.moved_at).count()}});
+  e.moved_from.clear();
+}
+
 void router_core::handle(const ev::worker_state& m) {
   if (m.state != request_state::decoding) return;  // the only state workers report here
   auto it = requests_.find(m.id);
   if (it == requests_.end()) return;
   auto& e = it->second;
   if (m.side == pool_side::prefill) {  // a colocated worker: prefilled and decoding in one place
-    if (e.current() == phase::prefilling && std::get<prefilling>(e.where).worker == m.worker)
+    if (e.current() == phase::prefilling && std::get<prefilling>(e.where).worker == m.worker) {
       e.where = decoding{pool_side::prefill, m.worker, {}};
+      moved(m.id, e, m.side, m.worker);
+    }
     return;
   }
   worker_ref prefill_worker;
@@ -516,6 +531,7 @@ void router_core::handle(const ev::worker_state& m) {
     }
   }
   e.where = decoding{pool_side::decode, m.worker, prefill_worker};
+  moved(m.id, e, m.side, m.worker);
 }
 
 void router_core::handle(const ev::prefill_load& m) {
@@ -735,12 +751,15 @@ void router_core::migrate(request_id id) {
     return;
   }
   ++e.migrations;
-  if (const auto* d = std::get_if<decoding>(&e.where))
+  if (const auto* d = std::get_if<decoding>(&e.where)) {
+    e.moved_from = worker_name(kind_of(d->side), d->worker.index).str();
+    e.moved_at = now_();
     oplog::event(oplog::level::info, "migrate",
                  {{"id", int64_t(id)},
-                  {"from", worker_name(kind_of(d->side), d->worker.index).str()},
+                  {"from", e.moved_from},
                   {"attempt", e.migrations},
                   {"prompt_tokens", int32_t(e.spec.prompt.size()) - e.spec.resumed}});
+  }
   // A lease its prefill worker may still hold for it ends; credits it holds on a live decode
   // worker (a failed transfer) go back. A dead worker's died with it.
   const bool disaggregated = cfg_.mode == serving_mode::disaggregated;
@@ -776,7 +795,6 @@ void router_core::handle(const ev::resume_answer& a) {
   prompt.insert(prompt.end(), a.generated->begin(), a.generated->end());
   e.spec.prompt = std::move(prompt);
   e.spec.resumed = int32_t(a.generated->size());
-  oplog::event(oplog::level::debug, "migrate_resume", {{"id", int64_t(a.id)}, {"tokens_carried", e.spec.resumed}});
   requeue_front(a.id, e);
   dispatch_prefill();
   dispatch_decode();

@@ -96,6 +96,10 @@ struct entry {
   int32_t store_tokens = 0;  // prompt tokens whose blocks the store holds (at its answer)
   bool direct_tried = false;  // sent straight to decode once, and that failed: prefill it
   bool paused = false;        // its client is behind (ev::pause): parked when other work waits
+  // Moved off a worker that died (migrate): from where and since when, until it decodes again
+  // (then the log's `migrated` event says where to, with the tokens carried and the time it took).
+  std::string moved_from;
+  clock::time_point moved_at{};
   clock::time_point dispatched{};
   phase current() const { return phase(where.index()); }
   // The request_state this phase shows as (the router's view; the request actor has its own).
@@ -274,6 +278,7 @@ class router_core {
   void requeue_front(request_id id, entry& e);
   void migrate(request_id id);
   void leave_worker(request_id id, const decoding& d);
+  void moved(request_id id, entry& e, pool_side side, const worker_ref& to);
   void drop_claim(request_id id, decode_claim& c);
   void open_link(int32_t p, int32_t d, bool decode_side_replaced);
   void stalled(pool_side side, const worker_ref& w);

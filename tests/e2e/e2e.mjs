@@ -470,6 +470,11 @@ await check('chromium: dashboard plots move under load, a kill from the page sho
     const kvShown = [];
     for (let i = 0; i < 4; i++) { kvShown.push(await page.textContent('#workers')); await page.waitForTimeout(300); }
     assert.ok(kvShown.every((t) => !t.includes('?')), kvShown.join(' | '));
+    // Each worker's current (or last) step: its sequences and the prompt tokens in it; the
+    // prefill worker's last step computed a prompt.
+    const steps = await page.$$eval('tr.worker', (trs) => trs.map((t) => t.cells[0].textContent + ': ' + t.querySelector('td.step').textContent));
+    assert.ok(steps.some((t) => /^prefill-\d+: (last: )?[1-9]\d*, [1-9]\d*$/.test(t)), steps.join(' | '));
+    assert.ok(steps.some((t) => /^decode-\d+: (last: )?[1-9]\d*, \d+$/.test(t)), steps.join(' | '));
     loading = false;
     await load;
     assert.match(await page.textContent('#legend-tokens'), /output [1-9]/, 'tokens/s plotted above 0');

@@ -506,7 +506,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
                          {"reserved_blocks", w.reserved_blocks},
                          {"active", w.active},
                          {"max_batch", w.max_batch},
-                         {"steps", w.steps}});
+                         {"steps", w.steps},
+                         {"busy", w.busy},
+                         {"step_sequences", w.step_sequences},
+                         {"step_prefill_tokens", w.step_prefill_tokens}});
     json by_state = json::object();
     int64_t tracked = 0;
     for (const auto& [name, n] : st.requests_by_state) {

@@ -173,7 +173,7 @@ std::string_view dashboard_page() {
 <main><div class="tree" id="tree"></div>
 <div class="plots" id="plots"></div>
 <h3>events</h3><div id="timeline"><i>no supervision events yet</i></div>
-<div class="wrap"><table><thead><tr><th>worker</th><th>sequences / max batch</th><th>KV used / total</th><th>reserved</th><th>steps</th><th></th></tr></thead><tbody id="workers"></tbody></table></div>
+<div class="wrap"><table><thead><tr><th>worker</th><th>sequences / max batch</th><th>KV used / total</th><th>reserved</th><th>step: sequences, prompt tokens</th><th>steps</th><th></th></tr></thead><tbody id="workers"></tbody></table></div>
 <div class="wrap"><table><thead><tr><th>request actor</th><th>state</th><th>prefill worker</th><th>decode worker</th><th>prompt tokens</th><th>max tokens</th></tr></thead><tbody id="requests"></tbody></table></div>
 <div class="wrap"><table><thead><tr><th>metric</th><th>labels</th><th>value</th><th>rate /s</th></tr></thead><tbody id="metrics"></tbody></table></div></main>
 <script>
@@ -222,7 +222,7 @@ function show(s) {
     pools[k].forEach((w, j) => {
       const used = w.kv_free_blocks < 0 ? '?' : (w.kv_total_blocks - w.kv_free_blocks);
       t += (lastPool ? '   ' : '│  ') + (j + 1 < pools[k].length ? '├─ ' : '└─ ') + esc(w.name) +
-        ': ' + (w.active > 0 ? 'busy' : 'idle') + ', ' + w.active + ' sequences' + (w.max_batch > 0 ? ' (batch ≤ ' + w.max_batch + ')' : '') + ', KV ' + used +
+        ': ' + (w.busy ? 'in a step of ' + w.step_sequences + ' sequences, ' + w.step_prefill_tokens + ' prompt tokens' : 'idle') + ', ' + w.active + ' sequences held' + (w.max_batch > 0 ? ' (batch ≤ ' + w.max_batch + ')' : '') + ', KV ' + used +
         '/' + w.kv_total_blocks + ' blocks\n';
     });
   });
@@ -231,7 +231,8 @@ function show(s) {
     const used = w.kv_free_blocks < 0 ? '?' : (w.kv_total_blocks - w.kv_free_blocks);
     const pct = w.kv_free_blocks < 0 ? 0 : 100 * used / Math.max(1, w.kv_total_blocks);
     return '<tr class="worker"><td>' + esc(w.name) + '</td><td>' + w.active + ' / ' + (w.max_batch || '–') + '</td><td><span class="bar" style="width:' + pct.toFixed(0) +
-      'px"></span> ' + used + ' / ' + w.kv_total_blocks + '</td><td>' + w.reserved_blocks + '</td><td>' + w.steps +
+      'px"></span> ' + used + ' / ' + w.kv_total_blocks + '</td><td>' + w.reserved_blocks + '</td><td class="step">' +
+      (w.busy ? '' : 'last: ') + w.step_sequences + ', ' + w.step_prefill_tokens + '</td><td>' + w.steps +
       '</td><td><button class="kill" data-target="' + esc(w.name) + '"' + (keyInput.value ? '' : ' disabled') + '>kill</button></td></tr>';
   }).join('');
   // A KV link per (prefill, decode) pair: kill buttons of their own (kv_link-pP-dD).
@@ -278,7 +279,7 @@ function timeline(list) {
   if (!events.length) return;
   document.getElementById('timeline').innerHTML = events.map(e => {
     const f = Object.entries(e).filter(([k]) => !['event', 'seq', 'unix_ms', 'level'].includes(k)).map(([k, v]) => k + '=' + v).join(' ');
-    const lv = e.event === 'pool_degraded' ? 'error' : /kill|restart|down|lost|migrate/.test(e.event) ? 'warning' : 'info';
+    const lv = e.event === 'pool_degraded' ? 'error' : /kill|restart|down|lost|migrate$/.test(e.event) ? 'warning' : 'info';
     return '<div class="ev lv-' + lv + '" data-event="' + esc(e.event) + '">' + new Date(e.unix_ms).toLocaleTimeString() + ' <b>' + esc(e.event) + '</b> ' + esc(f) + '</div>';
   }).join('');
 }
