@@ -11,9 +11,7 @@ using self_ptr = root_actor::stateful_pointer<root_state>;
 
 metrics::registry& reg(self_ptr self) { return *self->state.opts.router.request_ctx.metrics; }
 
-metrics::gauge& router_degraded(self_ptr self) {
-  return reg(self).get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", "router"}});
-}
+pool_health health(self_ptr self) { return {&reg(self), "router"}; }
 
 // A router, then the pools that serve it; submits it has not taken yet go to it in order.
 void start_router(self_ptr self) {
@@ -87,22 +85,15 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
       case restart_intensity::verdict::ignore:  // (not reached: no router runs while degraded)
         break;
     }
-    oplog::event(oplog::level::error, "pool_degraded",
-                 {{"pool", "router"},
-                  {"actor", "router"},
-                  {"reason", reason},
-                  {"max_restarts", st.opts.max_restarts},
-                  {"window_s", double(st.opts.window.count()) / 1000},
-                  {"recover_in_s", double(st.intensity.backoff().count()) / 1000}});
+    health(self).degraded("router", reason, st.opts.max_restarts, st.opts.window, st.intensity);
     st.opts.directory->close();
-    router_degraded(self).set(1);
     for (auto& p : st.forwarded) refuse(self, p.spec, p.sub);
     st.forwarded.clear();
     // Tried again later, by itself, after the policy's backoff.
     self->delayed_send(self, st.intensity.backoff(), recover_atom::value);
   });
   self->state.opts.directory->set_gateway(caf::actor_cast<caf::actor>(self));
-  router_degraded(self).set(0);
+  health(self).set(false);
   start_router(self);
   return {
       [self](submit_atom, request_spec& spec, subscriber_actor& sub) {
@@ -130,15 +121,7 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
         auto& st = self->state;
         if (!st.intensity.degraded()) return;
         st.intensity.recover(std::chrono::steady_clock::now());
-        oplog::event(oplog::level::info, "pool_recovered",
-                     {{"pool", "router"},
-                      {"degraded_s", std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                                   st.intensity.degraded_since())
-                                         .count()}});
-        router_degraded(self).set(0);
-        reg(self)
-            .get_counter("tandem_pool_recoveries_total", "Times a degraded pool started its workers again after its backoff", {{"pool", "router"}})
-            .inc();
+        health(self).recovered(st.intensity);
         st.opts.directory->reopen(caf::actor_cast<caf::actor>(self));
         start_router(self);
       },

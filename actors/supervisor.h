@@ -44,6 +44,20 @@ struct pool_supervisor_state {
   static inline const char* name = "pool_supervisor";
 };
 
+// A pool's health as operators see it, the same for worker pools, the KV store and the router
+// (the root's): the log's pool_degraded / pool_recovered events, the tandem_pool_degraded
+// gauge (0 from the start) and tandem_pool_recoveries_total. `metrics` may be null.
+struct pool_health {
+  metrics::registry* metrics = nullptr;
+  std::string pool;  // "prefill", "decode", "colocated", "kv_store", "router"
+  void set(bool degraded) const;
+  // Past its restart intensity (`max_restarts` in `window`), because `actor` died of `reason`.
+  void degraded(const std::string& actor, const std::string& reason, int32_t max_restarts,
+                std::chrono::milliseconds window, const restart_intensity& ri) const;
+  // Its backoff ended (call after ri.recover()).
+  void recovered(const restart_intensity& ri) const;
+};
+
 // Answers degraded_atom (bool); recover_atom ends a degradation now (its backoff sends it).
 caf::behavior pool_supervisor(caf::stateful_actor<pool_supervisor_state>* self, pool_options opts,
                               worker_spawner spawn);
