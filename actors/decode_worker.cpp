@@ -7,6 +7,16 @@ namespace {
 
 using self_ptr = decode_worker_actor::stateful_pointer<decode_worker_state>;
 
+// Auto mode: the prompt tokens this worker may compute itself now (its TPOT slack over its
+// fitted cost per token), at most one prefill step's budget; before its steps are measured,
+// two blocks' worth.
+int32_t local_prefill_tokens(const decode_worker_state& st) {
+  if (!st.slack) return 0;
+  const int32_t cap = st.opts.steps.prefill_token_budget;
+  if (!st.cost.ready() || st.cost.per_token_ms() <= 0) return std::min(cap, 2 * st.opts.kv.block_size);
+  return std::min(cap, st.slack->tokens(st.cost.per_token_ms()));
+}
+
 void report_load(self_ptr self) {
   auto& st = self->state;
   decode_worker_load l;
@@ -16,6 +26,7 @@ void report_load(self_ptr self) {
   l.total_blocks = st.ledger->total_blocks();
   l.batch_size = st.ledger->holders();  // reserved slots, streaming or decoding
   l.max_batch = st.opts.steps.max_batch;
+  l.local_prefill_tokens = st.reported_local = local_prefill_tokens(st);
   self->send(st.router, load_atom::value, l);
 }
 
@@ -103,6 +114,12 @@ void kick(self_ptr self) {
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
   st.we->returned(st.opts, r, int32_t(r.tokens.size()));
+  if (st.slack && r.error.ok()) {  // auto: what this step cost, and the slack its decodes have left
+    st.cost.observe(r.batch_tokens, r.ms);
+    int32_t fed = 0;  // prompts computed here: no output token waited on them yet
+    for (const auto& a : st.importing) fed += !a.feed.empty();
+    st.slack->step(int32_t(r.tokens.size()) - fed, r.ms);
+  }
   // Imports first: a refused block set ends its request and returns its credits.
   for (auto& a : st.importing) {
     auto im = std::find_if(r.imports.begin(), r.imports.end(), [&](auto& x) { return x.id == a.spec.id; });
@@ -156,6 +173,10 @@ void apply(self_ptr self, step_result& r) {
   for (const auto& t : r.tokens)
     if (auto* a = st.active.find(t.id); a && std::binary_search(held.begin(), held.end(), t.id))
       if (stream_token(self, *st.we->eng, *a, t.token, t.logprobs) != finish_reason::none) retire(self, t.id);
+  if (st.slack) {
+    if (st.active.size() == 0) st.slack->idle();
+    if (std::abs(local_prefill_tokens(st) - st.reported_local) >= st.opts.kv.block_size) report_load(self);
+  }
 }
 
 }  // namespace
@@ -163,6 +184,7 @@ void apply(self_ptr self, step_result& r) {
 decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::shared_ptr<const model> m,
                                                           worker_options opts, router_actor router) {
   init_worker(self->state, worker_kind::decode, std::move(m), std::move(opts), std::move(router));
+  if (self->state.opts.steps.local_prefill) self->state.slack.emplace(self->state.opts.steps.local_prefill_target_ms());
   report_load(self);
   return {
       [self](reserve_atom, request_id id, int32_t max_total_tokens) -> caf::result<bool> {
@@ -233,29 +255,33 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
         const size_t want = keys.size();
         auto rp = self->make_response_promise<bool>();
         auto sp = std::make_shared<request_spec>(std::move(spec));
-        const bool asked = fetch_from_store(
-            self, st.opts, std::move(keys),
-            [self, sp, req, rp, want, bs](const std::vector<block_key>&, kv_blocks_ptr blocks) mutable {
-              auto& st = self->state;
-              const size_t have = blocks ? blocks->size() : 0;
-              // Missing more than two blocks (evicted since the router looked, or the store
-              // died): a prefill worker computes it, not this worker's decode steps.
-              if (!st.ledger->holds(int64_t(sp->id)) || have + 2 < want) {
-                rp.deliver(refused("the store holds " + std::to_string(have) + " of the prompt's " + std::to_string(want) +
-                                   " blocks"));
-                return;
-              }
-              decode_worker_state::arrival a;
-              a.spec = *sp;
-              a.req = req;
-              if (have > 0) a.kv.push_back(std::move(blocks));
-              a.kv_tokens = int32_t(have) * bs;
-              a.feed.assign(sp->prompt.begin() + a.kv_tokens, sp->prompt.end());
-              a.promise = rp;
-              st.arrivals.push_back(std::move(a));
-              kick(self);
-            });
-        if (!asked) rp.deliver(refused("no host KV store"));
+        // With the store's blocks (if any): this worker computes the rest of the prompt when it
+        // is a tail of two blocks at most, or (auto mode) fits in its TPOT slack; otherwise a
+        // prefill worker computes it, not this worker's decode steps.
+        auto accept = [self, sp, req, rp, want, bs](kv_blocks_ptr blocks) mutable {
+          auto& st = self->state;
+          const size_t have = blocks ? blocks->size() : 0;
+          const int32_t missing = int32_t(sp->prompt.size()) - int32_t(have) * bs;
+          const int32_t may = std::max(2 * bs, local_prefill_tokens(st));
+          if (!st.ledger->holds(int64_t(sp->id)) || missing > may) {
+            rp.deliver(refused("the store holds " + std::to_string(have) + " of the prompt's " + std::to_string(want) +
+                               " blocks; " + std::to_string(missing) + " tokens are more than this worker computes now (" +
+                               std::to_string(may) + ")"));
+            return;
+          }
+          decode_worker_state::arrival a;
+          a.spec = *sp;
+          a.req = req;
+          if (have > 0) a.kv.push_back(std::move(blocks));
+          a.kv_tokens = int32_t(have) * bs;
+          a.feed.assign(sp->prompt.begin() + a.kv_tokens, sp->prompt.end());
+          a.promise = rp;
+          st.arrivals.push_back(std::move(a));
+          kick(self);
+        };
+        if (!fetch_from_store(self, st.opts, std::move(keys),
+                              [accept](const std::vector<block_key>&, kv_blocks_ptr blocks) mutable { accept(std::move(blocks)); }))
+          accept(nullptr);  // no store: all of it computed here, or refused
         return rp;
       },
       [self](kv_piece_atom, request_id id, uint32_t epoch, kv_blocks_ptr& kv) {

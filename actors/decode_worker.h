@@ -6,7 +6,10 @@
 #include <map>
 #include <set>
 
+#include <optional>
+
 #include "actors/worker_common.h"
+#include "runtime/scheduler/step_cost.h"
 
 namespace tandem {
 
@@ -43,6 +46,11 @@ struct decode_worker_state : worker_state_base {
   // to start the next one is on its way.
   std::chrono::steady_clock::time_point last_start;
   bool pace_pending = false;
+  // Auto mode (steps.local_prefill): its steps' fitted cost and its TPOT slack say how many
+  // prompt tokens it may compute itself (fetch with a feed); the figure last reported.
+  sched::step_cost_model cost;
+  std::optional<sched::tpot_slack> slack;
+  int32_t reported_local = 0;
   static inline const char* name = "decode_worker";
 };
 

@@ -217,9 +217,10 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
   auto& im = *impl_;
   im.cfg = std::move(cfg);
   const bool cluster = im.cfg.cluster.port >= 0;
-  if (cluster && im.cfg.pools.mode != serving_mode::disaggregated)
+  if (cluster && !splits_phases(im.cfg.pools.mode))
     throw failure(errc::invalid_argument, "a router process for other processes' workers serves disaggregated only");
   if (cluster) im.cfg.pools.prefill_workers = im.cfg.pools.decode_workers = 1;  // not started: checked as valid only
+  if (im.cfg.pools.mode == serving_mode::automatic) im.cfg.steps.local_prefill = true;
   if (im.cfg.pools.prefill_workers < 1 || im.cfg.pools.decode_workers < 1 || im.cfg.pools.colocated_workers < 1 ||
       im.cfg.pools.threads_per_worker < 1 || im.cfg.kv.block_size < 1 || im.cfg.steps.max_batch < 1)
     throw failure(errc::invalid_argument, "worker counts, threads, block size and batch size must be positive");
@@ -228,7 +229,9 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
     throw failure(errc::invalid_argument, "routing weights must be finite and not negative");
   im.mdl = im.cfg.model.loaded ? im.cfg.model.loaded
                         : model::load(im.cfg.model.path.empty() ? default_model_path() : im.cfg.model.path);
-  if (im.cfg.pools.share_cores && im.cfg.pools.mode == serving_mode::disaggregated && !cluster)
+  // Auto: the cores follow the work whenever both pools are in this process.
+  if ((im.cfg.pools.share_cores || im.cfg.pools.mode == serving_mode::automatic) && splits_phases(im.cfg.pools.mode) &&
+      !cluster)
     im.cores = std::make_shared<kernels::core_share>(
         (im.cfg.pools.prefill_workers + im.cfg.pools.decode_workers) * im.cfg.pools.threads_per_worker);
   im.sys_cfg.set("scheduler.max-threads", std::max(1, im.cfg.pools.scheduler_threads));
@@ -312,6 +315,7 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
     };
     switch (ip->cfg.pools.mode) {
       case serving_mode::disaggregated:
+      case serving_mode::automatic:
         add_pool(worker_kind::decode, ip->cfg.pools.decode_workers, decode_worker_behavior);
         add_pool(worker_kind::prefill, ip->cfg.pools.prefill_workers, prefill_worker_behavior);
         break;
@@ -625,6 +629,7 @@ std::string pipeline::kill(const std::string& kind_or_name, int index, std::chro
   std::vector<actor_kind> pick;
   switch (impl_->cfg.pools.mode) {
     case serving_mode::disaggregated:
+    case serving_mode::automatic:
       pick = {actor_kind::prefill, actor_kind::decode, actor_kind::kv_link, actor_kind::request};
       break;
     case serving_mode::colocated: pick = {actor_kind::colocated, actor_kind::request}; break;

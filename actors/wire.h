@@ -31,7 +31,7 @@ namespace tandem {
 
 // Bumped whenever a message type that crosses processes changes shape or meaning. A peer
 // with another version is refused at join time (actors/cluster.h), before any such message.
-constexpr uint32_t wire_version = 9;  // 9: worker_stats carries the current step's sequences and prompt tokens. 8: workers tell a request their name and its cached tokens. 7: request_spec carries its client. 6: sampling_params carries a grammar. 5: a decode worker takes (tick) (its pacing), step_settings carries tpot_target_ms and decode_pace_ms. 2: sampling_params carries logit_bias, stop tokens, min_tokens, penalties, logprobs; token_logprobs. 3: done carries finish_reason (an enum), errc travels as its value, refusals as caf::error. 4: the join is hello (version alone), then node_hello / node_welcome (inspected, not JSON); a node link is asked for by (p, d)
+constexpr uint32_t wire_version = 9;  // 9: worker_stats carries the current step's sequences and prompt tokens; decode_worker_load its local_prefill_tokens, step_settings local_prefill (auto mode). 8: workers tell a request their name and its cached tokens. 7: request_spec carries its client. 6: sampling_params carries a grammar. 5: a decode worker takes (tick) (its pacing), step_settings carries tpot_target_ms and decode_pace_ms. 2: sampling_params carries logit_bias, stop tokens, min_tokens, penalties, logprobs; token_logprobs. 3: done carries finish_reason (an enum), errc travels as its value, refusals as caf::error. 4: the join is hello (version alone), then node_hello / node_welcome (inspected, not JSON); a node link is asked for by (p, d)
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
@@ -69,7 +69,7 @@ typename Inspector::result_type inspect(Inspector& f, prefill_worker_load& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_worker_load& x) {
   return f(caf::meta::type_name("decode_worker_load"), x.worker, x.alive, x.free_blocks, x.total_blocks,
-           x.batch_size, x.max_batch);
+           x.batch_size, x.max_batch, x.local_prefill_tokens);
 }
 
 template <class Inspector>
@@ -102,7 +102,7 @@ typename Inspector::result_type inspect(Inspector& f, kv_settings& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_settings& x) {
   return f(caf::meta::type_name("step_settings"), x.matmul, x.chunk_size, x.prefill_token_budget,
-           x.colocated_token_budget, x.max_batch, x.tpot_target_ms, x.decode_pace_ms);
+           x.colocated_token_budget, x.max_batch, x.tpot_target_ms, x.decode_pace_ms, x.local_prefill);
 }
 
 // Announces every type above (and the handles and containers the messages hold) to an actor

@@ -26,11 +26,12 @@ std::string_view to_string(serving_mode m) {
   switch (m) {
     case serving_mode::disaggregated: return "disaggregated";
     case serving_mode::colocated: return "colocated";
+    case serving_mode::automatic: return "auto";
   }
   return "?";
 }
 std::optional<serving_mode> parse_serving_mode(std::string_view s) {
-  return parse_by_name(s, std::array{serving_mode::disaggregated, serving_mode::colocated});
+  return parse_by_name(s, std::array{serving_mode::disaggregated, serving_mode::colocated, serving_mode::automatic});
 }
 
 std::string_view to_string(worker_kind k) {

@@ -12,7 +12,14 @@ namespace tandem {
 
 // How a pipeline serves: prefill and decode on separate pools, or both in one (chunked
 // prefill mixed into decode steps).
-enum class serving_mode : uint8_t { disaggregated, colocated };
+// disaggregated: a prefill pool and a decode pool joined by KV links; colocated: workers that
+// do both (chunked prefill mixed into decode steps); automatic ("auto"): the disaggregated
+// pools, with each prompt placed by its uncached length (a short one is computed by the decode
+// worker it will decode on, inside that worker's TPOT slack; a long one by the prefill pool) and,
+// in one process, the workers sharing the cores.
+enum class serving_mode : uint8_t { disaggregated, colocated, automatic };
+// Whether the mode has a prefill and a decode pool (disaggregated and auto).
+constexpr bool splits_phases(serving_mode m) { return m != serving_mode::colocated; }
 std::string_view to_string(serving_mode m);
 std::optional<serving_mode> parse_serving_mode(std::string_view s);
 

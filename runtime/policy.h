@@ -102,6 +102,9 @@ struct decode_worker_load {
   int32_t total_blocks = 0;
   int32_t batch_size = 0;
   int32_t max_batch = 0;  // <= 0: no batch limit
+  // Auto mode: the prompt tokens it would compute itself now, inside its TPOT slack (a short
+  // uncached prompt is sent straight to it instead of to the prefill pool). 0: none.
+  int32_t local_prefill_tokens = 0;
 };
 
 class prefill_placement {

@@ -107,6 +107,12 @@ struct step_settings {
   // between (its tokens then come at about this interval: keep it under the TPOT target).
   // 0: from tpot_target_ms, or back to back without one.
   double decode_pace_ms = 0;
+  // Auto mode: decode workers compute short prompts themselves within their TPOT slack
+  // (runtime/scheduler/step_cost.h, tpot_slack) of tpot_target_ms, or of auto_tpot_target_ms
+  // without one.
+  bool local_prefill = false;
+  static constexpr double auto_tpot_target_ms = 50;
+  double local_prefill_target_ms() const { return tpot_target_ms > 0 ? tpot_target_ms : auto_tpot_target_ms; }
 
   static constexpr double colocated_step_share = 0.8;  // room for the p90 and the fit's error
   // Room for a decode step slowed by a prefill kernel still finishing on another core.

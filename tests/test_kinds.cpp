@@ -25,7 +25,7 @@ void round_trips(std::initializer_list<E> all, Parse parse) {
 }  // namespace
 
 TEST(Kinds, EveryKindRoundTripsByItsName) {
-  round_trips({serving_mode::disaggregated, serving_mode::colocated}, parse_serving_mode);
+  round_trips({serving_mode::disaggregated, serving_mode::colocated, serving_mode::automatic}, parse_serving_mode);
   round_trips({worker_kind::prefill, worker_kind::decode, worker_kind::colocated}, parse_worker_kind);
   round_trips({node_role::prefill, node_role::decode}, parse_node_role);
   round_trips({kv_transport_kind::handoff, kv_transport_kind::local, kv_transport_kind::shm, kv_transport_kind::channel},

@@ -132,11 +132,11 @@ void log_banner(const serve_options& o, const serving_config& cfg, pipeline& p, 
                 {"kv_blocks_per_worker", blocks},
                 {"kv_mib_per_worker", double(cfg.pools.kv_memory_bytes_per_worker) / double(1 << 20)},
                 {"mode", cluster ? std::string("router") : o.mode},
-                {"prefill_workers", cluster || o.mode != "disaggregated" ? 0 : o.prefill_workers},
-                {"decode_workers", cluster || o.mode != "disaggregated" ? 0 : o.decode_workers},
+                {"prefill_workers", cluster || o.mode == "colocated" ? 0 : o.prefill_workers},
+                {"decode_workers", cluster || o.mode == "colocated" ? 0 : o.decode_workers},
                 {"colocated_workers", cluster || o.mode != "colocated" ? 0 : o.colocated_workers},
                 {"threads_per_worker", o.threads},
-                {"shared_cores", o.share_cores},
+                {"shared_cores", o.share_cores || (o.mode == "auto" && !cluster)},
                 {"host", o.host},
                 {"port", int32_t(port)},
                 {"cluster_port", int32_t(cluster ? p.cluster_port() : 0)},
@@ -239,7 +239,7 @@ int run_serve(const serve_options& o) {
   cfg.pools.threads_per_worker = o.threads;
   cfg.pools.share_cores = o.share_cores;
   if (o.share_cores && cfg.pools.mode != serving_mode::disaggregated)
-    throw CLI::ValidationError("--share-cores", "is for --mode disaggregated");
+    throw CLI::ValidationError("--share-cores", "is for --mode disaggregated (auto shares the cores always)");
   cfg.pools.kv_blocks_per_worker = o.kv_blocks;
   cfg.pools.max_worker_restarts = o.max_worker_restarts;
   cfg.pools.recover_after = std::chrono::milliseconds(int64_t(o.recover_after_s * 1000));
@@ -333,7 +333,12 @@ void add_serve(CLI::App& app) {
                   "A Jinja chat template file to render chat messages with, instead of the model's own "
                   "tokenizer.chat_template")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--mode", o->mode, "disaggregated or colocated")->check(CLI::IsMember({"disaggregated", "colocated"}));
+  cmd->add_option("--mode", o->mode,
+                  "disaggregated (a prefill and a decode pool), colocated (workers that do both), or auto (the two "
+                  "pools sharing the cores; a short uncached prompt is computed by its decode worker within its TPOT "
+                  "slack of --tpot-target-ms, 50 when 0, a long one by the prefill pool)")
+      ->check(CLI::IsMember({"disaggregated", "colocated", "auto"}))
+      ->capture_default_str();
   cmd->add_option("--prefill-workers", o->prefill_workers, "Prefill workers (disaggregated)")->check(CLI::Range(1, 256));
   cmd->add_option("--decode-workers", o->decode_workers, "Decode workers (disaggregated)")->check(CLI::Range(1, 256));
   cmd->add_option("--colocated-workers", o->colocated_workers, "Workers (colocated)")->check(CLI::Range(1, 256));

@@ -207,7 +207,7 @@ void router_core::handle(const ev::submit& s) {
   // restarts a worker at once) or not joined yet (start-up) queues requests.
   const std::optional<pool_side> down =
       prefill_gone_ && none_alive(pool_side::prefill) ? std::optional(pool_side::prefill)
-      : cfg_.mode == serving_mode::disaggregated && decode_gone_ && none_alive(pool_side::decode)
+      : splits_phases(cfg_.mode) && decode_gone_ && none_alive(pool_side::decode)
           ? std::optional(pool_side::decode)
           : std::nullopt;
   if (down) {
@@ -254,7 +254,7 @@ void router_core::enqueue(request_id id, entry e, bool ask_the_store) {
 
 // Asks the host store how much of a new prompt it holds (the router's metadata query).
 void router_core::ask_store(request_id id, entry& e) {
-  if (!cfg_.store || cfg_.mode != serving_mode::disaggregated || e.spec.resumed != 0 || usable_full_tokens(e) == 0)
+  if (!cfg_.store || !splits_phases(cfg_.mode) || e.spec.resumed != 0 || usable_full_tokens(e) == 0)
     return;
   std::get<waiting>(e.where).asking_store = true;
   emit(cmd::ask_store{id, prompt_block_keys(cfg_.prefix_salt, e.spec.prompt, cfg_.block_size)});
@@ -272,11 +272,26 @@ void router_core::handle(const ev::store_answer& a) {
 
 // ---- dispatch ----
 
+// Auto mode: the decode worker (alive, with the most room) that would compute this prompt's
+// uncached part itself now, or -1 (the prefill pool computes it). Not for a request that was
+// refused there once, nor for a migrated one (its prompt carries its output: long).
+int32_t router_core::local_prefill_room(const entry& e) const {
+  if (cfg_.mode != serving_mode::automatic || e.direct_tried || e.spec.resumed != 0) return -1;
+  const int32_t uncached = prompt_len(e) - e.store_tokens;
+  int32_t best = -1;
+  for (size_t i = 0; i < decode_load_.size() && i < decode_.size(); ++i) {
+    const int32_t room = decode_load_[i].local_prefill_tokens;
+    if (decode_[i].alive && room >= uncached && (best < 0 || room > decode_load_[size_t(best)].local_prefill_tokens))
+      best = int32_t(i);
+  }
+  return best;
+}
+
 // Sends queued prompts to workers with room, chosen by the prefill placement policy. In
 // disaggregated mode a dispatched prompt also queues for decode credits right away: reserved
 // before its prefill ends, its KV streams to the decode worker while it is being computed.
 void router_core::dispatch_prefill() {
-  const bool disaggregated = cfg_.mode == serving_mode::disaggregated;
+  const bool disaggregated = splits_phases(cfg_.mode);
   park_paused();
   std::map<uint64_t, int32_t> in_service;
   if (!prefill_queue_.empty()) in_service = clients_in_service();
@@ -286,6 +301,20 @@ void router_core::dispatch_prefill() {
     auto& e = requests_.at(id);
     if (std::get<waiting>(e.where).asking_store) break;  // its turn: wait for the store's answer
     if (e.spec.client != 0) ++in_service[e.spec.client];  // (placed below, or nothing is)
+    if (const int32_t d = local_prefill_room(e); d >= 0) {
+      // Auto: its uncached part fits in a decode worker's TPOT slack: that worker computes it
+      // in its own steps (no prefill queue, no KV link); the figure is spent until it reports.
+      prefill_queue_.erase(pos);
+      prefill_queue_tokens_ -= prompt_len(e);
+      decode_load_[size_t(d)].local_prefill_tokens -= prompt_len(e) - e.store_tokens;
+      ++e.spec.epoch;
+      e.dispatched = now_();
+      e.where = direct{decode_claim{claim_state::queued}};
+      decode_queue_.push_back(id);
+      count("tandem_router_local_prefill_total",
+            "Requests whose prompt a decode worker computed itself (auto mode: a short uncached part, within its TPOT slack)");
+      continue;
+    }
     if (disaggregated && !e.direct_tried && e.spec.resumed == 0 && e.store_tokens > 0 &&
         e.store_tokens >= usable_full_tokens(e)) {
       // Its whole prompt (but the tail) is in the host store: a decode worker fetches it and
@@ -762,7 +791,7 @@ void router_core::migrate(request_id id) {
   }
   // A lease its prefill worker may still hold for it ends; credits it holds on a live decode
   // worker (a failed transfer) go back. A dead worker's died with it.
-  const bool disaggregated = cfg_.mode == serving_mode::disaggregated;
+  const bool disaggregated = splits_phases(cfg_.mode);
   switch (e.current()) {
     case phase::prefilling: {
       auto& p = std::get<prefilling>(e.where);
@@ -928,7 +957,7 @@ void router_core::handle(const ev::stranded_check&) {
   // A pool still empty seconds after its last worker died will not come back (degraded): the
   // requests that need it end with an error (HTTP 503) instead of waiting forever.
   const bool no_prefill = none_alive(pool_side::prefill);
-  const bool no_decode = cfg_.mode == serving_mode::disaggregated && none_alive(pool_side::decode);
+  const bool no_decode = splits_phases(cfg_.mode) && none_alive(pool_side::decode);
   if (!no_prefill && !no_decode) return;
   prefill_gone_ = prefill_gone_ || no_prefill;
   decode_gone_ = decode_gone_ || no_decode;
@@ -968,7 +997,7 @@ void router_core::handle(const ev::joined& m) {
     prefill_gone_ = false;
     prefill_load_[i] = {m.index, true, 0, 0};
     if (prefixes_) prefixes_->forget(m.index);  // a new worker: an empty cache
-    if (cfg_.mode == serving_mode::disaggregated)
+    if (splits_phases(cfg_.mode))
       for (size_t d = 0; d < decode_.size(); ++d)
         if (decode_[d].alive) open_link(m.index, int32_t(d), false);
     dispatch_prefill();

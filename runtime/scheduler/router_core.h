@@ -273,6 +273,7 @@ class router_core {
   bool work_waits() const;
   void park_paused();
   void ask_store(request_id id, entry& e);
+  int32_t local_prefill_room(const entry& e) const;
   void dispatch_prefill();
   void dispatch_decode();
   void requeue_front(request_id id, entry& e);

@@ -49,4 +49,15 @@ int32_t step_cost_model::tokens_within(double target_ms, int32_t lo, int32_t hi)
   return n >= hi ? hi : int32_t(n);
 }
 
+void tpot_slack::step(int32_t decodes, double ms) {
+  if (decodes <= 0) return idle();
+  if (!(ms >= 0) || !std::isfinite(ms)) return;
+  slack_ = std::clamp(slack_ + target_ - ms, -cap_, cap_);
+}
+
+int32_t tpot_slack::tokens(double per_token_ms) const {
+  if (slack_ <= 0 || !(per_token_ms > 0)) return 0;
+  return int32_t(std::min(1e6, std::floor(slack_ / per_token_ms)));
+}
+
 }  // namespace tandem::sched

@@ -36,4 +36,26 @@ class step_cost_model {
   bool ready_ = false;
 };
 
+// A decode worker's TPOT slack (auto mode): how much prompt work it may take into its own steps
+// without its sequences' time per output token going past the target. Every step with decodes
+// in it adds (target - the step's time): a batch that decodes faster than the target saves
+// slack, and a step slowed by a prompt spends it (debt below zero is paid back by the steps
+// after). With nothing decoding nobody waits: the slack is full. It is capped at `burst`
+// targets: the longest stall one prompt may cause its batch.
+class tpot_slack {
+ public:
+  explicit tpot_slack(double target_ms, double burst = 10) : target_(target_ms), cap_(target_ms * burst), slack_(cap_) {}
+  // A step ran: `decodes` sequences decoded in it, taking `ms` in all.
+  void step(int32_t decodes, double ms);
+  // Nothing decodes here any more.
+  void idle() { slack_ = cap_; }
+  double slack_ms() const { return slack_; }
+  double target_ms() const { return target_; }
+  // The prompt tokens it may compute now at `per_token_ms` each (0 when in debt).
+  int32_t tokens(double per_token_ms) const;
+
+ private:
+  double target_, cap_, slack_;
+};
+
 }  // namespace tandem::sched

@@ -418,7 +418,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
     // Pools past their restart intensity: not restarted any more (the router: until the root
     // starts it again after its backoff).
     const json degraded = st->degraded_pools;
-    const bool disagg = srv_->pipe.config().pools.mode == serving_mode::disaggregated;
+    const bool disagg = splits_phases(srv_->pipe.config().pools.mode);
     const bool workers_up = disagg ? prefill > 0 && decode > 0 : colocated > 0;
     const bool ready = !srv_->draining && workers_up && !st->router_degraded;
     const char* status = ready ? (degraded.empty() ? "ok" : "degraded") : !degraded.empty() ? "degraded" : "unavailable";

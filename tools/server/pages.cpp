@@ -236,7 +236,7 @@ function show(s) {
       '</td><td><button class="kill" data-target="' + esc(w.name) + '"' + (keyInput.value ? '' : ' disabled') + '>kill</button></td></tr>';
   }).join('');
   // A KV link per (prefill, decode) pair: kill buttons of their own (kv_link-pP-dD).
-  if (s.mode === 'disaggregated') {
+  if (s.mode === 'disaggregated' || s.mode === 'auto') {
     const ps = s.workers.filter(w => w.name.startsWith('prefill-')), ds = s.workers.filter(w => w.name.startsWith('decode-'));
     for (const p of ps) for (const d of ds) {
       const name = 'kv_link-p' + p.name.split('-')[1] + '-d' + d.name.split('-')[1];
