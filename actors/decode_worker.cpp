@@ -114,9 +114,9 @@ void kick(self_ptr self) {
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
   st.we->returned(st.opts, r, int32_t(r.tokens.size()));
+  int32_t fed = 0;  // prompts computed here: no output token waited on them yet
   if (st.slack && r.error.ok()) {  // auto: what this step cost, and the slack its decodes have left
     st.cost.observe(r.batch_tokens, r.ms);
-    int32_t fed = 0;  // prompts computed here: no output token waited on them yet
     for (const auto& a : st.importing) fed += !a.feed.empty();
     st.slack->step(int32_t(r.tokens.size()) - fed, r.ms);
   }
@@ -175,7 +175,8 @@ void apply(self_ptr self, step_result& r) {
       if (stream_token(self, *st.we->eng, *a, t.token, t.logprobs) != finish_reason::none) retire(self, t.id);
   if (st.slack) {
     if (st.active.size() == 0) st.slack->idle();
-    if (std::abs(local_prefill_tokens(st) - st.reported_local) >= st.opts.kv.block_size) report_load(self);
+    // The router spent the figure on the prompts it sent here: a fresh one after computing them.
+    if (fed > 0 || std::abs(local_prefill_tokens(st) - st.reported_local) >= st.opts.kv.block_size) report_load(self);
   }
 }
 

@@ -2,6 +2,7 @@
 // the tokens a lone engine gives; admission rejects and recovers; small KV pools make requests
 // wait, never drop; cancellation in any state frees everything; nothing leaks.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <map>
@@ -526,6 +527,53 @@ TEST(Pipeline, SharedCoresKeepOutputsExactThroughKills) {
     }
     expect_no_leaks(p);
   }
+}
+
+// Auto mode: a prompt whose uncached part fits in the decode worker's slack (at most one
+// prefill step's budget: 64 tokens here) is computed by the decode worker itself, a longer one
+// by the prefill pool (over the KV link); the tokens are a lone engine's either way, also
+// across a kill of the decode worker while short and long ones decode there.
+TEST(Pipeline, AutoModeComputesShortPromptsOnTheDecodeWorkerExactly) {
+  auto m = tiny();
+  serving_config cfg;
+  cfg.model.loaded = m;
+  cfg.pools.mode = serving_mode::automatic;
+  cfg.steps.prefill_token_budget = 64;
+  pipeline p(cfg);
+  auto counter = [&](const std::string& name) {  // summed over its labels
+    const auto j = nlohmann::json::parse(p.metrics().to_json());
+    double sum = 0;
+    if (j["counters"].contains(name))
+      for (const auto& x : j["counters"][name]) sum += x["value"].get<double>();
+    return sum;
+  };
+  // (Once the decode worker's first report is in: requests sent before it go to the prefill pool.)
+  ASSERT_EQ(p.submit({.prompt_tokens = prompt_of(10, 99, 300), .max_tokens = 4}).wait(30s).error, errc::ok);
+  std::vector<std::vector<token_id>> prompts;
+  std::vector<request_handle> hs;
+  const sampling_params greedy{.temperature = 0.0f};
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(prompt_of(i % 2 ? 20 + 3 * i : 120 + 9 * i, i, 300));  // short, long, short, ...
+    hs.push_back(p.submit({.prompt_tokens = prompts.back(), .max_tokens = 60, .sampling = greedy, .ignore_eos = true}));
+  }
+  std::vector<token_id> first;
+  request_event ev;
+  while (hs[0].next(ev, 10s)) {
+    if (ev.kind == event_kind::token && ev.token >= 0) first.push_back(ev.token);
+    if (first.size() >= 3) break;
+  }
+  ASSERT_TRUE(p.kill_worker(worker_kind::decode, 0));
+  for (size_t i = 0; i < hs.size(); ++i) {
+    auto r = hs[i].wait(30s);
+    ASSERT_EQ(r.error, errc::ok) << i << ": " << r.message;
+    if (i == 0) r.tokens.insert(r.tokens.begin(), first.begin(), first.end());
+    EXPECT_EQ(r.tokens, alone(*m, prompts[i], 60, greedy, true)) << "request " << i;
+  }
+  const double local = counter("tandem_router_local_prefill_total");
+  EXPECT_GE(local, 1) << "no short prompt was computed on the decode worker" << p.metrics().to_prometheus();
+  EXPECT_LE(local, 5) << "a long prompt was computed on the decode worker";  // (the first one's included)
+  EXPECT_GE(counter("tandem_kv_link_transfers_total"), 4) << "the long prompts went over the KV link";
+  expect_no_leaks(p);
 }
 
 // A request actor killed mid-decode: its reader gets an error, and everything it held is freed.

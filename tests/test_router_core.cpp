@@ -138,6 +138,32 @@ TEST_F(RouterCore, DisaggregatedLifecycle) {
   EXPECT_TRUE(core->decode_queue().empty());
 }
 
+// Auto: a prompt whose uncached part fits in the decode worker's reported slack goes straight
+// to it (no prefill, no link: it fetches with a feed); the figure is spent until the next
+// report; a longer one goes to the prefill pool; a refusal there falls back to prefill.
+TEST_F(RouterCore, AutoModePlacesShortPromptsOnTheirDecodeWorker) {
+  make(serving_mode::automatic, 1, 1);
+  const decode_worker_load slack{0, true, 100, 100, 0, 0, 64};  // it may compute 64 prompt tokens now
+  run({
+      {ev::decode_load{slack}, {}},
+      {ev::submit{spec(40)}, {"admit r1 @0", "reserve d0 r1 #1"}, {{1, direct_}}},
+      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"fetch d0 r1"}, {{1, direct_}}},
+      // 24 tokens of slack left until the worker reports again: 40 more go to the prefill pool.
+      {ev::submit{spec(40)}, {"admit r2 @0", "prefill p0 r2 e1", "reserve d0 r2 #2"}, {{2, prefilling_}}},
+      {ev::reserve_answer{2, 0, 2, ev::reply::granted}, {"ship p0->d0 r2"}},
+      {ev::decode_load{slack}, {}},
+      {ev::submit{spec(100)}, {"admit r3 @0", "prefill p0 r3 e1", "reserve d0 r3 #3"}, {{3, prefilling_}}},  // longer than the slack
+      {ev::reserve_answer{3, 0, 3, ev::reply::granted}, {"ship p0->d0 r3"}},
+      {ev::worker_state{1, pool_side::decode, D(0), request_state::decoding}, {}, {{1, decoding_}}},
+      {ev::submit{spec(30)}, {"admit r4 @0", "reserve d0 r4 #4"}, {{4, direct_}}},
+      {ev::reserve_answer{4, 0, 4, ev::reply::granted}, {"fetch d0 r4"}},
+      // The worker refused it after all (its slack was spent meanwhile): the prefill pool computes it.
+      {ev::fetch_answer{4, 1, false}, {"cancel d0 r4", "state r4 queued", "prefill p0 r4 e2", "reserve d0 r4 #5"},
+       {{4, prefilling_}}},
+  });
+  EXPECT_EQ(counter("tandem_router_local_prefill_total"), 2);
+}
+
 TEST_F(RouterCore, ColocatedWorkerDiesWhileDecodingTheRequestMigrates) {
   make(serving_mode::colocated, 2, 0);
   run({

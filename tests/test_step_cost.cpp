@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 using tandem::sched::step_cost_model;
@@ -72,3 +73,36 @@ TEST(StepCost, FollowsAMachineThatSlowsDown) {
 }
 
 }  // namespace
+
+namespace tandem::sched {
+namespace {
+
+// The TPOT slack of a decode worker (auto mode): (event in -> slack and tokens out).
+TEST(TpotSlack, DecodesFasterThanTheTargetSaveAndAPromptSpends) {
+  tpot_slack s(25, 10);  // 25 ms target; at most 250 ms of slack (one prompt's stall)
+  EXPECT_DOUBLE_EQ(s.slack_ms(), 250);  // nothing decodes yet: full
+  EXPECT_EQ(s.tokens(2.0), 125);        // 250 ms at 2 ms per prompt token
+  struct row { int32_t decodes; double ms; double slack; };
+  for (const row& r : std::vector<row>{
+           {4, 210, 65},     // a step slowed by a prompt spends what the batch had saved
+           {4, 15, 75},      // decoding in 15 ms with a 25 ms target saves 10 ms a step
+           {4, 200, -100},   // another prompt: in debt
+           {4, 400, -250},   // debt is capped too
+           {4, 5, -230},     // paid back by the steps after
+           {0, 100, 250},    // nothing decodes: nobody waits, full again
+           {2, 30, 245},     // a step slower than the target spends a little
+       }) {
+    s.step(r.decodes, r.ms);
+    EXPECT_DOUBLE_EQ(s.slack_ms(), r.slack) << r.decodes << " decodes, " << r.ms << " ms";
+  }
+  s.step(3, 400);  // in debt: no prompt is computed here
+  EXPECT_EQ(s.tokens(2.0), 0);
+  s.idle();
+  EXPECT_EQ(s.tokens(0.0), 0) << "no fitted cost per token: nothing";
+  EXPECT_EQ(s.tokens(3.0), 83);
+  s.step(2, std::nan(""));  // a bad clock changes nothing
+  EXPECT_DOUBLE_EQ(s.slack_ms(), 250);
+}
+
+}  // namespace
+}  // namespace tandem::sched
