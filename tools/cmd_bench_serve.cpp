@@ -227,9 +227,10 @@ void add_bench_compare(CLI::App* bench) {
   c->add_option("--modes", o->co.modes,
                 "tandem's modes to run: colocated (one worker, all threads), colocated-slo (the same, steps sized to "
                 "the TPOT SLO: --tpot-target-ms), disaggregated (a prefill and a decode worker, half each), shared "
-                "(those two sharing the cores: --share-cores, decode paced under the TPOT SLO)")
+                "(those two sharing the cores: --share-cores, decode paced under the TPOT SLO), auto (tandem serve --mode auto: "
+                "shared cores, short prompts computed by their decode worker within the TPOT SLO's slack)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"colocated", "colocated-slo", "disaggregated", "shared"}))
+      ->check(CLI::IsMember({"colocated", "colocated-slo", "disaggregated", "shared", "auto"}))
       ->capture_default_str();
   c->add_option("--against", o->against_urls,
                 "An OpenAI-compatible server already running (its base URL) to run the same trace against; every "

@@ -149,6 +149,10 @@ std::vector<std::string> serve_args(const compare_options& o, const std::string&
   if (mode == "colocated" || mode == "colocated-slo") {
     a.insert(a.end(), {"--mode", "colocated", "--colocated-workers", "1", "--threads", std::to_string(t)});
     if (mode == "colocated-slo" && !target.empty()) a.insert(a.end(), {"--tpot-target-ms", target});
+  } else if (mode == "auto") {  // the two pools sharing the cores; short prompts computed where they decode
+    a.insert(a.end(), {"--mode", "auto", "--prefill-workers", "1", "--decode-workers", "1", "--threads",
+                       std::to_string(std::max(1, t / 2))});
+    if (!target.empty()) a.insert(a.end(), {"--tpot-target-ms", target});
   } else {  // the same cores split between the pools (shared: each keeps its half while busy)
     a.insert(a.end(), {"--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1", "--threads",
                        std::to_string(std::max(1, t / 2))});
@@ -337,7 +341,7 @@ compare_result run_compare(const compare_options& o) {
   // The verdict, and why: what colocated decode steps lose to prefill, and what the split costs.
   res.explained_rate = explained_rate(res);
   res.verdict = modes_verdict(res, o);
-  for (const std::string& more : {shared_verdict(res, o), against_verdict(res, o)})
+  for (const std::string& more : {shared_verdict(res, o), auto_verdict(res, o), against_verdict(res, o)})
     if (!more.empty()) res.verdict += (res.verdict.empty() ? "" : ". ") + more;
   return res;
 }
@@ -422,6 +426,23 @@ std::string shared_verdict(const compare_result& res, const compare_options& o) 
     std::snprintf(buf, sizeof buf, "shared cores (disaggregated, each phase computing on the cores the other leaves) hold %s up to %.3g req/s, %s up to %.3g req/s%s",
                   slo_text(o).c_str(), s, other.c_str(), b, s > 0 && b > 0 ? (" (" + ratio(s, b) + ")").c_str() : "");
   }
+  return buf;
+}
+
+// Auto against the best of tandem's other modes that ran.
+std::string auto_verdict(const compare_result& res, const compare_options& o) {
+  if (!has_mode(o, "auto")) return "";
+  const double a = res.best_rate("auto");
+  std::string other;
+  double b = -1;
+  for (const std::string m : {"colocated", "colocated-slo", "disaggregated", "shared"})
+    if (has_mode(o, m) && res.best_rate(m) > b) b = res.best_rate(m), other = m;
+  char buf[512];
+  if (other.empty())
+    std::snprintf(buf, sizeof buf, "auto holds %s up to %.3g req/s", slo_text(o).c_str(), a);
+  else
+    std::snprintf(buf, sizeof buf, "auto (shared cores, short prompts computed where they decode) holds %s up to %.3g req/s, %s up to %.3g req/s%s",
+                  slo_text(o).c_str(), a, other.c_str(), b, a > 0 && b > 0 ? (" (" + ratio(a, b) + ")").c_str() : "");
   return buf;
 }
 

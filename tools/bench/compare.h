@@ -71,6 +71,7 @@ std::vector<std::string> contender_names(const compare_options& o);
 // servers against tandem's best mode.
 std::string modes_verdict(const compare_result& r, const compare_options& o);
 std::string shared_verdict(const compare_result& r, const compare_options& o);
+std::string auto_verdict(const compare_result& r, const compare_options& o);
 std::string against_verdict(const compare_result& r, const compare_options& o);
 // The lowest rate both modes ran at which exactly one holds the SLOs, else the highest both ran.
 double explained_rate(const compare_result& r);
