@@ -88,10 +88,13 @@ struct worker_engine {
   template <class Handle>
   void start(Handle self, step_work work) {
     free_at_start = eng->available_blocks();  // what stats() shows while the step owns the pool
-    step_sequences = int32_t(work.imports.size() + work.decodes.size() + work.chunks.size());
-    step_prefill_tokens = 0;
-    for (const auto& c : work.chunks) step_prefill_tokens += int32_t(c.tokens.size());
-    for (const auto& im : work.imports) step_prefill_tokens += int32_t(im.feed.size());
+    // (A step that only frees sequences leaves the last computing step's figures shown.)
+    if (const auto n = work.imports.size() + work.decodes.size() + work.chunks.size(); n > 0) {
+      step_sequences = int32_t(n);
+      step_prefill_tokens = 0;
+      for (const auto& c : work.chunks) step_prefill_tokens += int32_t(c.tokens.size());
+      for (const auto& im : work.imports) step_prefill_tokens += int32_t(im.feed.size());
+    }
     busy = true;
     eng->set_busy(true);  // in a core share: the others leave this worker its floor from now
     ++steps;

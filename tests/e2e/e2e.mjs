@@ -456,13 +456,14 @@ await check('chromium: chat page streams an answer; dashboard shows the workers'
 
 await check('chromium: dashboard plots move under load, a kill from the page shows in the timeline, usable at 390 px', async () => {
   const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ['--no-sandbox'] });
+  let loading = false, load = Promise.resolve();  // (stopped in finally: a failed check must not leave load behind)
   try {
     const page = await browser.newPage({ viewport: { width: 390, height: 900 } });
     await page.goto(`${base}/dashboard`);
     await page.waitForSelector('tr.worker', { timeout: 10000 });
     // Load while the feed ticks: the plots take a point a second and the tokens/s line rises.
-    let loading = true;
-    const load = (async () => {
+    loading = true;
+    load = (async () => {
       while (loading) await fetch(`${base}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 32 }) });
     })();
     await page.waitForFunction(() => +document.getElementById('plot-tokens').dataset.points >= 3, null, { timeout: 20000 });
@@ -496,6 +497,8 @@ await check('chromium: dashboard plots move under load, a kill from the page sho
                                null, { timeout: 10000 });
     assert.ok(await page.evaluate(() => document.documentElement.scrollWidth <= 390), 'no horizontal scroll at 390 px');
   } finally {
+    loading = false;
+    await load.catch(() => {});
     await browser.close();
   }
 });
