@@ -275,6 +275,9 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
           a.req = req;
           if (have > 0) a.kv.push_back(std::move(blocks));
           a.kv_tokens = int32_t(have) * bs;
+          // This worker computes its prompt (the part the store lacks): its request says so,
+          // with the tokens the store served as cached (usage, the log's request line).
+          self->send(req, state_atom::value, request_state::prefilling, st.opts.name(), a.kv_tokens);
           a.feed.assign(sp->prompt.begin() + a.kv_tokens, sp->prompt.end());
           a.promise = rp;
           st.arrivals.push_back(std::move(a));

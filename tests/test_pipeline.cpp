@@ -548,7 +548,12 @@ TEST(Pipeline, AutoModeComputesShortPromptsOnTheDecodeWorkerExactly) {
     return sum;
   };
   // (Once the decode worker's first report is in: requests sent before it go to the prefill pool.)
-  ASSERT_EQ(p.submit({.prompt_tokens = prompt_of(10, 99, 300), .max_tokens = 4}).wait(30s).error, errc::ok);
+  ASSERT_EQ(p.submit({.prompt_tokens = prompt_of(10, 98, 300), .max_tokens = 4}).wait(30s).error, errc::ok);
+  // A short one now: its decode worker computes it, and its request names it as such.
+  const auto warm = p.submit({.prompt_tokens = prompt_of(10, 99, 300), .max_tokens = 4}).wait(30s);
+  ASSERT_EQ(warm.error, errc::ok);
+  EXPECT_EQ(warm.timings.prefill_worker, "decode-0");
+  EXPECT_EQ(warm.timings.decode_worker, "decode-0");
   std::vector<std::vector<token_id>> prompts;
   std::vector<request_handle> hs;
   const sampling_params greedy{.temperature = 0.0f};
