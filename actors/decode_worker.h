@@ -4,9 +4,8 @@
 // has fully arrived, and retires finished ones. KV blocks are its credits: a request is only
 // sent here after reserve() promised the blocks for its whole length, so it never overcommits.
 #include <map>
-#include <set>
-
 #include <optional>
+#include <set>
 
 #include "actors/worker_common.h"
 #include "runtime/scheduler/step_cost.h"

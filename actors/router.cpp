@@ -270,6 +270,11 @@ void on_event(self_ptr self, const sched::event& e) {
   for (auto& c : commands) execute(self, c);
 }
 
+// A watched worker's latest stats (what the stats ask gives for it when it is slow to answer).
+void remember_stats(self_ptr self, const caf::actor_addr& addr, const worker_stats& s) {
+  if (auto it = self->state.watched.find(addr); it != self->state.watched.end()) it->second.last = s;
+}
+
 // Asks every worker for its progress; one that does not answer within the stall timeout is
 // stalled too (its actor, not only its step, is stuck). Links too: one that does not answer
 // in time is replaced at once (its transfers fail back to their leases and ship again over the
@@ -285,7 +290,7 @@ void heartbeat(self_ptr self) {
     const auto ref = w.worker;
     self->request(worker, timeout, stats_atom::value)
         .then([self, side, ref, addr = addr](worker_stats& s) {
-                if (auto it = self->state.watched.find(addr); it != self->state.watched.end()) it->second.last = s;
+                remember_stats(self, addr, s);
                 on_event(self, sched::ev::heartbeat{side, ref, s.busy, s.finished_steps});
               },
               [self, side, ref](caf::error&) { on_event(self, sched::ev::heartbeat_missed{side, ref}); });
@@ -517,7 +522,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
           self->request(handle, stats_answer_within, stats_atom::value)
               .then(
                   [self, rp, out, pending, addr](worker_stats& s) mutable {
-                    if (auto it = self->state.watched.find(addr); it != self->state.watched.end()) it->second.last = s;
+                    remember_stats(self, addr, s);
                     out->push_back(std::move(s));
                     if (--*pending == 0) rp.deliver(*out);
                   },

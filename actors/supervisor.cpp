@@ -12,7 +12,6 @@ std::string child_name(const pool_options& o, int32_t i) {
   return o.kind == actor_kind::kv_store ? std::string("kv_store") : std::string(to_string(o.kind)) + "-" + std::to_string(i);
 }
 
-
 pool_health health_of(self_ptr self) {
   return {self->state.opts.metrics.get(), std::string(to_string(self->state.opts.kind))};
 }

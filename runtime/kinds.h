@@ -10,9 +10,7 @@
 
 namespace tandem {
 
-// How a pipeline serves: prefill and decode on separate pools, or both in one (chunked
-// prefill mixed into decode steps).
-// disaggregated: a prefill pool and a decode pool joined by KV links; colocated: workers that
+// How a pipeline serves. disaggregated: a prefill pool and a decode pool joined by KV links; colocated: workers that
 // do both (chunked prefill mixed into decode steps); automatic ("auto"): the disaggregated
 // pools, with each prompt placed by its uncached length (a short one is computed by the decode
 // worker it will decode on, inside that worker's TPOT slack; a long one by the prefill pool) and,

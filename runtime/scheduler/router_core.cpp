@@ -287,6 +287,17 @@ int32_t router_core::local_prefill_room(const entry& e) const {
   return best;
 }
 
+// Out of the prefill queue (at `pos`) straight to a decode worker: a new attempt, queued for
+// decode credits; the worker it gets fetches the store's blocks and computes the rest.
+void router_core::send_direct(std::deque<request_id>::iterator pos, request_id id, entry& e) {
+  prefill_queue_.erase(pos);
+  prefill_queue_tokens_ -= prompt_len(e);
+  ++e.spec.epoch;
+  e.dispatched = now_();
+  e.where = direct{decode_claim{claim_state::queued}};
+  decode_queue_.push_back(id);
+}
+
 // Sends queued prompts to workers with room, chosen by the prefill placement policy. In
 // disaggregated mode a dispatched prompt also queues for decode credits right away: reserved
 // before its prefill ends, its KV streams to the decode worker while it is being computed.
@@ -304,13 +315,8 @@ void router_core::dispatch_prefill() {
     if (const int32_t d = local_prefill_room(e); d >= 0) {
       // Auto: its uncached part fits in a decode worker's TPOT slack: that worker computes it
       // in its own steps (no prefill queue, no KV link); the figure is spent until it reports.
-      prefill_queue_.erase(pos);
-      prefill_queue_tokens_ -= prompt_len(e);
       decode_load_[size_t(d)].local_prefill_tokens -= prompt_len(e) - e.store_tokens;
-      ++e.spec.epoch;
-      e.dispatched = now_();
-      e.where = direct{decode_claim{claim_state::queued}};
-      decode_queue_.push_back(id);
+      send_direct(pos, id, e);
       count("tandem_router_local_prefill_total",
             "Requests whose prompt a decode worker computed itself (auto mode: a short uncached part, within its TPOT slack)");
       continue;
@@ -319,12 +325,7 @@ void router_core::dispatch_prefill() {
         e.store_tokens >= usable_full_tokens(e)) {
       // Its whole prompt (but the tail) is in the host store: a decode worker fetches it and
       // computes the tail; no prefill worker, no KV link.
-      prefill_queue_.erase(pos);
-      prefill_queue_tokens_ -= prompt_len(e);
-      ++e.spec.epoch;
-      e.dispatched = now_();
-      e.where = direct{decode_claim{claim_state::queued}};
-      decode_queue_.push_back(id);
+      send_direct(pos, id, e);
       count("tandem_router_direct_to_decode_total",
             "Requests sent straight to a decode worker: their prompt's blocks were in the host store");
       continue;

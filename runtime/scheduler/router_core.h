@@ -274,6 +274,7 @@ class router_core {
   void park_paused();
   void ask_store(request_id id, entry& e);
   int32_t local_prefill_room(const entry& e) const;
+  void send_direct(std::deque<request_id>::iterator pos, request_id id, entry& e);
   void dispatch_prefill();
   void dispatch_decode();
   void requeue_front(request_id id, entry& e);

@@ -50,7 +50,6 @@ class tpot_slack {
   // Nothing decodes here any more.
   void idle() { slack_ = cap_; }
   double slack_ms() const { return slack_; }
-  double target_ms() const { return target_; }
   // The prompt tokens it may compute now at `per_token_ms` each (0 when in debt).
   int32_t tokens(double per_token_ms) const;
 
