@@ -47,7 +47,11 @@ admission_decision admission_policy::decide(const admission_config& config, cons
                                ? load.prefill_tokens_per_s * std::max(load.prefill_workers, 1)
                                : 0;
   const auto prefill_ms = [&](double tokens) { return tokens / pool_rate * 1000.0; };
-  const double predicted = pool_rate > 0 ? prefill_ms(double(queued + prompt)) : 0;
+  const bool local = load.local_prefill_tokens > 0 && prompt <= load.local_prefill_tokens;
+  const double predicted = pool_rate <= 0 ? 0
+                           : local        ? std::min(prefill_ms(double(queued + prompt)),
+                                                     prefill_ms(double(prompt)) + std::max(load.decode_step_ms, 0.0))
+                                          : prefill_ms(double(queued + prompt));
 
   // Prefill queue: the hint is the time to prefill the tokens that must leave before this fits.
   bool prefill_full = false;
@@ -83,9 +87,10 @@ admission_decision admission_policy::decide(const admission_config& config, cons
 
   if (config.ttft_budget_ms > 0 && pool_rate > 0 && predicted > config.ttft_budget_ms) {
     std::string message = "predicted time to first token " + num(predicted) + " ms exceeds the " +
-                          num(config.ttft_budget_ms) + " ms budget (" + num(double(queued)) +
-                          " queued prompt tokens + " + num(double(prompt)) + " for this prompt at " +
-                          num(pool_rate) + " tokens/s)";
+                          num(config.ttft_budget_ms) + " ms budget (" +
+                          (local ? std::string("computed by a decode worker: ")
+                                 : num(double(queued)) + " queued prompt tokens + ") +
+                          num(double(prompt)) + " for this prompt at " + num(pool_rate) + " tokens/s)";
     // Even on an idle pool this prompt would miss the budget: waiting cannot help.
     if (prefill_ms(double(prompt)) > config.ttft_budget_ms)
       return reject(reject_reason::ttft_budget, 0, predicted, std::move(message));

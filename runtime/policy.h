@@ -51,6 +51,9 @@ struct load_snapshot {
   // Rate at which requests leave the decode queue for a decode slot (EWMA); 0 = unknown yet.
   // Only feeds the retry hint of decode_queue_full: without it that hint is the default.
   double decode_admits_per_s = 0;
+  // Auto mode: the most prompt tokens a live decode worker would compute itself now (0: none).
+  // A prompt within it skips the prefill queue, so its TTFT is not predicted through that queue.
+  int32_t local_prefill_tokens = 0;
 };
 
 struct admission_decision {
@@ -77,7 +80,9 @@ class admission_policy {
   //  - a prompt larger than max_prefill_queue_tokens is admitted when no prompt tokens are queued
   //    (the token bound limits queue build-up; prompt length is max_prompt_tokens' job);
   //  - a prompt whose own prefill, on an idle pool, takes longer than the TTFT budget is rejected
-  //    with retry_after_ms = 0: no amount of waiting makes it meet the budget.
+  //    with retry_after_ms = 0: no amount of waiting makes it meet the budget;
+  //  - a prompt within load.local_prefill_tokens (auto mode) is predicted as its own prefill
+  //    plus one decode step, not behind the queued prompt tokens it will not wait for.
   // Zero live prefill workers are predicted as one (the router queues until one is back).
   virtual admission_decision decide(const admission_config& config, const load_snapshot& load,
                                     int32_t prompt_tokens) const;

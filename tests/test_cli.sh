@@ -268,8 +268,11 @@ ok = [r for r in reqs if r.get("status") == 200]
 assert len(ok) == 2 and {r["protocol"] for r in ok} == {"json", "sse"}, reqs
 for r in ok:
     assert r["endpoint"] == "/v1/completions" and r["output_tokens"] == 8 and r["finish"] == "length", r
-    assert r["ttft_ms"] >= 0 and r["e2e_ms"] > 0 and r["prefill_worker"] == "prefill-0" and r["decode_worker"] == "decode-0", r
-    assert r["prompt_tokens"] > 0 and r["kv_bytes"] > 0 and r["ref"].startswith("cmpl-"), r
+    assert r["ttft_ms"] >= 0 and r["e2e_ms"] > 0 and r["decode_worker"] == "decode-0", r
+    # The default (auto): a short prompt is computed by its decode worker (no KV moved), or by
+    # the prefill worker when that one is idle and the decode worker busy.
+    assert (r["prefill_worker"], r["kv_bytes"] > 0) in {("decode-0", False), ("prefill-0", True)}, r
+    assert r["prompt_tokens"] > 0 and r["ref"].startswith("cmpl-"), r
 bad = [r for r in reqs if r.get("status") == 400]
 assert len(bad) == 1 and bad[0]["error"] == "invalid_argument" and "bogus" in bad[0]["message"], reqs
 assert ev("kill")[0]["actor"] == "decode-0" and ev("kill")[0]["by"] == "/admin/kill", ev("kill")

@@ -122,6 +122,25 @@ TEST(Admission, Table) {
       {"prompt alone misses the TTFT budget: retrying will not help", cfg([](auto& c) { c.ttft_budget_ms = 100; }),
        load([](auto& l) { l.prefill_tokens_per_s = 1000; }), 500, false, reject_reason::ttft_budget, 0, 500,
        {"retrying will not help"}, {}},
+      // Auto mode: a prompt a decode worker computes itself does not wait behind the queue:
+      // 200 tokens at 1000 tokens/s + a 30 ms decode step = 230 ms, within 1000.
+      {"prompt within a decode worker's local room is predicted without the queue",
+       cfg([](auto& c) { c.ttft_budget_ms = 1000; }),
+       load([](auto& l) {
+         l.prefill_queue = 3; l.prefill_queue_tokens = 1500; l.prefill_tokens_per_s = 1000; l.decode_step_ms = 30;
+         l.local_prefill_tokens = 256;
+       }),
+       200, true, {}, 0, 230, {}, {}},
+      // One token past the room: behind the queue, (1500 + 257) tokens = 1757 ms.
+      {"prompt past the local room waits for the prefill queue", cfg([](auto& c) { c.ttft_budget_ms = 1000; }),
+       load([](auto& l) {
+         l.prefill_queue = 3; l.prefill_queue_tokens = 1500; l.prefill_tokens_per_s = 1000; l.decode_step_ms = 30;
+         l.local_prefill_tokens = 256;
+       }),
+       257, false, reject_reason::ttft_budget, 757, 1757, {"1500 queued prompt tokens"}, {}},
+      {"a local prompt that alone misses the budget is refused for good", cfg([](auto& c) { c.ttft_budget_ms = 100; }),
+       load([](auto& l) { l.prefill_tokens_per_s = 1000; l.decode_step_ms = 30; l.local_prefill_tokens = 256; }), 200,
+       false, reject_reason::ttft_budget, 0, 200, {"computed by a decode worker", "retrying will not help"}, {}},
       {"no prefill rate yet: no TTFT check", cfg([](auto& c) { c.ttft_budget_ms = 1; }),
        load([](auto& l) { l.prefill_queue = 100; l.prefill_queue_tokens = 100000; }), 100, true, {}, 0, 0, {}, {}},
       {"no live prefill worker is predicted as one", cfg([](auto& c) { c.ttft_budget_ms = 10000; }),

@@ -171,6 +171,8 @@ int run_compare_cmd(compare_opts o) {
     throw failure(errc::invalid_argument, "--against-name: more names than --against/--against-cmd servers");
   for (size_t i = 0; i < o.against_names.size(); ++i) o.co.against[i].name = o.against_names[i];
   if (o.co.modes.empty() && o.co.against.empty()) throw failure(errc::invalid_argument, "--modes: nothing to run");
+  if (o.co.rounds > 1 && o.co.rates.empty()) throw failure(errc::invalid_argument, "--rounds needs --rates (the same rates every round)");
+  if (o.co.rounds > 1 && o.co.with_chaos) throw failure(errc::invalid_argument, "--rounds and --with-chaos: run them apart");
   {
     auto names = bench::contender_names(o.co);
     std::sort(names.begin(), names.end());
@@ -251,6 +253,11 @@ void add_bench_compare(CLI::App* bench) {
   c->add_option("--seed", o->co.seed, "Trace seed")->capture_default_str();
   c->add_option("--matmul", o->matmul, "Passed to both servers' --matmul")->check(CLI::IsMember({"batch-invariant", "fastest"}));
   c->add_flag("--with-chaos", o->co.with_chaos, "Repeat each mode's best rate while killing a worker every 3 s");
+  c->add_option("--rounds", o->co.rounds,
+                "Interleaved rounds (every contender at every rate, then again): the table gives each figure's median "
+                "(needs --rates)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   c->add_option("--html", o->html, "Report file (default: bench-compare-TRACE.html)");
   c->add_option("--json", o->json_out, "Also write every run's results as JSON to this file");
   c->add_flag("--no-progress", o->no_progress, "No progress bars");

@@ -24,7 +24,7 @@ namespace tandem::cli {
 namespace {
 
 struct serve_options {
-  std::string model, model_name, chat_template_file, mode = "disaggregated", host = "127.0.0.1", api_key, admin_key, kv_transport = "local",
+  std::string model, model_name, chat_template_file, mode = "auto", host = "127.0.0.1", api_key, admin_key, kv_transport = "local",
               matmul = "batch-invariant", kv_dtype = "f16";
   int port = 8080, prefill_workers = 1, decode_workers = 1, colocated_workers = 1, threads = 1, io_threads = 2,
       max_worker_restarts = 5;
@@ -225,14 +225,16 @@ int run_serve(const serve_options& o) {
   if (!o.join.empty()) throw CLI::ValidationError("--join", "is for --role prefill or decode");
   serving_config cfg;
   if (o.role == "router") {
-    if (o.mode != "disaggregated") throw CLI::ValidationError("--role router", "serves disaggregated mode only");
+    // A cluster's nodes own their cores and compute no prompt on the decode side yet: auto (the
+    // default) is disaggregated there.
+    if (o.mode == "colocated") throw CLI::ValidationError("--role router", "serves disaggregated mode only");
     cfg.cluster = {o.cluster_port, o.cluster_host, enum_flag("--node-transport", parse_channel_mode(o.node_transport), o.node_transport),
                    std::chrono::milliseconds(o.heartbeat_timeout_ms)};
   }
   if (!o.kv_store_disk.empty() && o.kv_store_disk_mib <= 0)
     throw CLI::ValidationError("--kv-store-disk", "needs --kv-store-disk-mib > 0 (the size of the disk tier)");
   cfg.model.path = resolve_model_path(o.model);
-  cfg.pools.mode = enum_flag("--mode", parse_serving_mode(o.mode), o.mode);
+  cfg.pools.mode = o.role == "router" ? serving_mode::disaggregated : enum_flag("--mode", parse_serving_mode(o.mode), o.mode);
   cfg.pools.prefill_workers = o.prefill_workers;
   cfg.pools.decode_workers = o.decode_workers;
   cfg.pools.colocated_workers = o.colocated_workers;
@@ -334,13 +336,14 @@ void add_serve(CLI::App& app) {
                   "tokenizer.chat_template")
       ->check(CLI::ExistingFile);
   cmd->add_option("--mode", o->mode,
-                  "disaggregated (a prefill and a decode pool), colocated (workers that do both), or auto (the two "
-                  "pools sharing the cores; a short uncached prompt is computed by its decode worker within its TPOT "
-                  "slack of --tpot-target-ms, 50 when 0, a long one by the prefill pool)")
+                  "auto (the default: a prefill and a decode pool sharing the cores; a short uncached prompt is "
+                  "computed by its decode worker within its TPOT slack of 0.8 x --tpot-target-ms, 50 when 0, unless a "
+                  "prefill worker is idle, a long one by the prefill pool; with --role router: disaggregated), "
+                  "disaggregated (the two pools, each owning its --threads), or colocated (workers that do both)")
       ->check(CLI::IsMember({"disaggregated", "colocated", "auto"}))
       ->capture_default_str();
-  cmd->add_option("--prefill-workers", o->prefill_workers, "Prefill workers (disaggregated)")->check(CLI::Range(1, 256));
-  cmd->add_option("--decode-workers", o->decode_workers, "Decode workers (disaggregated)")->check(CLI::Range(1, 256));
+  cmd->add_option("--prefill-workers", o->prefill_workers, "Prefill workers (auto, disaggregated)")->check(CLI::Range(1, 256));
+  cmd->add_option("--decode-workers", o->decode_workers, "Decode workers (auto, disaggregated)")->check(CLI::Range(1, 256));
   cmd->add_option("--colocated-workers", o->colocated_workers, "Workers (colocated)")->check(CLI::Range(1, 256));
   cmd->add_option("-t,--threads", o->threads, "Compute threads per worker")->check(CLI::Range(1, 1024));
   cmd->add_flag("--share-cores,!--no-share-cores", o->share_cores,

@@ -154,6 +154,9 @@ load_snapshot router_core::load() const {
   s.decode_step_ms = tpot_.has_value() ? tpot_.value() : 0;
   s.context_length = cfg_.context_length;
   s.decode_admits_per_s = decode_admits_.has_value() ? decode_admits_.value() : 0;
+  if (cfg_.mode == serving_mode::automatic)
+    for (size_t i = 0; i < decode_load_.size() && i < decode_.size(); ++i)
+      if (decode_[i].alive) s.local_prefill_tokens = std::max(s.local_prefill_tokens, decode_load_[i].local_prefill_tokens);
   return s;
 }
 
@@ -275,14 +278,21 @@ void router_core::handle(const ev::store_answer& a) {
 // Auto mode: the decode worker (alive, with the most room) that would compute this prompt's
 // uncached part itself now, or -1 (the prefill pool computes it). Not for a request that was
 // refused there once, nor for a migrated one (its prompt carries its output: long).
+// A prompt computed in a decode step stalls that worker's whole batch for it, where an idle
+// prefill worker computes it beside the batch on the shared cores: so a worker that is decoding
+// takes it only when no prefill worker is idle (the prompt would wait behind others there,
+// which is what placement saves). One with nothing to decode stalls nobody and takes it.
 int32_t router_core::local_prefill_room(const entry& e) const {
   if (cfg_.mode != serving_mode::automatic || e.direct_tried || e.spec.resumed != 0) return -1;
+  bool prefill_idle = false;
+  for (size_t i = 0; i < prefill_load_.size() && i < prefill_.size(); ++i)
+    prefill_idle = prefill_idle || (prefill_[i].alive && prefill_load_[i].queued_requests == 0);
   const int32_t uncached = prompt_len(e) - e.store_tokens;
   int32_t best = -1;
   for (size_t i = 0; i < decode_load_.size() && i < decode_.size(); ++i) {
-    const int32_t room = decode_load_[i].local_prefill_tokens;
-    if (decode_[i].alive && room >= uncached && (best < 0 || room > decode_load_[size_t(best)].local_prefill_tokens))
-      best = int32_t(i);
+    const auto& l = decode_load_[i];
+    if (!decode_[i].alive || l.local_prefill_tokens < uncached || (prefill_idle && l.batch_size > 0)) continue;
+    if (best < 0 || l.local_prefill_tokens > decode_load_[size_t(best)].local_prefill_tokens) best = int32_t(i);
   }
   return best;
 }

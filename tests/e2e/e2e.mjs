@@ -613,7 +613,10 @@ await check('tandem bench serve: figures present and consistent (openai and ws)'
     assert.ok(r.e2e_s.p50 >= r.ttft_s.p50);
     assert.ok(r.request_throughput > 0 && r.output_tokens_per_s > 0 && r.prompt_tokens_per_s > 0);
     assert.ok(r.goodput <= r.request_throughput + 1e-9 && r.slo_attainment >= 0 && r.slo_attainment <= 1);
-    assert.ok(r.server.kv_bytes_moved > 0 && r.server.kv_transfers >= 12, `${api}: KV moved`);
+    // The default (auto) computes a short prompt on its decode worker when that pays (no KV link);
+    // every other prompt crosses the link, and this trace's long ones do.
+    assert.ok(r.server.kv_bytes_moved > 0 && r.server.kv_transfers + r.server.local_prefills >= 12,
+              `${api}: KV moved ${JSON.stringify(r.server)}`);
     assert.ok(r.server.prompt_tokens_computed > 0 && r.server.prompt_tokens_computed <= r.server.prompt_tokens,
               `${api}: prompt tokens computed ${r.server.prompt_tokens_computed}`);
     assert.equal(r.server.weight_duplication_factor, 1);

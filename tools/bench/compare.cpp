@@ -253,10 +253,56 @@ std::vector<std::string> contender_names(const compare_options& o) {
   return n;
 }
 
+namespace {
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// One contender at one rate over several rounds: the round whose goodput is the median (its
+// outcomes feed the report's CDFs), with each figure of the table replaced by its median.
+mode_run median_run(const std::vector<const mode_run*>& rounds, const compare_options& o) {
+  std::vector<const mode_run*> by_goodput = rounds;
+  std::sort(by_goodput.begin(), by_goodput.end(),
+            [](auto* a, auto* b) { return a->report.figures.goodput < b->report.figures.goodput; });
+  mode_run m = *by_goodput[by_goodput.size() / 2];
+  auto med = [&](auto field) {
+    std::vector<double> v;
+    for (auto* r : rounds) v.push_back(field(r->report.figures));
+    return median_of(std::move(v));
+  };
+  auto& f = m.report.figures;
+  f.goodput = med([](const run_figures& x) { return x.goodput; });
+  f.request_throughput = med([](const run_figures& x) { return x.request_throughput; });
+  f.slo_attainment = med([](const run_figures& x) { return x.slo_attainment; });
+  f.failed = int64_t(med([](const run_figures& x) { return double(x.failed); }));
+  f.ttft_s.p50 = med([](const run_figures& x) { return x.ttft_s.p50; });
+  f.ttft_s.p90 = med([](const run_figures& x) { return x.ttft_s.p90; });
+  f.tpot_s.p50 = med([](const run_figures& x) { return x.tpot_s.p50; });
+  f.tpot_s.p90 = med([](const run_figures& x) { return x.tpot_s.p90; });
+  if (m.report.server.is_object()) {
+    std::vector<double> h;
+    for (auto* r : rounds)
+      if (r->report.server.is_object()) h.push_back(r->report.server.value("handoff_ms_mean", 0.0));
+    m.report.server["handoff_ms_mean"] = median_of(std::move(h));
+  }
+  m.held = holds(m.report, o);
+  return m;
+}
+
+}  // namespace
+
 compare_result run_compare(const compare_options& o) {
   compare_result res;
   const auto names = contender_names(o);
+  const int32_t rounds = std::max(o.rounds, 1);
+  std::vector<double> best(names.size(), 0);
   int32_t context = 0;
+  // Round after round, every contender on a fresh server in turn (interleaved: a drift of the
+  // machine's speed falls on all of them alike), each round with new prompt contents.
+  for (int32_t round = 0; round < rounds; ++round)
   for (size_t ci = 0; ci < names.size(); ++ci) {
     const std::string& mode = names[ci];
     const bool ours = ci < o.modes.size();
@@ -288,7 +334,7 @@ compare_result run_compare(const compare_options& o) {
       auto m = o.mooncake;
       m.max_context = context;
       auto t = load_mooncake_trace(o.mooncake_file, m);
-      spdlog::info("trace: {}", t.scaling);
+      if (round == 0) spdlog::info("trace: {}", t.scaling);
       base = std::move(t.entries);
     } else {
       base = load_trace(o.trace);
@@ -301,19 +347,20 @@ compare_result run_compare(const compare_options& o) {
       (void)run_serve_bench(quiet, at_rate(warm, 2.0));  // serve the measured runs' prompts
     }
     uint64_t run_index = 0;
-    double best = 0;
     auto run_at = [&](double rate) {
-      spdlog::info("{}: {} requests at {:.3g} req/s", mode, base.size(), rate);
-      // Every rate replays the same lengths and arrivals with new prompt contents: replaying the
-      // same prompts would measure the prefix cache, not the modes.
+      spdlog::info("{}: {} requests at {:.3g} req/s{}", mode, base.size(), rate,
+                   rounds > 1 ? " (round " + std::to_string(round + 1) + " of " + std::to_string(rounds) + ")" : "");
+      // Every rate (and round) replays the same lengths and arrivals with new prompt contents:
+      // replaying the same prompts would measure the prefix cache, not the modes. Contenders
+      // get the same contents at the same rate and round.
       serve_options run_so = so;
-      run_so.seed = o.seed + 1000 * ++run_index;
+      run_so.seed = o.seed + 1000 * ++run_index + 1000000 * uint64_t(round);
       mode_run r{mode, rate, run_serve_bench(run_so, at_rate(base, rate))};
       const bool ok = r.held = holds(r.report, o);
       spdlog::info("{} at {:.3g} req/s: goodput {:.3f} req/s, {:.0f}% meet the SLOs{}", mode, rate, r.report.figures.goodput,
                    100 * r.report.figures.slo_attainment, ok ? "" : " (missed)");
-      if (ok) best = std::max(best, rate);
-      res.runs.push_back(std::move(r));
+      if (ok) best[ci] = std::max(best[ci], rate);
+      (rounds > 1 ? res.round_runs : res.runs).push_back(std::move(r));
       return ok;
     };
     if (!o.rates.empty()) {
@@ -326,17 +373,29 @@ compare_result run_compare(const compare_options& o) {
           missed = rate;
           break;
         }
-      if (missed > 0 && best > 0) run_at(best * 1.5);
+      if (missed > 0 && best[ci] > 0) run_at(best[ci] * 1.5);
     }
-    if (o.with_chaos && best > 0 && ours) {
-      spdlog::info("{}: again at {:.3g} req/s, a worker killed every 3 s", mode, best);
+    if (o.with_chaos && best[ci] > 0 && ours) {
+      spdlog::info("{}: again at {:.3g} req/s, a worker killed every 3 s", mode, best[ci]);
       killer k(so.url, mode.rfind("colocated", 0) == 0 ? "colocated" : "random");
-      mode_run r{mode, best, run_serve_bench(so, at_rate(base, best))};
+      mode_run r{mode, best[ci], run_serve_bench(so, at_rate(base, best[ci]))};
       r.report.server["kills"] = k.kills();
       res.chaos_runs.push_back(std::move(r));
     }
-    res.best.emplace_back(mode, best);
   }
+  if (rounds > 1) {  // the table: each contender's median at each rate (run_compare's caller gave rates)
+    std::fill(best.begin(), best.end(), 0);
+    for (size_t ci = 0; ci < names.size(); ++ci)
+      for (double rate : o.rates) {
+        std::vector<const mode_run*> at;
+        for (const auto& r : res.round_runs)
+          if (r.mode == names[ci] && r.rate == rate) at.push_back(&r);
+        if (at.empty()) continue;
+        res.runs.push_back(median_run(at, o));
+        if (res.runs.back().held) best[ci] = std::max(best[ci], rate);
+      }
+  }
+  for (size_t ci = 0; ci < names.size(); ++ci) res.best.emplace_back(names[ci], best[ci]);
 
   // The verdict, and why: what colocated decode steps lose to prefill, and what the split costs.
   res.explained_rate = explained_rate(res);
@@ -485,6 +544,8 @@ json compare_result::to_json(const compare_options& o) const {
   for (const auto& [n, b] : best) best_j[n] = b;
   for (const auto& r : runs) runs_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
   for (const auto& r : chaos_runs) chaos_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
+  json rounds_j = json::array();
+  for (const auto& r : round_runs) rounds_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
   json trace = o.trace;
   if (!o.mooncake_file.empty())
     trace = {{"kind", "mooncake"}, {"file", o.mooncake_file}, {"scale_tokens", o.mooncake.scale_tokens},
@@ -500,7 +561,9 @@ json compare_result::to_json(const compare_options& o) const {
           {"best_rate", best_j},
           {"api", o.against.empty() ? "ws" : "openai"},
           {"verdict", verdict},
+          {"rounds", std::max(o.rounds, 1)},
           {"runs", runs_j},
+          {"round_runs", rounds_j},
           {"chaos_runs", chaos_j}};
 }
 
@@ -516,7 +579,17 @@ void print_compare(const compare_result& r, const compare_options& o) {
   };
   for (const auto& m : r.runs) row(m, "");
   for (const auto& m : r.chaos_runs) row(m, "  (killing a worker every 3 s)");
-  std::printf("(ms; goodput and throughput in req/s; SLO%%: requests meeting the SLOs; target %.0f%%)\n", 100 * o.attainment);
+  std::printf("(ms; goodput and throughput in req/s; SLO%%: requests meeting the SLOs; target %.0f%%%s)\n", 100 * o.attainment,
+              o.rounds > 1 ? ("; each figure the median of " + std::to_string(o.rounds) + " interleaved rounds").c_str() : "");
+  if (o.rounds > 1) {  // the spread behind each median
+    std::printf("goodput by round:\n");
+    for (const auto& m : r.runs) {
+      std::printf("  %-14s %8.3g |", m.mode.c_str(), m.rate);
+      for (const auto& x : r.round_runs)
+        if (x.mode == m.mode && x.rate == m.rate) std::printf(" %.3f", x.report.figures.goodput);
+      std::printf("\n");
+    }
+  }
   for (const auto& m : r.chaos_runs) {
     const mode_run* calm = find_run(r, m.mode, m.rate);
     if (!calm) continue;

@@ -33,14 +33,17 @@ struct compare_options {
   int32_t total_threads = 2;   // colocated: one worker with all; disaggregated, shared: split in two
   // tandem's modes to run, in this order: colocated, colocated-slo (steps sized to the TPOT SLO),
   // disaggregated (fixed halves of the cores), shared (disaggregated, the cores shared:
-  // --share-cores, decode paced under the TPOT SLO).
-  std::vector<std::string> modes = {"colocated", "disaggregated"};
+  // --share-cores, decode paced under the TPOT SLO), auto (tandem serve's default).
+  std::vector<std::string> modes = {"colocated", "disaggregated", "auto"};
   std::vector<external_server> against;  // other servers (all runs then use the OpenAI API)
   int32_t max_context = 0;     // prompt + output within this (0: what the first server reports)
   slo slos;
   double attainment = 0.9;
   uint64_t seed = 1;
   bool with_chaos = false;     // repeat each mode's best rate while killing a worker every 3 s
+  // Rounds of every contender at every rate, interleaved (round 1 of each, then round 2, ...);
+  // the table gives each figure's median over them. More than 1 needs `rates`.
+  int32_t rounds = 1;
   std::vector<std::string> extra_serve_args;  // passed to both servers (e.g. --matmul fastest)
   bool progress = true;
 };
@@ -53,7 +56,8 @@ struct mode_run {
 };
 
 struct compare_result {
-  std::vector<mode_run> runs;
+  std::vector<mode_run> runs;        // one per contender and rate (with rounds: the medians)
+  std::vector<mode_run> round_runs;  // with rounds > 1: every round's run, in run order
   std::vector<mode_run> chaos_runs;
   // Every contender's highest rate holding the SLOs (0: none), in run order.
   std::vector<std::pair<std::string, double>> best;

@@ -414,6 +414,8 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
         {"prompt_tokens_computed", reported("tandem_prompt_tokens_computed_total")},
         {"weight_bytes_per_worker", one_copy},
         {"weight_duplication_factor", one_copy > 0 ? value("tandem_weight_resident_bytes") / one_copy : 0.0},
+        // Auto mode: prompts their decode worker computed (no prefill worker, no KV link).
+        {"local_prefills", reported("tandem_router_local_prefill_total")},
         {"migrations", diff("tandem_migrations_total")},
         {"restarts", diff("tandem_restarts_total")},
     };
@@ -503,6 +505,9 @@ void print_report(const serve_report& r, const serve_options& o) {
     std::printf("%-28s %12.1f MB in %.0f transfers, %.2f ms mean transfer, %.2f ms mean handoff\n", "KV moved",
                 double(s["kv_bytes_moved"]) / 1e6, double(s["kv_transfers"]), double(s["kv_transfer_ms_mean"]),
                 double(s["handoff_ms_mean"]));
+    if (s["local_prefills"].is_number() && double(s["local_prefills"]) > 0)
+      std::printf("%-28s %12.0f prompts computed by their decode worker (no KV link)\n", "local prefill",
+                  double(s["local_prefills"]));
     std::printf("%-28s %12.2f ms mean (prefill + decode queues)\n", "queue wait", double(s["queue_wait_ms_mean"]));
     std::printf("%-28s %12.1f MB per worker, duplication factor %.2f\n", "weights", double(s["weight_bytes_per_worker"]) / 1e6,
                 double(s["weight_duplication_factor"]));
