@@ -164,21 +164,6 @@ TEST_F(RouterCore, AutoModePlacesShortPromptsOnTheirDecodeWorker) {
   EXPECT_EQ(counter("tandem_router_local_prefill_total"), 2);
 }
 
-TEST_F(RouterCore, AutoModeLeavesAShortPromptToAnIdlePrefillWorkerWhileItsDecodeWorkerDecodes) {
-  make(serving_mode::automatic, 1, 1);
-  const decode_worker_load decoding{0, true, 100, 100, 3, 0, 64};  // room for 64 tokens, 3 sequences decoding
-  run({
-      {ev::decode_load{decoding}, {}},
-      // The prefill worker is idle: it computes the prompt beside the batch, which a local
-      // prompt would stall.
-      {ev::submit{spec(40)}, {"admit r1 @0", "prefill p0 r1 e1", "reserve d0 r1 #1"}, {{1, prefilling_}}},
-      {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"ship p0->d0 r1"}},
-      // Now it is busy: the next short prompt would wait behind r1 there, so d0 computes it.
-      {ev::submit{spec(40)}, {"admit r2 @0", "reserve d0 r2 #2"}, {{2, direct_}}},
-  });
-  EXPECT_EQ(counter("tandem_router_local_prefill_total"), 1);
-}
-
 TEST_F(RouterCore, ColocatedWorkerDiesWhileDecodingTheRequestMigrates) {
   make(serving_mode::colocated, 2, 0);
   run({

@@ -337,8 +337,8 @@ void add_serve(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--mode", o->mode,
                   "auto (the default: a prefill and a decode pool sharing the cores; a short uncached prompt is "
-                  "computed by its decode worker within its TPOT slack of 0.8 x --tpot-target-ms, 50 when 0, unless a "
-                  "prefill worker is idle, a long one by the prefill pool; with --role router: disaggregated), "
+                  "computed by its decode worker within its TPOT slack of 0.8 x --tpot-target-ms, 50 when 0, "
+                  "a long one by the prefill pool; with --role router: disaggregated), "
                   "disaggregated (the two pools, each owning its --threads), or colocated (workers that do both)")
       ->check(CLI::IsMember({"disaggregated", "colocated", "auto"}))
       ->capture_default_str();

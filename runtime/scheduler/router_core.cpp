@@ -278,21 +278,18 @@ void router_core::handle(const ev::store_answer& a) {
 // Auto mode: the decode worker (alive, with the most room) that would compute this prompt's
 // uncached part itself now, or -1 (the prefill pool computes it). Not for a request that was
 // refused there once, nor for a migrated one (its prompt carries its output: long).
-// A prompt computed in a decode step stalls that worker's whole batch for it, where an idle
-// prefill worker computes it beside the batch on the shared cores: so a worker that is decoding
-// takes it only when no prefill worker is idle (the prompt would wait behind others there,
-// which is what placement saves). One with nothing to decode stalls nobody and takes it.
+// Any prompt that fits goes there, also while the prefill pool is idle: keeping prompts that
+// fit off the prefill pool while a decode worker was decoding (unless the pool had twice the
+// prompt's tokens ahead of it) gave the same goodput and a higher TTFT p50 in interleaved
+// rounds (docs/benchmarks.md, "Mode auto"); the slack's headroom is what bounds the stall.
 int32_t router_core::local_prefill_room(const entry& e) const {
   if (cfg_.mode != serving_mode::automatic || e.direct_tried || e.spec.resumed != 0) return -1;
-  bool prefill_idle = false;
-  for (size_t i = 0; i < prefill_load_.size() && i < prefill_.size(); ++i)
-    prefill_idle = prefill_idle || (prefill_[i].alive && prefill_load_[i].queued_requests == 0);
   const int32_t uncached = prompt_len(e) - e.store_tokens;
   int32_t best = -1;
   for (size_t i = 0; i < decode_load_.size() && i < decode_.size(); ++i) {
-    const auto& l = decode_load_[i];
-    if (!decode_[i].alive || l.local_prefill_tokens < uncached || (prefill_idle && l.batch_size > 0)) continue;
-    if (best < 0 || l.local_prefill_tokens > decode_load_[size_t(best)].local_prefill_tokens) best = int32_t(i);
+    const int32_t room = decode_load_[i].local_prefill_tokens;
+    if (decode_[i].alive && room >= uncached && (best < 0 || room > decode_load_[size_t(best)].local_prefill_tokens))
+      best = int32_t(i);
   }
   return best;
 }
