@@ -24,6 +24,7 @@
 
 #include "runtime/errors.h"
 #include "tools/bench/client.h"
+#include "tools/bench/compare.h"
 #include "tools/bench/llama_bench.h"
 #include "tools/bench/serve.h"
 #include "tools/bench/stats.h"
@@ -857,4 +858,39 @@ TEST(BenchTrace, MooncakeBadLinesAndOptionsAreNamed) {
   { std::ofstream(path) << R"({"arrival_s": 0, "prompt_tokens": 70, "output_tokens": 3, "block_ids": [1, 2], "block_tokens": 32})" << "\n"; }
   EXPECT_THROW(load_trace(path), std::runtime_error);
   std::filesystem::remove(path);
+}
+
+// Interleaved rounds: each figure of the table is its own median, the representative round is
+// the median-goodput one, and whether the SLOs held is judged on the medians.
+TEST(BenchCompare, RoundsGiveEachFigureItsMedian) {
+  auto run = [](double goodput, double attainment, double ttft_p50, double tpot_p90, double handoff) {
+    mode_run m;
+    m.mode = "auto";
+    m.rate = 2;
+    m.report.figures.goodput = goodput;
+    m.report.figures.slo_attainment = attainment;
+    m.report.figures.ttft_s.p50 = ttft_p50;
+    m.report.figures.tpot_s.p90 = tpot_p90;
+    m.report.figures.completed = int64_t(goodput * 100);  // marks which round was taken
+    m.report.server = nlohmann::json{{"handoff_ms_mean", handoff}};
+    return m;
+  };
+  const mode_run a = run(1.9, 1.0, 0.30, 0.020, 30), b = run(1.2, 0.5, 0.10, 0.030, 10), c = run(1.6, 0.875, 0.20, 0.010, 20);
+  compare_options o;
+  o.attainment = 0.9;
+  const mode_run m = median_of_rounds({&a, &b, &c}, o);
+  EXPECT_EQ(m.mode, "auto");
+  EXPECT_EQ(m.rate, 2);
+  EXPECT_EQ(m.report.figures.completed, 160);  // round c: the median goodput
+  EXPECT_DOUBLE_EQ(m.report.figures.goodput, 1.6);
+  EXPECT_DOUBLE_EQ(m.report.figures.slo_attainment, 0.875);
+  EXPECT_DOUBLE_EQ(m.report.figures.ttft_s.p50, 0.20);
+  EXPECT_DOUBLE_EQ(m.report.figures.tpot_s.p90, 0.020);  // round a's: each figure its own median
+  EXPECT_DOUBLE_EQ(m.report.server["handoff_ms_mean"].get<double>(), 20);
+  EXPECT_FALSE(m.held);  // 87.5% < 90%, although one round held
+  // Two rounds: the mean of the middle two.
+  const mode_run two = median_of_rounds({&a, &c}, o);
+  EXPECT_DOUBLE_EQ(two.report.figures.goodput, 1.75);
+  EXPECT_DOUBLE_EQ(two.report.figures.slo_attainment, 0.9375);
+  EXPECT_TRUE(two.held);
 }

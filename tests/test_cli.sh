@@ -83,6 +83,8 @@ expect_error "is for --mode disaggregated" serve --model "$model" --port 0 --mod
 expect_error "needs --share-cores" serve --model "$model" --port 0 --decode-pace-ms 10
 expect_error "modes" bench compare --trace short --slo-tpot 10 --modes colocated,sideways
 expect_error "more names than" bench compare --trace short --slo-tpot 10 --against-name a
+expect_error "rounds needs --rates" bench compare --trace short --slo-tpot 10 --rounds 3
+expect_error "run them apart" bench compare --trace short --slo-tpot 10 --rounds 3 --rates 1 --with-chaos
 expect_error "two contenders have one name" bench compare --trace short --slo-tpot 10 --against http://127.0.0.1:1 --against-name shared --modes shared
 expect_error "disaggregated" serve --model "$model" --role router --mode colocated --port 0
 

@@ -261,9 +261,9 @@ double median_of(std::vector<double> v) {
   return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// One contender at one rate over several rounds: the round whose goodput is the median (its
-// outcomes feed the report's CDFs), with each figure of the table replaced by its median.
-mode_run median_run(const std::vector<const mode_run*>& rounds, const compare_options& o) {
+}  // namespace
+
+mode_run median_of_rounds(const std::vector<const mode_run*>& rounds, const compare_options& o) {
   std::vector<const mode_run*> by_goodput = rounds;
   std::sort(by_goodput.begin(), by_goodput.end(),
             [](auto* a, auto* b) { return a->report.figures.goodput < b->report.figures.goodput; });
@@ -291,8 +291,6 @@ mode_run median_run(const std::vector<const mode_run*>& rounds, const compare_op
   m.held = holds(m.report, o);
   return m;
 }
-
-}  // namespace
 
 compare_result run_compare(const compare_options& o) {
   compare_result res;
@@ -391,7 +389,7 @@ compare_result run_compare(const compare_options& o) {
         for (const auto& r : res.round_runs)
           if (r.mode == names[ci] && r.rate == rate) at.push_back(&r);
         if (at.empty()) continue;
-        res.runs.push_back(median_run(at, o));
+        res.runs.push_back(median_of_rounds(at, o));
         if (res.runs.back().held) best[ci] = std::max(best[ci], rate);
       }
   }
@@ -568,12 +566,14 @@ json compare_result::to_json(const compare_options& o) const {
 }
 
 void print_compare(const compare_result& r, const compare_options& o) {
-  std::printf("\n%-14s %8s | %9s %9s %6s | %9s %9s | %9s %9s | %8s\n", "mode", "req/s", "goodput", "thru", "SLO%",
+  int w = 14;  // the name column: as wide as the longest contender's name
+  for (const auto& n : contender_names(o)) w = std::max(w, int(n.size()));
+  std::printf("\n%-*s %8s | %9s %9s %6s | %9s %9s | %9s %9s | %8s\n", w, "mode", "req/s", "goodput", "thru", "SLO%",
               "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "handoff");
-  auto row = [](const mode_run& m, const char* tag) {
+  auto row = [w](const mode_run& m, const char* tag) {
     const auto& f = m.report.figures;
     const double handoff = m.report.server.is_object() ? double(m.report.server.value("handoff_ms_mean", 0.0)) : 0.0;
-    std::printf("%-14s %8.3g | %9.3f %9.3f %5.0f%% | %9.1f %9.1f | %9.2f %9.2f | %8.2f%s\n", m.mode.c_str(), m.rate, f.goodput,
+    std::printf("%-*s %8.3g | %9.3f %9.3f %5.0f%% | %9.1f %9.1f | %9.2f %9.2f | %8.2f%s\n", w, m.mode.c_str(), m.rate, f.goodput,
                 f.request_throughput, 100 * f.slo_attainment, f.ttft_s.p50 * 1e3, f.ttft_s.p90 * 1e3, f.tpot_s.p50 * 1e3,
                 f.tpot_s.p90 * 1e3, handoff, tag);
   };
@@ -584,7 +584,7 @@ void print_compare(const compare_result& r, const compare_options& o) {
   if (o.rounds > 1) {  // the spread behind each median
     std::printf("goodput by round:\n");
     for (const auto& m : r.runs) {
-      std::printf("  %-14s %8.3g |", m.mode.c_str(), m.rate);
+      std::printf("  %-*s %8.3g |", w, m.mode.c_str(), m.rate);
       for (const auto& x : r.round_runs)
         if (x.mode == m.mode && x.rate == m.rate) std::printf(" %.3f", x.report.figures.goodput);
       std::printf("\n");

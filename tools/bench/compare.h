@@ -68,6 +68,11 @@ struct compare_result {
 };
 
 compare_result run_compare(const compare_options& o);
+// One contender at one rate over several rounds (not empty): the round whose goodput is the
+// median (its outcomes feed the report's CDFs), with the table's figures (goodput, throughput,
+// attainment, failed, TTFT and TPOT p50/p90, handoff) each replaced by its median over the
+// rounds, and `held` judged on those.
+mode_run median_of_rounds(const std::vector<const mode_run*>& rounds, const compare_options& o);
 // The contenders' names in run order: tandem's modes, then the external servers.
 std::vector<std::string> contender_names(const compare_options& o);
 // The verdict's parts (each empty where its contenders did not run): colocated against
