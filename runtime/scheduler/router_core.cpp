@@ -281,7 +281,8 @@ void router_core::handle(const ev::store_answer& a) {
 // Any prompt that fits goes there, also while the prefill pool is idle: keeping prompts that
 // fit off the prefill pool while a decode worker was decoding (unless the pool had twice the
 // prompt's tokens ahead of it) gave the same goodput and a higher TTFT p50 in interleaved
-// rounds (docs/benchmarks.md, "Mode auto"); the slack's headroom is what bounds the stall.
+// rounds (docs/benchmarks.md, "`auto`, the default, in interleaved rounds"); the slack's
+// headroom is what bounds the stall.
 int32_t router_core::local_prefill_room(const entry& e) const {
   if (cfg_.mode != serving_mode::automatic || e.direct_tried || e.spec.resumed != 0) return -1;
   const int32_t uncached = prompt_len(e) - e.store_tokens;
