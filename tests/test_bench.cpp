@@ -38,6 +38,10 @@ TEST(BenchStats, PercentilesInterpolateBetweenRanks) {
   EXPECT_DOUBLE_EQ(percentile(v, 50), 5.5);
   EXPECT_DOUBLE_EQ(percentile(v, 90), 9.1);
   EXPECT_DOUBLE_EQ(percentile(v, 99), 9.91);
+  // The median of interleaved rounds: unsorted input, odd and even counts, none.
+  EXPECT_DOUBLE_EQ(median({3, 1, 2}), 2);
+  EXPECT_DOUBLE_EQ(median({4, 1, 3, 2}), 2.5);
+  EXPECT_DOUBLE_EQ(median({}), 0);
   EXPECT_DOUBLE_EQ(percentile(v, 100), 10);
   EXPECT_DOUBLE_EQ(percentile({7}, 99), 7);
   EXPECT_DOUBLE_EQ(percentile({}, 50), 0);

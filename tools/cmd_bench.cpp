@@ -16,10 +16,13 @@
 #include "runtime/engine.h"
 #include "runtime/synth.h"
 #include "tools/bench/llama_bench.h"
+#include "tools/bench/stats.h"
 #include "tools/commands.h"
 
 namespace tandem::cli {
 namespace {
+
+using bench::median;
 
 struct bench_opts {
   std::string preset = "bench-76m", model;
@@ -114,12 +117,6 @@ timing time_engine(engine& eng, const llama_config& c, int context, int prompt, 
   t.decode_s = seconds_since(t1);
   check(eng.free_sequence(s));
   return t;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // tandem and llama-bench on the same GGUF files, the same thread counts and the same

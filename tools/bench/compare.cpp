@@ -253,16 +253,6 @@ std::vector<std::string> contender_names(const compare_options& o) {
   return n;
 }
 
-namespace {
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-}  // namespace
-
 mode_run median_of_rounds(const std::vector<const mode_run*>& rounds, const compare_options& o) {
   std::vector<const mode_run*> by_goodput = rounds;
   std::sort(by_goodput.begin(), by_goodput.end(),
@@ -271,7 +261,7 @@ mode_run median_of_rounds(const std::vector<const mode_run*>& rounds, const comp
   auto med = [&](auto field) {
     std::vector<double> v;
     for (auto* r : rounds) v.push_back(field(r->report.figures));
-    return median_of(std::move(v));
+    return median(std::move(v));
   };
   auto& f = m.report.figures;
   f.goodput = med([](const run_figures& x) { return x.goodput; });
@@ -286,7 +276,7 @@ mode_run median_of_rounds(const std::vector<const mode_run*>& rounds, const comp
     std::vector<double> h;
     for (auto* r : rounds)
       if (r->report.server.is_object()) h.push_back(r->report.server.value("handoff_ms_mean", 0.0));
-    m.report.server["handoff_ms_mean"] = median_of(std::move(h));
+    m.report.server["handoff_ms_mean"] = median(std::move(h));
   }
   m.held = holds(m.report, o);
   return m;

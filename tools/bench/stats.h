@@ -21,6 +21,9 @@ struct summary {
 // q in [0, 100] of sorted values, linearly interpolated between ranks (numpy's default).
 double percentile(const std::vector<double>& sorted, double q);
 summary summarize(std::vector<double> values);
+// The middle value (the mean of the middle two for an even count); 0 when empty. Interleaved
+// rounds report it (bench kernels, bench compare --rounds).
+double median(std::vector<double> values);
 
 // Service-level objectives; an unset one does not constrain.
 struct slo {
