@@ -573,10 +573,15 @@ TEST(Pipeline, AutoModeComputesShortPromptsOnTheDecodeWorkerExactly) {
     ASSERT_EQ(r.error, errc::ok) << i << ": " << r.message;
     if (i == 0) r.tokens.insert(r.tokens.begin(), first.begin(), first.end());
     EXPECT_EQ(r.tokens, alone(*m, prompts[i], 60, greedy, true)) << "request " << i;
+    // A long prompt (past the 64-token budget) is never computed on the decode worker, also
+    // when it is prefilled again after the kill. (A short one may be placed there twice: once
+    // before the kill, again after it, so the counter below bounds nothing about long ones.)
+    if (i % 2 == 0) {
+      EXPECT_EQ(r.timings.prefill_worker, "prefill-0") << "request " << i;
+    }
   }
   const double local = counter("tandem_router_local_prefill_total");
   EXPECT_GE(local, 1) << "no short prompt was computed on the decode worker" << p.metrics().to_prometheus();
-  EXPECT_LE(local, 5) << "a long prompt was computed on the decode worker";  // (the first one's included)
   EXPECT_GE(counter("tandem_kv_link_transfers_total"), 4) << "the long prompts went over the KV link";
   expect_no_leaks(p);
 }
