@@ -1,8 +1,11 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <unordered_map>
 
 #include "kernels/cpu/attention.h"
@@ -303,6 +306,12 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     if (T * width < (int64_t(1) << 15) || pool_threads_.size() == 1) return fn(int64_t(0), T);
     pool_threads_.parallel_for(T, 1, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); });
   };
+  // Rows [r0, r1) of a layer's row-wise work: inline on one thread's chunk (`chunk`: the fused
+  // job below), or over the pool for the whole batch.
+  auto rows_of = [&](int64_t r0, int64_t r1, bool chunk, int64_t width, auto&& fn) {
+    if (chunk) return fn(r0, r1);
+    rows_parallel(width, fn);
+  };
   // One angle table per distinct (base, scale) of the layers (model.h: rope_variants).
   if (s.rope_cs.size() < c.rope_variants.size()) s.rope_cs.resize(c.rope_variants.size());
   for (size_t i = 0; i < c.rope_variants.size(); ++i) {
@@ -318,18 +327,25 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   // row is normed as it is quantized or rounded to bf16, in L1); elsewhere the input is formed
   // once into `formed` for all of them. Bitwise the same either way.
   // One token (decode): one job whose tasks are row slices of every weight (a slice of rows is
-  // itself a weight_view), instead of one dispatch per weight; larger batches: one matmul after
-  // the other, each split by cpu::matmul.
-  auto matmuls = [&](cpu::matmul_input in, int64_t width, float* formed,
-                     std::initializer_list<std::pair<const kernels::weight_view*, float*>> mats) {
+  // itself a weight_view), instead of one dispatch per weight; larger batches: cpu::matmul_group
+  // (one conversion of the input and one job for weights with panels of one type).
+  auto matmuls = [&](int64_t r0, int64_t r1, kernels::thread_pool& pool, cpu::matmul_input in, int64_t width,
+                     float* formed, std::initializer_list<std::pair<const kernels::weight_view*, float*>> mats) {
+    const int64_t m = r1 - r0;
+    // Rows [r0, r1): the input's rows (and SwiGLU's up rows), the outputs' rows.
+    in.x += r0 * width;
+    if (in.op == cpu::input_op::silu_mul || in.op == cpu::input_op::gelu_mul) in.aux += r0 * width;
     if (in.op != cpu::input_op::none &&
         !std::all_of(mats.begin(), mats.end(), [](const auto& wy) { return cpu::fuses_input(*wy.first); })) {
-      cpu::form_input(in, T, width, formed, pool_threads_);
-      in = cpu::matmul_input{formed};
+      cpu::form_input(in, m, width, formed + r0 * width, pool);
+      in = cpu::matmul_input{formed + r0 * width};
     }
-    const int threads = pool_threads_.size();
-    if (T != 1 || threads == 1) {
-      for (auto [w, y] : mats) cpu::matmul(*w, in, T, y, pool_threads_, opts_.matmul);
+    const int threads = pool.size();
+    if (m != 1 || threads == 1) {
+      std::array<cpu::matmul_output, 4> outs;
+      size_t n = 0;
+      for (auto [w, y] : mats) outs.at(n++) = {w, y + r0 * w->rows};
+      cpu::matmul_group(std::span<const cpu::matmul_output>(outs.data(), n), in, m, pool, opts_.matmul);
       return;
     }
     s.slices.clear();
@@ -339,12 +355,12 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
       const int64_t parts = std::clamp<int64_t>(bytes / (int64_t(1) << 17), 1, threads);
       const int64_t align = kernels::row_align(*w);
       const int64_t per = ((w->rows + parts - 1) / parts + align - 1) / align * align;
-      for (int64_t r0 = 0; r0 < w->rows; r0 += per)
-        s.slices.push_back({w, y, r0, std::min(w->rows, r0 + per), std::min(per, w->rows - r0) * row_bytes});
+      for (int64_t w0 = 0; w0 < w->rows; w0 += per)
+        s.slices.push_back({w, y + r0 * w->rows, w0, std::min(w->rows, w0 + per), std::min(per, w->rows - w0) * row_bytes});
     }
     std::stable_sort(s.slices.begin(), s.slices.end(),
                      [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
-    pool_threads_.for_each_dynamic(int64_t(s.slices.size()), [&](int64_t i, int p) {
+    pool.for_each_dynamic(int64_t(s.slices.size()), [&](int64_t i, int p) {
       const auto& t = s.slices[size_t(i)];
       cpu::matmul(kernels::slice_rows(*t.w, t.r0, t.r1), in, 1, t.y + t.r0, *s.solo[size_t(p)], opts_.matmul);
     });
@@ -391,24 +407,30 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     return a.kv_head != b.kv_head ? a.kv_head < b.kv_head : a.last_pos > b.last_pos;
   });
 
-  for (int32_t l = 0; l < c.n_layer; ++l) {
+  const kernels::dtype kvt = pool_.layout().dtype;
+  const int64_t kv_row_bytes = kernels::row_bytes(kvt, c.head_dim);
+  const cpu::k_order k_order = cpu::kv_k_order(kvt);  // K transposed in its blocks but for q8_0
+  cpu::input_op act = cpu::input_op::none;  // the gated activation, fused into the down projection's input
+  switch (arch.activation) {
+    case ffn_activation::silu: act = cpu::input_op::silu_mul; break;
+    case ffn_activation::gelu_tanh: act = cpu::input_op::gelu_mul; break;
+  }
+
+  // A layer is row-wise work around one step that mixes rows, attention. Rows [r0, r1) on
+  // `pool` (`chunk`: one thread's rows of the fused job below, else the whole batch):
+  // Layer l's q/k/v and what each token needs before attention: q: [T, n_head, head_dim], k
+  // and v: [T, n_kv_head, head_dim]; biases, per-head q/k norms, RoPE, then its K/V into the
+  // cache (in the cache's dtype; later entries of the batch attend to it).
+  auto before_attention = [&](int32_t l, int64_t r0, int64_t r1, kernels::thread_pool& pool, bool chunk) {
     const layer_weights& w = model_->layers()[size_t(l)];
     const cpu::matmul_input attn_in{s.x.data(), cpu::input_op::rms_norm, w.attn_norm.data(), c.rms_eps};
-    // q: [T, n_head, head_dim], k and v: [T, n_kv_head, head_dim]
-    matmuls(attn_in, c.dim, s.xn.data(), {{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}});
+    matmuls(r0, r1, pool, attn_in, c.dim, s.xn.data(), {{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}});
     const float* cs = s.rope_cs[size_t(w.rope_variant)].data();
-    const int32_t window = w.sliding ? c.sliding_window : 0;
-    const kernels::dtype kvt = pool_.layout().dtype;
-    const int64_t row_bytes = kernels::row_bytes(kvt, c.head_dim);
-    const cpu::k_order k_order = cpu::kv_k_order(kvt);  // K transposed in its blocks but for q8_0
-    // Per token, split over the pool in a prefill (each row on its own: the same arithmetic
-    // whatever the split): biases, per-head q/k norms, RoPE, then its K/V into the cache (in
-    // the cache's dtype; later entries of the batch attend to it).
-    rows_parallel(q_dim + 2 * kv_dim, [&](int64_t r0, int64_t r1) {
-      const int64_t n = r1 - r0;
-      float* q = s.q.data() + r0 * q_dim;
-      float* k = s.k.data() + r0 * kv_dim;
-      float* v = s.v.data() + r0 * kv_dim;
+    rows_of(r0, r1, chunk, q_dim + 2 * kv_dim, [&](int64_t t0, int64_t t1) {
+      const int64_t n = t1 - t0;
+      float* q = s.q.data() + t0 * q_dim;
+      float* k = s.k.data() + t0 * kv_dim;
+      float* v = s.v.data() + t0 * kv_dim;
       if (!w.bq.empty()) {
         cpu::add_rows(q, w.bq.data(), n, q_dim);
         cpu::add_rows(k, w.bk.data(), n, kv_dim);
@@ -418,11 +440,11 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
         cpu::rms_norm(q, w.q_norm.data(), q, n * c.n_head, c.head_dim, c.rms_eps);
         cpu::rms_norm(k, w.k_norm.data(), k, n * c.n_kv_head, c.head_dim, c.rms_eps);
       }
-      rope_apply(q, cs + r0 * c.head_dim, n, c.n_head, c.head_dim);
-      for (int64_t t = r0; t < r1; ++t) {
+      rope_apply(q, cs + t0 * c.head_dim, n, c.n_head, c.head_dim);
+      for (int64_t t = t0; t < t1; ++t) {
         const int32_t p = pos[size_t(t)];
         const block_id b = seqs[size_t(t)]->blocks[size_t(p / bs)];
-        const int64_t off = int64_t(p % bs) * row_bytes;
+        const int64_t off = int64_t(p % bs) * kv_row_bytes;
         for (int32_t h = 0; h < c.n_kv_head; ++h) {
           // RoPE fused into the K write: the rotated row goes straight into the block.
           cpu::store_k_row_roped(kvt, k_order, arch.rope, s.k.data() + t * kv_dim + int64_t(h) * c.head_dim,
@@ -432,12 +454,12 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
         }
       }
     });
-
-    if (after_layer) after_layer(l);
-
-    // Tasks: (tile of a run of one sequence's consecutive entries, KV head), costliest
-    // (longest context) first, handed out dynamically. The GQA group's query heads of a tile
-    // read each K/V row once.
+  };
+  // Tasks: (tile of a run of one sequence's consecutive entries, KV head), costliest (longest
+  // context) first, handed out dynamically. The GQA group's query heads of a tile read each
+  // K/V row once.
+  auto attention = [&](int32_t l) {
+    const int32_t window = model_->layers()[size_t(l)].sliding ? c.sliding_window : 0;
     pool_threads_.for_each_dynamic(int64_t(s.attn_tasks.size()), [&](int64_t i, int thread) {
       const attn_task& task = s.attn_tasks[size_t(i)];
       auto& kp = s.kptr[size_t(thread)];
@@ -455,28 +477,76 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
       cpu::attention_causal(s.q.data() + q_off, q_dim, task.n_tok, n_rep, pos0, kp.data(), vp.data(), kvt, k_order, bs,
                             c.head_dim, c.attn_scale, s.attn.data() + q_off, q_dim, window);
     });
-
-    // Gemma's post-norms normalise a block's output before it joins the residual.
+  };
+  // Layer l after attention: the output projection, the FFN, each joining the residual x
+  // (Gemma's post-norms normalise a block's output first).
+  auto after_attention = [&](int32_t l, int64_t r0, int64_t r1, kernels::thread_pool& pool, bool chunk) {
+    const layer_weights& w = model_->layers()[size_t(l)];
     auto add_residual = [&](const std::vector<float>& post_norm) {
-      rows_parallel(c.dim, [&](int64_t r0, int64_t r1) {
-        float* proj = s.proj.data() + r0 * c.dim;
-        if (!post_norm.empty()) cpu::rms_norm(proj, post_norm.data(), proj, r1 - r0, c.dim, c.rms_eps);
-        cpu::add_inplace(s.x.data() + r0 * c.dim, proj, (r1 - r0) * c.dim);
+      rows_of(r0, r1, chunk, c.dim, [&](int64_t t0, int64_t t1) {
+        float* proj = s.proj.data() + t0 * c.dim;
+        if (!post_norm.empty()) cpu::rms_norm(proj, post_norm.data(), proj, t1 - t0, c.dim, c.rms_eps);
+        cpu::add_inplace(s.x.data() + t0 * c.dim, proj, (t1 - t0) * c.dim);
       });
     };
-    cpu::matmul(w.wo, s.attn.data(), T, s.proj.data(), pool_threads_, opts_.matmul);
+    matmuls(r0, r1, pool, {s.attn.data()}, q_dim, nullptr, {{&w.wo, s.proj.data()}});
     add_residual(w.attn_post_norm);
-
     const cpu::matmul_input ffn_in{s.x.data(), cpu::input_op::rms_norm, w.ffn_norm.data(), c.rms_eps};
-    matmuls(ffn_in, c.dim, s.xn.data(), {{&w.w_gate, s.gate.data()}, {&w.w_up, s.up.data()}});  // [T, ffn_dim] each
-    // The gated activation fused into the down projection's input (formed in place otherwise).
-    cpu::input_op act = cpu::input_op::none;
-    switch (arch.activation) {
-      case ffn_activation::silu: act = cpu::input_op::silu_mul; break;
-      case ffn_activation::gelu_tanh: act = cpu::input_op::gelu_mul; break;
-    }
-    matmuls({s.gate.data(), act, s.up.data()}, c.ffn_dim, s.gate.data(), {{&w.w_down, s.proj.data()}});
+    matmuls(r0, r1, pool, ffn_in, c.dim, s.xn.data(), {{&w.w_gate, s.gate.data()}, {&w.w_up, s.up.data()}});
+    // [T, ffn_dim] each; the activation formed in place where the kernels do not fuse it
+    matmuls(r0, r1, pool, {s.gate.data(), act, s.up.data()}, c.ffn_dim, s.gate.data(), {{&w.w_down, s.proj.data()}});
     add_residual(w.ffn_post_norm);
+  };
+
+  // A prefill-sized batch on several threads: everything from one layer's attention to the
+  // next one's is row-wise, so it runs as one job in which each thread takes a contiguous
+  // share of the rows through all of it (the output projection, the FFN, the next layer's
+  // q/k/v and KV writes), each matmul on its own rows with a single-thread pool. The threads
+  // then meet twice per layer instead of at every matmul and elementwise step, and each reads
+  // the rows it wrote itself (split by weight panels instead, every thread read every row of
+  // x from the other core, and the VM's speed jitter was paid at ~11 barriers per layer: a
+  // 2-thread prefill reached 1.6-1.8x one thread's speed). Each share is cut into two chunks;
+  // a thread that finishes its own takes the other's remaining ones, so a thread the VM
+  // deschedules holds up at most one chunk. The same kernels on the same rows: bitwise the
+  // same results as the batch-wide path.
+  const int threads = pool_threads_.active();
+  const bool fused = threads > 1 && T >= 64 * int64_t(threads);
+  if (!fused) {
+    for (int32_t l = 0; l < c.n_layer; ++l) {
+      before_attention(l, 0, T, pool_threads_, false);
+      if (after_layer) after_layer(l);
+      attention(l);
+      after_attention(l, 0, T, pool_threads_, false);
+    }
+    return;
+  }
+  constexpr int chunks_per_share = 2;
+  const int64_t n_chunks = int64_t(threads) * chunks_per_share;
+  auto chunk_rows = [&](int64_t i) { return std::pair{T * i / n_chunks, T * (i + 1) / n_chunks}; };
+  // One row-wise stretch as a job: share h is chunks [h * 2, h * 2 + 2); each participant
+  // takes a share (its own, usually: the caller 0, the worker 1), then steals what is left.
+  auto row_job = [&](auto&& stretch) {
+    std::array<std::atomic<int64_t>, 64> next_chunk;
+    const int shares = std::min(threads, int(next_chunk.size()));
+    for (int h = 0; h < shares; ++h) next_chunk[size_t(h)].store(0, std::memory_order_relaxed);
+    pool_threads_.for_each_dynamic(shares, [&](int64_t home, int p) {
+      for (int d = 0; d < shares; ++d) {
+        const int h = int((home + d) % shares);
+        for (int64_t j; (j = next_chunk[size_t(h)].fetch_add(1, std::memory_order_relaxed)) < chunks_per_share;) {
+          const auto [r0, r1] = chunk_rows(int64_t(h) * chunks_per_share + j);
+          stretch(r0, r1, *s.solo[size_t(p)]);
+        }
+      }
+    });
+  };
+  row_job([&](int64_t r0, int64_t r1, kernels::thread_pool& solo) { before_attention(0, r0, r1, solo, true); });
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    if (after_layer) after_layer(l);
+    attention(l);
+    row_job([&](int64_t r0, int64_t r1, kernels::thread_pool& solo) {
+      after_attention(l, r0, r1, solo, true);
+      if (l + 1 < c.n_layer) before_attention(l + 1, r0, r1, solo, true);
+    });
   }
 }
 

@@ -193,6 +193,47 @@ TEST(Engine, ChunkedPrefillEqualsOneShot) {
   }
 }
 
+// A prefill of many rows on several threads runs the row-wise work of each layer as one job
+// of row shares (engine.cpp: run_layers); every row's logits and KV are bitwise those of one
+// thread computing the whole batch, and of a chunked prefill, for each weight type.
+TEST(Engine, PrefillRowSharesAreBitwiseTheWholeBatch) {
+  for (kernels::dtype t : {kernels::dtype::f32, kernels::dtype::bf16, kernels::dtype::q8_0, kernels::dtype::q4_k}) {
+    SCOPED_TRACE(kernels::to_string(t));
+    auto m = model::load(synth_file(t == kernels::dtype::q4_k ? "kquant" : "small", t));
+    const auto prompt = some_tokens(300, m->config().n_vocab, 3);
+    std::vector<std::vector<float>> all_logits;
+    std::vector<std::vector<kv_block_export>> all_kv;
+    for (int threads : {1, 2, 3}) {
+      engine eng(m, engine_options{.n_threads = threads, .n_kv_blocks = 64});
+      const seq_id s = eng.create_sequence();
+      std::vector<batch_entry> batch;
+      for (auto tok : prompt) batch.push_back({s, tok, true});
+      std::vector<float> logits;
+      ASSERT_TRUE(eng.forward(batch, logits).ok());
+      all_logits.push_back(std::move(logits));
+      all_kv.emplace_back();
+      ASSERT_TRUE(eng.export_kv(s, all_kv.back()).ok());
+      if (threads == 2) {  // chunks of 7 rows: the batch-wide path
+        const seq_id c = eng.create_sequence();
+        std::vector<float> chunk_logits, last;
+        for (size_t i = 0; i < prompt.size(); i += 7) {
+          std::vector<batch_entry> part;
+          for (size_t j = i; j < std::min(prompt.size(), i + 7); ++j) part.push_back({c, prompt[j], true});
+          ASSERT_TRUE(eng.forward(part, last).ok());
+          chunk_logits.insert(chunk_logits.end(), last.begin(), last.end());
+        }
+        EXPECT_TRUE(chunk_logits == all_logits[0]) << "chunked prefill";
+      }
+    }
+    EXPECT_TRUE(all_logits[1] == all_logits[0]) << "2 threads";
+    EXPECT_TRUE(all_logits[2] == all_logits[0]) << "3 threads";
+    for (size_t i = 1; i < all_kv.size(); ++i) {
+      ASSERT_EQ(all_kv[i].size(), all_kv[0].size());
+      for (size_t b = 0; b < all_kv[0].size(); ++b) EXPECT_TRUE(all_kv[i][b].payload == all_kv[0][b].payload) << b;
+    }
+  }
+}
+
 TEST(Engine, BatchedDecodeEqualsEachAlone) {
   auto m = model::load(synth_file("tiny", kernels::dtype::q8_0));
   const int V = m->config().n_vocab;

@@ -282,11 +282,63 @@ TEST_P(matmul_test, fused_input_equals_the_op_then_the_matmul) {
   EXPECT_EQ(formed, want);
 }
 
+// Weights that share one input (a layer's q/k/v, gate/up) computed as a group: bitwise each
+// matmul on its own, for every m and thread count, the input fused (RMSNorm) where the kernels
+// fuse it. Rows of 192, 64 and 130 (a partial panel); 509 rows reach the prefill job, whose
+// last slices are cut into blocks of rows.
+TEST_P(matmul_test, a_group_equals_each_matmul_on_its_own) {
+  const tk::dtype t = GetParam();
+  const problem a = make_problem(t, 1, 192, 512, 31), b = make_problem(t, 1, 64, 512, 32),
+                c = make_problem(t, 1, 130, 512, 33);
+  const problem* ps[] = {&a, &b, &c};
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> u(-1.5f, 1.5f);
+  std::vector<float> x(size_t(509 * 512)), norm_w(512);
+  for (auto& v : x) v = u(rng);
+  for (auto& v : norm_w) v = 1.0f + 0.5f * u(rng);
+  std::vector<cpu::matmul_input> inputs{{x.data()}};
+  if (cpu::fuses_input(a.view())) inputs.push_back({x.data(), cpu::input_op::rms_norm, norm_w.data(), 1e-5f});
+  for (const cpu::matmul_input& in : inputs)
+    for (int64_t m : {1, 7, 97, 509})
+      for (int threads : {1, 2, 3}) {
+        std::vector<std::vector<float>> want(3), got(3);
+        std::vector<cpu::matmul_output> outs;
+        for (size_t g = 0; g < 3; ++g) {
+          want[g].assign(size_t(m * ps[g]->rows), 0.0f);
+          got[g].assign(size_t(m * ps[g]->rows), -1.0f);
+          cpu::matmul(ps[g]->view(), in, m, want[g].data(), pool_of(threads));
+          outs.push_back({&ps[g]->packed, got[g].data()});
+        }
+        cpu::matmul_group(outs, in, m, pool_of(threads));
+        for (size_t g = 0; g < 3; ++g)
+          ASSERT_EQ(got[g], want[g]) << "weight " << g << " op=" << int(in.op) << " m=" << m << " threads=" << threads;
+      }
+}
+
 INSTANTIATE_TEST_SUITE_P(dtypes, matmul_test,
                          ::testing::Values(tk::dtype::f32, tk::dtype::f16, tk::dtype::bf16,
                                            tk::dtype::q8_0, tk::dtype::q4_0, tk::dtype::q4_k,
                                            tk::dtype::q5_k, tk::dtype::q6_k),
                          [](const auto& info) { return std::string(tk::to_string(info.param)); });
+
+// x's Q8_0 scales rounded to f16 and back (F16C where the CPU has it) as the scalar
+// f32_to_f16 then f16_to_f32: nearest-even, subnormals, overflow to infinity.
+TEST(matmul, scales_round_to_f16_as_the_scalar_conversion) {
+  std::mt19937 rng(23);
+  std::vector<float> d;
+  for (uint32_t special : {0x00000000u, 0x80000000u, 0x33000000u, 0x33000001u, 0x387fe000u, 0x38800000u,
+                           0x477fefffu, 0x477ff000u, 0x7f800000u, 0x3f801000u, 0x3f803000u, 0x3c000800u})
+    d.push_back(std::bit_cast<float>(special));
+  while (d.size() < 100003) {
+    const float v = std::bit_cast<float>(uint32_t(rng()));
+    if (!std::isnan(v)) d.push_back(v);
+  }
+  std::vector<float> got = d;
+  cpu::detail::round_scales_f16(got.data(), int64_t(got.size()));
+  for (size_t i = 0; i < d.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(tk::f16_to_f32(tk::f32_to_f16(d[i]))))
+        << std::hexfloat << d[i];
+}
 
 // Float weights with cols not a multiple of 16 (not produced by our models, handled anyway).
 TEST(matmul, ragged_columns) {

@@ -5,6 +5,7 @@
 // it with every input row, which is bound by memory bandwidth; prefill (larger m) is a GEMM,
 // bound by FMA throughput. The ISA translation units implement both for their instruction set.
 #include <cblas.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -151,8 +152,20 @@ struct scratch_set {
 };
 }  // namespace
 
+namespace {
+// 8 at a time with F16C: nearest-even to f16 (as f32_to_f16) and back (exact).
+__attribute__((target("avx,f16c"))) int64_t round_scales_f16c(float* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(d + i), _MM_FROUND_TO_NEAREST_INT)));
+  return i;
+}
+const bool have_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+}  // namespace
+
 void round_scales_f16(float* d, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) d[i] = f16_to_f32(f32_to_f16(d[i]));
+  const int64_t done = have_f16c ? round_scales_f16c(d, n) : 0;
+  for (int64_t i = done; i < n; ++i) d[i] = f16_to_f32(f32_to_f16(d[i]));
 }
 
 void* thread_scratch(scratch_slot slot, size_t bytes) {
@@ -308,6 +321,25 @@ void matmul(const weight_view& w, const matmul_input& in, int64_t m, float* y, t
   auto* x = static_cast<float*>(detail::thread_scratch(detail::scratch_input, size_t(m * w.cols) * sizeof(float)));
   form_input(in, m, w.cols, x, pool);
   matmul(w, x, m, y, pool, mode);
+}
+
+void matmul_group(std::span<const matmul_output> mats, const matmul_input& in, int64_t m, thread_pool& pool,
+                  matmul_mode mode) {
+  if (mats.empty()) return;
+  const weight_view& w0 = *mats[0].w;
+  const bool together =
+      mats.size() > 1 && m > 0 && detail::best_isa() == detail::isa::avx512_bf16 && w0.cols > 0 &&
+      (in.op == input_op::none || fuses_input(w0)) && std::all_of(mats.begin(), mats.end(), [&](const matmul_output& o) {
+        return o.w->panels && o.w->type == w0.type && o.w->cols == w0.cols && o.w->rows > 0;
+      });
+  if (!together) {
+    for (const matmul_output& o : mats) matmul(*o.w, in, m, o.y, pool, mode);
+    return;
+  }
+  std::vector<detail::panel_task> tasks;
+  tasks.reserve(mats.size());
+  for (const matmul_output& o : mats) tasks.push_back({o.w, o.y});
+  detail::matmul_panels(tasks, in, m, pool);
 }
 
 const char* isa_name() {

@@ -2,6 +2,7 @@
 // CPU matrix multiplication against weight matrices of any supported type.
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/tensor_types.h"
@@ -106,6 +107,17 @@ bool fuses_input(const weight_view& w);
 // y = in · Wᵀ, bitwise equal to form_input followed by matmul on the formed x.
 void matmul(const weight_view& w, const matmul_input& in, int64_t m, float* y, thread_pool& pool,
             matmul_mode mode = matmul_mode::batch_invariant);
+
+// y_i = in · W_iᵀ for weights that share one input (a layer's q/k/v, gate/up), bitwise each
+// matmul(*w_i, in, m, y_i) on its own. Where the weights have panels of one type and k, the
+// input is converted once for all of them and one job covers all their panels, so that a
+// prefill's threads meet once per group rather than once per weight.
+struct matmul_output {
+  const weight_view* w;
+  float* y;  // [m, w->rows]
+};
+void matmul_group(std::span<const matmul_output> mats, const matmul_input& in, int64_t m, thread_pool& pool,
+                  matmul_mode mode = matmul_mode::batch_invariant);
 
 // The instruction set the CPU kernels dispatched to at runtime ("avx512", "avx2" or "scalar").
 const char* isa_name();

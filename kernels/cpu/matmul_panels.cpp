@@ -52,6 +52,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -648,15 +649,36 @@ VNNI_BF16 void x_to_bf16(const float* x, int64_t k, int64_t lda, uint16_t* xb) {
   for (int64_t c = k; c < lda; ++c) xb[c] = 0;
 }
 
-template <dtype T>
-void run_panels(const weight_view& w, const matmul_input& in, int64_t m, float* y, thread_pool& pool) {
-  const int64_t k = w.cols, np = (w.rows + PR - 1) / PR;
-  const float* x = in.x;
-  const void* a = x;
-  int64_t lda = k;
+// x as the kernels of T read it: f32 in place (f32, f16), rounded to bf16 (bf16), or quantized
+// per block with its scales and sums (the integer types).
+struct x_form {
+  const void* a = nullptr;
+  int64_t lda = 0;
   q8_x xq{};
-  // x in the form the kernel reads, once per call in the calling thread's scratch (workers
-  // only read it). Rows are converted independently: the same row gives the same bytes.
+};
+
+// bias[b] = -128 * sum(q of block b), sum16[2b], sum16[2b + 1] = the sums of its two halves,
+// for the nb 32-blocks of one row. Exact integers: the order of the additions cannot matter.
+VNNI_BF16 void block_sums(const int8_t* q, int64_t nb, int32_t* bias, int32_t* sum16) {
+  const __m256i flip = _mm256_set1_epi8(char(0x80)), zero = _mm256_setzero_si256();
+  for (int64_t b = 0; b < nb; ++b) {
+    // q + 128 as u8, summed in groups of 8 bytes (vpsadbw); each group sum is 8 * 128 too high.
+    const __m256i u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * 32)), flip);
+    const __m256i g = _mm256_sad_epu8(u, zero);  // 4 x u64: bytes 0-7, 8-15, 16-23, 24-31
+    const int32_t lo = int32_t(_mm256_extract_epi64(g, 0) + _mm256_extract_epi64(g, 1)) - 2048;
+    const int32_t hi = int32_t(_mm256_extract_epi64(g, 2) + _mm256_extract_epi64(g, 3)) - 2048;
+    bias[b] = -128 * (lo + hi);
+    sum16[2 * b] = lo;
+    sum16[2 * b + 1] = hi;
+  }
+}
+
+// x in the form the kernel reads, once per call in the calling thread's scratch (workers only
+// read it). Rows are converted independently: the same row gives the same bytes.
+template <dtype T>
+x_form prepare_x(const matmul_input& in, int64_t m, int64_t k, thread_pool& pool) {
+  const float* x = in.x;
+  x_form f{x, k, {}};
   auto convert = [&](auto&& row_fn) {
     if (m * k < (int64_t(1) << 14) || pool.size() == 1) return row_fn(int64_t(0), m);
     pool.parallel_for(m, 16, [&](int64_t r0, int64_t r1, int) { row_fn(r0, r1); });
@@ -671,15 +693,14 @@ void run_panels(const weight_view& w, const matmul_input& in, int64_t m, float* 
   };
   if constexpr (panels_read_x_in_place(T)) {
     if (in.op != input_op::none) throw std::logic_error("matmul_panels: float panels read x in place (no fused input)");
-  }
-  if constexpr (T == dtype::bf16) {
-    lda = k + (k & 1);
-    auto* xb = static_cast<uint16_t*>(thread_scratch(scratch_x, size_t(m * lda) * 2));
+  } else if constexpr (T == dtype::bf16) {
+    f.lda = k + (k & 1);
+    auto* xb = static_cast<uint16_t*>(thread_scratch(scratch_x, size_t(m * f.lda) * 2));
     convert([&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0; i < r1; ++i) x_to_bf16(input_row(i), k, lda, xb + i * lda);
+      for (int64_t i = r0; i < r1; ++i) x_to_bf16(input_row(i), k, f.lda, xb + i * f.lda);
     });
-    a = xb;
-  } else if constexpr (!panels_read_x_in_place(T)) {  // the integer kernels: x quantized per 32
+    f.a = xb;
+  } else {  // the integer kernels: x quantized per 32
     const int64_t nb = k / q8_0_block;
     auto* buf = static_cast<uint8_t*>(thread_scratch(scratch_x, size_t(m * nb) * (32 + 4 + 4 + 8)));
     auto* q = reinterpret_cast<int8_t*>(buf);
@@ -697,49 +718,91 @@ void run_panels(const weight_view& w, const matmul_input& in, int64_t m, float* 
         } else {
           quantize_x_q8k_avx2(xi, k, q + i * nb * 32, d + i * nb);
         }
-        for (int64_t b = 0; b < nb; ++b) {
-          int32_t lo = 0, hi = 0;
-          for (int j = 0; j < 16; ++j) lo += q[(i * nb + b) * 32 + j];
-          for (int j = 16; j < 32; ++j) hi += q[(i * nb + b) * 32 + j];
-          bias[i * nb + b] = -128 * (lo + hi);
-          sum16[2 * (i * nb + b)] = lo;
-          sum16[2 * (i * nb + b) + 1] = hi;
-        }
+        block_sums(q + i * nb * 32, nb, bias + i * nb, sum16 + 2 * i * nb);
       }
     });
-    xq = {q, d, bias, nb, sum16};
+    f.xq = {q, d, bias, nb, sum16};
   }
+  return f;
+}
+
+// y_g = x · W_gᵀ for weights of type T with panels and one k (a layer's q/k/v, gate/up): x is
+// converted once for all of them, and one job covers all their panels, so that the threads
+// meet once per group instead of once per weight.
+template <dtype T>
+void run_panels(std::span<const panel_task> mats, const matmul_input& in, int64_t m, thread_pool& pool) {
+  const int64_t k = mats[0].w->cols;
+  const x_form xf = prepare_x<T>(in, m, k, pool);
   const int threads = pool.size();
-  // Few panels and many rows: split the rows (stories260K-sized matrices in a prefill).
-  // Otherwise split panels; in decode each slice is at least 128 KiB of weights, so that
-  // waking a thread pays off (as decode_grain).
-  const int64_t mr = T == dtype::q8_0                               ? MR_Q8
-                     : T == dtype::q6_k                               ? MR_Q6K
+  auto panels_of = [](const weight_view& w) { return (w.rows + PR - 1) / PR; };
+  int64_t np = 0;
+  for (const panel_task& t : mats) np += panels_of(*t.w);
+  const int64_t mr = T == dtype::q8_0                                          ? MR_Q8
+                     : T == dtype::q6_k                                          ? MR_Q6K
                      : T == dtype::f32 || T == dtype::f16 || T == dtype::bf16 ? MR_FLOAT
-                                                                      : MR_Q4K;
+                                                                                 : MR_Q4K;
+  auto block = [&](const panel_task& t, int64_t i0, int64_t i1, int64_t p0, int64_t p1) {
+    run_block<T>(*t.w, xf.a, xf.lda, &xf.xq, i0, i1, t.y, p0, p1);
+  };
+  // Few panels and many rows: split the rows (stories260K-sized matrices in a prefill).
   if (np < threads && m >= 2 * mr) {
-    pool.parallel_for(m, mr, [&](int64_t i0, int64_t i1, int) { run_block<T>(w, a, lda, &xq, i0, i1, y, 0, np); });
+    pool.parallel_for(m, mr, [&](int64_t i0, int64_t i1, int) {
+      for (const panel_task& t : mats) block(t, i0, i1, 0, panels_of(*t.w));
+    });
     return;
   }
   if (m > 8) {
     // A prefill: slices of panels small enough to stay in L2 (at most half of a 1 MiB one) and
-    // at least 4 per thread, handed out in turn (a thread that the VM slows or deschedules for
-    // a while holds up one small slice, not half the matrix). Each slice meets x in blocks of
-    // PREFILL_ROWS rows: a block stays in L1/L2 across the slice's panels, which are read again
-    // from L2 per block, so x is read from L3 once per slice instead of once per panel (at 2
-    // threads that traffic cost ~16% of the kernels' time, measured with perf). The loops' order
+    // at least 4 per thread over the group, handed out in turn (a thread that the VM slows or
+    // deschedules for a while holds up one small slice, not half the matrix). Each slice meets
+    // x in blocks of PREFILL_ROWS rows: a block stays in L1/L2 across the slice's panels, which
+    // are read again from L2 per block, so x is read from L3 once per slice instead of once per
+    // panel (at 2 threads that traffic cost ~16% of the kernels' time, measured with perf).
+    // The last 2 slices per thread are cut into their x blocks: the threads then run out of
+    // work within one block of each other, not within one slice (with 4-panel slices of
+    // gate/up, a slice is ~0.6 ms of a 2-thread prefill's ~10 ms per layer). The loops' order
     // changes no element's reduction order.
     const int64_t per = std::clamp<int64_t>(
         std::min<int64_t>((int64_t(1) << 19) / panel_bytes(T, k), np / (4 * int64_t(threads))), 1, np);
-    pool.for_each_dynamic((np + per - 1) / per, [&](int64_t s, int) {
-      for (int64_t i0 = 0; i0 < m; i0 += PREFILL_ROWS)
-        run_block<T>(w, a, lda, &xq, i0, std::min(m, i0 + PREFILL_ROWS), y, s * per, std::min(np, (s + 1) * per));
+    struct item {
+      int32_t task;
+      int64_t p0, p1, i0, i1;
+    };
+    // The calling thread's list; workers read it through this reference (a thread_local named
+    // inside the lambda would be each worker's own).
+    thread_local std::vector<item> own_items;
+    std::vector<item>& items = own_items;
+    items.clear();
+    for (size_t g = 0; g < mats.size(); ++g)
+      for (int64_t p0 = 0, n = panels_of(*mats[g].w); p0 < n; p0 += per)
+        items.push_back({int32_t(g), p0, std::min(n, p0 + per), 0, m});
+    const size_t whole = items.size() > 2 * size_t(threads) ? items.size() - 2 * size_t(threads) : 0;
+    if (m > PREFILL_ROWS && threads > 1) {
+      const size_t n = items.size();
+      for (size_t s = whole; s < n; ++s) {
+        items[s].i1 = std::min(m, PREFILL_ROWS);
+        for (int64_t i0 = PREFILL_ROWS; i0 < m; i0 += PREFILL_ROWS)
+          items.push_back({items[s].task, items[s].p0, items[s].p1, i0, std::min(m, i0 + PREFILL_ROWS)});
+      }
+      // The cut slices after the whole ones, each slice's blocks in turn.
+      std::stable_sort(items.begin() + std::ptrdiff_t(whole), items.end(), [](const item& a, const item& b) {
+        return a.task != b.task ? a.task < b.task : a.p0 < b.p0;
+      });
+    }
+    pool.for_each_dynamic(int64_t(items.size()), [&](int64_t s, int) {
+      const item& it = items[size_t(s)];
+      for (int64_t i0 = it.i0; i0 < it.i1; i0 += PREFILL_ROWS)
+        block(mats[size_t(it.task)], i0, std::min(it.i1, i0 + PREFILL_ROWS), it.p0, it.p1);
     });
     return;
   }
-  const int64_t parts = std::clamp<int64_t>(np * panel_bytes(T, k) / (int64_t(1) << 17), 1, threads);
-  pool.parallel_for(np, (np + parts - 1) / parts,
-                    [&](int64_t p0, int64_t p1, int) { run_block<T>(w, a, lda, &xq, 0, m, y, p0, p1); });
+  // Decode and small batches: each weight's panels in slices of at least 128 KiB of weights, so
+  // that waking a thread pays off (as decode_grain).
+  for (const panel_task& t : mats) {
+    const int64_t n = panels_of(*t.w);
+    const int64_t parts = std::clamp<int64_t>(n * panel_bytes(T, k) / (int64_t(1) << 17), 1, threads);
+    pool.parallel_for(n, (n + parts - 1) / parts, [&](int64_t p0, int64_t p1, int) { block(t, 0, m, p0, p1); });
+  }
 }
 
 }  // namespace
@@ -775,17 +838,27 @@ void pack_panels(const weight_view& w, void* dst) {
   }
 }
 
-void matmul_panels(const weight_view& w, const matmul_input& x, int64_t m, float* y, thread_pool& pool) {
+void matmul_panels(std::span<const panel_task> mats, const matmul_input& x, int64_t m, thread_pool& pool) {
+  if (mats.empty()) return;
+  const weight_view& w = *mats[0].w;
+  for (const panel_task& t : mats)
+    if (t.w->type != w.type || t.w->cols != w.cols || !t.w->panels)
+      throw std::logic_error("matmul_panels: a group's weights share one type and k, and have panels");
   switch (w.type) {
-    case dtype::f32: return run_panels<dtype::f32>(w, x, m, y, pool);
-    case dtype::bf16: return run_panels<dtype::bf16>(w, x, m, y, pool);
-    case dtype::q8_0: return run_panels<dtype::q8_0>(w, x, m, y, pool);
-    case dtype::q4_k: return run_panels<dtype::q4_k>(w, x, m, y, pool);
-    case dtype::q6_k: return run_panels<dtype::q6_k>(w, x, m, y, pool);
-    case dtype::q5_k: return run_panels<dtype::q5_k>(w, x, m, y, pool);
-    case dtype::q4_0: return run_panels<dtype::q4_0>(w, x, m, y, pool);
-    case dtype::f16: return run_panels<dtype::f16>(w, x, m, y, pool);
+    case dtype::f32: return run_panels<dtype::f32>(mats, x, m, pool);
+    case dtype::bf16: return run_panels<dtype::bf16>(mats, x, m, pool);
+    case dtype::q8_0: return run_panels<dtype::q8_0>(mats, x, m, pool);
+    case dtype::q4_k: return run_panels<dtype::q4_k>(mats, x, m, pool);
+    case dtype::q6_k: return run_panels<dtype::q6_k>(mats, x, m, pool);
+    case dtype::q5_k: return run_panels<dtype::q5_k>(mats, x, m, pool);
+    case dtype::q4_0: return run_panels<dtype::q4_0>(mats, x, m, pool);
+    case dtype::f16: return run_panels<dtype::f16>(mats, x, m, pool);
   }
+}
+
+void matmul_panels(const weight_view& w, const matmul_input& x, int64_t m, float* y, thread_pool& pool) {
+  const panel_task t{&w, y};
+  matmul_panels(std::span<const panel_task>(&t, 1), x, m, pool);
 }
 
 }  // namespace tandem::kernels::cpu::detail
