@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -499,16 +498,19 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   };
 
   // A prefill-sized batch on several threads: everything from one layer's attention to the
-  // next one's is row-wise, so it runs as one job in which each thread takes a contiguous
-  // share of the rows through all of it (the output projection, the FFN, the next layer's
-  // q/k/v and KV writes), each matmul on its own rows with a single-thread pool. The threads
-  // then meet twice per layer instead of at every matmul and elementwise step, and each reads
-  // the rows it wrote itself (split by weight panels instead, every thread read every row of
-  // x from the other core, and the VM's speed jitter was paid at ~11 barriers per layer: a
-  // 2-thread prefill reached 1.6-1.8x one thread's speed). Each share is cut into two chunks;
-  // a thread that finishes its own takes the other's remaining ones, so a thread the VM
-  // deschedules holds up at most one chunk. The same kernels on the same rows: bitwise the
-  // same results as the batch-wide path.
+  // next one's is row-wise, so it runs as one job in which each thread takes an equal share of
+  // the rows through all of it (the output projection, the FFN, the next layer's q/k/v and KV
+  // writes), each matmul on its own rows with a single-thread pool. The threads then meet twice
+  // per layer instead of at every matmul and elementwise step, and each reads the rows it wrote
+  // itself. Split by weight panels instead, every thread read all of x from the other core and
+  // the VM's speed jitter was paid at ~11 barriers per layer: a 2-thread q8_0 prefill of 509
+  // tokens ran at a median 1.76x one thread's speed, against 1.93x this way (docs/performance.md).
+  // Each thread reads all the weights, once per share: cutting shares into smaller chunks (so
+  // that a thread could take over part of a slow one's share) read them again per chunk and
+  // cost f32, whose 25 MB per layer do not stay in L3, ~7% (2011 against 2149 tok/s), so a
+  // share is one piece; a thread that has not started its share by the time the other is done
+  // leaves it to that one (for_each_dynamic). The same kernels on the same rows: bitwise the
+  // results of the batch-wide path.
   const int threads = pool_threads_.active();
   const bool fused = threads > 1 && T >= 64 * int64_t(threads);
   if (!fused) {
@@ -520,23 +522,9 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     }
     return;
   }
-  constexpr int chunks_per_share = 2;
-  const int64_t n_chunks = int64_t(threads) * chunks_per_share;
-  auto chunk_rows = [&](int64_t i) { return std::pair{T * i / n_chunks, T * (i + 1) / n_chunks}; };
-  // One row-wise stretch as a job: share h is chunks [h * 2, h * 2 + 2); each participant
-  // takes a share (its own, usually: the caller 0, the worker 1), then steals what is left.
   auto row_job = [&](auto&& stretch) {
-    std::array<std::atomic<int64_t>, 64> next_chunk;
-    const int shares = std::min(threads, int(next_chunk.size()));
-    for (int h = 0; h < shares; ++h) next_chunk[size_t(h)].store(0, std::memory_order_relaxed);
-    pool_threads_.for_each_dynamic(shares, [&](int64_t home, int p) {
-      for (int d = 0; d < shares; ++d) {
-        const int h = int((home + d) % shares);
-        for (int64_t j; (j = next_chunk[size_t(h)].fetch_add(1, std::memory_order_relaxed)) < chunks_per_share;) {
-          const auto [r0, r1] = chunk_rows(int64_t(h) * chunks_per_share + j);
-          stretch(r0, r1, *s.solo[size_t(p)]);
-        }
-      }
+    pool_threads_.for_each_dynamic(threads, [&](int64_t share, int p) {
+      stretch(T * share / threads, T * (share + 1) / threads, *s.solo[size_t(p)]);
     });
   };
   row_job([&](int64_t r0, int64_t r1, kernels::thread_pool& solo) { before_attention(0, r0, r1, solo, true); });
