@@ -504,7 +504,8 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   // per layer instead of at every matmul and elementwise step, and each reads the rows it wrote
   // itself. Split by weight panels instead, every thread read all of x from the other core and
   // the VM's speed jitter was paid at ~11 barriers per layer: a 2-thread q8_0 prefill of 509
-  // tokens ran at a median 1.76x one thread's speed, against 1.93x this way (docs/performance.md).
+  // tokens ran at a median 1.81x one thread's speed, against 1.90x this way, and 25% faster
+  // (docs/performance.md).
   // Each thread reads all the weights, once per share: cutting shares into smaller chunks (so
   // that a thread could take over part of a slow one's share) read them again per chunk and
   // cost f32, whose 25 MB per layer do not stay in L3, ~7% (2011 against 2149 tok/s), so a
