@@ -336,10 +336,7 @@ void matmul_group(std::span<const matmul_output> mats, const matmul_input& in, i
     for (const matmul_output& o : mats) matmul(*o.w, in, m, o.y, pool, mode);
     return;
   }
-  std::vector<detail::panel_task> tasks;
-  tasks.reserve(mats.size());
-  for (const matmul_output& o : mats) tasks.push_back({o.w, o.y});
-  detail::matmul_panels(tasks, in, m, pool);
+  detail::matmul_panels(mats, in, m, pool);
 }
 
 const char* isa_name() {

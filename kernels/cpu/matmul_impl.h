@@ -70,11 +70,7 @@ void pack_panels(const weight_view& w, void* dst);
 void matmul_panels(const weight_view& w, const matmul_input& in, int64_t m, float* y, thread_pool& pool);
 // y_g = in · W_gᵀ for weights of one type and k, all with panels: in converted once, and one
 // job over all their panels in a prefill (bitwise each matmul_panels on its own).
-struct panel_task {
-  const weight_view* w;
-  float* y;
-};
-void matmul_panels(std::span<const panel_task> mats, const matmul_input& in, int64_t m, thread_pool& pool);
+void matmul_panels(std::span<const matmul_output> mats, const matmul_input& in, int64_t m, thread_pool& pool);
 // Row i of the input `in` stands for (k elements) into out: the arithmetic of form_input.
 void form_row(const matmul_input& in, int64_t i, int64_t k, float* out);
 

@@ -730,24 +730,24 @@ x_form prepare_x(const matmul_input& in, int64_t m, int64_t k, thread_pool& pool
 // converted once for all of them, and one job covers all their panels, so that the threads
 // meet once per group instead of once per weight.
 template <dtype T>
-void run_panels(std::span<const panel_task> mats, const matmul_input& in, int64_t m, thread_pool& pool) {
+void run_panels(std::span<const matmul_output> mats, const matmul_input& in, int64_t m, thread_pool& pool) {
   const int64_t k = mats[0].w->cols;
   const x_form xf = prepare_x<T>(in, m, k, pool);
   const int threads = pool.size();
   auto panels_of = [](const weight_view& w) { return (w.rows + PR - 1) / PR; };
   int64_t np = 0;
-  for (const panel_task& t : mats) np += panels_of(*t.w);
+  for (const matmul_output& t : mats) np += panels_of(*t.w);
   const int64_t mr = T == dtype::q8_0                                          ? MR_Q8
                      : T == dtype::q6_k                                          ? MR_Q6K
                      : T == dtype::f32 || T == dtype::f16 || T == dtype::bf16 ? MR_FLOAT
                                                                                  : MR_Q4K;
-  auto block = [&](const panel_task& t, int64_t i0, int64_t i1, int64_t p0, int64_t p1) {
+  auto block = [&](const matmul_output& t, int64_t i0, int64_t i1, int64_t p0, int64_t p1) {
     run_block<T>(*t.w, xf.a, xf.lda, &xf.xq, i0, i1, t.y, p0, p1);
   };
   // Few panels and many rows: split the rows (stories260K-sized matrices in a prefill).
   if (np < threads && m >= 2 * mr) {
     pool.parallel_for(m, mr, [&](int64_t i0, int64_t i1, int) {
-      for (const panel_task& t : mats) block(t, i0, i1, 0, panels_of(*t.w));
+      for (const matmul_output& t : mats) block(t, i0, i1, 0, panels_of(*t.w));
     });
     return;
   }
@@ -798,7 +798,7 @@ void run_panels(std::span<const panel_task> mats, const matmul_input& in, int64_
   }
   // Decode and small batches: each weight's panels in slices of at least 128 KiB of weights, so
   // that waking a thread pays off (as decode_grain).
-  for (const panel_task& t : mats) {
+  for (const matmul_output& t : mats) {
     const int64_t n = panels_of(*t.w);
     const int64_t parts = std::clamp<int64_t>(n * panel_bytes(T, k) / (int64_t(1) << 17), 1, threads);
     pool.parallel_for(n, (n + parts - 1) / parts, [&](int64_t p0, int64_t p1, int) { block(t, 0, m, p0, p1); });
@@ -838,10 +838,10 @@ void pack_panels(const weight_view& w, void* dst) {
   }
 }
 
-void matmul_panels(std::span<const panel_task> mats, const matmul_input& x, int64_t m, thread_pool& pool) {
+void matmul_panels(std::span<const matmul_output> mats, const matmul_input& x, int64_t m, thread_pool& pool) {
   if (mats.empty()) return;
   const weight_view& w = *mats[0].w;
-  for (const panel_task& t : mats)
+  for (const matmul_output& t : mats)
     if (t.w->type != w.type || t.w->cols != w.cols || !t.w->panels)
       throw std::logic_error("matmul_panels: a group's weights share one type and k, and have panels");
   switch (w.type) {
@@ -857,8 +857,8 @@ void matmul_panels(std::span<const panel_task> mats, const matmul_input& x, int6
 }
 
 void matmul_panels(const weight_view& w, const matmul_input& x, int64_t m, float* y, thread_pool& pool) {
-  const panel_task t{&w, y};
-  matmul_panels(std::span<const panel_task>(&t, 1), x, m, pool);
+  const matmul_output t{&w, y};
+  matmul_panels(std::span<const matmul_output>(&t, 1), x, m, pool);
 }
 
 }  // namespace tandem::kernels::cpu::detail
