@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -9,6 +11,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/ops.h"
+#include "runtime/row_split.h"
 
 namespace tandem {
 
@@ -30,6 +33,12 @@ struct engine::scratch {
   };
   std::vector<slice_task> slices;
   std::vector<std::unique_ptr<kernels::thread_pool>> solo;  // one size-1 pool per participant
+  // A prefill's row pieces on several threads: their sizes (by each thread's speed so far),
+  // which are taken in the job running, and what each participant computed in it.
+  row_split split{1};
+  std::unique_ptr<std::atomic<bool>[]> piece_taken;
+  std::vector<int64_t> split_rows;
+  std::vector<double> split_seconds;
 };
 
 namespace {
@@ -498,20 +507,21 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   };
 
   // A prefill-sized batch on several threads: everything from one layer's attention to the
-  // next one's is row-wise, so it runs as one job in which each thread takes an equal share of
-  // the rows through all of it (the output projection, the FFN, the next layer's q/k/v and KV
+  // next one's is row-wise, so it runs as one job in which each thread takes one piece of the
+  // rows through all of it (the output projection, the FFN, the next layer's q/k/v and KV
   // writes), each matmul on its own rows with a single-thread pool. The threads then meet twice
   // per layer instead of at every matmul and elementwise step, and each reads the rows it wrote
   // itself. Split by weight panels instead, every thread read all of x from the other core and
   // the VM's speed jitter was paid at ~11 barriers per layer: a 2-thread q8_0 prefill of 509
   // tokens ran at a median 1.81x one thread's speed, against 1.90x this way, and 25% faster
   // (docs/performance.md).
-  // Each thread reads all the weights, once per share: cutting shares into smaller chunks (so
-  // that a thread could take over part of a slow one's share) read them again per chunk and
-  // cost f32, whose 25 MB per layer do not stay in L3, ~7% (2011 against 2149 tok/s), so a
-  // share is one piece; a thread that has not started its share by the time the other is done
-  // leaves it to that one (for_each_dynamic). The same kernels on the same rows: bitwise the
-  // results of the batch-wide path.
+  // Each thread reads all the weights, once per piece: cutting pieces smaller (so that a thread
+  // could take over part of a slow one's) read them again per piece and cost f32, whose 25 MB
+  // per layer do not stay in L3, ~7% (2011 against 2149 tok/s). So a thread's piece is sized
+  // by the speed it showed in the jobs before (row_split: one vCPU of a VM often runs slower
+  // than the other for seconds), and a thread that has not started its piece by the time
+  // another is done leaves it to that one. The same kernels on the same rows: bitwise the
+  // results of the batch-wide path, whatever the pieces.
   const int threads = pool_threads_.active();
   const bool fused = threads > 1 && T >= 64 * int64_t(threads);
   if (!fused) {
@@ -523,10 +533,34 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     }
     return;
   }
+  if (s.split.threads() != threads) {
+    s.split = row_split(threads);
+    s.piece_taken = std::make_unique<std::atomic<bool>[]>(size_t(threads));
+    s.split_rows.assign(size_t(threads), 0);
+    s.split_seconds.assign(size_t(threads), 0);
+  }
   auto row_job = [&](auto&& stretch) {
-    pool_threads_.for_each_dynamic(threads, [&](int64_t share, int p) {
-      stretch(T * share / threads, T * (share + 1) / threads, *s.solo[size_t(p)]);
+    for (int q = 0; q < threads; ++q) {
+      s.piece_taken[size_t(q)].store(false, std::memory_order_relaxed);
+      s.split_rows[size_t(q)] = 0;
+      s.split_seconds[size_t(q)] = 0;
+    }
+    pool_threads_.for_each_dynamic(threads, [&](int64_t, int p) {
+      auto run = [&](int q) {
+        const row_split::piece pc = s.split.piece_of(q, T);
+        if (pc.begin == pc.end) return;
+        const auto t0 = std::chrono::steady_clock::now();
+        stretch(pc.begin, pc.end, *s.solo[size_t(p)]);
+        if (p >= threads) return;  // a core share grew since `threads` was read: a helper only
+        s.split_seconds[size_t(p)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        s.split_rows[size_t(p)] += pc.end - pc.begin;
+      };
+      // Its own piece first, then any piece whose thread has not started it.
+      if (p < threads && !s.piece_taken[size_t(p)].exchange(true, std::memory_order_acq_rel)) run(p);
+      for (int q = 0; q < threads; ++q)
+        if (!s.piece_taken[size_t(q)].exchange(true, std::memory_order_acq_rel)) run(q);
     });
+    s.split.observe(s.split_rows, s.split_seconds);
   };
   row_job([&](int64_t r0, int64_t r1, kernels::thread_pool& solo) { before_attention(0, r0, r1, solo, true); });
   for (int32_t l = 0; l < c.n_layer; ++l) {

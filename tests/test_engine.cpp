@@ -194,8 +194,9 @@ TEST(Engine, ChunkedPrefillEqualsOneShot) {
 }
 
 // A prefill of many rows on several threads runs the row-wise work of each layer as one job
-// of row shares (engine.cpp: run_layers); every row's logits and KV are bitwise those of one
-// thread computing the whole batch, and of a chunked prefill, for each weight type.
+// of row pieces (engine.cpp: run_layers); every row's logits and KV are bitwise those of one
+// thread computing the whole batch, and of a chunked prefill, for each weight type, wherever
+// the pieces are cut.
 TEST(Engine, PrefillRowSharesAreBitwiseTheWholeBatch) {
   for (kernels::dtype t : {kernels::dtype::f32, kernels::dtype::bf16, kernels::dtype::q8_0, kernels::dtype::q4_k}) {
     SCOPED_TRACE(kernels::to_string(t));
@@ -213,6 +214,16 @@ TEST(Engine, PrefillRowSharesAreBitwiseTheWholeBatch) {
       all_logits.push_back(std::move(logits));
       all_kv.emplace_back();
       ASSERT_TRUE(eng.export_kv(s, all_kv.back()).ok());
+      // Again on new sequences: the pieces are sized by the threads' speed in the jobs before
+      // (runtime/row_split.h), so these forwards cut the rows elsewhere.
+      for (int again = 0; again < 3 && threads > 1; ++again) {
+        const seq_id a = eng.create_sequence();
+        for (auto& e : batch) e.seq = a;
+        std::vector<float> again_logits;
+        ASSERT_TRUE(eng.forward(batch, again_logits).ok());
+        EXPECT_TRUE(again_logits == all_logits[0]) << threads << " threads, forward " << again + 2;
+        ASSERT_TRUE(eng.free_sequence(a).ok());
+      }
       if (threads == 2) {  // chunks of 7 rows: the batch-wide path
         const seq_id c = eng.create_sequence();
         std::vector<float> chunk_logits, last;
