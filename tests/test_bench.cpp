@@ -42,6 +42,10 @@ TEST(BenchStats, PercentilesInterpolateBetweenRanks) {
   EXPECT_DOUBLE_EQ(median({3, 1, 2}), 2);
   EXPECT_DOUBLE_EQ(median({4, 1, 3, 2}), 2.5);
   EXPECT_DOUBLE_EQ(median({}), 0);
+  // Ratios pair by pair (2, 4, 3): 3, not the ratio of the medians (4 / 1).
+  EXPECT_DOUBLE_EQ(median_ratio({2, 4, 9}, {1, 1, 3}), 3);
+  EXPECT_DOUBLE_EQ(median_ratio({2, 4, 9, 100}, {1, 1, 3}), 3);  // pairs only
+  EXPECT_DOUBLE_EQ(median_ratio({}, {}), 0);
   EXPECT_DOUBLE_EQ(percentile(v, 100), 10);
   EXPECT_DOUBLE_EQ(percentile({7}, 99), 7);
   EXPECT_DOUBLE_EQ(percentile({}, 50), 0);

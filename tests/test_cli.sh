@@ -69,6 +69,29 @@ expect_error "slo" bench compare --trace short
 expect_error "matmul" generate --model "$model" --prompt x --matmul slow
 expect_error "kv-dtype" generate --model "$model" --prompt x --kv-dtype q4
 expect_error "no llama-bench in" bench kernels --against-llama-bench "$work" --dtypes q8_0 --threads 1 --rounds 1
+# Beside a stand-in llama-bench (prefill 100 tok/s at 1 thread, 150 at 2; decode 10): every
+# 2-thread row carries its prefill scaling, the median of each round's 2-thread / 1-thread pair.
+mkdir -p "$work/fakellama"
+cat >"$work/fakellama/llama-bench" <<'SH'
+#!/bin/sh
+[ "$1" = --help ] && exit 0
+while [ $# -gt 0 ]; do case $1 in -p) p=$2;; -t) t=$2;; esac; shift; done
+if [ "$p" != 0 ]; then echo "[{\"avg_ts\": $((t == 1 ? 100 : 150))}]"; else echo '[{"avg_ts": 10}]'; fi
+SH
+chmod +x "$work/fakellama/llama-bench"
+"$bin" bench kernels --against-llama-bench "$work/fakellama" --model "$model" --threads 1,2 --prompt-tokens 32 --matmul batch-invariant \
+  --decode-tokens 2 --rounds 3 --json >"$work/scaling.json" 2>"$work/scaling.err"
+python3 - "$work/scaling.json" <<'PY' && pass "bench kernels --against-llama-bench: prefill scaling per thread count" \
+  || fail "bench kernels scaling: $(cat "$work/scaling.json" "$work/scaling.err")"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+one = [r for r in rows if r["threads"] == 1]
+two = [r for r in rows if r["threads"] == 2]
+assert len(one) == 1 and len(two) == 1, rows
+assert "tandem_prefill_scaling" not in one[0] and "llama_prefill_scaling" not in one[0], one
+assert two[0]["llama_prefill_scaling"] == 1.5, two
+assert two[0]["prefill_ratio"] > 0 and two[0]["tandem_prefill_scaling"] > 0, two
+PY
 expect_error "kv-store-disk-mib" serve --model "$model" --port 0 --kv-store-disk "$work/tier.bin"
 expect_error "cannot open /nonexistent/tier.bin" serve --model "$model" --port 0 --kv-store-disk /nonexistent/tier.bin --kv-store-disk-mib 4
 expect_error "route-load-weight" serve --model "$model" --port 0 --route-load-weight -1

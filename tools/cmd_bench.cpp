@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <cstdio>
 #include <iostream>
@@ -183,14 +184,28 @@ int run_against_llama(const bench_opts& o) {
                    w.dtype, w.threads, w.context, w.mode, w.ours_pp.back(), w.ref_pp.back(), w.ours_tg.back(),
                    w.ref_tg.back());
     }
+  // Prefill scaling: each round's N-thread prefill over its 1-thread one of the same file,
+  // context and mode (run close together, so the VM's slower drifts cancel), median over rounds.
+  auto scaling = [&](const row& w, auto member) -> std::optional<double> {
+    if (w.threads == 1) return std::nullopt;
+    for (const auto& one : rows)
+      if (one.threads == 1 && one.path == w.path && one.context == w.context && one.mode == w.mode)
+        return bench::median_ratio(w.*member, one.*member);
+    return std::nullopt;
+  };
   nlohmann::json results = nlohmann::json::array();
-  for (const auto& w : rows)
+  for (const auto& w : rows) {
     results.push_back({{"dtype", w.dtype}, {"threads", w.threads}, {"context", w.context}, {"matmul", w.mode},
                        {"prompt_tokens", o.prompt_tokens}, {"decode_tokens", o.decode_tokens}, {"rounds", o.rounds},
                        {"tandem_prefill_tps", median(w.ours_pp)}, {"llama_prefill_tps", median(w.ref_pp)},
                        {"prefill_ratio", median(w.ours_pp) / median(w.ref_pp)},
                        {"tandem_decode_tps", median(w.ours_tg)}, {"llama_decode_tps", median(w.ref_tg)},
                        {"decode_ratio", median(w.ours_tg) / median(w.ref_tg)}, {"isa", kernels::cpu::isa_name()}});
+    if (const auto ours = scaling(w, &row::ours_pp), ref = scaling(w, &row::ref_pp); ours && ref) {
+      results.back()["tandem_prefill_scaling"] = *ours;
+      results.back()["llama_prefill_scaling"] = *ref;
+    }
+  }
   if (o.json) {
     std::cout << results.dump(2) << "\n";
     return 0;
@@ -204,6 +219,17 @@ int run_against_llama(const bench_opts& o) {
                 int(r["threads"]), int(r["context"]), std::string(r["matmul"]).c_str(), double(r["tandem_prefill_tps"]),
                 double(r["llama_prefill_tps"]), double(r["prefill_ratio"]), double(r["tandem_decode_tps"]),
                 double(r["llama_decode_tps"]), double(r["decode_ratio"]));
+  bool scaled = false;
+  for (const auto& r : results) {
+    if (!r.contains("tandem_prefill_scaling")) continue;
+    if (!scaled)
+      std::printf("\nprefill at N threads / at 1 thread: median over rounds of each round's pair\n%-6s %3s %5s %-15s | %7s %7s\n",
+                  "dtype", "thr", "ctx", "matmul", "tandem", "llama");
+    scaled = true;
+    std::printf("%-6s %3d %5d %-15s | %6.2fx %6.2fx\n", std::string(r["dtype"]).c_str(), int(r["threads"]),
+                int(r["context"]), std::string(r["matmul"]).c_str(), double(r["tandem_prefill_scaling"]),
+                double(r["llama_prefill_scaling"]));
+  }
   return 0;
 }
 

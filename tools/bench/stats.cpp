@@ -19,6 +19,12 @@ double median(std::vector<double> values) {
   return n == 0 ? 0 : n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
+double median_ratio(const std::vector<double>& num, const std::vector<double>& den) {
+  std::vector<double> r;
+  for (size_t i = 0; i < std::min(num.size(), den.size()); ++i) r.push_back(num[i] / den[i]);
+  return median(std::move(r));
+}
+
 summary summarize(std::vector<double> values) {
   summary s;
   if (values.empty()) return s;

@@ -24,6 +24,9 @@ summary summarize(std::vector<double> values);
 // The middle value (the mean of the middle two for an even count); 0 when empty. Interleaved
 // rounds report it (bench kernels, bench compare --rounds).
 double median(std::vector<double> values);
+// The median of num[i] / den[i] over the pairs (the shorter length): a ratio between two
+// configurations measured in the same rounds, whose common drifts cancel pair by pair.
+double median_ratio(const std::vector<double>& num, const std::vector<double>& den);
 
 // Service-level objectives; an unset one does not constrain.
 struct slo {
