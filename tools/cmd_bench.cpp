@@ -359,7 +359,7 @@ void add_bench(CLI::App& app) {
   add_kv_dtype_option(k, o->kv_dtype);
   k->add_option("--against-llama-bench", o->llama_dir,
                 "Folder holding the reference llama.cpp's llama-bench: run it beside tandem on the same GGUF files "
-                "in interleaved rounds and print medians and ratios");
+                "in interleaved rounds and print medians, ratios and each side's prefill scaling with threads");
   k->add_option("--context", o->contexts,
                 "With --against-llama-bench: positions in the sequence when decode starts (the timed prefill ends "
                 "there); default: the prompt length")
