@@ -307,24 +307,19 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   const architecture_traits& arch = traits(c.arch);
   const auto rope_apply = arch.rope == rope_style::neox ? &cpu::rope_apply_neox : &cpu::rope_apply;
 
-  // Row-wise elementwise work: split over the pool when the batch is big enough to pay for a
-  // dispatch (prefill), inline otherwise (decode). Rows are independent: the same results
-  // whatever the split (the serial parts of a 2-thread prefill were its weak scaling).
-  auto rows_parallel = [&](int64_t width, auto&& fn) {
-    if (T * width < (int64_t(1) << 15) || pool_threads_.size() == 1) return fn(int64_t(0), T);
-    pool_threads_.parallel_for(T, 1, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); });
-  };
-  // Rows [r0, r1) of a layer's row-wise work: inline on one thread's chunk (`chunk`: the fused
-  // job below), or over the pool for the whole batch.
-  auto rows_of = [&](int64_t r0, int64_t r1, bool chunk, int64_t width, auto&& fn) {
-    if (chunk) return fn(r0, r1);
-    rows_parallel(width, fn);
+  // Row-wise elementwise work on rows [r0, r1): split over `pool` when there are enough rows to
+  // pay for a dispatch (prefill), inline otherwise (decode, or one thread's piece of the fused
+  // job below, whose pool has one thread). Rows are independent: the same results whatever the
+  // split (the serial parts of a 2-thread prefill were its weak scaling).
+  auto rows_parallel = [&](int64_t r0, int64_t r1, kernels::thread_pool& pool, int64_t width, auto&& fn) {
+    if ((r1 - r0) * width < (int64_t(1) << 15) || pool.size() == 1) return fn(r0, r1);
+    pool.parallel_for(r1 - r0, 1, [&](int64_t a, int64_t b, int) { fn(r0 + a, r0 + b); });
   };
   // One angle table per distinct (base, scale) of the layers (model.h: rope_variants).
   if (s.rope_cs.size() < c.rope_variants.size()) s.rope_cs.resize(c.rope_variants.size());
   for (size_t i = 0; i < c.rope_variants.size(); ++i) {
     grow(s.rope_cs[i], T * c.head_dim);
-    rows_parallel(16 * c.head_dim, [&](int64_t r0, int64_t r1) {  // sin/cos: dearer than a copy
+    rows_parallel(0, T, pool_threads_, 16 * c.head_dim, [&](int64_t r0, int64_t r1) {  // sin/cos: dearer than a copy
       cpu::rope_table(pos.data() + r0, r1 - r0, c.head_dim, c.rope_variants[i].first,
                       s.rope_cs[i].data() + r0 * c.head_dim, c.rope_variants[i].second,
                       c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
@@ -377,7 +372,7 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   // x: [T, dim] ← token embeddings
   const auto& emb = model_->tok_embd();
   const int64_t emb_row = kernels::row_bytes(emb.type, c.dim);
-  rows_parallel(c.dim, [&](int64_t r0, int64_t r1) {
+  rows_parallel(0, T, pool_threads_, c.dim, [&](int64_t r0, int64_t r1) {
     for (int64_t t = r0; t < r1; ++t)
       kernels::dequantize_row(emb.type, static_cast<const uint8_t*>(emb.data) + batch[size_t(t)].token * emb_row,
                               s.x.data() + t * c.dim, c.dim);
@@ -425,16 +420,17 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   }
 
   // A layer is row-wise work around one step that mixes rows, attention. Rows [r0, r1) on
-  // `pool` (`chunk`: one thread's rows of the fused job below, else the whole batch):
+  // `pool` (one thread's piece of the fused job below and its single-thread pool, or the whole
+  // batch and the engine's pool):
   // Layer l's q/k/v and what each token needs before attention: q: [T, n_head, head_dim], k
   // and v: [T, n_kv_head, head_dim]; biases, per-head q/k norms, RoPE, then its K/V into the
   // cache (in the cache's dtype; later entries of the batch attend to it).
-  auto before_attention = [&](int32_t l, int64_t r0, int64_t r1, kernels::thread_pool& pool, bool chunk) {
+  auto before_attention = [&](int32_t l, int64_t r0, int64_t r1, kernels::thread_pool& pool) {
     const layer_weights& w = model_->layers()[size_t(l)];
     const cpu::matmul_input attn_in{s.x.data(), cpu::input_op::rms_norm, w.attn_norm.data(), c.rms_eps};
     matmuls(r0, r1, pool, attn_in, c.dim, s.xn.data(), {{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}});
     const float* cs = s.rope_cs[size_t(w.rope_variant)].data();
-    rows_of(r0, r1, chunk, q_dim + 2 * kv_dim, [&](int64_t t0, int64_t t1) {
+    rows_parallel(r0, r1, pool, q_dim + 2 * kv_dim, [&](int64_t t0, int64_t t1) {
       const int64_t n = t1 - t0;
       float* q = s.q.data() + t0 * q_dim;
       float* k = s.k.data() + t0 * kv_dim;
@@ -488,10 +484,10 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   };
   // Layer l after attention: the output projection, the FFN, each joining the residual x
   // (Gemma's post-norms normalise a block's output first).
-  auto after_attention = [&](int32_t l, int64_t r0, int64_t r1, kernels::thread_pool& pool, bool chunk) {
+  auto after_attention = [&](int32_t l, int64_t r0, int64_t r1, kernels::thread_pool& pool) {
     const layer_weights& w = model_->layers()[size_t(l)];
     auto add_residual = [&](const std::vector<float>& post_norm) {
-      rows_of(r0, r1, chunk, c.dim, [&](int64_t t0, int64_t t1) {
+      rows_parallel(r0, r1, pool, c.dim, [&](int64_t t0, int64_t t1) {
         float* proj = s.proj.data() + t0 * c.dim;
         if (!post_norm.empty()) cpu::rms_norm(proj, post_norm.data(), proj, t1 - t0, c.dim, c.rms_eps);
         cpu::add_inplace(s.x.data() + t0 * c.dim, proj, (t1 - t0) * c.dim);
@@ -526,10 +522,10 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
   const bool fused = threads > 1 && T >= 64 * int64_t(threads);
   if (!fused) {
     for (int32_t l = 0; l < c.n_layer; ++l) {
-      before_attention(l, 0, T, pool_threads_, false);
+      before_attention(l, 0, T, pool_threads_);
       if (after_layer) after_layer(l);
       attention(l);
-      after_attention(l, 0, T, pool_threads_, false);
+      after_attention(l, 0, T, pool_threads_);
     }
     return;
   }
@@ -562,13 +558,13 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
     });
     s.split.observe(s.split_rows, s.split_seconds);
   };
-  row_job([&](int64_t r0, int64_t r1, kernels::thread_pool& solo) { before_attention(0, r0, r1, solo, true); });
+  row_job([&](int64_t r0, int64_t r1, kernels::thread_pool& solo) { before_attention(0, r0, r1, solo); });
   for (int32_t l = 0; l < c.n_layer; ++l) {
     if (after_layer) after_layer(l);
     attention(l);
     row_job([&](int64_t r0, int64_t r1, kernels::thread_pool& solo) {
-      after_attention(l, r0, r1, solo, true);
-      if (l + 1 < c.n_layer) before_attention(l + 1, r0, r1, solo, true);
+      after_attention(l, r0, r1, solo);
+      if (l + 1 < c.n_layer) before_attention(l + 1, r0, r1, solo);
     });
   }
 }
