@@ -461,6 +461,13 @@ pipeline::~pipeline() {
   im.sys.reset();
 }
 
+std::vector<token_id> prompt_ids(const tokenizer& tok, const generation_request& req) {
+  if (!req.prompt_tokens.empty()) return req.prompt_tokens;
+  tokenizer::specials add = req.add_special ? tok.file_specials() : tokenizer::specials{};
+  if (req.add_bos) add.bos = *req.add_bos;
+  return tok.encode(req.prompt, add, req.parse_special, req.literal_ranges);
+}
+
 namespace {
 
 // Builds a request's spec; a request that cannot run gets its error event right away.
@@ -468,9 +475,7 @@ std::optional<request_spec> make_spec(connection_inbox& in, request_id id, const
                                       const generation_request& req) {
   request_spec spec;
   spec.id = id;
-  spec.prompt = req.prompt_tokens.empty()
-                    ? mdl.tok().encode(req.prompt, req.add_bos, req.parse_special, req.literal_ranges)
-                    : req.prompt_tokens;
+  spec.prompt = prompt_ids(mdl.tok(), req);
   spec.max_tokens = req.max_tokens;
   spec.sampling = req.sampling;
   spec.ignore_eos = req.ignore_eos;

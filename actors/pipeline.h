@@ -9,6 +9,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,12 +24,16 @@ namespace tandem {
 
 
 struct generation_request {
-  std::string prompt;                       // tokenized with BOS (when add_bos)...
-  std::vector<token_id> prompt_tokens;      // ...unless tokens are given
-  bool add_bos = true;
-  // Control tokens written in `prompt` (<|im_start|>, <|eot_id|>) are their tokens: set for
-  // prompts rendered from a chat template; raw completion prompts keep them as characters.
-  bool parse_special = false;
+  std::string prompt;                       // tokenized (pipeline::prompt_ids)...
+  std::vector<token_id> prompt_tokens;      // ...unless tokens are given, which are taken as they are
+  // The special tokens the model file puts around a text (tokenizer.ggml.add_bos_token /
+  // add_eos_token: llama.cpp's add_special, vLLM's add_special_tokens); false: none.
+  bool add_special = true;
+  // Overrides the file's word on BOS alone (unset: the file's, when add_special).
+  std::optional<bool> add_bos;
+  // Control tokens written in `prompt` (<|im_start|>, <|eot_id|>) are their tokens, as
+  // llama-server and vLLM read raw prompts; false keeps them characters.
+  bool parse_special = true;
   // With parse_special: byte ranges of `prompt` where control tokens stay characters (text a
   // chat template copied from a message: chat_template::render).
   std::vector<tokenizer::byte_range> literal_ranges;
@@ -36,6 +41,10 @@ struct generation_request {
   sampling_params sampling{.temperature = 0.0f};
   bool ignore_eos = false;
 };
+
+// The ids a request's prompt is computed from: prompt_tokens as given, else `prompt` encoded with
+// the specials its fields ask for (the file's unless overridden) and parse_special.
+std::vector<token_id> prompt_ids(const tokenizer& tok, const generation_request& req);
 
 // Everything a finished request produced.
 struct generation_result {

@@ -103,7 +103,9 @@ chat_template chat_template::for_vocab(const std::string& source, const tokenize
   std::vector<std::string> controls;
   for (token_id i = 0; i < tok.n_vocab(); ++i)
     if (tok.token_type(i) == 3) controls.push_back(tok.token_text(i));  // 3: control
-  return chat_template(source, text_of(tok.bos()), text_of(tok.eos()), tok.spec().add_bos, std::move(controls));
+  chat_template t(source, text_of(tok.bos()), text_of(tok.eos()), tok.file_specials().bos, std::move(controls));
+  t.strip_eos_ = tok.file_specials().eos;
+  return t;
 }
 
 std::string chat_template::describe() const {
@@ -193,6 +195,10 @@ status chat_template::render(const std::vector<chat_message>& messages, std::str
     }
   }
   if (strip_bos_ && !bos_.empty() && out.rfind(bos_, 0) == 0) out.erase(0, bos_.size());
+  // And a vocabulary that appends EOS itself loses a rendering's last eos_token (llama.cpp's
+  // rule; no real template ends its generation prompt with one).
+  if (strip_eos_ && !eos_.empty() && out.size() >= eos_.size() && out.compare(out.size() - eos_.size(), eos_.size(), eos_) == 0)
+    out.erase(out.size() - eos_.size());
   unmark(out, literal);
   return {};
 }

@@ -58,7 +58,7 @@ class chat_template {
   // (invalid_argument): an empty list, a role the fallback format lacks, or the template's own
   // raise_exception (its message passed through).
   // `literal` (if given) gets the byte ranges of `out` that copy control-token text from the
-  // messages: tokenizer::encode(out, add_bos, true, literal) keeps them characters.
+  // messages: tokenizer::encode(out, tok.file_specials(), true, literal) keeps them characters.
   // `tools` (OpenAI's list of functions; null: none) is the template's `tools` variable.
   status render(const std::vector<chat_message>& messages, std::string& out,
                 std::vector<tokenizer::byte_range>* literal = nullptr,
@@ -72,6 +72,7 @@ class chat_template {
   std::string fallback_reason_;
   std::string bos_, eos_;
   bool strip_bos_ = false;
+  bool strip_eos_ = false;  // for_vocab: the vocabulary appends EOS (tokenizer.ggml.add_eos_token)
   tool_format tools_ = tool_format::none;
   std::vector<std::string> controls_;
 };

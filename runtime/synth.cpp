@@ -3,7 +3,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
+#include <unistd.h>
+
+#include "runtime/default_model.h"
 #include "runtime/errors.h"
 #include "runtime/gguf.h"
 #include "runtime/tokenizer.h"
@@ -80,7 +84,7 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
   w.set_string("general.architecture", std::string(at.name));
   std::string name = "tandem-synth-" + p.name;
   if (opts.arch != architecture::llama) name.append("-").append(at.name);
-  w.set_string("general.name", name);
+  w.set_string("general.name", opts.name.empty() ? name : opts.name);
   w.set_u32("general.file_type", [type]() -> uint32_t {  // llama_ftype: the "mostly" type (K types: _S)
     switch (type) {
       case kernels::dtype::f32: return 0;
@@ -234,6 +238,27 @@ std::string cached_synth_model(const std::string& preset, kernels::dtype type) {
   return path.string();
 }
 
-std::string default_model_path() { return cached_synth_model(default_model_preset, default_model_dtype); }
+std::string bench_model_path() { return cached_synth_model(bench_model_preset, bench_model_dtype); }
+
+std::string default_model_path() {
+  const auto path = std::filesystem::path(cache_dir()) / (std::string(default_model_name) + ".gguf");
+  const auto bytes = default_model_bytes();
+  std::error_code ec;
+  // Rewritten when the size differs (a file from another build, or cut short by a full disk
+  // before the rename could not happen, since the write is atomic).
+  if (std::filesystem::file_size(path, ec) == bytes.size() && !ec) return path.string();
+  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    if (!out.flush()) {
+      std::filesystem::remove(tmp, ec);
+      throw failure(errc::io_error, "cannot write the built-in model to '" + tmp + "'");
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw failure(errc::io_error, "cannot write '" + path.string() + "': " + ec.message());
+  return path.string();
+}
 
 }  // namespace tandem

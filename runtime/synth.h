@@ -35,6 +35,7 @@ struct synth_options {
   // size replaces the preset's n_vocab.
   std::optional<vocab_spec> vocab;
   std::string chat_template;  // written as tokenizer.chat_template when not empty
+  std::string name;           // general.name when not empty (else "tandem-synth-PRESET[-ARCH]")
 };
 
 // Writes the model to `path` (atomically). Same (preset, dtype, seed, options) → same bytes.
@@ -45,15 +46,18 @@ struct synth_options {
 void synthesize_model(const synth_preset& p, kernels::dtype type, const std::string& path,
                       uint64_t seed = 42, const synth_options& opts = {});
 
-// The model `generate` and `serve` use when no --model is given: the preset and dtype
-// below, made on first use under the cache directory
+// The model `generate` and `serve` use when no --model is given: the built-in stories260K
+// (runtime/default_model.h), written on first use to the cache directory
 // ($TANDEM_CACHE_DIR, else $XDG_CACHE_HOME/tandem, else ~/.cache/tandem) and reused after.
 std::string default_model_path();
 // That cache directory (created if missing); synthetic models for benchmarks live there too.
 std::string cache_dir();
 // A cached synthetic model of the given preset and dtype, made on first use.
 std::string cached_synth_model(const std::string& preset, kernels::dtype type);
-constexpr const char* default_model_preset = "bench-76m";
-constexpr kernels::dtype default_model_dtype = kernels::dtype::q8_0;
+// The model benchmarks run when given none (bench compare): a 76 M-parameter synthetic Llama,
+// big enough for their traces' contexts and for timings that mean something.
+constexpr const char* bench_model_preset = "bench-76m";
+constexpr kernels::dtype bench_model_dtype = kernels::dtype::q8_0;
+std::string bench_model_path();
 
 }  // namespace tandem

@@ -8,6 +8,7 @@
 #include "runtime/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <array>
 #include <string>
 #include <utility>
@@ -65,6 +66,8 @@ void validate(const vocab_spec& s) {
     malformed("tokenizer.ggml.scores has " + std::to_string(s.scores.size()) +
               " entries but tokenizer.ggml.tokens has " + std::to_string(n));
   }
+  if (!s.rstrip.empty() && s.rstrip.size() != n)
+    malformed("the rstrip attributes cover " + std::to_string(s.rstrip.size()) + " tokens of " + std::to_string(n));
   if (!s.token_types.empty() && s.token_types.size() != n) {
     malformed("tokenizer.ggml.token_type has " + std::to_string(s.token_types.size()) +
               " entries but tokenizer.ggml.tokens has " + std::to_string(n));
@@ -194,11 +197,16 @@ tokenizer::~tokenizer() = default;
 tokenizer::tokenizer(tokenizer&&) noexcept = default;
 tokenizer& tokenizer::operator=(tokenizer&&) noexcept = default;
 
-std::vector<token_id> tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
-  return encode(text, add_bos, parse_special, {});
+tokenizer::specials tokenizer::file_specials() const {
+  const vocab_spec& s = impl_->spec;
+  return {.bos = s.add_bos && s.bos_id >= 0, .eos = s.add_eos && s.eos_id >= 0};
 }
 
-std::vector<token_id> tokenizer::encode(std::string_view text, bool add_bos, bool parse_special,
+std::vector<token_id> tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
+  return encode(text, add_special ? file_specials() : specials{}, parse_special);
+}
+
+std::vector<token_id> tokenizer::encode(std::string_view text, specials add, bool parse_special,
                                         std::span<const byte_range> literal) const {
   const impl& t = *impl_;
   // Whether [b, e) of text touches a literal range (those are sorted and few).
@@ -209,7 +217,7 @@ std::vector<token_id> tokenizer::encode(std::string_view text, bool add_bos, boo
   };
   std::vector<token_id> out;
   out.reserve(text.size() / 3 + 2);
-  if (add_bos && t.spec.bos_id >= 0) out.push_back(t.spec.bos_id);
+  if (add.bos && t.spec.bos_id >= 0) out.push_back(t.spec.bos_id);
   // Split out the special tokens written in the text, as llama.cpp's tokenizer_st_partition:
   // each special, longest first, cuts every piece of plain text still left at its occurrences.
   struct fragment {
@@ -222,6 +230,7 @@ std::vector<token_id> tokenizer::encode(std::string_view text, bool add_bos, boo
     const std::string& st = t.spec.tokens[size_t(sid)];
     next.clear();
     const bool may_be_literal = !literal.empty() && t.types[size_t(sid)] != type_user_defined;
+    const bool rstrip = size_t(sid) < t.spec.rstrip.size() && t.spec.rstrip[size_t(sid)];
     for (const fragment& f : frags) {
       if (f.id >= 0 || f.text.find(st) == std::string_view::npos) {
         next.push_back(f);
@@ -238,6 +247,8 @@ std::vector<token_id> tokenizer::encode(std::string_view text, bool add_bos, boo
         if (p > start) next.push_back({-1, f.text.substr(start, p - start)});
         next.push_back({sid, {}});
         start = from = p + st.size();
+        if (rstrip)  // llama.cpp's isspace(): space, \t, \n, \v, \f, \r
+          while (start < f.text.size() && std::isspace(static_cast<unsigned char>(f.text[start]))) start = ++from;
       }
       if (start < f.text.size()) next.push_back({-1, f.text.substr(start)});
     }
@@ -256,6 +267,7 @@ std::vector<token_id> tokenizer::encode(std::string_view text, bool add_bos, boo
       after_special = false;
     }
   }
+  if (add.eos && t.spec.eos_id >= 0) out.push_back(t.spec.eos_id);
   return out;
 }
 

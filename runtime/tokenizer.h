@@ -30,6 +30,10 @@ struct vocab_spec {
   bool add_bos = true;               // tokenizer.ggml.add_bos_token
   bool add_eos = false;              // tokenizer.ggml.add_eos_token
   bool add_space_prefix = true;      // tokenizer.ggml.add_space_prefix (llama only)
+  // Per token, 1 where whitespace after the token is dropped when the token is matched in text
+  // (llama.cpp's LLAMA_TOKEN_ATTR_RSTRIP, which GGUF has no key for: llama.cpp sets it by
+  // general.name for Phi-3 files, as vocab_from_gguf does); empty: none.
+  std::vector<uint8_t> rstrip;
 };
 
 class tokenizer {
@@ -40,18 +44,26 @@ class tokenizer {
   tokenizer(tokenizer&&) noexcept;
   tokenizer& operator=(tokenizer&&) noexcept;
 
-  // Text -> ids. Prepends BOS when add_bos is true and the vocab defines one. User-defined
-  // tokens written in the text are always their tokens; control tokens (<|im_start|>, <s>)
-  // only with parse_special (prompts rendered from a chat template), else plain characters —
-  // llama.cpp's rules (llama_tokenize's parse_special).
-  std::vector<token_id> encode(std::string_view text, bool add_bos, bool parse_special = false) const;
-  // As above, with parse_special, except that no control or unknown token is recognised across
-  // the byte ranges [first, second) of `literal` (sorted): text a chat template copied from
-  // a user's message, whose "<|im_start|>" stays characters there while the template's own
-  // markers around it are tokens.
+  // Text -> ids, with the special tokens the model file adds around a text when `add_special`
+  // (tokenizer.ggml.add_bos_token / add_eos_token: llama.cpp's add_special, vLLM's
+  // add_special_tokens). User-defined tokens written in the text are always their tokens;
+  // control tokens (<|im_start|>, <s>) only with parse_special (raw completion prompts and
+  // prompts rendered from a chat template), else plain characters: llama.cpp's rules
+  // (llama_tokenize's parse_special).
+  std::vector<token_id> encode(std::string_view text, bool add_special, bool parse_special = false) const;
+  // Which special tokens go around the text: the file's (file_specials()) or a caller's choice.
+  struct specials {
+    bool bos = false, eos = false;
+    bool operator==(const specials&) const = default;
+  };
+  specials file_specials() const;  // tokenizer.ggml.add_bos_token / add_eos_token, where the vocab has the token
+  // As above with the specials given, except that no control or unknown token is recognised
+  // across the byte ranges [first, second) of `literal` (sorted): text a chat template copied
+  // from a user's message, whose "<|im_start|>" stays characters there while the template's
+  // own markers around it are tokens.
   using byte_range = std::pair<uint32_t, uint32_t>;
-  std::vector<token_id> encode(std::string_view text, bool add_bos, bool parse_special,
-                               std::span<const byte_range> literal) const;
+  std::vector<token_id> encode(std::string_view text, specials add, bool parse_special,
+                               std::span<const byte_range> literal = {}) const;
   // The raw bytes a token stands for (byte tokens give their byte, "▁" gives a space,
   // gpt2 byte-unicode is mapped back). Control tokens give "". May be part of a UTF-8 char.
   std::string token_bytes(token_id id) const;

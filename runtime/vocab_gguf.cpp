@@ -52,6 +52,22 @@ vocab_spec vocab_from_gguf(const gguf::file& f) {
   s.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", llama);
   s.add_eos = f.get_bool("tokenizer.ggml.add_eos_token", false);
   s.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix", llama);
+  // llama.cpp's rule for files whose general.name (lowercased) names Phi-3 ("Phi3", as
+  // Microsoft's own GGUF; "Phi 3 Mini 128k Instruct" does not): whitespace after a special
+  // token is dropped, as the model's Hugging Face tokenizer does (rstrip), except after <unk>,
+  // <s> and <|endoftext|>; </s> drops it too.
+  std::string name = f.get_string("general.name", "");
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
+    s.rstrip.assign(s.tokens.size(), 0);
+    for (size_t i = 0; i < s.token_types.size(); ++i)
+      if (s.token_types[i] == 2 || s.token_types[i] == 3 || s.token_types[i] == 4) s.rstrip[i] = 1;  // unknown, control, user-defined
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      const std::string& t = s.tokens[i];
+      if (t == "</s>") s.rstrip[i] = 1;
+      if (t == "<unk>" || t == "<s>" || t == "<|endoftext|>") s.rstrip[i] = 0;
+    }
+  }
   return s;
 }
 

@@ -133,29 +133,31 @@ vocab_spec vocab_from_tokenizer_json(const std::string& path, const std::string&
       throw failure(errc::malformed_file, "'" + path + "': special token '" + text + "' is not in the vocabulary");
     };
     if (spm && !unk.empty()) s.unk_id = id_of(unk);
-    // BOS/EOS as convert_hf_to_gguf takes them: tokenizer_config.json first.
-    // Without a word from the files, llama.cpp adds BOS for the Llama 3 pre-tokenizer only.
+    // BOS/EOS as convert_hf_to_gguf (gguf-py's SpecialVocab) takes them: without a word from
+    // the files, llama.cpp adds BOS for the Llama 3 pre-tokenizer only; a post-processor that
+    // puts a special token first adds BOS (Llama 2's, Llama 3's); tokenizer_config.json's ids
+    // and add_bos_token / add_eos_token have the last word (Phi-3's says false over Llama 2's
+    // post-processor).
     s.add_bos = s.pre == "llama-bpe" || s.pre == "llama3";
-    const auto cfg_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
-    if (std::filesystem::exists(cfg_path)) {
-      const json cfg = read_json(cfg_path.string());
-      if (cfg.contains("bos_token")) s.bos_id = id_of(token_text(cfg["bos_token"]));
-      if (cfg.contains("eos_token")) s.eos_id = id_of(token_text(cfg["eos_token"]));
-      if (cfg.contains("pad_token")) s.pad_id = id_of(token_text(cfg["pad_token"]));
-      if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()) s.add_bos = cfg["add_bos_token"].get<bool>();
-    }
-    // A post-processor that puts a special token first means BOS is added (Llama 3's).
     std::function<void(const json&)> scan = [&](const json& pp) {
       if (!pp.is_object()) return;
       if (pp.value("type", "") == "TemplateProcessing" && pp.contains("single") && !pp["single"].empty() &&
           pp["single"][0].contains("SpecialToken")) {
         s.add_bos = true;
-        if (s.bos_id < 0) s.bos_id = id_of(pp["single"][0]["SpecialToken"].at("id").get<std::string>());
+        s.bos_id = id_of(pp["single"][0]["SpecialToken"].at("id").get<std::string>());
       }
       for (const auto& p : pp.value("processors", json::array())) scan(p);
     };
     scan(t.value("post_processor", json()));
-    s.add_eos = false;
+    const auto cfg_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+    if (std::filesystem::exists(cfg_path)) {
+      const json cfg = read_json(cfg_path.string());
+      if (cfg.contains("bos_token") && !cfg["bos_token"].is_null()) s.bos_id = id_of(token_text(cfg["bos_token"]));
+      if (cfg.contains("eos_token") && !cfg["eos_token"].is_null()) s.eos_id = id_of(token_text(cfg["eos_token"]));
+      if (cfg.contains("pad_token") && !cfg["pad_token"].is_null()) s.pad_id = id_of(token_text(cfg["pad_token"]));
+      if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()) s.add_bos = cfg["add_bos_token"].get<bool>();
+      if (cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean()) s.add_eos = cfg["add_eos_token"].get<bool>();
+    }
     // SentencePiece's dummy prefix ("▁" before the text) is the normalizer's Prepend (Llama 2's;
     // Gemma's normalizer only replaces spaces).
     s.add_space_prefix = false;

@@ -67,7 +67,7 @@ TEST_P(RealVocab, TokenizesTheCorpusAsLlamaCpp) {
   for (const auto& c : v["tokenize"]) {
     const std::string text = c["text"];
     const bool ps = c["parse_special"];
-    EXPECT_EQ(tok.encode(text, tok.spec().add_bos, ps), c["ids"].get<std::vector<token_id>>())
+    EXPECT_EQ(tok.encode(text, true, ps), c["ids"].get<std::vector<token_id>>())
         << GetParam() << (ps ? " (parse_special) " : " ") << "'" << text << "'";
     ++n;
   }
@@ -126,7 +126,7 @@ TEST_P(RealVocabTemplate, ChatTemplateRendersAndTokenizesAsLlamaCpp) {
     std::string prompt;
     ASSERT_TRUE(tmpl.render(msgs, prompt).ok());
     EXPECT_EQ(prompt, c["prompt"].get<std::string>());
-    EXPECT_EQ(tok.encode(prompt, tok.spec().add_bos, true), c["ids"].get<std::vector<token_id>>()) << prompt;
+    EXPECT_EQ(tok.encode(prompt, true, true), c["ids"].get<std::vector<token_id>>()) << prompt;
   }
 }
 
@@ -158,8 +158,8 @@ TEST_P(RealVocab, ControlTokensInMessageContentStayText) {
   EXPECT_EQ(literal.size(), 3u);
   auto count = [](const std::vector<token_id>& ids, token_id t) { return std::count(ids.begin(), ids.end(), t); };
   const token_id end_id = tok.encode(end, false, true).front(), start_id = tok.encode(start, false, true).front();
-  const auto guarded = tok.encode(prompt, tok.spec().add_bos, true, literal);
-  const auto naive = tok.encode(prompt, tok.spec().add_bos, true);
+  const auto guarded = tok.encode(prompt, tok.file_specials(), true, literal);
+  const auto naive = tok.encode(prompt, true, true);
   EXPECT_EQ(count(guarded, end_id), ends) << "only the template closes the user's turn";
   EXPECT_EQ(count(guarded, start_id), starts) << "only the template's turns start";
   EXPECT_EQ(count(naive, end_id), ends + 2);

@@ -25,7 +25,7 @@ struct generate_opts {
   int64_t seed = -1;
   int threads = 0;
   int chunk = 256;
-  bool json = false, ignore_eos = false, no_bos = false;
+  bool json = false, ignore_eos = false, no_bos = false, no_parse_special = false;
   // Through the actor runtime instead of one engine:
   std::string mode;            // "", "disaggregated" or "colocated"
   int prefill_workers = 1, decode_workers = 1, colocated_workers = 1;
@@ -67,6 +67,18 @@ sampling_params sampling_of(const generate_opts& o) {
   return sp;
 }
 
+// A prompt as the runtime takes it: the model file's specials (BOS where its metadata asks for
+// it) and the control tokens written in it, as llama-completion reads a prompt.
+generation_request request_of(const generate_opts& o, const std::string& prompt) {
+  generation_request r;
+  r.prompt = prompt;
+  if (o.no_bos) r.add_bos = false;
+  r.parse_special = !o.no_parse_special;
+  r.max_tokens = o.n_predict;
+  r.ignore_eos = o.ignore_eos;
+  return r;
+}
+
 int run_generate(const generate_opts& o) {
   const sampling_params sp = sampling_of(o);
   const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
@@ -77,7 +89,7 @@ int run_generate(const generate_opts& o) {
   spdlog::info("loaded {} ({:.1f} M params, {}) in {:.0f} ms; {} threads", c.name, double(c.n_params) / 1e6,
                kernels::to_string(m->weight_type()), ms_since(t_load), threads);
 
-  const std::vector<token_id> prompt = m->tok().encode(o.prompt, !o.no_bos);
+  const std::vector<token_id> prompt = prompt_ids(m->tok(), request_of(o, o.prompt));
   if (prompt.empty()) throw failure(errc::invalid_argument, "the prompt is empty (and no BOS token was added)");
   // The server's rule (one rule, issue 22): a prompt longer than the context is refused; a
   // generation that reaches the end of the context stops there ("length"), its last token
@@ -198,9 +210,11 @@ int run_pipeline(const generate_opts& o) {
                                                    : fmt::format("{} prefill + {} decode", cfg.pools.prefill_workers, cfg.pools.decode_workers),
                cfg.pools.threads_per_worker, prompts.size());
   std::vector<request_handle> hs;
-  for (const auto& pr : prompts)
-    hs.push_back(p.submit({.prompt = pr, .add_bos = !o.no_bos, .max_tokens = o.n_predict, .sampling = sp,
-                           .ignore_eos = o.ignore_eos}));
+  for (const auto& pr : prompts) {
+    generation_request r = request_of(o, pr);
+    r.sampling = sp;
+    hs.push_back(p.submit(std::move(r)));
+  }
   nlohmann::json results = nlohmann::json::array();
   int failed = 0;
   for (size_t i = 0; i < hs.size(); ++i) {
@@ -259,7 +273,11 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--json", o->json, "Print one JSON object (ids, text, timings) instead of streaming text");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");
-  cmd->add_flag("--no-bos", o->no_bos, "Do not prepend the BOS token");
+  cmd->add_flag("--no-bos", o->no_bos,
+                "Never prepend BOS (default: as the file's tokenizer.ggml.add_bos_token says, like llama.cpp)");
+  cmd->add_flag("--no-parse-special", o->no_parse_special,
+                "Keep control-token text in the prompt (<|im_start|>) as characters (default: they are the tokens, "
+                "as llama.cpp reads a prompt)");
   cmd->add_option("--mode", o->mode, "Run through the actor runtime: disaggregated or colocated")
       ->check(CLI::IsMember({"disaggregated", "colocated"}));
   cmd->add_option("--prefill-workers", o->prefill_workers, "Prefill workers (disaggregated)")->check(CLI::Range(1, 256));

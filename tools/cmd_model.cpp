@@ -189,7 +189,7 @@ void add_model(CLI::App& app) {
       "synth", "Write a random-weight GGUF (standard keys, byte-level vocab) of any supported architecture. Presets:" +
                    presets);
   struct synth_opts {
-    std::string preset = "tiny", dtype = "f32", out, arch = "llama", vocab_from, pre;
+    std::string preset = "tiny", dtype = "f32", out, arch = "llama", vocab_from, pre, name;
     uint64_t seed = 42;
     float output_scale = 1.0f;
   };
@@ -212,13 +212,16 @@ void add_model(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   synth->add_option("--vocab-from", so->vocab_from,
                     "A Hugging Face tokenizer.json (byte-level BPE: Llama 3, Qwen 2/3, ...) whose vocabulary the model "
-                    "gets instead of the built-in one (tokenizer_config.json beside it gives BOS/EOS)")
+                    "gets instead of the built-in one (tokenizer_config.json beside it gives BOS/EOS, add_bos_token, add_eos_token "
+                    "and the chat template, as convert_hf_to_gguf.py reads them)")
       ->check(CLI::ExistingFile);
   synth->add_option("--pre", so->pre,
                     "tokenizer.ggml.pre for --vocab-from when its pre-tokenizer is not recognised (llama-bpe, qwen2, gpt-2)");
+  synth->add_option("--name", so->name,
+                    "general.name (llama.cpp reads some of a file's tokenizer rules from it: Phi-3's)");
   synth->callback([so] {
     const auto t0 = std::chrono::steady_clock::now();
-    synth_options opts{*find_architecture(so->arch), so->output_scale, std::nullopt, ""};
+    synth_options opts{*find_architecture(so->arch), so->output_scale, std::nullopt, "", so->name};
     if (!so->vocab_from.empty()) {
       opts.vocab = vocab_from_tokenizer_json(so->vocab_from, so->pre);
       opts.chat_template = chat_template_beside(so->vocab_from);

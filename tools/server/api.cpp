@@ -80,6 +80,10 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
   for (const auto& [key, v] : b.items()) {
     if (std::find_if(std::begin(shared), std::end(shared), [&](const char* k) { return key == k; }) != std::end(shared))
       continue;
+    if (key == "return_token_ids" && ep != endpoint::websocket) continue;
+    if ((ep == endpoint::completions || ep == endpoint::websocket) &&
+        (key == "parse_special" || key == "add_special_tokens"))
+      continue;
     if (ep == endpoint::completions && (key == "prompt" || key == "logprobs" || key == "echo")) continue;
     if (ep == endpoint::chat && (key == "messages" || key == "max_completion_tokens" || key == "logprobs" ||
                                  key == "top_logprobs" || key == "tools" || key == "tool_choice" ||
@@ -300,6 +304,13 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
     if (!b["stream"].is_boolean()) return bad("'stream' must be a boolean", "stream");
     out.stream = b["stream"].get<bool>();
   }
+  // vLLM's return_token_ids: the prompt's ids as computed, and each choice's generated ids.
+  if (b.contains("return_token_ids") && !b["return_token_ids"].is_null()) {
+    if (!b["return_token_ids"].is_boolean()) return bad("'return_token_ids' must be a boolean", "return_token_ids");
+    out.return_token_ids = b["return_token_ids"].get<bool>();
+    if (out.return_token_ids && out.stream)
+      return bad("'return_token_ids' is not supported with 'stream' (yet)", "return_token_ids");
+  }
   if (b.contains("stream_options") && !b["stream_options"].is_null()) {
     const auto& so = b["stream_options"];
     if (!so.is_object()) return bad("'stream_options' must be an object", "stream_options");
@@ -446,8 +457,17 @@ std::optional<api_error> parse_messages(const json& b, const served_model& m, ap
   return std::nullopt;
 }
 
-// A prompt as text, as a one-element array of text, or as token ids.
-std::optional<api_error> parse_prompt(const json& p, api_request& out) {
+// A prompt as text, as a one-element array of text, or as token ids. Text is tokenized as
+// llama-server and vLLM tokenize a raw prompt: the model file's specials (BOS only where its
+// tokenizer.ggml.add_bos_token asks) and the control tokens written in it as tokens. The body
+// may ask otherwise: "add_special_tokens": false (vLLM's name) for none, "parse_special": false
+// (llama-server's /tokenize name) for control-token text kept as characters.
+std::optional<api_error> parse_prompt(const json& b, const json& p, api_request& out) {
+  for (const char* key : {"add_special_tokens", "parse_special"}) {
+    if (!b.contains(key) || b[key].is_null()) continue;
+    if (!b[key].is_boolean()) return bad(std::string("'") + key + "' must be a boolean", key);
+    (key == std::string_view("parse_special") ? out.gen.parse_special : out.gen.add_special) = b[key].get<bool>();
+  }
   if (p.is_string()) {
     out.gen.prompt = p.get<std::string>();
   } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
@@ -474,7 +494,7 @@ std::optional<api_error> parse_completion(const json& b, const served_model& m, 
                  "echo");
   }
   if (!b.contains("prompt")) return bad("'prompt' is required", "prompt");
-  return parse_prompt(b["prompt"], out);
+  return parse_prompt(b, b["prompt"], out);
 }
 
 // tools, tool_choice, parallel_tool_calls (chat). The template gets the tools; the answer is
@@ -568,9 +588,14 @@ std::optional<api_error> parse_ws_generate(const json& f, const served_model& m,
   out.client_id = f["id"].is_string() ? f["id"].get<std::string>() : std::to_string(f["id"].get<int64_t>());
   if (auto e = parse_common(f, m, out, endpoint::websocket, raw)) return e;
   if (!f.contains("temperature")) out.gen.sampling.temperature = 0.0f;  // greedy unless asked
-  if (f.contains("messages")) return parse_messages(f, m, out);
+  if (f.contains("messages")) {
+    for (const char* key : {"add_special_tokens", "parse_special"})
+      if (f.contains(key) && !f[key].is_null())
+        return bad(std::string("'") + key + "' is for a 'prompt'; with 'messages' the chat template decides", key);
+    return parse_messages(f, m, out);
+  }
   if (!f.contains("prompt")) return bad("'prompt' (text or token ids) or 'messages' is required", "prompt");
-  return parse_prompt(f["prompt"], out);
+  return parse_prompt(f, f["prompt"], out);
 }
 
 uint64_t derived_seed(uint64_t seed, int32_t i) {

@@ -42,6 +42,7 @@ struct api_request {
   bool include_usage = false;  // stream_options.include_usage
   bool chat = false;
   bool echo = false;           // completions: the prompt's text comes first in the answer
+  bool return_token_ids = false;  // vLLM's: prompt_token_ids and each choice's token_ids in the answer
   // HTTP: choices per request (1..16). Choice i samples with derived_seed(seed, i); the prompt
   // is computed once (the others start when the first has its first token, from its blocks).
   int32_t n = 1;

@@ -569,6 +569,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
     auto err = chat ? parse_chat_completion(body, srv_->mdl, g->req, req_.body())
                     : parse_completion(body, srv_->mdl, g->req, req_.body());
     if (err) return send_error(*err);
+    // Tokenized once here: the n choices share the ids, and return_token_ids shows them.
+    g->req.gen.prompt_tokens = prompt_ids(srv_->pipe.get_model().tok(), g->req.gen);
     g->stops = std::make_unique<stop_matcher>(g->req.stop);
     g->serial = srv_->next_id++;
     if (g->req.best_of > g->req.n && g->req.gen.sampling.logprobs < 0) {  // ranked by them, not shown
@@ -804,8 +806,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
   // echo: the prompt as text (token-id prompts decoded), ahead of the completion.
   std::string echoed_prompt() const {
     const generation_request& g = gen_->req.gen;
-    if (!g.prompt_tokens.empty()) return srv_->pipe.get_model().tok().decode(g.prompt_tokens);
-    return g.prompt;
+    if (!g.prompt.empty()) return g.prompt;
+    return srv_->pipe.get_model().tok().decode(g.prompt_tokens);
   }
 
   void start_sse() {
@@ -960,6 +962,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
       }
       else choice["text"] = gen_->req.echo ? echoed_prompt() + g->text : g->text;
       choice["logprobs"] = logprobs_json(*g);
+      if (gen_->req.return_token_ids) {  // where vLLM puts them: the prompt's per choice on completions
+        choice["token_ids"] = g->tokens;
+        if (!gen_->req.chat) choice["prompt_token_ids"] = gen_->req.gen.prompt_tokens;
+      }
       list.push_back(std::move(choice));
     }
     json j = {{"id", (gen_->req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen_->serial)},
@@ -969,6 +975,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
               {"choices", list},
               {"usage", usage_all()},
               {"tandem", timings_json(gen_->timings)}};
+    if (gen_->req.return_token_ids && gen_->req.chat) j["prompt_token_ids"] = gen_->req.gen.prompt_tokens;
     finish_generation(200);
     send_json(http::status::ok, j);
   }
