@@ -32,6 +32,35 @@ for key in '"prompt_token_ids":\[1,403,407,261,378\]' '"token_ids":\[432,383,286
 done
 [ "$(wc -l <"$work/out.json")" -eq 1 ] && pass "json is one line" || fail "json is not one line"
 
+# 2b. With no --model: the built-in default, stories260K, written once to the cache directory,
+# answers with the same readable text; its bytes are the committed file's.
+"$bin" generate --prompt "Once upon a time" -n 64 --temperature 0 >"$work/default.txt" 2>"$work/default.err"
+cmp -s "$work/default.txt" "$work/expected.txt" && pass "the built-in default model tells the reference story" \
+  || fail "default model's text differs: $(head -c 300 "$work/default.txt") $(tail -3 "$work/default.err")"
+cmp -s "$TANDEM_CACHE_DIR/stories260K.gguf" "$model" && pass "the default model in the cache is stories260K" \
+  || fail "no stories260K.gguf in $TANDEM_CACHE_DIR"
+# Its chat: the user's words open a story (its own template), readable text back.
+"$bin" serve --port 0 >"$work/serve.log" 2>&1 &
+srv=$!
+port=
+for _ in $(seq 200); do
+  port=$(sed -n 's|.*serving model .* on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/serve.log")
+  [ -n "$port" ] && break; sleep 0.1
+done
+reply=$(curl -s --max-time 20 "http://127.0.0.1:$port/v1/chat/completions" \
+  -d '{"messages":[{"role":"user","content":"Tell me a story."}],"max_tokens":40,"temperature":0}')
+kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null
+python3 - "$reply" <<'PY' && pass "the default model's chat answer is words" || fail "default chat answer: $reply"
+import json, re, sys
+d = json.loads(sys.argv[1])
+assert d["model"] == "stories260K", d["model"]
+text = d["choices"][0]["message"]["content"]
+words = re.findall(r"[A-Za-z]+", text)
+# Readable: mostly letters and spaces, at least 20 words, a sentence ended.
+assert len(words) >= 20 and "." in text and "\ufffd" not in text, text
+assert d["usage"]["prompt_tokens"] < 20, d["usage"]  # the template's few tokens, no spelled-out markers
+PY
+
 # 3. Seeded sampling is reproducible.
 a=$("$bin" generate --model "$model" --prompt "Once" -n 20 --temperature 1 --seed 11 2>/dev/null)
 b=$("$bin" generate --model "$model" --prompt "Once" -n 20 --temperature 1 --seed 11 2>/dev/null)

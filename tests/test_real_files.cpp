@@ -26,6 +26,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "actors/pipeline.h"
@@ -93,7 +95,9 @@ struct real_file {
   std::shared_ptr<const model> m;
 };
 
-// Each file made once per process, as the fixture script made it.
+// Each file made as the fixture script made it, once for all the test processes (ctest runs
+// each case in its own): named by its description, written atomically (synthesize_model renames
+// into place), so a process finds it whole or makes it.
 const real_file& file_of(const std::string& name) {
   static std::mutex mu;
   static std::map<std::string, real_file> made;
@@ -101,13 +105,19 @@ const real_file& file_of(const std::string& name) {
   if (auto it = made.find(name); it != made.end()) return it->second;
   const json& f = file_case(name);
   const json& syn = reference()["synth"];
-  const fs::path dir = fs::temp_directory_path() / ("tandem-test-files-" + std::to_string(::getpid())) / name;
-  const std::string tj = prepare(f, dir);
-  synth_options opts{*find_architecture(f["arch"].get<std::string>()), syn["output_scale"].get<float>(),
-                     vocab_from_tokenizer_json(tj), chat_template_beside(tj), f["general_name"].get<std::string>()};
-  const std::string path = (dir / (name + ".gguf")).string();
-  synthesize_model(find_synth_preset(syn["preset"]), *kernels::dtype_from_name(syn["dtype"].get<std::string>()), path,
-                   syn["seed"].get<uint64_t>(), opts);
+  const fs::path shared = fs::temp_directory_path() / "tandem-test-files";
+  char key[32];
+  std::snprintf(key, sizeof key, "%016zx", std::hash<std::string>{}(f.dump() + syn.dump()));
+  const std::string path = (shared / (name + "-" + key + ".gguf")).string();
+  if (!fs::exists(path)) {
+    const fs::path dir = shared / (name + "-" + key + "-" + std::to_string(::getpid()));
+    const std::string tj = prepare(f, dir);
+    synth_options opts{*find_architecture(f["arch"].get<std::string>()), syn["output_scale"].get<float>(),
+                       vocab_from_tokenizer_json(tj), chat_template_beside(tj), f["general_name"].get<std::string>()};
+    synthesize_model(find_synth_preset(syn["preset"]), *kernels::dtype_from_name(syn["dtype"].get<std::string>()), path,
+                     syn["seed"].get<uint64_t>(), opts);
+    fs::remove_all(dir);
+  }
   return made[name] = {path, model::load(path)};
 }
 
@@ -193,12 +203,13 @@ TEST_P(RealFile, GenerateCommandPrefillsLlamaCppIds) {
   const json& f = file_case(GetParam());
   const real_file& rf = file_of(GetParam());
   const json& g = f["greedy"];
-  const fs::path out = fs::path(rf.path).parent_path() / "generate.json";
+  const fs::path out = fs::path(rf.path).parent_path() / ("generate-" + std::to_string(::getpid()) + ".json");
   const std::string cmd = std::string(TANDEM_BINARY) + " generate --model '" + rf.path + "' --prompt \"$TANDEM_PROMPT\" -n 4" +
                           " --temperature 0 --threads 2 --json > '" + out.string() + "' 2>/dev/null";
   ASSERT_EQ(::setenv("TANDEM_PROMPT", g["text"].get<std::string>().c_str(), 1), 0);
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const json j = read_json(out);
+  fs::remove(out);
   EXPECT_EQ(ids_of(j["prompt_token_ids"]), ids_of(g["ids"]));
   std::set<token_id> banned;
   for (const auto& b : f["banned"]) banned.insert(b.get<token_id>());

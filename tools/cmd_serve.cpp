@@ -15,6 +15,7 @@
 #include "actors/node.h"
 #include "actors/pipeline.h"
 #include "runtime/chat_template.h"
+#include "runtime/default_model.h"
 #include "runtime/model.h"
 #include "runtime/oplog.h"
 #include "tools/commands.h"
@@ -206,8 +207,9 @@ class stats_logger {
 
 // The model's chat template (or the --chat-template file). A file the user names must parse; a
 // model's own template that does not falls back to a hand-written format, with a warning.
-std::shared_ptr<const chat_template> load_chat_template(const model& m, const std::string& file) {
+std::shared_ptr<const chat_template> load_chat_template(const model& m, const std::string& file, bool builtin_model) {
   std::string source = m.file().get_string("tokenizer.chat_template", "");
+  if (builtin_model && source.empty()) source = default_model_chat_template;
   if (!file.empty()) {
     std::ifstream in(file, std::ios::binary);
     if (!in) throw failure(errc::io_error, "cannot read --chat-template '" + file + "'");
@@ -267,7 +269,7 @@ int run_serve(const serve_options& o) {
   sm.context_length = p.get_model().config().n_ctx;
   sm.n_vocab = p.get_model().config().n_vocab;
   sm.defaults = o.defaults;
-  sm.chat = load_chat_template(p.get_model(), o.chat_template_file);
+  sm.chat = load_chat_template(p.get_model(), o.chat_template_file, o.model.empty());
 
   server::server_config sc;
   sc.host = o.host;
