@@ -69,7 +69,7 @@ void run(const options& o) {
     own = std::make_unique<tokenizer>(vocab_from_tokenizer_json(o.tokenizer_json));
     tok = own.get();
   } else {
-    mdl = model::load(resolve_model_path(o.model));
+    mdl = model::load(resolve_model_path(o.model.empty() ? "synth:bench-76m" : o.model));
     tok = &mdl->tok();
   }
   const std::string gbnf = !o.grammar.empty() ? read_file(o.grammar)
@@ -120,7 +120,7 @@ void run(const options& o) {
 void add_bench_grammar(CLI::App* bench) {
   auto o = std::make_shared<options>();
   auto* c = bench->add_subcommand("grammar", "Constrained decoding's cost per step for a vocabulary (masks, cold and warm)");
-  c->add_option("-m,--model", o->model, "GGUF model whose vocabulary to use (default: the built-in synthetic model)");
+  c->add_option("-m,--model", o->model, "GGUF model whose vocabulary to use, or synth:PRESET[:DTYPE] (default: synth:bench-76m)");
   c->add_option("--tokenizer-json", o->tokenizer_json, "A Hugging Face tokenizer.json instead of a model");
   c->add_option("--schema", o->schema, "JSON Schema file (default: a built-in nested schema)");
   c->add_option("--grammar", o->grammar, "GBNF grammar file instead of a schema");

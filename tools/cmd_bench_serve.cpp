@@ -196,7 +196,7 @@ int run_compare_cmd(compare_opts o) {
   }
   // The benchmark model by name (the built-in default, stories260K, has a 512-token context
   // and no weight to time).
-  if (o.co.model.empty()) o.co.model = bench_model_path();
+  o.co.model = o.co.model.empty() ? bench_model_path() : resolve_model_path(o.co.model);
   const auto r = bench::run_compare(o.co);
   bench::print_compare(r, o.co);
   const std::string html = o.html.empty() ? "bench-compare-" + std::filesystem::path(o.co.trace).stem().string() + ".html" : o.html;
@@ -253,7 +253,7 @@ void add_bench_compare(CLI::App* bench) {
   c->add_option("--attainment", o->co.attainment, "Fraction of requests that must meet the SLOs")
       ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
-  c->add_option("--model", o->co.model, "Model file for both servers (default: the synthetic bench-76m, Q8_0, made once in the cache directory)");
+  c->add_option("--model", o->co.model, "Model file for both servers, or synth:PRESET[:DTYPE] (default: synth:bench-76m, Q8_0, made once in the cache directory)");
   c->add_option("--seed", o->co.seed, "Trace seed")->capture_default_str();
   c->add_option("--matmul", o->matmul, "Passed to both servers' --matmul")->check(CLI::IsMember({"batch-invariant", "fastest"}));
   c->add_flag("--with-chaos", o->co.with_chaos, "Repeat each mode's best rate while killing a worker every 3 s");

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 
@@ -12,11 +13,26 @@
 #include "runtime/vocab_gguf.h"
 #include "runtime/vocab_hf.h"
 #include "runtime/synth.h"
+#include "runtime/default_model.h"
 #include "tools/commands.h"
 
 namespace tandem::cli {
 
 std::string resolve_model_path(const std::string& flag) {
+  // synth:PRESET[:DTYPE]: a synthetic model by name (the benchmarks' bench-76m), made once in
+  // the cache directory.
+  if (flag.rfind("synth:", 0) == 0) {
+    const std::string rest = flag.substr(6);
+    const size_t colon = rest.find(':');
+    const std::string preset = rest.substr(0, colon);
+    const std::string dtype = colon == std::string::npos ? "q8_0" : rest.substr(colon + 1);
+    const auto dt = kernels::dtype_from_name(dtype);
+    if (!dt) throw failure(errc::invalid_argument, "--model '" + flag + "': unknown weight type '" + dtype + "'");
+    (void)find_synth_preset(preset);  // throws naming the presets
+    return cached_synth_model(preset, *dt);
+  }
+  // The built-in default by its name (the id it is served as), unless a file of that name is here.
+  if (flag == default_model_name && !std::filesystem::exists(flag)) return default_model_path();
   if (!flag.empty()) return flag;
   const auto t0 = std::chrono::steady_clock::now();
   const std::string path = default_model_path();
