@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <string_view>
 
 #include <unistd.h>
 
@@ -131,6 +133,7 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
   } else {
     v = make_byte_level_vocab(p.n_vocab - int32_t(controls.size()));
     v.pre = "gpt-2";
+    if (opts.printable) respell_unprintable_bytes(v);
     for (auto& t : controls) {
       v.tokens.push_back(t);
       v.token_types.push_back(3);  // control
@@ -217,6 +220,39 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
   w.write(path);
 }
 
+void respell_unprintable_bytes(vocab_spec& v) {
+  std::set<std::string> taken(v.tokens.begin(), v.tokens.end());
+  std::set<std::string> in_merges;
+  for (const std::string& m : v.merges) {
+    const size_t sp = m.find(' ');
+    in_merges.insert(m.substr(0, sp));
+    if (sp != std::string::npos) in_merges.insert(m.substr(sp + 1));
+  }
+  // Fresh two-character spellings: "~A", "~B", ... then "^A", ... (none is a merge's part: merges
+  // join what the training text holds, and these pairs are never built).
+  static constexpr std::string_view firsts = "~^`|", seconds = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  size_t next = 0;
+  auto fresh = [&] {
+    for (; next < firsts.size() * seconds.size(); ++next) {
+      std::string s{firsts[next / seconds.size()], seconds[next % seconds.size()]};
+      if (!taken.count(s)) {
+        ++next;
+        return s;
+      }
+    }
+    throw failure(errc::invalid_argument, "no printable spellings left");
+  };
+  for (int b = 0; b < 256; ++b) {
+    const bool unprintable = b >= 0x80 || b == 0x7F || (b < 0x20 && b != '\t' && b != '\n' && b != '\r');
+    if (!unprintable) continue;
+    // The byte tokens follow <unk>, <s>, </s> in make_byte_level_vocab.
+    std::string& t = v.tokens.at(size_t(3 + b));
+    if (in_merges.count(t)) continue;
+    t = fresh();
+    taken.insert(t);
+  }
+}
+
 std::string cache_dir() {
   std::filesystem::path dir;
   if (const char* d = std::getenv("TANDEM_CACHE_DIR"); d && *d) dir = d;
@@ -231,10 +267,13 @@ std::string cache_dir() {
 
 std::string cached_synth_model(const std::string& preset, kernels::dtype type) {
   const synth_preset& p = find_synth_preset(preset);
+  // "-p": the printable vocabulary (the files before it had raw byte tokens).
   const auto path = std::filesystem::path(cache_dir()) /
-                    ("synth-" + p.name + "-" + std::string(kernels::to_string(type)) + ".gguf");
+                    ("synth-" + p.name + "-" + std::string(kernels::to_string(type)) + "-p.gguf");
   // The writer renames into place, so an existing file is always complete.
-  if (!std::filesystem::exists(path)) synthesize_model(p, type, path.string());
+  synth_options opts;
+  opts.printable = true;
+  if (!std::filesystem::exists(path)) synthesize_model(p, type, path.string(), 42, opts);
   return path.string();
 }
 

@@ -36,7 +36,16 @@ struct synth_options {
   std::optional<vocab_spec> vocab;
   std::string chat_template;  // written as tokenizer.chat_template when not empty
   std::string name;           // general.name when not empty (else "tandem-synth-PRESET[-ARCH]")
+  // The built-in vocabulary's byte tokens that are not printable text on their own (0x80..0xFF,
+  // which are half a UTF-8 character, and the ASCII control bytes but tab, newline and return)
+  // respelled as two printable ASCII characters: a random model then writes only printable
+  // UTF-8 (llama-server's parser refuses the rest). Text with those bytes no longer tokenizes
+  // losslessly (llama.cpp drops what it cannot spell), so tests of the tokenizer keep it off.
+  bool printable = false;
 };
+
+// What `printable` does to a vocabulary (the bytes a merge uses are kept).
+void respell_unprintable_bytes(vocab_spec& v);
 
 // Writes the model to `path` (atomically). Same (preset, dtype, seed, options) → same bytes.
 // The architecture's parts (Qwen 2's q/k/v biases, Qwen 3's and Gemma 3's q/k norms and wider
@@ -52,7 +61,7 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
 std::string default_model_path();
 // That cache directory (created if missing); synthetic models for benchmarks live there too.
 std::string cache_dir();
-// A cached synthetic model of the given preset and dtype, made on first use.
+// A cached synthetic model of the given preset and dtype (printable vocabulary), made on first use.
 std::string cached_synth_model(const std::string& preset, kernels::dtype type);
 // The model benchmarks run when given none (bench compare): a 76 M-parameter synthetic Llama,
 // big enough for their traces' contexts and for timings that mean something.

@@ -818,3 +818,38 @@ TEST(EndOfTurn, EotAndEomIdsEndGeneration) {
   v.eot_id = 300;
   EXPECT_THROW(tokenizer{v}, failure);
 }
+
+// synth's printable vocabulary (--model synth:NAME models): every token's bytes are printable
+// UTF-8 on their own (no half characters, no control bytes but tab, newline, return), so a
+// random model writes text; ASCII still tokenizes as before.
+namespace tandem {
+TEST(Tokenizer, PrintableSyntheticVocabularyPrintsEveryToken) {
+  const vocab_spec raw = make_byte_level_vocab(512);
+  vocab_spec v = raw;
+  respell_unprintable_bytes(v);
+  const tokenizer plain(raw), tok(v);
+  // Valid UTF-8 (whole characters) with no control character but tab, newline and return.
+  auto printable = [](const std::string& s) {
+    for (size_t i = 0; i < s.size();) {
+      const unsigned char c = static_cast<unsigned char>(s[i]);
+      const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+      if (n == 0 || i + n > s.size()) return false;
+      for (size_t k = 1; k < n; ++k)
+        if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+      if (n == 1 && (c == 0x7F || (c < 0x20 && c != '\t' && c != '\n' && c != '\r'))) return false;
+      i += n;
+    }
+    return true;
+  };
+  int unprintable_before = 0;
+  for (token_id i = 0; i < tok.n_vocab(); ++i) {
+    EXPECT_TRUE(printable(tok.token_bytes(i))) << i << " '" << tok.token_text(i) << "'";
+    unprintable_before += !printable(plain.token_bytes(i));
+  }
+  EXPECT_EQ(unprintable_before, 128 + 32 - 3 + 1) << "the raw vocabulary has every byte";
+  for (const std::string text : {"Once upon a time, there was 1 cat.\n", "  x\ty\r\n{\"k\": [1, 2]}"}) {
+    EXPECT_EQ(tok.encode(text, false), plain.encode(text, false)) << text;
+    EXPECT_EQ(tok.decode(tok.encode(text, false)), text);
+  }
+}
+}  // namespace tandem

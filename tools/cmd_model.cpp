@@ -206,6 +206,7 @@ void add_model(CLI::App& app) {
                    presets);
   struct synth_opts {
     std::string preset = "tiny", dtype = "f32", out, arch = "llama", vocab_from, pre, name;
+    bool printable = false;
     uint64_t seed = 42;
     float output_scale = 1.0f;
   };
@@ -235,9 +236,14 @@ void add_model(CLI::App& app) {
                     "tokenizer.ggml.pre for --vocab-from when its pre-tokenizer is not recognised (llama-bpe, qwen2, gpt-2)");
   synth->add_option("--name", so->name,
                     "general.name (llama.cpp reads some of a file's tokenizer rules from it: Phi-3's)");
+  synth->add_flag("--printable", so->printable,
+                  "Respell the built-in vocabulary's byte tokens that are not printable alone (0x80..0xFF, control "
+                  "bytes) as printable pairs, so that the model writes only printable UTF-8 (what --model synth:NAME "
+                  "models have; llama-server refuses the rest)");
   synth->callback([so] {
     const auto t0 = std::chrono::steady_clock::now();
-    synth_options opts{*find_architecture(so->arch), so->output_scale, std::nullopt, "", so->name};
+    synth_options opts{*find_architecture(so->arch), so->output_scale, std::nullopt, "", so->name, so->printable};
+    if (so->printable && !so->vocab_from.empty()) throw CLI::ValidationError("--printable", "is for the built-in vocabulary");
     if (!so->vocab_from.empty()) {
       opts.vocab = vocab_from_tokenizer_json(so->vocab_from, so->pre);
       opts.chat_template = chat_template_beside(so->vocab_from);
