@@ -158,6 +158,17 @@ TEST_P(RealFile, TokenizesRawPromptsAsLlamaCpp) {
     // by default, and with control-token text asked to stay text.
     EXPECT_EQ(prompt_ids(tok, generation_request{.prompt = text}), ids_of(c["ids"])) << text;
     EXPECT_EQ(prompt_ids(tok, generation_request{.prompt = text, .parse_special = false}), ids_of(c["ids_literal"])) << text;
+    // pipeline::submit's override of the file's BOS: llama.cpp's ids with BOS put in front
+    // where they had none, or taken off where the file added it.
+    auto with_bos = ids_of(c["ids"]), without_bos = with_bos;
+    if (tok.file_specials().bos) without_bos.erase(without_bos.begin());
+    else if (tok.bos() >= 0) with_bos.insert(with_bos.begin(), tok.bos());
+    if (tok.bos() >= 0) {
+      EXPECT_EQ(prompt_ids(tok, generation_request{.prompt = text, .add_bos = true}), with_bos) << text;
+    }
+    EXPECT_EQ(prompt_ids(tok, generation_request{.prompt = text, .add_bos = false}), without_bos) << text;
+    // add_special false (no EOS is added by any of these files either): none.
+    EXPECT_EQ(prompt_ids(tok, generation_request{.prompt = text, .add_special = false}), without_bos) << text;
   }
 }
 
@@ -269,6 +280,37 @@ TEST_P(RealFile, ServerPrefillsWhatLlamaServerDoes) {
                         {{"messages", c["messages"]}, {"max_tokens", 1}, {"temperature", 0}, {"return_token_ids", true}});
     EXPECT_EQ(ids_of(r["prompt_token_ids"]), ids_of(c["ids"])) << c["prompt"];
     EXPECT_EQ(r["usage"]["prompt_tokens"], c["chat_prompt_tokens"]);
+  }
+  // The WebSocket API: a raw prompt (parsed, and literal) and a conversation; its done frame's
+  // usage counts the prompt's tokens.
+  {
+    namespace websocket = beast::websocket;
+    net::io_context io;
+    websocket::stream<net::ip::tcp::socket> ws(io);
+    ws.next_layer().connect({net::ip::make_address("127.0.0.1"), srv.port()});
+    ws.handshake("127.0.0.1", "/ws");
+    auto prompt_tokens = [&](json frame) {
+      frame["type"] = "generate";
+      frame["id"] = "w";
+      frame["max_tokens"] = 1;
+      ws.write(net::buffer(frame.dump()));
+      for (;;) {
+        beast::flat_buffer b;
+        ws.read(b);
+        const json ev = json::parse(beast::buffers_to_string(b.data()));
+        if (ev["type"] == "done") return ev["usage"]["prompt_tokens"].get<size_t>();
+        if (ev["type"] == "error") {
+          ADD_FAILURE() << ev.dump();
+          return size_t(0);
+        }
+      }
+    };
+    for (const auto& c : f["raw"]) {
+      EXPECT_EQ(prompt_tokens({{"prompt", c["text"]}}), c["ids"].size()) << c["text"];
+      EXPECT_EQ(prompt_tokens({{"prompt", c["text"]}, {"parse_special", false}}), c["ids_literal"].size()) << c["text"];
+    }
+    EXPECT_EQ(prompt_tokens({{"messages", f["chat"][0]["messages"]}}), f["chat"][0]["ids"].size());
+    ws.close(websocket::close_code::normal);
   }
   srv.stop();
   runner.join();
