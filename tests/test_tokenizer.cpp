@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/chat_template.h"
 #include "runtime/errors.h"
 #include "runtime/gguf.h"
 #include "runtime/tokenizer.h"
@@ -851,5 +852,34 @@ TEST(Tokenizer, PrintableSyntheticVocabularyPrintsEveryToken) {
     EXPECT_EQ(tok.encode(text, false), plain.encode(text, false)) << text;
     EXPECT_EQ(tok.decode(tok.encode(text, false)), text);
   }
+}
+
+// A vocabulary that adds EOS as well as BOS (tokenizer.ggml.add_eos_token): encode puts both
+// around a text when asked for the file's specials, none otherwise; a chat rendering loses the
+// bos_token it starts with and the eos_token it ends with, so that the prompt gets one of each
+// (llama.cpp's common_chat_template_direct_apply does the same).
+TEST(Tokenizer, FileSpecialsAddEosAndTemplatesDropTheirCopies) {
+  vocab_spec v = make_byte_level_vocab(300);
+  v.add_bos = true;
+  v.add_eos = true;
+  const tokenizer tok(v);
+  EXPECT_EQ(tok.file_specials(), (tokenizer::specials{.bos = true, .eos = true}));
+  const auto plain = tok.encode("hi", false);
+  auto both = plain;
+  both.insert(both.begin(), tok.bos());
+  both.push_back(tok.eos());
+  EXPECT_EQ(tok.encode("hi", true), both);
+  const auto tmpl = chat_template::for_vocab(
+      "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}{{ eos_token }}", tok);
+  std::string prompt;
+  ASSERT_TRUE(tmpl.render({{"user", "hi"}}, prompt).ok());
+  EXPECT_EQ(prompt, "hi");
+  EXPECT_EQ(tok.encode(prompt, tok.file_specials(), true), both);
+  // A vocabulary that adds neither keeps the template's texts, which are then the tokens.
+  v.add_bos = v.add_eos = false;
+  const tokenizer bare(v);
+  ASSERT_TRUE(chat_template::for_vocab("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}{{ eos_token }}",
+                                       bare).render({{"user", "hi"}}, prompt).ok());
+  EXPECT_EQ(bare.encode(prompt, true, true), both);
 }
 }  // namespace tandem
