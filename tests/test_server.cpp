@@ -518,7 +518,9 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
       {"no_such_field", 1},
       // implemented, but checked: ids outside the vocabulary, biases outside [-100, 100]
       {"logit_bias", {{"999999", 1}}}, {"logit_bias", {{"x", 1}}}, {"logit_bias", {{"5", 101}}},
-      {"stop_token_ids", {-1}}, {"min_tokens", -1}, {"min_tokens", 1.5}};
+      {"stop_token_ids", {-1}}, {"min_tokens", -1}, {"min_tokens", 1.5},
+      // the prompt's tokenization: booleans
+      {"parse_special", "no"}, {"add_special_tokens", 0}, {"return_token_ids", "yes"}};
   for (const auto& [k, v] : asks) {
     json b = comp;
     b[k] = v;
@@ -539,6 +541,8 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
            {"guided_regex", "a+"},
            {"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}})},
            {"tool_choice", "required"},
+           {"add_special_tokens", true},  // vLLM's chat field: the template places BOS here
+           {"parse_special", false},      // a chat message's content is always text
            {"max_tokens_typo", 4}}) {
     json b = chat;
     b[k] = v;
@@ -548,12 +552,15 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
   so["stream"] = true;
   so["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
   refused("/v1/completions", so, "stream_options");
+  json ids_streamed = comp;
+  ids_streamed.update({{"stream", true}, {"return_token_ids", true}});
+  refused("/v1/completions", ids_streamed, "return_token_ids");
 
   // The values that ask for nothing pass, as OpenAI's clients send them.
   json quiet = chat;
   quiet.update({{"logprobs", false}, {"presence_penalty", 0}, {"frequency_penalty", 0}, {"logit_bias", json::object()},
                 {"response_format", {{"type", "text"}}}, {"tool_choice", "none"}, {"tools", json::array()},
-                {"n", 1}, {"user", "u-1"}, {"top_logprobs", nullptr}});
+                {"n", 1}, {"user", "u-1"}, {"top_logprobs", nullptr}, {"add_special_tokens", false}});
   auto ok = request(http::verb::post, "/v1/chat/completions", quiet.dump());
   EXPECT_EQ(ok.status, 200) << ok.body;
 

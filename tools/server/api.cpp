@@ -102,7 +102,9 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
         "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs", "documents",
         "priority", "mirostat", "n_probs", "cache_prompt", "samplers", "dynatemp_range", "xtc_probability",
         "dry_multiplier", "n_predict", "id_slot", "return_tokens", "post_sampling_probs", "verbosity",
-        "prompt_cache_key", "safety_identifier", "truncate_prompt_tokens"};
+        "prompt_cache_key", "safety_identifier", "truncate_prompt_tokens",
+        // vLLM's chat field (default false): the chat template places BOS, one at most.
+        "add_special_tokens"};
     const bool known = std::find_if(std::begin(unimplemented), std::end(unimplemented),
                                     [&](const char* k) { return key == k; }) != std::end(unimplemented);
     if (!known) return bad("unknown parameter '" + key + "'", key);
