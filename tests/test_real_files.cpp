@@ -270,6 +270,13 @@ TEST_P(RealFile, ServerPrefillsWhatLlamaServerDoes) {
     const json r = post("/v1/completions", body);
     EXPECT_EQ(ids_of(r["choices"][0]["prompt_token_ids"]), ids_of(c["ids"])) << c["text"];
     EXPECT_EQ(r["usage"]["prompt_tokens"], c["completions_prompt_tokens"]) << c["text"];
+    // A one-text array is the same prompt; token ids are taken as they are (no BOS added).
+    json array = body;
+    array["prompt"] = json::array({c["text"]});
+    EXPECT_EQ(ids_of(post("/v1/completions", array)["choices"][0]["prompt_token_ids"]), ids_of(c["ids"])) << c["text"];
+    json ids = body;
+    ids["prompt"] = c["ids_literal"];
+    EXPECT_EQ(ids_of(post("/v1/completions", ids)["choices"][0]["prompt_token_ids"]), ids_of(c["ids_literal"]));
     json literal = body;
     literal["parse_special"] = false;
     EXPECT_EQ(ids_of(post("/v1/completions", literal)["choices"][0]["prompt_token_ids"]), ids_of(c["ids_literal"]))

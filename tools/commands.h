@@ -17,7 +17,8 @@ void add_bench_compare(CLI::App* bench);  // `tandem bench compare` (cmd_bench_s
 void add_bench_transport(CLI::App* bench);  // `tandem bench transport` (cmd_bench_transport.cpp)
 void add_bench_grammar(CLI::App* bench);  // `tandem bench grammar` (cmd_bench_grammar.cpp)
 
-// Resolves --model: the given path, or the built-in default synthetic model (made on first use).
+// Resolves --model: a path; synth:PRESET[:DTYPE], a synthetic model made once in the cache directory;
+// "stories260K" or nothing, the built-in default written there on first use.
 std::string resolve_model_path(const std::string& flag);
 
 // --matmul batch-invariant|fastest on `cmd` (kernels/cpu/matmul.h says what each costs).
