@@ -174,7 +174,6 @@ std::string download(const download_request& r) {
       };
       const get_result g = get(r.url, o, sink, on_head);
       const int st = g.head.status;
-      if (st == 416 && before == r.size) break;
       if (st == 416) {  // our partial file is not a prefix the server knows: start over
         part.truncate();
         continue;

@@ -145,7 +145,11 @@ settings settings::from_env(const std::string& cache_dir) {
   settings s;
   if (const std::string e = env("HF_ENDPOINT"); !e.empty()) s.endpoint = e;
   while (!s.endpoint.empty() && s.endpoint.back() == '/') s.endpoint.pop_back();
-  (void)parse_url(s.endpoint);  // a bad HF_ENDPOINT is reported now, naming it
+  try {
+    (void)parse_url(s.endpoint);  // a bad HF_ENDPOINT is reported now, naming it
+  } catch (const failure& e) {
+    throw failure(errc::invalid_argument, std::string("HF_ENDPOINT: ") + e.what());
+  }
   s.token = env("HF_TOKEN");
   if (s.token.empty()) s.token = env("HUGGING_FACE_HUB_TOKEN");  // its older name
   const std::string off = lower(env("HF_HUB_OFFLINE"));
