@@ -226,7 +226,7 @@ pull test/tiny-GGUF:Q8_0 && [ "$(cat "$work/o")" = "$dest" ] && grep -q "cannot 
 expect_error "cannot reach the hub at https://127.0.0.1" model pull test/tiny-GGUF:F16
 # rm: one quant, then a whole repository (its partial and rejected files too).
 "$bin" model rm test/tiny-GGUF:Q8_0 2>"$work/e" && [ ! -e "$dest" ] && [ ! -e "$dest.json" ] \
-  && "$bin" model list | grep -q "tiny-Q4_K_M.gguf" && ! "$bin" model list | grep -q "tiny-Q8_0.gguf" \
+  && "$bin" model list | grep -q "^test/tiny-GGUF .*tiny-Q4_K_M.gguf" && ! "$bin" model list | grep -q "^test/tiny-GGUF .*tiny-Q8_0.gguf" \
   && pass "model rm REPO:QUANT" || fail "rm quant: $(cat "$work/e")"
 "$bin" model rm test/bad-GGUF 2>"$work/e" && [ ! -e "$hubdir/test--bad-GGUF" ] && pass "model rm REPO" || fail "rm repo: $(cat "$work/e")"
 expect_error "no GGUF file in the cache of 'test/tiny-GGUF' matches 'Q8_0'" model rm test/tiny-GGUF:Q8_0

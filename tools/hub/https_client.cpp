@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 
 #include "runtime/errors.h"
@@ -96,7 +97,9 @@ void exchange(Stream& s, beast::tcp_stream& tcp, asio::io_context& ioc, const ur
 
   beast::flat_buffer fb;
   http::response_parser<http::buffer_body> p;
-  p.body_limit(boost::none);
+  // No limit (files are GBs). Not boost::none: Boost 1.74 compares a length with it as an
+  // optional, and every length is greater than none ("body limit exceeded").
+  p.body_limit(std::numeric_limits<std::uint64_t>::max());
   tcp.expires_after(o.step_timeout);
   if (auto ec = run(ioc, [&](auto h) { http::async_read_header(s, fb, p, h); }))
     fail("no answer from " + host_port(u), ec);
