@@ -62,6 +62,7 @@ repo one "$f16"
 repo drop "$q8"
 repo gated "$q8"
 repo bad "$q8"
+repo badetag "$q8"
 repo resume "$f16"
 repo norange "$f16"
 repo limit "$f16"
@@ -75,6 +76,7 @@ cat >"$work/hub.json" <<EOF
   "test/drop-GGUF": {"dir": "$work/repos/drop", "drop_first": true},
   "test/gated-GGUF": {"dir": "$work/repos/gated", "token": "hf_secret"},
   "test/bad-GGUF": {"dir": "$work/repos/bad", "bad_sha": true},
+  "test/badetag-GGUF": {"dir": "$work/repos/badetag", "bad_etag": true},
   "test/resume-GGUF": {"dir": "$work/repos/resume"},
   "test/norange-GGUF": {"dir": "$work/repos/norange", "no_range": true},
   "test/limit-GGUF": {"dir": "$work/repos/limit"},
@@ -179,6 +181,8 @@ bad=$hubdir/test--bad-GGUF/tiny-Q8_0.gguf
 expect_error "sha256 .* does not match the hub's" model pull test/bad-GGUF:Q8_0
 grep -q "tiny-Q8_0.gguf.bad" "$work/e" && [ -f "$bad.bad" ] && [ ! -e "$bad" ] && [ ! -e "$bad.json" ] \
   && pass "mismatch kept aside as .bad" || fail "mismatch: $(ls "$hubdir/test--bad-GGUF")"
+expect_error "does not match the hub's X-Linked-Etag" model pull test/badetag-GGUF:Q8_0
+[ -f "$hubdir/test--badetag-GGUF/tiny-Q8_0.gguf.bad" ] && pass "X-Linked-Etag mismatch kept aside" || fail "etag mismatch: no .bad"
 HF_HUB_OFFLINE=1 "$bin" generate --model hf:test/bad-GGUF:Q8_0 --prompt hi -n 2 >/dev/null 2>"$work/e" \
   && fail "a rejected file was used" || pass "a rejected file is not used offline"
 
@@ -203,7 +207,13 @@ n=$(wc -l <"$work/tunnels.log")
 https_proxy=$proxy no_proxy=localhost,127.0.0.1 "$bin" model pull test/proxy-GGUF:Q8_0 >"$work/o" 2>"$work/e" \
   && [ "$(wc -l <"$work/tunnels.log")" -eq "$n" ] && pass "NO_PROXY: direct" || fail "no_proxy: $(cat "$work/e")"
 
-# 9. The cache: model list, --model hf: offline, model rm.
+# 9. A plain http:// endpoint (a local mirror) works too.
+start hub "$work/plain.port" --plain --config "$work/hub.json" --stats "$work/plain-stats.json"
+if HF_ENDPOINT=http://127.0.0.1:$(cat "$work/plain.port") TANDEM_CACHE_DIR=$work/plain-cache \
+    "$bin" model pull test/one-GGUF >"$work/o" 2>"$work/e" && same "$(cat "$work/o")" "$f16"; then pass "http:// endpoint"
+else fail "http:// endpoint: $(cat "$work/e")"; fi
+
+# 10. The cache: model list, --model hf: offline, model rm.
 "$bin" model list >"$work/list" 2>"$work/e"
 grep -q "^test/tiny-GGUF .*tiny-Q8_0.gguf .*MiB  $dest$" "$work/list" && ! grep -q bad-GGUF "$work/list" \
   && pass "model list" || fail "model list: $(cat "$work/list" "$work/e")"

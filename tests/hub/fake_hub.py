@@ -2,7 +2,7 @@
 """A stand-in for the Hugging Face hub over HTTPS, and an HTTP CONNECT proxy, for
 tests/test_model_pull.sh (Python 3 standard library only; no network beyond loopback).
 
-  fake_hub.py hub --config C.json --cert CERT --key KEY --port-file F --stats S.json
+  fake_hub.py hub --config C.json --cert CERT --key KEY --port-file F --stats S.json [--plain]
   fake_hub.py proxy --port-file F --log TUNNELS.log
 
 The hub serves, as huggingface.co does:
@@ -13,10 +13,11 @@ The hub serves, as huggingface.co does:
                                           X-Linked-Size; the CDN is https://localhost:PORT/cdn/... while
                                           the hub is 127.0.0.1, so a client must not send the token there
   GET /cdn/OWNER/NAME/FILE                the bytes, with Range (206 + Content-Range)
-C.json: {"repos": {"OWNER/NAME": {"dir": DIR, "token": T, "bad_sha": bool, "drop_first": bool,
-                                    "no_range": bool}}}
+C.json: {"repos": {"OWNER/NAME": {"dir": DIR, "token": T, "bad_sha": bool, "bad_etag": bool,
+                                    "drop_first": bool, "no_range": bool}}}
   token       the repository is gated: the listing and resolve need "Authorization: Bearer T"
   bad_sha     the listing and X-Linked-Etag give a wrong sha256 for every GGUF
+  bad_etag    the listing is right, X-Linked-Etag is not
   drop_first  the first transfer of each file stops halfway: the connection is dropped
   no_range    the CDN ignores Range (answers 200 with the whole file)
 S.json, rewritten after every request: {"requests": all requests, "cdn_auth": requests to the CDN that carried
@@ -135,8 +136,11 @@ class Handler(BaseHTTPRequestHandler):
             if rev not in ("main", hub.commit(repo)) or not os.path.isfile(full):
                 return self.reply(404, {"error": "Entry not found"})
             sha = hub.sha256(repo, rel)
+            if hub.repos[repo].get("bad_etag"):
+                sha = hashlib.sha256(b"another file's bytes").hexdigest()
             port = self.server.server_address[1]
-            loc = f"https://localhost:{port}/cdn/{repo}/{urllib.parse.quote(rel)}?sig=signed"
+            scheme = "http" if self.server.plain else "https"
+            loc = f"{scheme}://localhost:{port}/cdn/{repo}/{urllib.parse.quote(rel)}?sig=signed"
             return self.reply(302, b"", {"Location": loc, "ETag": f'"{sha}"', "X-Linked-Etag": f'"{sha}"',
                                          "X-Linked-Size": str(os.path.getsize(full)),
                                          "X-Repo-Commit": hub.commit(repo)})
@@ -242,14 +246,17 @@ def main():
     ap.add_argument("--port-file", required=True)
     ap.add_argument("--stats")
     ap.add_argument("--log")
+    ap.add_argument("--plain", action="store_true", help="plain HTTP instead of HTTPS")
     a = ap.parse_args()
     if a.mode == "hub":
         with open(a.config) as f:
             Handler.hub = Hub(json.load(f), a.stats)
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(a.cert, a.key)
-        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+        server.plain = a.plain
+        if not a.plain:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(a.cert, a.key)
+            server.socket = ctx.wrap_socket(server.socket, server_side=True)
     else:
         ProxyHandler.log_path = a.log
         open(a.log, "a").close()

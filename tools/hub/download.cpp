@@ -143,6 +143,7 @@ std::string linked_sha256(const get_result& r) {
 
 std::string download(const download_request& r) {
   std::string expected = r.sha256;
+  std::string linked;  // X-Linked-Etag's sha256, checked too when the hub gives it
   part_file part(r.dest + ".part");
   ignore_sigxfsz sig;
   uint64_t have = part.resume(r.size);
@@ -154,7 +155,7 @@ std::string download(const download_request& r) {
     const uint64_t before = part.have();
     try {
       const auto on_head = [&](const get_result& g) {
-        if (expected.empty()) expected = linked_sha256(g);
+        if (const std::string l = linked_sha256(g); !l.empty()) linked = l;
         if (g.head.status == 200 && part.have() > 0) {
           spdlog::info("{}: the server sends the whole file again; restarting", r.label);
           part.truncate();
@@ -196,11 +197,12 @@ std::string download(const download_request& r) {
   }
   bar.finish();
   const std::string got = part.hex();
-  if (expected.empty()) {
+  if (expected.empty() && linked.empty())
     spdlog::warn("{}: the hub gives no sha256 for this file; only its size was checked", r.label);
-  } else if (got != expected) {
+  if (!expected.empty() && got != expected)
     reject(part, r, "sha256 " + got + " does not match the hub's " + expected);
-  }
+  if (!linked.empty() && got != linked)
+    reject(part, r, "sha256 " + got + " does not match the hub's X-Linked-Etag " + linked);
   part.sync_and_close();
   std::error_code ec;
   std::filesystem::rename(r.dest + ".part", r.dest, ec);
