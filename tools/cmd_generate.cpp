@@ -251,7 +251,7 @@ int run_pipeline(const generate_opts& o) {
 void add_generate(CLI::App& app) {
   auto o = std::make_shared<generate_opts>();
   auto* cmd = app.add_subcommand("generate", "Generate a continuation of a prompt; text streams to stdout");
-  cmd->add_option("-m,--model", o->model, "GGUF model file, or synth:PRESET[:DTYPE] for a synthetic one (synth:bench-76m, the benchmarks' model) (default: the built-in stories260K)");
+  cmd->add_option("-m,--model", o->model, "GGUF model file, hf:OWNER/NAME[:QUANT] for a GGUF from Hugging Face (pulled into the cache on first use: tandem model pull), or synth:PRESET[:DTYPE] for a synthetic one (synth:bench-76m, the benchmarks' model) (default: the built-in stories260K)");
   auto* prompt_opt = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
   cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--temperature,--temp", o->temperature, "Sampling temperature; 0 is greedy (the server's default too)")

@@ -1,4 +1,4 @@
-// `tandem model synth` and `tandem model inspect`.
+// `tandem model synth` and `tandem model inspect` (pull, list and rm: cmd_model_pull.cpp).
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -31,6 +31,8 @@ std::string resolve_model_path(const std::string& flag) {
     (void)find_synth_preset(preset);  // throws naming the presets
     return cached_synth_model(preset, *dt);
   }
+  // hf:OWNER/NAME[:QUANT]: a GGUF from a Hugging Face repository, from the cache when it is there.
+  if (flag.rfind("hf:", 0) == 0) return resolve_hf_model(flag.substr(3));
   // The built-in default by its name (the id it is served as), unless a file of that name is here.
   if (flag == default_model_name && !std::filesystem::exists(flag)) return default_model_path();
   if (!flag.empty()) return flag;
@@ -196,7 +198,7 @@ void inspect(const std::string& path, bool json) {
 }  // namespace
 
 void add_model(CLI::App& app) {
-  auto* model_cmd = app.add_subcommand("model", "Create and inspect model files");
+  auto* model_cmd = app.add_subcommand("model", "Get, create and inspect model files");
   model_cmd->require_subcommand(1);
 
   std::string presets;
@@ -262,6 +264,7 @@ void add_model(CLI::App& app) {
   insp->add_option("file", *path, "GGUF model file (default: the built-in default model)");
   insp->add_flag("--json", *json, "Print one JSON object");
   insp->callback([path, json] { inspect(resolve_model_path(*path), *json); });
+  add_model_hub(model_cmd);
 }
 
 }  // namespace tandem::cli

@@ -321,7 +321,7 @@ void add_serve(CLI::App& app) {
   auto o = std::make_shared<serve_options>();
   auto* cmd = app.add_subcommand("serve", "Serve the model over HTTP (OpenAI-compatible, SSE) and WebSocket");
   cmd->fallthrough();  // --config belongs to the top-level app (CLI11 reads config files there)
-  cmd->add_option("-m,--model", o->model, "GGUF model file, or synth:PRESET[:DTYPE] for a synthetic one (synth:bench-76m, the benchmarks' model) (default: the built-in stories260K)");
+  cmd->add_option("-m,--model", o->model, "GGUF model file, hf:OWNER/NAME[:QUANT] for a GGUF from Hugging Face (pulled into the cache on first use: tandem model pull), or synth:PRESET[:DTYPE] for a synthetic one (synth:bench-76m, the benchmarks' model) (default: the built-in stories260K)");
   cmd->add_option("--model-name", o->model_name, "Model id clients send in 'model' (default: the file's name)");
   cmd->add_option("--temperature", o->defaults.temperature,
                   "Sampling temperature of HTTP requests that leave it out (tandem generate's default too)")

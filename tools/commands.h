@@ -16,10 +16,14 @@ void add_bench_serve(CLI::App* bench);    // `tandem bench serve` (cmd_bench_ser
 void add_bench_compare(CLI::App* bench);  // `tandem bench compare` (cmd_bench_serve.cpp)
 void add_bench_transport(CLI::App* bench);  // `tandem bench transport` (cmd_bench_transport.cpp)
 void add_bench_grammar(CLI::App* bench);  // `tandem bench grammar` (cmd_bench_grammar.cpp)
+void add_model_hub(CLI::App* model);      // `tandem model pull|list|rm` (cmd_model_pull.cpp)
 
-// Resolves --model: a path; synth:PRESET[:DTYPE], a synthetic model made once in the cache directory;
-// "stories260K" or nothing, the built-in default written there on first use.
+// Resolves --model: a path; synth:PRESET[:DTYPE], a synthetic model made once in the cache
+// directory; hf:REPO[:QUANT], a Hugging Face GGUF (cached, else pulled); "stories260K" or
+// nothing, the built-in default written to the cache directory on first use.
 std::string resolve_model_path(const std::string& flag);
+// hf:REPO[:QUANT] without its prefix: the cached file, else pulled from the hub (tools/hub).
+std::string resolve_hf_model(const std::string& ref);
 
 // --matmul batch-invariant|fastest on `cmd` (kernels/cpu/matmul.h says what each costs).
 CLI::Option* add_matmul_option(CLI::App* cmd, std::string& value);

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Installs everything tandem builds with, from Debian 12 packages. Idempotent; run as root.
 # --tests also installs what the end-to-end tests drive tandem with: Node.js + npm (for the npm
-# clients openai, ws, playwright-core), Chromium (headless browser) and Prometheus (promtool).
+# clients openai, ws, playwright-core), Chromium (headless browser), Prometheus (promtool), and
+# openssl + python3 (a fake Hugging Face hub over HTTPS).
 set -euo pipefail
 pkgs=(build-essential cmake ccache pkg-config
       libcaf-dev libboost-dev libmsgpack-cxx-dev nlohmann-json3-dev
-      libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev libpcre2-dev libopenblas-dev
+      libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev libpcre2-dev libopenblas-dev libssl-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev)
 if [ "${1:-}" = "--tests" ]; then
   pkgs+=(chromium prometheus ca-certificates iproute2)  # iproute2: the cluster test's network namespaces
+  pkgs+=(openssl python3)  # test_model_pull.sh: its own CA and certificate, the fake hub
   # A machine may bring its own Node.js; otherwise Debian's.
   command -v node >/dev/null && command -v npm >/dev/null || pkgs+=(nodejs npm)
 fi
