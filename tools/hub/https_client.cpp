@@ -25,15 +25,6 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-  return s;
-}
-
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
 
 std::string host_port(const url& u) {
   const bool v6 = u.host.find(':') != std::string::npos;
@@ -155,6 +146,16 @@ void connect_tunnel(beast::tcp_stream& tcp, asio::io_context& ioc, const url& pr
 std::string url::str() const {
   const bool v6 = host.find(':') != std::string::npos;
   return scheme + "://" + (v6 ? "[" + host + "]" : host) + ":" + port + target;
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return s;
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
 }
 
 url parse_url(const std::string& s) {

@@ -24,6 +24,8 @@ struct url {
 };
 // Throws failure(invalid_argument) naming the URL when it is not http(s)://HOST[:PORT][/PATH].
 url parse_url(const std::string& s);
+std::string lower(std::string s);    // ASCII lower case (host names, quant tags)
+std::string env(const char* name);   // an environment variable's value, "" when unset
 // `location` (a redirect's Location: absolute, or a path on the same origin) against `base`.
 url resolve_location(const url& base, const std::string& location);
 
