@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
 
+#include "runtime/atomic_file.h"
 #include "runtime/errors.h"
 
 namespace tandem::gguf {
@@ -514,11 +514,8 @@ void writer::write(const std::string& path, uint32_t alignment) const {
   }
   h.pad(alignment);
 
-  // A per-process temporary name: two processes making the same file never collide.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw failure(errc::io_error, "cannot write '" + tmp + "': " + std::strerror(errno));
+  // Atomic: two processes making the same file never collide, and a reader never sees a part.
+  write_file_atomically(path, [&](std::ostream& out) {
     out.write(reinterpret_cast<const char*>(h.b.data()), std::streamsize(h.b.size()));
     static const char zeros[256] = {};
     for (auto& t : tensors_) {
@@ -526,10 +523,7 @@ void writer::write(const std::string& path, uint32_t alignment) const {
       const size_t pad = (alignment - t.bytes.size() % alignment) % alignment;
       out.write(zeros, std::streamsize(pad));
     }
-    if (!out.flush()) throw failure(errc::io_error, "cannot write '" + tmp + "': " + std::strerror(errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw failure(errc::io_error, "cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
+  });
 }
 
 }  // namespace tandem::gguf

@@ -3,12 +3,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <string_view>
 
-#include <unistd.h>
 
+#include "runtime/atomic_file.h"
 #include "runtime/default_model.h"
 #include "runtime/errors.h"
 #include "runtime/gguf.h"
@@ -283,20 +282,12 @@ std::string default_model_path() {
   const auto path = std::filesystem::path(cache_dir()) / (std::string(default_model_name) + ".gguf");
   const auto bytes = default_model_bytes();
   std::error_code ec;
-  // Rewritten when the size differs (a file from another build, or cut short by a full disk
-  // before the rename could not happen, since the write is atomic).
+  // Written again when the size differs (a file another build left); a file is never found half
+  // written (write_file_atomically).
   if (std::filesystem::file_size(path, ec) == bytes.size() && !ec) return path.string();
-  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  write_file_atomically(path.string(), [&](std::ostream& out) {
     out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-    if (!out.flush()) {
-      std::filesystem::remove(tmp, ec);
-      throw failure(errc::io_error, "cannot write the built-in model to '" + tmp + "'");
-    }
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw failure(errc::io_error, "cannot write '" + path.string() + "': " + ec.message());
+  });
   return path.string();
 }
 

@@ -17,6 +17,7 @@
 #include "runtime/json_schema.h"
 #include "runtime/model.h"
 #include "runtime/vocab_hf.h"
+#include "runtime/synth.h"
 #include "tools/commands.h"
 
 namespace tandem::cli {
@@ -69,7 +70,7 @@ void run(const options& o) {
     own = std::make_unique<tokenizer>(vocab_from_tokenizer_json(o.tokenizer_json));
     tok = own.get();
   } else {
-    mdl = model::load(resolve_model_path(o.model.empty() ? "synth:bench-76m" : o.model));
+    mdl = model::load(o.model.empty() ? bench_model_path() : resolve_model_path(o.model));
     tok = &mdl->tok();
   }
   const std::string gbnf = !o.grammar.empty() ? read_file(o.grammar)

@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include <unistd.h>
 
+#include "runtime/atomic_file.h"
 #include "runtime/errors.h"
 
 namespace tandem::hub {
@@ -43,19 +43,7 @@ void write_record(const cached_file& f) {
   const nlohmann::json j = {{"repo", f.repo}, {"file", f.file}, {"sha256", f.sha256}, {"size", f.size},
                             {"commit", f.commit}};
   const std::string dest = f.path + ".json";
-  const std::string tmp = dest + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(2) << "\n";
-    if (!out.flush()) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw failure(errc::io_error, "cannot write '" + tmp + "'");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, dest, ec);
-  if (ec) throw failure(errc::io_error, "cannot write '" + dest + "': " + ec.message());
+  write_file_atomically(dest, [&](std::ostream& out) { out << j.dump(2) << "\n"; });
 }
 
 std::vector<cached_file> list_cached(const std::string& root, const std::string& repo) {
