@@ -159,6 +159,19 @@ for cmd in "" "generate" "model" "model synth" "model inspect" "bench" "bench ke
   # shellcheck disable=SC2086
   "$bin" $cmd --help >/dev/null 2>&1 && pass "help: tandem $cmd" || fail "tandem $cmd --help"
 done
+# 6b. bench and chaos live in tandem-bench beside the binary: `tandem bench ...` runs it with the
+# same command line (global flags first included); without it, the error says how to build it.
+"$bin" bench kernels --help 2>&1 | grep -q -- "--against-llama-bench" && pass "tandem bench kernels --help reaches tandem-bench" \
+  || fail "tandem bench kernels --help: $("$bin" bench kernels --help 2>&1 | head -3)"
+"$bin" --help | grep -q "chaos.*(in tandem-bench)" && pass "tandem --help lists chaos" || fail "tandem --help lacks chaos"
+"$bin" --log-level warn chaos --url http://127.0.0.1:1 >"$work/chaos.txt" 2>&1
+grep -q "admin-key" "$work/chaos.txt" && pass "tandem --log-level warn chaos: flags reach tandem-bench" \
+  || fail "global flag before chaos: $(cat "$work/chaos.txt")"
+mkdir "$work/alone" && cp "$bin" "$work/alone/tandem"
+"$work/alone/tandem" bench kernels >"$work/alone.txt" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "tandem bench is in tandem-bench, which is not built.*--target tandem-bench" "$work/alone.txt" \
+  && pass "tandem bench without tandem-bench: exit 2 and how to build it" || fail "no tandem-bench: rc $rc $(cat "$work/alone.txt")"
 
 # 7. synth + inspect round trip, and the default model path.
 "$bin" model synth --preset tiny --dtype q8_0 --out "$work/tiny.gguf" 2>/dev/null || fail "synth"

@@ -326,7 +326,7 @@ int run_bench(const bench_opts& o) {
 }  // namespace
 
 void add_bench(CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "Benchmarks that print figures");
+  auto* bench = app.add_subcommand("bench", std::string(bench_description));
   bench->require_subcommand(1);
   add_bench_serve(bench);
   add_bench_compare(bench);

@@ -160,7 +160,7 @@ struct compare_opts {
 };
 
 int run_compare_cmd(compare_opts o) {
-  o.co.tandem_binary = std::filesystem::read_symlink("/proc/self/exe").string();
+  o.co.tandem_binary = sibling_binary("tandem").string();
   if (o.slo_ttft_ms > 0) o.co.slos.ttft_s = o.slo_ttft_ms / 1e3;
   if (o.slo_tpot_ms > 0) o.co.slos.tpot_s = o.slo_tpot_ms / 1e3;
   if (!o.co.slos.ttft_s && !o.co.slos.tpot_s) throw failure(errc::invalid_argument, "give --slo-ttft and/or --slo-tpot");

@@ -500,7 +500,7 @@ class soak {
 
 void add_chaos(CLI::App& app) {
   auto o = std::make_shared<chaos_opts>();
-  auto* cmd = app.add_subcommand("chaos", "Soak a running server while killing its actors; report what was lost (nothing, if it works)");
+  auto* cmd = app.add_subcommand("chaos", std::string(chaos_description));
   cmd->add_option("--url", o->url, "The server (http://HOST:PORT)")->capture_default_str();
   cmd->add_option("--kill", o->kill,
                   "What to kill: an actor kind (through /admin/kill) or, with --cluster, prefill_process, decode_process, "
@@ -543,7 +543,7 @@ void add_chaos(CLI::App& app) {
     endpoint ep;
     if (o->cluster) {
       chaos_cluster_options co;
-      co.tandem_binary = std::filesystem::read_symlink("/proc/self/exe").string();
+      co.tandem_binary = sibling_binary("tandem").string();  // the processes serve
       co.model = resolve_model_path(o->model);
       co.prefill = o->prefill_nodes;
       co.decode = o->decode_nodes;

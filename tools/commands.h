@@ -3,9 +3,29 @@
 // returns the process exit code when run.
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
+#include <functional>
+#include <string_view>
+
 #include "kernels/cpu/matmul.h"
 
 namespace tandem::cli {
+
+// Two binaries, one command line: `tandem` holds what serving needs (serve, generate, model) and
+// `tandem-bench` beside it the benchmarks and the chaos soak, which `tandem bench ...` and
+// `tandem chaos ...` run (as git runs git-NAME), so the first build, the one that starts
+// `tandem serve`, compiles a quarter less. run_app: the global flags, logging and exit codes
+// around `add_commands`'s subcommands (tools/app.cpp).
+int run_app(int argc, char** argv, const std::function<void(CLI::App&)>& add_commands);
+// A subcommand of `binary` beside this one: `tandem NAME ...` executes it with the same argv.
+void add_external(CLI::App& app, std::string_view name, std::string_view description, std::string_view binary,
+                  char** argv);
+// `name` in this executable's directory (where the build and an install put both binaries).
+std::filesystem::path sibling_binary(std::string_view name);
+inline constexpr std::string_view bench_binary = "tandem-bench";
+inline constexpr std::string_view bench_description = "Benchmarks that print figures";
+inline constexpr std::string_view chaos_description =
+    "Soak a running server while killing its actors; report what was lost (nothing, if it works)";
 
 void add_generate(CLI::App& app);
 void add_model(CLI::App& app);

@@ -1,81 +1,14 @@
-// tandem: one binary, one subcommand per job.
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
-
-#include <malloc.h>
-
-#include <iostream>
-
-#include "runtime/errors.h"
-#include "runtime/oplog.h"
+// tandem: one binary, one subcommand per job; the benchmarks and the chaos soak are in
+// tandem-bench beside it (bench_main.cpp), run through `tandem bench` and `tandem chaos`.
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
-  // KV blocks are hundreds of KiB: by default glibc gives each its own mmap and unmaps it on
-  // free, so every export and every landing buffer page-faults afresh. Measured on the dev VM:
-  // allocating + copying 21 MB of KV took 73 ms that way, 1 ms into reused memory. Keep such
-  // chunks in the heap for reuse (freed memory above 256 MiB is still returned to the OS).
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  // ... and in one arena: a thread's own arena grows in 64 MiB heaps that glibc unmaps whole
-  // once free (whatever M_TRIM_THRESHOLD says), so a KV receiver's landing buffers faulted in
-  // again every frame. `tandem bench transport --blocks 256` on the dev VM: shared memory
-  // 30% -> 52% of memcpy, TCP 24% -> 45%. Allocation is rare on the hot paths (the engines
-  // preallocate), so one arena's lock costs nothing measurable there.
-  mallopt(M_ARENA_MAX, 1);
-  // stdout carries only results (generated text, JSON); logs go to stderr.
-  auto log = spdlog::stderr_color_mt("tandem");
-  spdlog::set_default_logger(log);
-  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
-
-  CLI::App app{"tandem: disaggregated LLM serving on actors", "tandem"};
-  app.require_subcommand(1);
-  // --help shows every option's default; a --config file's unknown key is an error naming it,
-  // as the same flag on the command line is (both inherited by every subcommand).
-  app.option_defaults()->always_capture_default();
-  app.allow_config_extras(CLI::config_extras_mode::error);
-  app.set_version_flag("--version", "tandem " TANDEM_VERSION);
-  std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
-      ->capture_default_str();
-  // Flags from a TOML/INI file: a [serve] section holds `tandem serve`'s (names without --).
-  app.set_config("--config", "", "Read flags from a TOML/INI file ([serve] section: port = 8080, ...)")
-      ->check(CLI::ExistingFile);
-  std::string log_format = "text";
-  app.add_option("--log-format", log_format, "Logs as text lines or one JSON object per line (for Loki, Elasticsearch, jq)")
-      ->check(CLI::IsMember({"text", "json"}))
-      ->capture_default_str();
-  app.parse_complete_callback([&] {
-    spdlog::set_level(spdlog::level::from_str(log_level));
-    tandem::oplog::set_format(log_format == "json" ? tandem::oplog::format::json : tandem::oplog::format::text);
+  using namespace tandem::cli;
+  return run_app(argc, argv, [argv](CLI::App& app) {
+    add_generate(app);
+    add_model(app);
+    add_external(app, "bench", bench_description, bench_binary, argv);
+    add_serve(app);
+    add_external(app, "chaos", chaos_description, bench_binary, argv);
   });
-  tandem::cli::add_generate(app);
-  tandem::cli::add_model(app);
-  tandem::cli::add_bench(app);
-  tandem::cli::add_serve(app);
-  tandem::cli::add_chaos(app);
-  // CLI11 reports an unknown first word only as "a subcommand is required": name it instead.
-  std::string names;
-  bool known = false;
-  for (const auto* sc : app.get_subcommands({})) {
-    names += (names.empty() ? "" : ", ") + sc->get_name();
-    known = known || (argc > 1 && sc->get_name() == argv[1]);
-  }
-  if (argc > 1 && argv[1][0] != '-' && !known) {
-    std::cerr << "tandem: unknown command '" << argv[1] << "' (commands: " << names << "; see tandem --help)\n";
-    return 109;
-  }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  } catch (const tandem::failure& e) {
-    spdlog::error("{}", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
-    return 1;
-  }
-  return 0;
 }

@@ -4,7 +4,7 @@
 # clients openai, ws, playwright-core), Chromium (headless browser), Prometheus (promtool), and
 # openssl + python3 (a fake Hugging Face hub over HTTPS).
 set -euo pipefail
-pkgs=(build-essential cmake ccache pkg-config
+pkgs=(build-essential cmake ninja-build ccache pkg-config
       libcaf-dev libboost-dev libmsgpack-cxx-dev nlohmann-json3-dev
       libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev libpcre2-dev libopenblas-dev libssl-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev)

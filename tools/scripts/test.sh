@@ -4,6 +4,9 @@
 # Set TANDEM_SKIP_SANITIZERS=1 to run only the Release suite (a local shortcut; CI runs both).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# Ninja keeps both cores busy to the end (make waits for a library before its dependants' files);
+# it applies to a new build folder only.
+export CMAKE_GENERATOR=${CMAKE_GENERATOR:-Ninja}
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 as_root tools/scripts/setup.sh --tests
 jobs=$(nproc)
