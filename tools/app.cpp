@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <iostream>
 
+#include <CLI/CLI.hpp>
+
 #include "runtime/errors.h"
 #include "runtime/oplog.h"
 #include "tools/commands.h"

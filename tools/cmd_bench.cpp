@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <iostream>
 
+#include <CLI/CLI.hpp>
+
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/peak.h"
 #include "runtime/engine.h"

@@ -12,6 +12,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
+
 #include "runtime/errors.h"
 #include "runtime/grammar.h"
 #include "runtime/json_schema.h"

@@ -8,6 +8,8 @@
 
 #include <filesystem>
 
+#include <CLI/CLI.hpp>
+
 #include "tools/bench/client.h"
 #include "tools/bench/compare.h"
 #include "tools/bench/serve.h"

@@ -16,6 +16,8 @@
 #include <iostream>
 #include <random>
 
+#include <CLI/CLI.hpp>
+
 #include "runtime/synth.h"
 #include "tools/commands.h"
 #include "transport/channel.h"

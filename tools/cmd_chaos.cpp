@@ -33,6 +33,8 @@
 #include <set>
 #include <thread>
 
+#include <CLI/CLI.hpp>
+
 #include "tools/bench/client.h"
 #include "tools/bench/stats.h"
 #include "tools/chaos_cluster.h"

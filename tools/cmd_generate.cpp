@@ -8,6 +8,8 @@
 #include <random>
 #include <thread>
 
+#include <CLI/CLI.hpp>
+
 #include "actors/pipeline.h"
 #include "runtime/engine.h"
 #include "runtime/json_schema.h"

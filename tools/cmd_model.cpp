@@ -8,6 +8,8 @@
 #include <iostream>
 #include <map>
 
+#include <CLI/CLI.hpp>
+
 #include "runtime/errors.h"
 #include "runtime/model.h"
 #include "runtime/vocab_gguf.h"

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <iostream>
 
+#include <CLI/CLI.hpp>
+
 #include "runtime/errors.h"
 #include "runtime/synth.h"
 #include "tools/commands.h"

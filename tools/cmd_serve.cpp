@@ -12,6 +12,8 @@
 #include <sstream>
 #include <thread>
 
+#include <CLI/CLI.hpp>
+
 #include "actors/node.h"
 #include "actors/pipeline.h"
 #include "runtime/chat_template.h"

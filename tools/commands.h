@@ -1,13 +1,18 @@
 #pragma once
 // The subcommands of the `tandem` binary. Each registers its flags on the CLI11 app and
 // returns the process exit code when run.
-#include <CLI/CLI.hpp>
-
 #include <filesystem>
 #include <functional>
 #include <string_view>
 
 #include "kernels/cpu/matmul.h"
+
+// CLI11 is declared, not included: it costs each file that parses it seconds to compile, and
+// main.cpp and bench_main.cpp only hand an App around (the cmd_*.cpp files include it).
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
 
 namespace tandem::cli {
 
