@@ -1,6 +1,7 @@
 #include "kernels/tensor_types.h"
 
-#include <immintrin.h>
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/simd.h"
 
 #include <algorithm>
 
@@ -335,7 +336,8 @@ __attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* src, uint1
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
   for (; i < n; ++i) dst[i] = f32_to_f16(src[i]);
 }
-const bool have_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+// (F16C comes with AVX2 on every CPU but Ivy Bridge, which takes the exact scalar routine.)
+const bool have_f16c = cpu::detail::cpu_has(cpu::detail::isa::avx2);
 }  // namespace
 
 void quantize_row(dtype t, const float* src, void* dst, int64_t n) {

@@ -1,5 +1,7 @@
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/simd.h"
 
 #include <algorithm>
 #include <bit>
@@ -11,12 +13,6 @@
 #include <stdexcept>
 #include <vector>
 
-// See matmul_avx512.cpp: GCC 12 warns about its own idioms inside these headers.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -53,15 +49,7 @@ float* thread_buffer(size_t bytes) {
   return static_cast<float*>(h.p);
 }
 
-bool have_avx512() {
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("fma");
-  }();
-  return ok;
-}
+bool have_avx512() { return detail::cpu_has(detail::isa::avx512); }
 
 constexpr int32_t kMaxTileRows = 48;  // query rows (tokens x heads) per tile
 constexpr int32_t kMaxFastHeadDim = 256;

@@ -1,7 +1,7 @@
 #pragma once
 // AVX2 helpers shared by the translation units compiled with -mavx2 (matmul_avx2.cpp,
 // matmul_kquant_avx2.cpp); include it only from those.
-#include <immintrin.h>
+#include "kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu::detail {
 

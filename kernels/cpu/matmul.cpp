@@ -5,7 +5,6 @@
 // it with every input row, which is bound by memory bandwidth; prefill (larger m) is a GEMM,
 // bound by FMA throughput. The ISA translation units implement both for their instruction set.
 #include <cblas.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -14,35 +13,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/matmul_impl.h"
 #include "kernels/cpu/ops.h"
 
 namespace tandem::kernels::cpu {
 namespace detail {
 namespace {
-
-bool cpu_has(isa level) {
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
-  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
-                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("avx512dq");
-  switch (level) {
-    case isa::scalar: return true;
-    case isa::avx2: return avx2;
-    case isa::avx512: return avx512;
-    case isa::avx512_bf16:
-      return avx512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16");
-  }
-  return false;
-}
-
-isa detect() {
-  for (isa l : {isa::avx512_bf16, isa::avx512, isa::avx2})
-    if (cpu_has(l)) return l;
-  return isa::scalar;
-}
 
 // ---- scalar path ----
 
@@ -113,31 +90,6 @@ void blas_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_
 
 }  // namespace
 
-const char* isa_label(isa level) {
-  switch (level) {
-    case isa::scalar: return "scalar";
-    case isa::avx2: return "avx2";
-    case isa::avx512: return "avx512";
-    case isa::avx512_bf16: return "avx512_bf16";
-  }
-  return "?";
-}
-
-isa best_isa() {
-  // TANDEM_ISA=scalar|avx2|avx512|avx512_bf16 caps the level (to measure or test a lower one on
-  // this CPU); a name it does not know, or a level above the CPU's, leaves the detected one.
-  static const isa level = [] {
-    const isa detected = detect();
-    const char* env = std::getenv("TANDEM_ISA");
-    if (!env) return detected;
-    for (isa l : {isa::scalar, isa::avx2, isa::avx512, isa::avx512_bf16})
-      if (std::string_view(env) == isa_label(l) && int(l) <= int(detected)) return l;
-    return detected;
-  }();
-  return level;
-}
-
-bool isa_supported(isa level) { return int(level) <= int(best_isa()); }
 
 namespace {
 struct scratch_set {
@@ -160,7 +112,8 @@ __attribute__((target("avx,f16c"))) int64_t round_scales_f16c(float* d, int64_t 
     _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(d + i), _MM_FROUND_TO_NEAREST_INT)));
   return i;
 }
-const bool have_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+// (F16C comes with AVX2 on every CPU but Ivy Bridge, which takes the exact scalar loop.)
+const bool have_f16c = detail::cpu_has(detail::isa::avx2);
 }  // namespace
 
 void round_scales_f16(float* d, int64_t n) {

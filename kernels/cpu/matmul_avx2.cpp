@@ -1,20 +1,13 @@
 // AVX2 + FMA + F16C kernels (compiled with -mavx2 -mfma -mf16c; called only after the CPU check).
 // Decode: hand-written GEMV over 8-float vectors. Prefill: dequantized panels through OpenBLAS,
 // whose Haswell sgemm kernel is already near the 256-bit FMA peak.
-//
-// GCC 12 reports its own _mm512_undefined_* idiom inside these headers as (maybe-)uninitialized
-// (GCC bug 105593); the pragma covers the header lines only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/matmul_impl.h"
 

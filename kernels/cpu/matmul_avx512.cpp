@@ -6,20 +6,13 @@
 // f32) into panels Bp: [kc][64] that stay in cache, and a 6x64 register-blocked microkernel
 // broadcasts x and FMAs 4 zmm per x row. (On CPUs with VNNI/BF16, weights loaded by a model
 // have panels and take matmul_panels.cpp instead, in both modes.)
-//
-// GCC 12 reports its own _mm512_undefined_* idiom inside these headers as (maybe-)uninitialized
-// (GCC bug 105593); the pragma covers the header lines only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/matmul_impl.h"
 
 #define VNNI_BF16 __attribute__((target("avx512vnni,avx512bf16")))

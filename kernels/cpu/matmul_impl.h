@@ -6,6 +6,7 @@
 #include <span>
 #include <type_traits>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 
 // Loops over register arrays (accumulators, unrolled vectors) must be fully unrolled, or GCC
@@ -14,18 +15,6 @@
 
 namespace tandem::kernels::cpu::detail {
 
-// Ordered: a level needs everything the ones before it need.
-enum class isa {
-  scalar,          // portable C++ (prefill still goes through OpenBLAS)
-  avx2,            // AVX2 + FMA + F16C
-  avx512,          // AVX-512 F/BW/VL/DQ (+ FMA/F16C); q8_0 decode borrows the AVX2 kernel
-  avx512_bf16,     // avx512 + AVX512-VNNI + AVX512-BF16
-};
-
-const char* isa_label(isa level);
-// The best level this CPU runs, detected once.
-isa best_isa();
-bool isa_supported(isa level);
 
 // The same contract as cpu::matmul on a chosen ISA level (tests compare levels through this).
 // Throws std::invalid_argument if the CPU lacks `level`.

@@ -14,12 +14,12 @@
 // Nothing depends on m, on which tokens share a row, or on how rows are split over threads:
 // batch-invariant. A prefill runs rows in tiles of 256 KiB (from L2 for all of its token
 // groups); decode streams each row once.
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/matmul_impl.h"
 

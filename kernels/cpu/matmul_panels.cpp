@@ -44,11 +44,6 @@
 //         of one x 32-block scaled by their sc_j; then acc = fma(float(that), d * d_x, acc).
 // (vpdpbusd multiplies u8 by s8: w + 128 is the u8 side, and -128 * sum(x) per block, the
 // bias, makes the sum exact again.)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <cstring>
@@ -57,6 +52,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/matmul_impl.h"
 
 #define VNNI_BF16 __attribute__((target("avx512vnni,avx512bf16")))

@@ -1,27 +1,15 @@
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/simd.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-// See matmul_avx512.cpp: GCC 12 warns about its own idioms inside these headers.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 namespace tandem::kernels::cpu {
 namespace {
 
-bool have_avx512() {
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("fma");
-  }();
-  return ok;
-}
+bool have_avx512() { return detail::cpu_has(detail::isa::avx512); }
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,fma")

@@ -1,14 +1,7 @@
 // Machine peaks for the dispatched ISA. The vector loops are compiled for their ISA through
 // target attributes and run only after best_isa() says the CPU has it.
 #include "kernels/cpu/peak.h"
-
-// GCC 12 reports its own _mm512_undefined_* idiom inside these headers as (maybe-)uninitialized
-// (GCC bug 105593); the pragma covers the header lines only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "kernels/cpu/simd.h"
 
 #include <algorithm>
 #include <atomic>
