@@ -155,24 +155,22 @@ struct node::impl {
 
   // Worker `index` (global) with what this node gives it and the deployment's settings.
   worker_options worker_opts(int32_t index) const {
-    return {worker_kind_of(cfg.role),
-            index,
-            worker_resources{cfg.threads_per_worker, cfg.kv_blocks_per_worker, cfg.kv_memory_bytes_per_worker},
-            welcome->kv,
-            welcome->steps,
-            welcome->kv.prefix_cache ? store : nullptr,
-            std::chrono::milliseconds(1000),
-            shared->metrics,
-            shared->faults};
+    return {.kind = worker_kind_of(cfg.role),
+            .index = index,
+            .resources = {.n_threads = cfg.threads_per_worker,
+                          .kv_blocks = cfg.kv_blocks_per_worker,
+                          .kv_memory_bytes = cfg.kv_memory_bytes_per_worker},
+            .kv = welcome->kv,
+            .steps = welcome->steps,
+            .store = welcome->kv.prefix_cache ? store : nullptr,
+            .metrics = shared->metrics,
+            .faults = shared->faults};
   }
 
   int64_t kv_blocks() const {
-    const llama_config& mc = mdl->config();
     // Announced before the welcome says the cluster's settings: the defaults until then.
     const kv_settings kv = welcome ? welcome->kv : kv_settings{};
-    const int64_t block_bytes = kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, kv.block_size, kv.dtype}.bytes_per_block();
-    return cfg.kv_blocks_per_worker > 0 ? cfg.kv_blocks_per_worker
-                                        : std::max<int64_t>(1, cfg.kv_memory_bytes_per_worker / block_bytes);
+    return kv_blocks_per_worker(*mdl, kv.block_size, kv.dtype, cfg.kv_blocks_per_worker, cfg.kv_memory_bytes_per_worker);
   }
 
   std::string kv_address() const {
@@ -225,8 +223,12 @@ struct node::impl {
     pool = sys->spawn(pool_supervisor,
                       // No recovery here: past its intensity the node leaves (exits), for its
                       // own supervisor (systemd, Kubernetes) to start it afresh.
-                      pool_options{actor_kind_of(worker_kind_of(cfg.role)), cfg.workers, cfg.max_worker_restarts, std::chrono::milliseconds(10000),
-                                   shared->metrics, std::chrono::milliseconds(0)},
+                      pool_options{.kind = actor_kind_of(worker_kind_of(cfg.role)),
+                                   .size = cfg.workers,
+                                   .max_restarts = cfg.max_worker_restarts,
+                                   .window = std::chrono::milliseconds(10000),
+                                   .metrics = shared->metrics,
+                                   .recover_after = std::chrono::milliseconds(0)},
                       [ip, mdl_copy, router, prefill](caf::event_based_actor* self, int32_t i) -> caf::actor {
                         const int32_t global = ip->indices[size_t(i)];
                         if (prefill) {

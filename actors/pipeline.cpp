@@ -183,14 +183,26 @@ struct pipeline::impl {
   // Worker `index` of a kind, with what this process gives it and the deployment's settings.
   // A pool's supervision: its restart intensity and the backoff before it recovers.
   pool_options pool_opts(actor_kind kind, int32_t n) const {
-    return {kind, n, cfg.pools.max_worker_restarts, cfg.pools.restart_window, metrics,
-            std::max(std::chrono::milliseconds(1), cfg.pools.recover_after), cfg.pools.recover_after_max};
+    return {.kind = kind,
+            .size = n,
+            .max_restarts = cfg.pools.max_worker_restarts,
+            .window = cfg.pools.restart_window,
+            .metrics = metrics,
+            .recover_after = std::max(std::chrono::milliseconds(1), cfg.pools.recover_after),
+            .recover_after_max = cfg.pools.recover_after_max};
   }
   worker_options worker_opts(worker_kind kind, int32_t index) const {
-    return {kind, index,
-            worker_resources{cfg.pools.threads_per_worker, cfg.pools.kv_blocks_per_worker, cfg.pools.kv_memory_bytes_per_worker,
-                             cores},
-            cfg.kv, cfg.steps, store, std::chrono::milliseconds(1000), metrics, faults};
+    return {.kind = kind,
+            .index = index,
+            .resources = {.n_threads = cfg.pools.threads_per_worker,
+                          .kv_blocks = cfg.pools.kv_blocks_per_worker,
+                          .kv_memory_bytes = cfg.pools.kv_memory_bytes_per_worker,
+                          .cores = cores},
+            .kv = cfg.kv,
+            .steps = cfg.steps,
+            .store = store,
+            .metrics = metrics,
+            .faults = faults};
   }
   // The pool supervisors of the current router (the observer asks them whether they gave up).
   mutable std::mutex pools_mu;
@@ -284,12 +296,9 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
                           : std::make_shared<prefill_placement>(im.cfg.scheduling.route_overlap_weight, im.cfg.scheduling.route_load_weight);
   if (im.cfg.kv.prefix_cache) {
     ro.core.prefix_salt = engine_prefix_salt(*im.mdl, im.cfg.kv.block_size, im.cfg.steps.matmul, im.cfg.kv.dtype);
-    const llama_config& mc = im.mdl->config();
-    const int64_t block_bytes =
-        kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, im.cfg.kv.block_size, im.cfg.kv.dtype}.bytes_per_block();
-    ro.core.prefix_capacity_blocks = im.cfg.pools.kv_blocks_per_worker > 0
-                                    ? im.cfg.pools.kv_blocks_per_worker
-                                    : int32_t(std::max<int64_t>(1, im.cfg.pools.kv_memory_bytes_per_worker / block_bytes));
+    ro.core.prefix_capacity_blocks = kv_blocks_per_worker(*im.mdl, im.cfg.kv.block_size, im.cfg.kv.dtype,
+                                                          im.cfg.pools.kv_blocks_per_worker,
+                                                          im.cfg.pools.kv_memory_bytes_per_worker);
   }
   ro.core.decode_policy = im.cfg.scheduling.decode_policy;
   ro.request_ctx = {im.mdl, im.metrics, im.live, {}, im.routers};

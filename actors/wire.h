@@ -31,7 +31,15 @@ namespace tandem {
 
 // Bumped whenever a message type that crosses processes changes shape or meaning. A peer
 // with another version is refused at join time (actors/cluster.h), before any such message.
-constexpr uint32_t wire_version = 9;  // 9: worker_stats carries the current step's sequences and prompt tokens; decode_worker_load its local_prefill_tokens, step_settings local_prefill (auto mode). 8: workers tell a request their name and its cached tokens. 7: request_spec carries its client. 6: sampling_params carries a grammar. 5: a decode worker takes (tick) (its pacing), step_settings carries tpot_target_ms and decode_pace_ms. 2: sampling_params carries logit_bias, stop tokens, min_tokens, penalties, logprobs; token_logprobs. 3: done carries finish_reason (an enum), errc travels as its value, refusals as caf::error. 4: the join is hello (version alone), then node_hello / node_welcome (inspected, not JSON); a node link is asked for by (p, d)
+// History: 2: sampling_params carries logit_bias, stop tokens, min_tokens, penalties, logprobs;
+//   token_logprobs. 3: done carries finish_reason (an enum), errc travels as its value, refusals
+//   as caf::error. 4: the join is hello (version alone), then node_hello / node_welcome
+//   (inspected, not JSON); a node link is asked for by (p, d). 5: a decode worker takes (tick)
+//   (its pacing), step_settings carries tpot_target_ms and decode_pace_ms. 6: sampling_params
+//   carries a grammar. 7: request_spec carries its client. 8: workers tell a request their name
+//   and its cached tokens. 9: worker_stats carries the current step's sequences and prompt
+//   tokens; decode_worker_load its local_prefill_tokens, step_settings local_prefill (auto mode).
+constexpr uint32_t wire_version = 9;
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {

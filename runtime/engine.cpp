@@ -55,19 +55,21 @@ uint64_t engine_prefix_salt(const model& m, int32_t block_size, kernels::cpu::ma
                      int32_t(matmul));
 }
 
+int32_t kv_blocks_per_worker(const model& m, int32_t block_size, kernels::dtype kv_dtype, int32_t blocks,
+                             int64_t memory_bytes) {
+  if (blocks > 0) return blocks;
+  const llama_config& mc = m.config();
+  const int64_t block_bytes = kv_layout{mc.n_layer, mc.n_kv_head, mc.head_dim, block_size, kv_dtype}.bytes_per_block();
+  return int32_t(std::clamp<int64_t>(memory_bytes / std::max<int64_t>(1, block_bytes), 1, INT32_MAX));
+}
+
 engine::engine(std::shared_ptr<const model> m, engine_options opts)
     : model_(std::move(m)),
       opts_(opts),
       pool_threads_(opts.cores, opts.n_threads, opts.core_group),
       pool_(kv_layout{model_->config().n_layer, model_->config().n_kv_head, model_->config().head_dim,
                       opts.block_size, opts.kv_dtype},
-            opts.n_kv_blocks > 0
-                ? opts.n_kv_blocks
-                : int32_t(std::max<int64_t>(
-                      1, opts.kv_memory_bytes /
-                             kv_layout{model_->config().n_layer, model_->config().n_kv_head,
-                                       model_->config().head_dim, opts.block_size, opts.kv_dtype}
-                                 .bytes_per_block()))),
+            kv_blocks_per_worker(*model_, opts.block_size, opts.kv_dtype, opts.n_kv_blocks, opts.kv_memory_bytes)),
       scratch_(std::make_unique<scratch>()) {
   if (opts.block_size <= 0) throw failure(errc::invalid_argument, "KV block size must be positive");
   salt_ = engine_prefix_salt(*model_, opts.block_size, opts.matmul, opts.kv_dtype);

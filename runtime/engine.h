@@ -54,6 +54,12 @@ struct prefix_cache_stats {
   int32_t cached_blocks = 0;    // named blocks held now (in use or not)
 };
 
+// The KV blocks one worker's engine holds: `blocks` when positive, else as many of the model's
+// blocks (block_size tokens, kv_dtype) as `memory_bytes` holds, at least one. The engine, the
+// router's prefix-cache capacity and a node's announcement all size a worker by this rule.
+int32_t kv_blocks_per_worker(const model& m, int32_t block_size, kernels::dtype kv_dtype, int32_t blocks,
+                             int64_t memory_bytes);
+
 // The prefix-cache salt of engines of this model with these options: equal salts mean equal
 // block keys name equal bytes (the router computes keys with it too).
 uint64_t engine_prefix_salt(const model& m, int32_t block_size, kernels::cpu::matmul_mode matmul,

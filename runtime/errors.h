@@ -1,6 +1,6 @@
 #pragma once
 // tandem's one error vocabulary. Every failure the runtime reports carries one of these codes;
-// actors convert them to caf::error (actors/error_category.h) so they cross message boundaries intact.
+// actors convert them to caf::error (actors/error.h) so they cross message boundaries intact.
 #include <cstdint>
 #include <stdexcept>
 #include <string>

@@ -1,6 +1,7 @@
 #pragma once
-// The KV data path: one interface, one folder per kind (local/ today; tcp/, shm/, cuda/ and
-// nccl/ later). As in Mooncake's transfer engine, a transport only moves bytes between memory
+// The KV data path: one interface, one folder per kind: local/ (in-process memcpy, the reference),
+// shm/ (a shared-memory arena); tcp/ and shm/shm_channel carry KV blocks between processes
+// (channel.h). A device kind (CUDA IPC, NCCL, UCX) would be one more folder. As in Mooncake's transfer engine, a transport only moves bytes between memory
 // regions registered with it: register memory, submit a batch of copies, poll for completion.
 #include <cstddef>
 #include <cstdint>

@@ -4,11 +4,9 @@
 // host will share. The sender writes a slot (header + payload) into the arena, the receiver
 // checks the header and copies the payload out; large copies go slot by slot. In one process
 // both halves run in submit(); the arena's layout is what a second process maps.
-#include <map>
-#include <mutex>
 #include <string>
 
-#include "transport/transport.h"
+#include "transport/synchronous_transport.h"
 
 namespace tandem::transport {
 
@@ -21,7 +19,7 @@ struct shm_slot_header {
 };
 constexpr uint64_t shm_slot_magic = 0x746e656d64657373ull;  // "tandem" slot
 
-class shm_transport final : public kv_transport {
+class shm_transport final : public synchronous_transport {
  public:
   // Creates the arena; throws failure(io_error) if shared memory is unavailable.
   explicit shm_transport(size_t arena_bytes = 4u << 20);
@@ -30,31 +28,18 @@ class shm_transport final : public kv_transport {
   shm_transport& operator=(const shm_transport&) = delete;
 
   std::string kind() const override { return "shm"; }
-  region_id register_memory(void* base, size_t size) override;
-  status unregister_memory(region_id r) override;
-  transfer_id submit(std::vector<copy_op> ops) override;
-  transfer_status poll(transfer_id t) override;
 
   const std::string& arena_name() const { return name_; }
   size_t arena_bytes() const { return size_; }
 
  private:
-  struct region {
-    std::byte* base;
-    size_t size;
-  };
-  status check(const copy_op& op) const;
-  status move_through_arena(std::byte* dst, const std::byte* src, uint64_t n);
+  // Through the arena, slot by slot: the sender half writes, the receiver half checks and reads.
+  status copy(std::byte* dst, const std::byte* src, uint64_t n) override;
 
-  std::mutex mu_;
   std::string name_;
   std::byte* arena_ = nullptr;
   size_t size_ = 0;
   uint64_t sequence_ = 0;
-  std::map<region_id, region> regions_;
-  std::map<transfer_id, transfer_status> finished_;
-  region_id next_region_ = 1;
-  transfer_id next_transfer_ = 1;
 };
 
 }  // namespace tandem::transport
