@@ -165,6 +165,9 @@ class stats_logger {
         const double prompt = counter("tandem_prompt_tokens_total"), out = counter("tandem_output_tokens_total"),
                      cached = counter("tandem_prompt_tokens_cached_total");
         const auto s = p_.snapshot();
+        // No snapshot in time (the workers still clearing their KV pools at start-up, or a
+        // router restarting): skip this line, keep the previous figures as the baseline.
+        if (!s) continue;
         int64_t running = 0;
         for (const auto& [state, n] : s->requests_by_state)
           if (state != "queued") running += n;
