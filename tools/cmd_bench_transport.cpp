@@ -16,7 +16,7 @@
 #include <iostream>
 #include <random>
 
-#include "runtime/synth.h"
+#include "runtime/model/synth.h"
 #include "tools/commands.h"
 #include "transport/channel.h"
 #include "transport/local/local_transport.h"

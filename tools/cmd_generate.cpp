@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "actors/pipeline.h"
-#include "runtime/engine.h"
-#include "runtime/json_schema.h"
-#include "runtime/sampler.h"
+#include "runtime/engine/engine.h"
+#include "runtime/structured/json_schema.h"
+#include "runtime/engine/sampler.h"
 #include "tools/commands.h"
 
 namespace tandem::cli {

@@ -9,7 +9,7 @@
 #include <iostream>
 
 #include "runtime/errors.h"
-#include "runtime/synth.h"
+#include "runtime/model/synth.h"
 #include "tools/commands.h"
 #include "tools/hub/hub.h"
 
