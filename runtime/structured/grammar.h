@@ -5,9 +5,10 @@
 // as a set of stacks (a pushdown automaton over Unicode code points, partial UTF-8 carried
 // between tokens) and answers, before each step, which tokens of the vocabulary may come next.
 //
-// The allowed set of a state is found by walking a byte trie of the vocabulary once and is
-// cached in the grammar by (vocabulary, state): a JSON string's body, a number's digits and a
-// schema's fixed keys recur, so most steps cost a cache lookup and a copy of V bits.
+// The allowed set of a state is found by walking a byte trie of the vocabulary once
+// (runtime/tokenizer/token_trie.h) and is cached in the grammar by (vocabulary, state): a JSON
+// string's body, a number's digits and a schema's fixed keys recur, so most steps cost a cache
+// lookup and a copy of V bits.
 //
 // A matcher's state is a function of the tokens it accepted, nothing else: a request resumed
 // elsewhere rebuilds it from its output so far and continues identically.
@@ -21,35 +22,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/tokenizer/token_trie.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace tandem {
-
-// The vocabulary as a trie of the tokens' bytes (control tokens, which have none, left out),
-// with its end-of-generation tokens apart. Built once per tokenizer (token_trie::of).
-struct token_trie {
-  // Flat, in depth-first order (a walk reads memory mostly forward): node i's children are
-  // edges [first_edge, first_edge + n_edges) by ascending byte, the tokens whose bytes end
-  // there tokens[first_token, first_token + n_tokens).
-  struct node {
-    uint32_t first_edge = 0, n_edges = 0;
-    uint32_t first_token = 0, n_tokens = 0;
-  };
-  std::vector<node> nodes;  // nodes[0] is the root (no token ends there)
-  std::vector<uint8_t> edge_byte;
-  std::vector<uint32_t> edge_child;
-  std::vector<token_id> tokens;
-  std::vector<token_id> eog;
-  std::shared_ptr<const std::vector<uint64_t>> end_only;  // the mask of the eog tokens alone
-  std::vector<std::string> bytes;  // by token: its bytes ("" for those left out)
-  int32_t n_vocab = 0;
-  uint64_t uid = 0;  // unique per trie built: keys the grammars' mask caches
-
-  explicit token_trie(const tokenizer& tok);
-  // The tokenizer's trie, built on first use and kept as long as the tokenizer lives
-  // (tokenizer::vocab_trie).
-  static std::shared_ptr<const token_trie> of(const tokenizer& tok);
-};
 
 // A token mask: bit t of words[t / 64] set = token t allowed.
 using token_mask = std::vector<uint64_t>;

@@ -15,7 +15,7 @@
 #include <mutex>
 
 #include "runtime/errors.h"
-#include "runtime/structured/grammar.h"
+#include "runtime/tokenizer/token_trie.h"
 #include "runtime/tokenizer/tokenizer_internal.h"
 
 namespace tandem {

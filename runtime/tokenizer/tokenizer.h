@@ -80,8 +80,8 @@ class tokenizer {
   // (inferred when the file gives none). 0 for an id out of range.
   int32_t token_type(token_id id) const;
   const vocab_spec& spec() const;
-  // The vocabulary as a byte trie for grammar-constrained decoding (runtime/structured/grammar.h), built
-  // on first use (thread-safe) and shared.
+  // The vocabulary as a byte trie for grammar-constrained decoding (runtime/tokenizer/token_trie.h),
+  // built on first use (thread-safe) and shared.
   std::shared_ptr<const token_trie> vocab_trie() const;
 
  private:
