@@ -1,5 +1,5 @@
 #pragma once
-// The host's KV store actor: runtime/kv_store.h behind messages. Prefill workers publish the
+// The host's KV store actor: runtime/kv/kv_store.h behind messages. Prefill workers publish the
 // full blocks of each prompt they compute, decode workers those of each answer; prefill and
 // colocated workers fetch the blocks a prompt starts with before computing it, so a prefix
 // computed once anywhere in the process is computed nowhere else. It is supervised apart from
@@ -10,7 +10,7 @@
 
 #include "actors/protocol.h"
 #include "actors/supervisor.h"
-#include "runtime/kv_store.h"
+#include "runtime/kv/kv_store.h"
 
 namespace tandem {
 

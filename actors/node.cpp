@@ -17,7 +17,7 @@
 #include "actors/kv_store.h"
 #include "actors/prefill_worker.h"
 #include "actors/supervisor.h"
-#include "runtime/synth.h"
+#include "runtime/model/synth.h"
 #include "transport/channel.h"
 
 namespace tandem {

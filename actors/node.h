@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "runtime/kinds.h"
-#include "runtime/model.h"
+#include "runtime/model/model.h"
 
 namespace tandem {
 

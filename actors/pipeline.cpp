@@ -23,7 +23,7 @@
 #include "actors/router.h"
 #include "actors/supervisor.h"
 #include "kernels/cpu/matmul.h"
-#include "runtime/synth.h"
+#include "runtime/model/synth.h"
 
 namespace tandem {
 

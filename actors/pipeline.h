@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "runtime/fault_injection.h"
-#include "runtime/model.h"
-#include "runtime/policy.h"
+#include "runtime/model/model.h"
+#include "runtime/scheduler/policy.h"
 #include "runtime/request_types.h"
 #include "runtime/scheduler/router_core.h"
 #include "runtime/serving_config.h"

@@ -16,12 +16,12 @@
 #include "runtime/kinds.h"
 #include "runtime/errors.h"
 #include "runtime/request_types.h"
-#include "runtime/kv_cache.h"
+#include "runtime/kv/kv_cache.h"
 #include "runtime/metrics.h"
-#include "runtime/policy.h"
-#include "runtime/sampler.h"
+#include "runtime/scheduler/policy.h"
+#include "runtime/engine/sampler.h"
 #include "runtime/scheduler/router_core.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace tandem {
 
@@ -158,7 +158,7 @@ using decode_worker_actor = caf::typed_actor<
     caf::reacts_to<tick_atom>>;                                        // its pace's wait is over: step
 
 // Moves one request's KV from a prefill worker to one decode worker through a transport.
-// The host's KV store (actors/kv_store.h): full blocks by prefix key (runtime/prefix_cache.h).
+// The host's KV store (actors/kv_store.h): full blocks by prefix key (runtime/kv/prefix_cache.h).
 using kv_store_actor = caf::typed_actor<
     caf::reacts_to<publish_atom, std::vector<uint64_t>, kv_blocks_ptr>,          // keys[i] names blocks[i]
     caf::replies_to<lookup_atom, std::vector<uint64_t>>::with<int32_t>,          // leading keys held

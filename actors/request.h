@@ -8,7 +8,7 @@
 
 #include "actors/protocol.h"
 #include "actors/router_directory.h"
-#include "runtime/model.h"
+#include "runtime/model/model.h"
 
 namespace tandem {
 

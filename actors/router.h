@@ -2,7 +2,7 @@
 // The router: admission control, placement and recovery. Two queues (waiting for prefill;
 // prefilled and waiting for a decode slot) and two latency budgets (TTFT, TPOT). What it
 // decides is decided by runtime/scheduler/router_core (a plain state machine over the policies
-// of runtime/policy.h); this actor translates between it and the other actors.
+// of runtime/scheduler/policy.h); this actor translates between it and the other actors.
 #include <atomic>
 #include <deque>
 #include <map>

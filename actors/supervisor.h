@@ -1,8 +1,8 @@
 #pragma once
 // Supervision: a pool supervisor restarts the workers of one pool one-for-one, as Erlang/OTP
 // does, up to a restart intensity (max restarts per window); past it the pool is marked
-// degraded and its dead workers stay down for a backoff (runtime/restart_intensity), after
-// which it starts every dead worker again and the pool recovers by itself. Killing the
+// degraded and its dead workers stay down for a backoff (runtime/scheduler/restart_intensity),
+// after which it starts every dead worker again and the pool recovers by itself. Killing the
 // supervisor kills its workers.
 #include <chrono>
 #include <functional>
@@ -14,7 +14,7 @@
 #include "actors/protocol.h"
 #include "runtime/kinds.h"
 #include "runtime/metrics.h"
-#include "runtime/restart_intensity.h"
+#include "runtime/scheduler/restart_intensity.h"
 
 namespace tandem {
 

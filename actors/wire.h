@@ -17,10 +17,10 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/kv_cache.h"
-#include "runtime/policy.h"
+#include "runtime/kv/kv_cache.h"
+#include "runtime/scheduler/policy.h"
 #include "runtime/request_types.h"
-#include "runtime/sampler.h"
+#include "runtime/engine/sampler.h"
 #include "runtime/serving_config.h"
 
 namespace caf {

@@ -6,12 +6,12 @@
 #include "actors/compute_runner.h"
 #include "actors/kv_store.h"
 #include "actors/protocol.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 #include "runtime/fault_injection.h"
 #include "runtime/kinds.h"
 #include "runtime/serving_config.h"
 #include "runtime/scheduler/worker_core.h"
-#include "runtime/step.h"
+#include "runtime/engine/step.h"
 
 namespace tandem {
 

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine.h"
-#include "runtime/sampler.h"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/sampler.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

@@ -1,6 +1,6 @@
 // A different placement policy plugged into the router: decode requests go to the worker with
 // the fewest running sequences (instead of the most free KV blocks), and prefill always to
-// worker 0 while it has room. Policies are plain classes (runtime/policy.h).
+// worker 0 while it has room. Policies are plain classes (runtime/scheduler/policy.h).
 //   custom_router [MODEL.gguf]
 #include <cstdio>
 #include <vector>

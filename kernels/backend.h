@@ -1,7 +1,7 @@
 #pragma once
 // The CUDA backend as it stands: device discovery and the elementwise ops it has, each
 // selectable by backend_kind so that tests/test_cuda.cpp checks it against the CPU reference.
-// It is NOT wired into the engine: runtime/engine.cpp computes with kernels/cpu/* directly
+// It is NOT wired into the engine: runtime/engine/engine.cpp computes with kernels/cpu/* directly
 // (matmul, attention, quantized dot products exist only there), so no request runs on a GPU
 // today. When the CUDA backend has the engine's ops, this becomes their one dispatch point.
 //

@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/kv_cache.h"
+#include "runtime/kv/kv_cache.h"
 #include "runtime/metrics.h"
 
 namespace tandem {

@@ -11,8 +11,8 @@
 
 #include "runtime/errors.h"
 #include "runtime/metrics.h"
-#include "runtime/sampler.h"
-#include "runtime/tokenizer.h"
+#include "runtime/engine/sampler.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace tandem {
 

@@ -17,7 +17,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/tensor_types.h"
 #include "runtime/kinds.h"
-#include "runtime/policy.h"
+#include "runtime/scheduler/policy.h"
 
 namespace tandem {
 
@@ -67,7 +67,7 @@ struct pool_settings {
 // refuse another), its reuse, the host store, and how links move it.
 struct kv_settings {
   // Element type of every worker's KV cache, of what KV links move and the host store holds:
-  // f16 (half of f32's bytes), bf16, q8_0 or f32 (runtime/kv_cache.h).
+  // f16 (half of f32's bytes), bf16, q8_0 or f32 (runtime/kv/kv_cache.h).
   kernels::dtype dtype = kernels::dtype::f16;
   int32_t block_size = 16;
   // Prefix reuse in prefill and colocated workers: a prompt that starts like an earlier one
@@ -128,7 +128,7 @@ struct step_settings {
 // The router's decisions: admission, placement, recovery.
 struct scheduling_settings {
   admission_config admission;  // queue bounds and TTFT/TPOT budgets
-  // KV-aware prefill placement (runtime/policy.h): a worker's cost is
+  // KV-aware prefill placement (runtime/scheduler/policy.h): a worker's cost is
   // load_weight * its queued tokens + overlap_weight * the prompt tokens it lacks cached.
   double route_overlap_weight = 1.0;
   double route_load_weight = 1.0;

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 namespace tandem::testing_support {
 

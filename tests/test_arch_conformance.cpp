@@ -26,9 +26,9 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/matmul_impl.h"
-#include "runtime/engine.h"
-#include "runtime/model.h"
-#include "runtime/synth.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model.h"
+#include "runtime/model/synth.h"
 #include "tests/conformance_support.h"
 
 using namespace tandem;

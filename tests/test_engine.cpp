@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <thread>
 
-#include "runtime/engine.h"
-#include "runtime/gguf.h"
-#include "runtime/sampler.h"
-#include "runtime/synth.h"
+#include "runtime/engine/engine.h"
+#include "runtime/gguf/gguf.h"
+#include "runtime/engine/sampler.h"
+#include "runtime/model/synth.h"
 
 using namespace tandem;
 namespace fs = std::filesystem;
@@ -216,7 +216,7 @@ TEST(Engine, PrefillRowSharesAreBitwiseTheWholeBatch) {
       all_kv.emplace_back();
       ASSERT_TRUE(eng.export_kv(s, all_kv.back()).ok());
       // Again on new sequences: the pieces are sized by the threads' speed in the jobs before
-      // (runtime/row_split.h), so these forwards cut the rows elsewhere.
+      // (runtime/engine/row_split.h), so these forwards cut the rows elsewhere.
       for (int again = 0; again < 3 && threads > 1; ++again) {
         const seq_id a = eng.create_sequence();
         for (auto& e : batch) e.seq = a;

@@ -8,9 +8,9 @@
 #include <limits>
 
 #include "runtime/errors.h"
-#include "runtime/gguf.h"
-#include "runtime/model.h"
-#include "runtime/synth.h"
+#include "runtime/gguf/gguf.h"
+#include "runtime/model/model.h"
+#include "runtime/model/synth.h"
 
 using namespace tandem;
 namespace fs = std::filesystem;

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/grammar.h"
-#include "runtime/model.h"
-#include "runtime/sampler.h"
+#include "runtime/structured/grammar.h"
+#include "runtime/model/model.h"
+#include "runtime/engine/sampler.h"
 
 namespace tandem {
 namespace {

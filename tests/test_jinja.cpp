@@ -1,4 +1,4 @@
-// Tests of the Jinja interpreter (runtime/jinja.h).
+// Tests of the Jinja interpreter (runtime/text/jinja.h).
 //
 // 1. Fixtures: real chat templates (tests/data/templates/*.jinja) rendered for many conversations
 //    must be byte-identical to llama.cpp's renderings in reference.json (made by
@@ -13,7 +13,7 @@
 #include <map>
 #include <sstream>
 
-#include "runtime/jinja.h"
+#include "runtime/text/jinja.h"
 
 // The project's CMake defines it; a standalone build run from the repository root finds the data
 // here.

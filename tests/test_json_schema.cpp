@@ -1,5 +1,5 @@
-// Tests of the JSON Schema -> GBNF converter (runtime/json_schema.h), through the grammar
-// engine (runtime/grammar.h): for each schema, texts the grammar must accept and texts it must
+// Tests of the JSON Schema -> GBNF converter (runtime/structured/json_schema.h), through the grammar
+// engine (runtime/structured/grammar.h): for each schema, texts the grammar must accept and texts it must
 // reject; every accepted text must also parse as JSON (the grammar never over-accepts JSON).
 // Then the keywords that are refused (the message names them), the limits, and the rule names.
 #include <gtest/gtest.h>
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "runtime/errors.h"
-#include "runtime/grammar.h"
-#include "runtime/json_schema.h"
+#include "runtime/structured/grammar.h"
+#include "runtime/structured/json_schema.h"
 
 namespace {
 

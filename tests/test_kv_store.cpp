@@ -4,9 +4,9 @@
 
 #include <filesystem>
 
-#include "runtime/engine.h"
-#include "runtime/kv_store.h"
-#include "runtime/synth.h"
+#include "runtime/engine/engine.h"
+#include "runtime/kv/kv_store.h"
+#include "runtime/model/synth.h"
 
 using namespace tandem;
 namespace fs = std::filesystem;

@@ -8,11 +8,11 @@
 #include <memory>
 #include <string>
 
-#include "runtime/engine.h"
-#include "runtime/model.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model.h"
 #include "runtime/request_types.h"
-#include "runtime/sampler.h"
-#include "runtime/synth.h"
+#include "runtime/engine/sampler.h"
+#include "runtime/model/synth.h"
 
 namespace tandem::testing_support {
 

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "actors/pipeline.h"
-#include "runtime/grammar.h"
+#include "runtime/structured/grammar.h"
 #include "tests/test_models.h"
 
 using namespace tandem;

@@ -11,8 +11,8 @@
 #include <random>
 #include <set>
 
-#include "runtime/policy.h"
-#include "runtime/prefix_view.h"
+#include "runtime/scheduler/policy.h"
+#include "runtime/scheduler/prefix_view.h"
 
 using namespace tandem;
 

@@ -4,10 +4,10 @@
 
 #include <filesystem>
 
-#include "runtime/engine.h"
-#include "runtime/prefix_cache.h"
-#include "runtime/sampler.h"
-#include "runtime/synth.h"
+#include "runtime/engine/engine.h"
+#include "runtime/kv/prefix_cache.h"
+#include "runtime/engine/sampler.h"
+#include "runtime/model/synth.h"
 
 using namespace tandem;
 namespace fs = std::filesystem;

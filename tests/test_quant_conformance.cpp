@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine.h"
-#include "runtime/gguf.h"
-#include "runtime/model.h"
-#include "runtime/sampler.h"
+#include "runtime/engine/engine.h"
+#include "runtime/gguf/gguf.h"
+#include "runtime/model/model.h"
+#include "runtime/engine/sampler.h"
 
 using namespace tandem;
 

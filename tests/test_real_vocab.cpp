@@ -22,11 +22,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/chat_template.h"
-#include "runtime/engine.h"
-#include "runtime/model.h"
-#include "runtime/synth.h"
-#include "runtime/vocab_hf.h"
+#include "runtime/text/chat_template.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model.h"
+#include "runtime/model/synth.h"
+#include "runtime/tokenizer/vocab_hf.h"
 #include "tests/conformance_support.h"
 
 using namespace tandem;

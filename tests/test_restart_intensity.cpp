@@ -1,6 +1,6 @@
 // restart_intensity: tables of (event at time t → verdict, backoff) for the policy every
 // supervisor (pools, the router's root) follows.
-#include "runtime/restart_intensity.h"
+#include "runtime/scheduler/restart_intensity.h"
 
 #include <gtest/gtest.h>
 

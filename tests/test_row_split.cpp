@@ -1,6 +1,6 @@
 // row_split: how a prefill's rows are shared among threads by their measured speed. Tables of
 // (observed jobs in -> weights and pieces out); no threads, no clock.
-#include "runtime/row_split.h"
+#include "runtime/engine/row_split.h"
 
 #include <gtest/gtest.h>
 

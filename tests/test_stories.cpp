@@ -6,8 +6,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/engine.h"
-#include "runtime/sampler.h"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/sampler.h"
 
 using namespace tandem;
 

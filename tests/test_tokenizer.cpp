@@ -13,13 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/chat_template.h"
+#include "runtime/text/chat_template.h"
 #include "runtime/errors.h"
-#include "runtime/gguf.h"
-#include "runtime/tokenizer.h"
-#include "runtime/vocab_gguf.h"
-#include "runtime/synth.h"
-#include "runtime/tokenizer_internal.h"
+#include "runtime/gguf/gguf.h"
+#include "runtime/tokenizer/tokenizer.h"
+#include "runtime/tokenizer/vocab_gguf.h"
+#include "runtime/model/synth.h"
+#include "runtime/tokenizer/tokenizer_internal.h"
 
 #include <map>
 #include <memory>

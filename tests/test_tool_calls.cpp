@@ -5,9 +5,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/chat_template.h"
-#include "runtime/grammar.h"
-#include "runtime/tool_calls.h"
+#include "runtime/text/chat_template.h"
+#include "runtime/structured/grammar.h"
+#include "runtime/structured/tool_calls.h"
 
 namespace tandem {
 namespace {

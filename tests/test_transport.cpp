@@ -8,8 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "runtime/engine.h"
-#include "runtime/synth.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/synth.h"
 #include "transport/local/local_transport.h"
 #include "transport/shm/shm_transport.h"
 

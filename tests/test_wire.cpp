@@ -9,7 +9,7 @@
 #include "actors/cluster.h"
 #include "actors/error.h"
 #include "actors/protocol.h"
-#include "runtime/grammar.h"
+#include "runtime/structured/grammar.h"
 
 using namespace tandem;
 

@@ -16,8 +16,8 @@
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/peak.h"
-#include "runtime/engine.h"
-#include "runtime/synth.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/synth.h"
 #include "tools/bench/llama_bench.h"
 #include "tools/bench/stats.h"
 #include "tools/commands.h"

@@ -15,11 +15,11 @@
 #include <CLI/CLI.hpp>
 
 #include "runtime/errors.h"
-#include "runtime/grammar.h"
-#include "runtime/json_schema.h"
-#include "runtime/model.h"
-#include "runtime/vocab_hf.h"
-#include "runtime/synth.h"
+#include "runtime/structured/grammar.h"
+#include "runtime/structured/json_schema.h"
+#include "runtime/model/model.h"
+#include "runtime/tokenizer/vocab_hf.h"
+#include "runtime/model/synth.h"
 #include "tools/commands.h"
 
 namespace tandem::cli {

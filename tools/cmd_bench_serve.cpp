@@ -14,7 +14,7 @@
 #include "tools/bench/compare.h"
 #include "tools/bench/serve.h"
 #include "runtime/errors.h"
-#include "runtime/synth.h"
+#include "runtime/model/synth.h"
 #include "tools/commands.h"
 
 namespace tandem::cli {

@@ -18,7 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "runtime/synth.h"
+#include "runtime/model/synth.h"
 #include "tools/commands.h"
 #include "transport/channel.h"
 #include "transport/local/local_transport.h"

@@ -11,9 +11,9 @@
 #include <CLI/CLI.hpp>
 
 #include "actors/pipeline.h"
-#include "runtime/engine.h"
-#include "runtime/json_schema.h"
-#include "runtime/sampler.h"
+#include "runtime/engine/engine.h"
+#include "runtime/structured/json_schema.h"
+#include "runtime/engine/sampler.h"
 #include "tools/commands.h"
 
 namespace tandem::cli {

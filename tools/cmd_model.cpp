@@ -11,11 +11,11 @@
 #include <CLI/CLI.hpp>
 
 #include "runtime/errors.h"
-#include "runtime/model.h"
-#include "runtime/vocab_gguf.h"
-#include "runtime/vocab_hf.h"
-#include "runtime/synth.h"
-#include "runtime/default_model.h"
+#include "runtime/model/model.h"
+#include "runtime/tokenizer/vocab_gguf.h"
+#include "runtime/tokenizer/vocab_hf.h"
+#include "runtime/model/synth.h"
+#include "runtime/model/default_model.h"
 #include "tools/commands.h"
 
 namespace tandem::cli {

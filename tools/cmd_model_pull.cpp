@@ -11,7 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "runtime/errors.h"
-#include "runtime/synth.h"
+#include "runtime/model/synth.h"
 #include "tools/commands.h"
 #include "tools/hub/hub.h"
 

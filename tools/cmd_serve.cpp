@@ -16,9 +16,9 @@
 
 #include "actors/node.h"
 #include "actors/pipeline.h"
-#include "runtime/chat_template.h"
-#include "runtime/default_model.h"
-#include "runtime/model.h"
+#include "runtime/text/chat_template.h"
+#include "runtime/model/default_model.h"
+#include "runtime/model/model.h"
 #include "runtime/oplog.h"
 #include "tools/commands.h"
 #include "tools/server/http_server.h"

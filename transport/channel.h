@@ -21,7 +21,7 @@
 
 #include "runtime/errors.h"
 #include "runtime/kinds.h"
-#include "runtime/kv_cache.h"
+#include "runtime/kv/kv_cache.h"
 #include "transport/transport.h"
 
 namespace tandem::transport {

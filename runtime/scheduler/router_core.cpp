@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "runtime/prefix_cache.h"
+#include "runtime/kv/prefix_cache.h"
 
 namespace tandem {
 

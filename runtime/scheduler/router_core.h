@@ -34,8 +34,8 @@
 #include "runtime/errors.h"
 #include "runtime/kinds.h"
 #include "runtime/metrics.h"
-#include "runtime/policy.h"
-#include "runtime/prefix_view.h"
+#include "runtime/scheduler/policy.h"
+#include "runtime/scheduler/prefix_view.h"
 #include "runtime/request_types.h"
 
 namespace tandem {

@@ -9,10 +9,10 @@
 #include <map>
 #include <vector>
 
-#include "runtime/policy.h"
-#include "runtime/prefix_cache.h"
+#include "runtime/scheduler/policy.h"
+#include "runtime/kv/prefix_cache.h"
 #include "runtime/request_types.h"
-#include "runtime/step.h"
+#include "runtime/engine/step.h"
 
 namespace tandem::sched {
 

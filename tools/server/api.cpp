@@ -2,8 +2,8 @@
 
 #include "runtime/oplog.h"
 
-#include "runtime/grammar.h"
-#include "runtime/json_schema.h"
+#include "runtime/structured/grammar.h"
+#include "runtime/structured/json_schema.h"
 
 #include <algorithm>
 #include <cmath>

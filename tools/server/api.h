@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "actors/pipeline.h"
-#include "runtime/chat_template.h"
+#include "runtime/text/chat_template.h"
 
 namespace tandem::server {
 

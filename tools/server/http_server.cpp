@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "runtime/oplog.h"
-#include "runtime/stop_strings.h"
-#include "runtime/tool_calls.h"
+#include "runtime/text/stop_strings.h"
+#include "runtime/structured/tool_calls.h"
 #include "tools/server/pages.h"
 
 namespace tandem::server {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "runtime/errors.h"
-#include "runtime/kv_cache.h"
+#include "runtime/kv/kv_cache.h"
 #include "transport/channel.h"
 
 namespace tandem::transport::wire {
