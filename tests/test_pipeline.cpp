@@ -10,11 +10,14 @@
 
 #include "actors/pipeline.h"
 #include "runtime/grammar.h"
+#include "tests/support/eventually.h"
 #include "tests/test_models.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
 using testing_support::alone;
+using testing_support::eventually;
+using testing_support::eventually_value;
 
 namespace {
 
@@ -50,14 +53,15 @@ void read_all(connection& c, std::map<request_id, std::vector<token_id>>& got, s
 // Every pool full again and every request actor gone (both settle shortly after the last event).
 void expect_no_leaks(pipeline& p) {
   pipeline_stats s;
-  for (int i = 0; i < 200; ++i) {
+  const bool clean = eventually([&] {
     s = p.stats();
     // (No workers listed: the router is restarting; look again.)
     bool clean = s.live_requests == 0 && int(s.workers.size()) == expected_workers(p);
     for (const auto& w : s.workers) clean = clean && w.kv_free_blocks == w.kv_total_blocks && w.reserved_blocks == 0;
-    if (clean) return;
-    std::this_thread::sleep_for(20ms);
-  }
+    return clean;
+  });
+  if (clean) return;
+  // What is still held, in the last stats seen:
   EXPECT_EQ(s.live_requests, 0);
   EXPECT_EQ(int(s.workers.size()), expected_workers(p)) << "workers missing";
   for (const auto& w : s.workers) {
@@ -314,11 +318,10 @@ TEST(Pipeline, ConnectionCarriesManyRequestsAndClosingItCancelsThem) {
     ASSERT_EQ(tokens, 4);
     // Unread, they pause (holding their KV) and the router lists both where they are.
     pipeline_stats st;
-    for (int i = 0; i < 100; ++i) {
+    EXPECT_TRUE(eventually([&] {
       st = p.stats(10);
-      if (st.requests.size() == 2 && st.requests[0].state == "decoding" && st.requests[1].state == "decoding") break;
-      std::this_thread::sleep_for(20ms);
-    }
+      return st.requests.size() == 2 && st.requests[0].state == "decoding" && st.requests[1].state == "decoding";
+    })) << "the router never listed both requests decoding";
     ASSERT_EQ(st.requests.size(), 2u);
     EXPECT_EQ(st.requests[0].id, r1);
     EXPECT_EQ(st.requests[1].id, r2);
@@ -335,7 +338,7 @@ TEST(Pipeline, ConnectionCarriesManyRequestsAndClosingItCancelsThem) {
     EXPECT_FALSE(c.open());
   }
   expect_no_leaks(p);
-  for (int i = 0; i < 100 && p.stats().live_connections > 0; ++i) std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(eventually([&] { return p.stats().live_connections == 0; })) << "the closed connection's actor lives on";
   EXPECT_EQ(p.stats().live_connections, 0);
 }
 
@@ -368,9 +371,7 @@ TEST(Pipeline, AClientThatStopsReadingDoesNotLockOthersOut) {
     };
     // (Seen once is enough: as A's paused requests are parked for its own waiting ones, the
     // count moves, so a second look can find a slot free for a moment.)
-    bool was_full = false;
-    for (int i = 0; i < 500 && !(was_full = full()); ++i) std::this_thread::sleep_for(20ms);
-    EXPECT_TRUE(was_full);
+    EXPECT_TRUE(eventually(full)) << "client A's requests never filled a worker's decode slots";
     const auto b_prompt = prompt_of(15, 7, m->config().n_vocab);
     const request_id bid = b.submit({.prompt_tokens = b_prompt, .max_tokens = 16, .sampling = {.temperature = 0.0f}, .ignore_eos = true});
     std::vector<token_id> b_got;
@@ -477,7 +478,7 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
     // arrives, and a killed prefill worker holds up no decoding request, so the requests can all
     // end before that (seen under ASan on 2 cores). Waited for, within a bound.
     auto& restarts = p.metrics().get_counter("tandem_restarts_total", "", {{"kind", std::string(to_string(pool))}});
-    for (int i = 0; i < 5000 && restarts.value() < 1; ++i) std::this_thread::sleep_for(1ms);
+    EXPECT_TRUE(eventually([&] { return restarts.value() >= 1; })) << "the kill was never counted as a restart";
     EXPECT_EQ(restarts.value(), 1);
     const std::string prom = p.metrics().to_prometheus();
     EXPECT_NE(prom.find("tandem_restarts_total{kind=\"" + std::string(to_string(pool)) + "\"} 1"), std::string::npos);
@@ -485,13 +486,13 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
       EXPECT_NE(prom.find("tandem_migrations_total"), std::string::npos);
     }
     // The supervisor restarted it: new work succeeds.
-    bool ok = false;
-    for (int attempt = 0; attempt < 50 && !ok; ++attempt) {
-      ok = p.submit({.prompt_tokens = prompt_of(20, 1, 300), .max_tokens = 5, .ignore_eos = true}).wait(10s).error ==
-           errc::ok;
-      if (!ok) std::this_thread::sleep_for(20ms);
-    }
-    EXPECT_TRUE(ok);
+    EXPECT_TRUE(eventually(
+        [&] {
+          return p.submit({.prompt_tokens = prompt_of(20, 1, 300), .max_tokens = 5, .ignore_eos = true}).wait(10s).error ==
+                 errc::ok;
+        },
+        60s, 20ms))
+        << "no request succeeded after the restart";
     expect_no_leaks(p);
   }
 }
@@ -670,10 +671,11 @@ TEST(Pipeline, KillsByKindAndByName) {
   cfg.pools.prefill_workers = 1;
   cfg.pools.decode_workers = 2;
   pipeline p(cfg);
-  auto until_named = [&](const std::string& what) {
-    std::string name;
-    for (int i = 0; i < 400 && (name = p.kill(what)).empty(); ++i) std::this_thread::sleep_for(5ms);
-    return name;
+  auto until_named = [&](const std::string& what) {  // an actor not started (or joined) yet is tried again
+    return eventually_value([&]() -> std::optional<std::string> {
+             auto name = p.kill(what);
+             return name.empty() ? std::nullopt : std::optional(name);
+           }).value_or("");
   };
   EXPECT_EQ(until_named("decode-1"), "decode-1");
   EXPECT_EQ(until_named("kv_link-p0-d0"), "kv_link-p0-d0");
@@ -703,9 +705,7 @@ TEST(Pipeline, ClientLeavingDuringRecoveryFreesEverything) {
     int tokens = 0;
     while (tokens < 8 && c.next(ev, 30s)) tokens += ev.kind == event_kind::token;
     ASSERT_EQ(tokens, 8) << "the requests never got going";
-    std::string killed;
-    for (int i = 0; i < 400 && (killed = p.kill(kind)).empty(); ++i) std::this_thread::sleep_for(5ms);
-    ASSERT_FALSE(killed.empty());
+    ASSERT_TRUE(eventually([&] { return !p.kill(kind).empty(); })) << "no " << kind << " actor to kill";
     c.close();
     EXPECT_FALSE(c.next(ev, 10ms)) << "an event after the client left";
     expect_no_leaks(p);
@@ -732,23 +732,22 @@ TEST(Pipeline, RouterPastItsRestartIntensityRecoversAfterItsBackoff) {
   ASSERT_EQ(r.error, errc::ok) << r.message;
   // Killed twice (one restart allowed in the window): degraded.
   for (int k = 0; k < 2; ++k) {
-    for (int i = 0; i < 500 && p.kill("router").empty(); ++i) std::this_thread::sleep_for(10ms);
-    for (int i = 0; i < 500 && !p.degraded() && k == 1; ++i) std::this_thread::sleep_for(10ms);
-    if (k == 0)
-      for (int i = 0; i < 500; ++i) {  // the restarted router is up before the second kill
-        if (p.submit({.prompt_tokens = prompt, .max_tokens = 1, .sampling = greedy}).wait(30s).error == errc::ok) break;
-        std::this_thread::sleep_for(10ms);
-      }
+    ASSERT_TRUE(eventually([&] { return !p.kill("router").empty(); })) << "kill " << k << ": no router to kill";
+    if (k == 0) {  // the restarted router is up before the second kill
+      ASSERT_TRUE(eventually(
+          [&] { return p.submit({.prompt_tokens = prompt, .max_tokens = 1, .sampling = greedy}).wait(30s).error == errc::ok; },
+          60s, 10ms))
+          << "the router restarted after the first kill never served";
+    }
   }
-  ASSERT_TRUE(p.degraded());
+  ASSERT_TRUE(eventually([&] { return p.degraded(); })) << "two router kills did not degrade the pipeline";
   EXPECT_EQ(p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "router"}}).value(), 1);
   r = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .sampling = greedy, .ignore_eos = true}).wait(30s);
   EXPECT_EQ(r.error, errc::worker_failed) << r.message;
   EXPECT_NE(r.message.find("tries again by itself"), std::string::npos) << r.message;
   EXPECT_GE(r.retry_after_ms, 1000) << "a hint to retry once the backoff is over";
   // After the backoff it serves again by itself, exactly.
-  for (int i = 0; i < 1000 && p.degraded(); ++i) std::this_thread::sleep_for(10ms);
-  ASSERT_FALSE(p.degraded());
+  ASSERT_TRUE(eventually([&] { return !p.degraded(); })) << "still degraded 10 s after a 1.5 s backoff";
   EXPECT_EQ(p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "router"}}).value(), 0);
   EXPECT_EQ(p.metrics().get_counter("tandem_pool_recoveries_total", "", {{"pool", "router"}}).value(), 1);
   r = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .sampling = greedy, .ignore_eos = true}).wait(30s);
@@ -768,9 +767,10 @@ TEST(Pipeline, PoolPastItsRestartIntensityIsDegradedAndRefusesThenRecovers) {
   cfg.pools.recover_after = 4000ms;  // past the 2 s after which waiting requests end
   pipeline p(cfg);
   auto kill_decode = [&p] {  // a worker not joined yet (start-up, restart) is tried again
-    std::string name;
-    for (int i = 0; i < 300 && (name = p.kill(actor_kind::decode, 0)).empty(); ++i) std::this_thread::sleep_for(10ms);
-    return name;
+    return eventually_value([&]() -> std::optional<std::string> {
+             auto name = p.kill(actor_kind::decode, 0);
+             return name.empty() ? std::nullopt : std::optional(name);
+           }).value_or("");
   };
   ASSERT_EQ(kill_decode(), "decode-0");  // restarted: within the intensity
   auto during = p.submit({.prompt_tokens = prompt_of(20, 1, 300), .max_tokens = 8, .ignore_eos = true});
@@ -787,20 +787,21 @@ TEST(Pipeline, PoolPastItsRestartIntensityIsDegradedAndRefusesThenRecovers) {
   EXPECT_EQ(p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "decode"}}).value(), 1);
   EXPECT_EQ(p.snapshot()->degraded_pools, std::vector<std::string>{"decode"});
   // The backoff ends: the pool starts decode-0 again and serving resumes by itself, exactly.
-  for (int i = 0; i < 1000 && p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "decode"}}).value() != 0; ++i)
-    std::this_thread::sleep_for(10ms);
-  EXPECT_EQ(p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "decode"}}).value(), 0);
+  auto& degraded = p.metrics().get_gauge("tandem_pool_degraded", "", {{"pool", "decode"}});
+  EXPECT_TRUE(eventually([&] { return degraded.value() == 0; })) << "still degraded 10 s after a 4 s backoff";
+  EXPECT_EQ(degraded.value(), 0);
   EXPECT_EQ(p.metrics().get_counter("tandem_pool_recoveries_total", "", {{"pool", "decode"}}).value(), 1);
-  for (int i = 0; i < 200 && !p.snapshot()->degraded_pools.empty(); ++i) std::this_thread::sleep_for(10ms);
-  EXPECT_TRUE(p.snapshot()->degraded_pools.empty());
+  EXPECT_TRUE(eventually([&] { return p.snapshot()->degraded_pools.empty(); }))
+      << "the snapshot still lists a degraded pool";
   const sampling_params greedy{.temperature = 0.0f};
   const auto prompt = prompt_of(20, 4, m->config().n_vocab);
   generation_result r3;
-  for (int i = 0; i < 100; ++i) {  // until the restarted worker has joined the router
-    r3 = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .sampling = greedy, .ignore_eos = true}).wait(30s);
-    if (r3.error == errc::ok) break;
-    std::this_thread::sleep_for(20ms);
-  }
+  (void)eventually(  // until the restarted worker has joined the router; the assertion says why not
+      [&] {
+        r3 = p.submit({.prompt_tokens = prompt, .max_tokens = 8, .sampling = greedy, .ignore_eos = true}).wait(30s);
+        return r3.error == errc::ok;
+      },
+      60s, 20ms);
   ASSERT_EQ(r3.error, errc::ok) << r3.message;
   EXPECT_EQ(r3.tokens, alone(*m, prompt, 8, greedy, true));
   expect_no_leaks(p);
@@ -908,7 +909,7 @@ TEST(Pipeline, RequestsGoWhereTheirPrefixIsCached) {
       for (auto t : prompt_of(20, 400 + i, V)) prompt.push_back(t);
       hs.push_back(p.submit({.prompt_tokens = prompt, .max_tokens = 4, .sampling = {.temperature = 0.0f}, .ignore_eos = true}));
       prompts.push_back(std::move(prompt));
-      std::this_thread::sleep_for(5ms);
+      std::this_thread::sleep_for(5ms);  // pacing: requests arrive over time, as a client's would
     }
     for (size_t i = 0; i < hs.size(); ++i) {
       const auto r = hs[i].wait(60s);
@@ -1000,7 +1001,7 @@ TEST(Pipeline, KillingTheHostStoreLosesNoRequest) {
       auto h = p.submit({.prompt_tokens = prompt, .max_tokens = 6, .sampling = {.temperature = 0.0f}, .ignore_eos = true});
       reqs.emplace_back(std::move(prompt), std::move(h));
       if (i % 8 == 4) kills += p.kill("kv_store") == "kv_store";
-      std::this_thread::sleep_for(2ms);
+      std::this_thread::sleep_for(2ms);  // pacing: the kills land among requests arriving over time
     }
     for (auto& [prompt, h] : reqs) {
       const auto r = h.wait(60s);
@@ -1045,11 +1046,14 @@ TEST(Pipeline, WholePromptInTheStoreGoesStraightToDecode) {
   EXPECT_EQ(r2.tokens, alone(*m, longer, 5, greedy, true));
   EXPECT_EQ(direct(), 1);
   // A new, empty store: the same prompt is prefilled again (and is exact).
+  auto& stored = p.metrics().get_gauge("tandem_kv_store_blocks", "", {{"tier", "memory"}});
+  ASSERT_GT(stored.value(), 0);
   ASSERT_EQ(p.kill("kv_store"), "kv_store");
-  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(eventually([&] { return stored.value() == 0; })) << "no fresh, empty store took the killed one's place";
   const auto r3 = p.submit({.prompt_tokens = prompt, .max_tokens = 12, .sampling = greedy, .ignore_eos = true}).wait(60s);
   ASSERT_EQ(r3.error, errc::ok) << r3.message;
   EXPECT_EQ(r3.tokens, alone(*m, prompt, 12, greedy, true));
+  EXPECT_EQ(direct(), 1) << "sent straight to decode from an empty store";
   expect_no_leaks(p);
 }
 
@@ -1083,7 +1087,7 @@ TEST(Pipeline, DirectRequestsSurviveDecodeAndStoreKills) {
                                      .ignore_eos = true}));
     if (i % 10 == 3) p.kill(actor_kind::decode, i % 2);
     if (i == 17) p.kill("kv_store");
-    std::this_thread::sleep_for(3ms);
+    std::this_thread::sleep_for(3ms);  // pacing: the kills land among requests arriving over time
   }
   for (auto& [f, h] : hs) {
     const auto r = h.wait(60s);
