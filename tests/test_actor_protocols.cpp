@@ -11,9 +11,11 @@
 
 #include "actors/kv_link.h"
 #include "actors/router.h"
+#include "tests/support/eventually.h"
 #include "tests/test_models.h"
 
 using namespace tandem;
+using testing_support::eventually;
 
 namespace {
 
@@ -229,7 +231,7 @@ TEST_F(fixture, ChannelLinkAnswersWhileItsFrameWaitsForTheReceiver) {
       },
       link, spec, req);
   run();
-  for (int i = 0; i < 500 && frames.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(eventually([&] { return frames.load() > 0; })) << "the frame never reached the receiver";
   ASSERT_EQ(frames.load(), 1) << "the frame reached the receiver";
 
   auto pinger = sys->spawn(
@@ -245,10 +247,10 @@ TEST_F(fixture, ChannelLinkAnswersWhileItsFrameWaitsForTheReceiver) {
   EXPECT_EQ(log->count("client:"), 0);
 
   let_go.set_value();
-  for (int i = 0; i < 500 && log->count("decode:arrive") == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(eventually([&] {
     run();  // delivers the sender's tick
-  }
+    return log->count("decode:arrive") > 0;
+  })) << "the acknowledged frame was never handed on to the decode worker";
   EXPECT_EQ(log->count("decode:arrive 9"), 1);
   EXPECT_EQ(log->count("req:kv 256"), 1) << "the frame's bytes are accounted to its request";
   caf::anon_send(decode, release_atom::value);

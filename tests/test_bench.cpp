@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 // Beast's parser headers trip GCC 12's -Wmaybe-uninitialized (a false positive; the library's
-// own client.cpp and test_server.cpp turn it off too).
+// own client.cpp and the test_server_*.cpp turn it off too).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
@@ -615,7 +615,7 @@ TEST(BenchServe, SseTokensAreTimedAsTheyArrive) {
       asio::write(s, asio::buffer(c.str()));
     };
     for (int k = 0; k < 5; ++k) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));  // the fake server's pacing: what is measured
       chunk("data: {\"choices\":[{\"text\":\"x\",\"index\":0}]}\n\n");
     }
     chunk("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5}}\n\ndata: [DONE]\n\n");

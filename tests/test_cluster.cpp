@@ -15,15 +15,19 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
 
+#include "support/eventually.h"
 #include "test_models.h"
 #include "tools/bench/client.h"
 #include "tools/bench/process.h"
 
 using namespace tandem;
+using testing_support::eventually;
+using testing_support::eventually_value;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
@@ -127,12 +131,13 @@ class cluster {
   // Until /health lists n members (and serves, if `serving`).
   void wait_members(size_t n, bool serving = true, std::chrono::milliseconds timeout = 30s) {
     json h;
-    for (auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
-      h = get("/health");
-      if ((!serving || h.value("status", "") == "ok") && h.contains("nodes") && h["nodes"].size() == n) return;
-      std::this_thread::sleep_for(50ms);
-    }
-    ADD_FAILURE() << "the cluster never had " << n << " members: " << h.dump() << "\n" << router->log();
+    EXPECT_TRUE(eventually(
+        [&] {
+          h = get("/health");
+          return (!serving || h.value("status", "") == "ok") && h.contains("nodes") && h["nodes"].size() == n;
+        },
+        timeout, 5ms, 50ms))
+        << "the cluster never had " << n << " members: " << h.dump() << "\n" << router->log();
   }
   // Until the router lists a request in `state` on `worker` ("decode-1"), or the timeout.
   // Until the router lists a request in `state` on one of `workers` ("decode-1"), or the
@@ -143,17 +148,22 @@ class cluster {
     const char* field = workers.at(0).rfind("decode", 0) == 0 ? "decode_worker" : "prefill_worker";
     std::map<std::string, int> seen;  // what the router listed meanwhile, for the failure report
     std::string last;                 // and the last state it gave
-    for (auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
-      const json s = get("/admin/state");
-      last = s.dump().substr(0, 1500);
-      if (s.contains("router"))
-        for (const auto& r : s["router"]["listed"]) {
-          const std::string on = r.value(field, "");
-          if (r.value("state", "") == state && std::find(workers.begin(), workers.end(), on) != workers.end()) return on;
-          ++seen[r.value("state", "") + " on " + on];
-        }
-      std::this_thread::sleep_for(2ms);
-    }
+    // Polled every 2 ms, no backoff: the state may be short-lived.
+    const auto found = eventually_value(
+        [&]() -> std::optional<std::string> {
+          const json s = get("/admin/state");
+          last = s.dump().substr(0, 1500);
+          if (s.contains("router"))
+            for (const auto& r : s["router"]["listed"]) {
+              const std::string on = r.value(field, "");
+              if (r.value("state", "") == state && std::find(workers.begin(), workers.end(), on) != workers.end())
+                return on;
+              ++seen[r.value("state", "") + " on " + on];
+            }
+          return std::nullopt;
+        },
+        timeout, 2ms, 2ms);
+    if (found) return *found;
     std::string report;
     for (const auto& [what, n] : seen) report += " [" + what + "] x" + std::to_string(n);
     if (quiet) {  // the caller tries again; what the router listed tells why this one missed
@@ -253,17 +263,19 @@ TEST_P(ClusterTransport, OutputsEqualOneEngineAcrossProcesses) {
   // interval (a fast machine), the next reports bring it up to date, so wait up to 10 s for them.
   json s;
   int decoders = 0, steps = 0;
-  for (auto until = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < until;) {
-    s = c.get("/admin/state");
-    decoders = steps = 0;
-    for (const auto& w : s.value("workers", json::array()))
-      if (w.value("name", "").rfind("decode", 0) == 0) {
-        ++decoders;
-        steps += w.value("steps", 0);
-      }
-    if (decoders == 2 && steps > 0) break;
-    std::this_thread::sleep_for(50ms);
-  }
+  EXPECT_TRUE(eventually(
+      [&] {
+        s = c.get("/admin/state");
+        decoders = steps = 0;
+        for (const auto& w : s.value("workers", json::array()))
+          if (w.value("name", "").rfind("decode", 0) == 0) {
+            ++decoders;
+            steps += w.value("steps", 0);
+          }
+        return decoders == 2 && steps > 0;
+      },
+      10s, 5ms, 50ms))
+      << "the router's view never showed both decode workers with steps done";
   ASSERT_TRUE(s.contains("workers"));
   EXPECT_EQ(decoders, 2) << s["workers"].dump();
   EXPECT_GT(steps, 0) << s["workers"].dump();
@@ -341,6 +353,7 @@ TEST(Cluster, StoppedDecodeProcessIsLostByHeartbeatAndRejoins) {
         for (const char* target : {"/health", "/admin/state"})
           EXPECT_NE(bench::http_call({"127.0.0.1", c.http_port}, "GET", target, "k", "", 2s).status, 0)
               << target << " did not answer while a worker was stopped";
+        // A sleep, not a wait: the probes are spread over the stop (~750 ms); nothing to wait for.
         std::this_thread::sleep_for(150ms);
       }
     });
@@ -366,7 +379,7 @@ TEST(Cluster, ClosedKvConnectionsAreRetried) {
   const auto got = run_jobs(c, js, [&] {
     for (int i = 0; i < 20; ++i) {
       c.nodes[1].proc->signal(SIGUSR1);
-      std::this_thread::sleep_for(15ms);
+      std::this_thread::sleep_for(15ms);  // pacing: the drops are spread over the run (no event to wait for)
     }
   });
   expect_exact(js, got);

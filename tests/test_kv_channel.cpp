@@ -14,16 +14,19 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <random>
 #include <thread>
 
+#include "tests/support/eventually.h"
 #include "transport/channel.h"
 #include "transport/shm/shm_channel.h"
 #include "transport/tcp/wire.h"
 
 using namespace tandem;
+using testing_support::eventually;
 using namespace tandem::transport;
 using namespace std::chrono_literals;
 
@@ -285,7 +288,8 @@ TEST_P(KvChannel, PollReportsPendingThenDone) {
   const auto f = make_frame(16, 1, 7, 2);
   const auto id = s.submit(f);
   transfer_status st;
-  while ((st = s.poll(id)).state == transfer_state::pending) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(eventually([&] { return (st = s.poll(id)).state != transfer_state::pending; }))
+      << "the transfer was still pending after 10 s";
   ASSERT_EQ(st.state, transfer_state::done) << st.error.to_string();
   EXPECT_EQ(st.bytes_moved, payload_bytes(*f));
 }
@@ -335,15 +339,19 @@ TEST_P(KvChannel, DamagedPayloadIsRefusedAndNeverHandedOver) {
 }
 
 // A handler that holds the first frame until released, so the next one is surely in flight.
+// Released, it runs `on_first` (if set) before it returns: on the receiver's own thread, so what
+// that does surely comes before the receiver reads or acknowledges anything more.
 struct gate {
   std::promise<void> entered_p, release_p;
   std::shared_future<void> release = release_p.get_future().share();
   std::atomic<int> calls{0};
+  std::function<void()> on_first;  // set before release_p: read only after the release
   frame_handler handler() {
     return [this](kv_frame&&) {
       if (calls.fetch_add(1) == 0) {
         entered_p.set_value();
         release.wait();
+        if (on_first) on_first();
       }
     };
   }
@@ -355,12 +363,14 @@ TEST_P(KvChannel, DroppedConnectionsFailInFlightFramesAndTheSenderReconnects) {
   kv_sender s(tx_opts(r));
   const auto f = make_frame(16, 0, 1, 1);
   const auto a = s.submit(f), b = s.submit(f);
-  g.entered_p.get_future().wait();
-  std::thread dropper([&] { r.drop_connections(); });  // runs once the handler returns
-  std::this_thread::sleep_for(20ms);
+  g.entered_p.get_future().wait();  // a is in the handler, b in flight behind it
+  // The connections drop while a's handler runs (drop_connections on the receiver's thread
+  // closes them at once): before a's acknowledgement is sent and before b is read.
+  g.on_first = [&r] { r.drop_connections(); };
   g.release_p.set_value();
-  dropper.join();
-  s.wait(a);  // done or failed: its ack raced the drop
+  const auto sa = s.wait(a);
+  EXPECT_EQ(sa.state, transfer_state::failed) << "its acknowledgement came after the drop";
+  EXPECT_EQ(sa.error.code(), errc::io_error) << sa.error.to_string();
   const auto sb = s.wait(b);
   EXPECT_EQ(sb.state, transfer_state::failed);
   EXPECT_EQ(sb.error.code(), errc::io_error) << sb.error.to_string();
@@ -376,12 +386,19 @@ TEST_P(KvChannel, AReceiverThatGoesAwayFailsTransfersUntilANewOneListens) {
   kv_sender s(tx_opts(*r));
   const auto f = make_frame(16, 0, 1, 1);
   const auto a = s.submit(f), b = s.submit(f);
-  g->entered_p.get_future().wait();
-  std::thread killer([&] { r.reset(); });
-  std::this_thread::sleep_for(20ms);
+  g->entered_p.get_future().wait();  // a is in the handler, b in flight behind it
+  // Its connections close while a's handler runs (on the receiver's thread: before b is read),
+  // then the receiver goes away for good.
+  std::promise<void> dropped;
+  g->on_first = [rx = r.get(), &dropped] {
+    rx->drop_connections();
+    dropped.set_value();
+  };
   g->release_p.set_value();
-  killer.join();
-  s.wait(a);
+  dropped.get_future().wait();
+  r.reset();
+  const auto sa = s.wait(a);
+  EXPECT_EQ(sa.state, transfer_state::failed) << "its acknowledgement came after the drop";
   const auto sb = s.wait(b);
   EXPECT_EQ(sb.state, transfer_state::failed);
   EXPECT_EQ(sb.error.code(), errc::io_error);
@@ -877,10 +894,11 @@ TEST_P(KvChannelProcesses, KillingTheSenderMidTransferLeavesNothingBehind) {
   kv_receiver r(o, [&](kv_frame&&) { ++n; });
   const uint16_t port = r.port();
   ASSERT_EQ(::write(a[1], &port, sizeof port), ssize_t(sizeof port));
-  while (n < 3) std::this_thread::sleep_for(1ms);
+  const bool three = eventually([&] { return n >= 3; }, 30s);
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
   ::close(a[1]);
+  ASSERT_TRUE(three) << "the sender process delivered " << n.load() << " frames in 30 s, not 3";
   EXPECT_TRUE(leftover_rings(::getpid()).empty()) << leftovers_text(leftover_rings(::getpid()));
   // The receiver still serves others.
   kv_sender s({.address = r.address(), .mode = cm(mode)});

@@ -124,6 +124,7 @@ TEST(thread_pool, back_to_back_jobs_with_and_without_spinning) {
       pool.parallel_for(300, 7, [&](int64_t b, int64_t e, int) {
         for (int64_t i = b; i < e; ++i) sum += i;
       });
+      // A sleep: a pause with no job, so that spinning workers give up and sleep (the test's point).
       if (rep % 50 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     EXPECT_EQ(sum.load(), 300 * (299 * 300 / 2));
@@ -222,7 +223,8 @@ TEST(core_share, a_pool_uses_what_the_share_allows_at_each_call) {
     std::vector<std::atomic<int>> hits(64);
     p.for_each_dynamic(64, [&](int64_t i, int who) {
       ++hits[size_t(i)];
-      std::this_thread::sleep_for(std::chrono::microseconds(200));  // long enough for all to join
+      // A sleep: each index keeps its worker busy long enough for every participant to join.
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
       std::lock_guard<std::mutex> lk(mu);
       seen.insert(who);
     });

@@ -14,11 +14,13 @@
 #include <thread>
 
 #include "actors/pipeline.h"
+#include "tests/support/eventually.h"
 #include "tests/test_models.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
 using testing_support::alone;
+using testing_support::eventually;
 
 namespace {
 
@@ -155,6 +157,7 @@ static void run_chaos_case(const chaos_case& c) {
        ++k) {
     // Past the planned kills (none hit work yet), kill sooner: with fast kernels a link's
     // transfers are short, and the requests may all end before a slow killer finds one.
+    // (A sleep: the kills land at random, seeded moments; that is the test.)
     std::this_thread::sleep_for(std::chrono::milliseconds(k == 0 ? rng() % 3 : k >= c.kills ? rng() % 6 : 2 + rng() % 40));
     if (is_fault(c.pool)) {
       fault_kind f;
@@ -166,25 +169,29 @@ static void run_chaos_case(const chaos_case& c) {
     if (c.pool == "kv_link") {
       // A link only has work while a request's KV streams over it (its decode credits held, its
       // prefill not yet handed over): wait for such a moment (briefly), so that a busy machine's
-      // slower killer does not find every link idle until the requests are all done.
-      for (int i = 0; i < 100 && !all_done(); ++i) {
-        const auto now = p.stats(64);
-        if (std::any_of(now.requests.begin(), now.requests.end(), [](const auto& r) {
+      // slower killer does not find every link idle until the requests are all done. (Not
+      // seen within 100 ms: the kill goes ahead all the same, and more follow if it hit nothing.)
+      (void)eventually(
+          [&] {
+            if (all_done()) return true;
+            const auto now = p.stats(64);
+            return std::any_of(now.requests.begin(), now.requests.end(), [](const auto& r) {
               return (r.state == "prefilling" || r.state == "transferring") && !r.decode_worker.empty();
-            }))
-          break;
-        std::this_thread::sleep_for(1ms);
-      }
+            });
+          },
+          100ms, 1ms, 1ms);
     }
     const int index = c.pool == "request" || c.pool == "router" ? -1 : int(rng() % uint64_t(c.workers));
     // Mixed: each kind in turn (from a seeded start), so no pool passes its restart intensity.
     const std::string kind = c.pool == "mixed" ? mixed_kinds[(seed + uint64_t(k)) % mixed_kinds.size()] : c.pool;
     // An actor just killed may still be restarting: try another moment.
     std::string name;
-    for (int attempt = 0; attempt < 400 && (name = p.kill(kind, index)).empty(); ++attempt) {
-      if (c.pool == "request" && all_done()) break;  // none left: every request ended already
-      std::this_thread::sleep_for(5ms);
-    }
+    eventually(
+        [&] {
+          if (!(name = p.kill(kind, index)).empty()) return true;
+          return c.pool == "request" && all_done();  // none left: every request ended already
+        },
+        2s, 1ms, 5ms);
     if (c.pool == "request" && name.empty()) {
       ASSERT_GE(killed, 3) << "the requests ended before the test could kill them";
       break;
@@ -199,7 +206,9 @@ static void run_chaos_case(const chaos_case& c) {
     // lands on an actor already dead.
     ++kills_by_kind[kind];
     auto& restarts = p.metrics().get_counter("tandem_restarts_total", "", {{"kind", kind}});
-    for (int i = 0; i < 1000 && restarts.value() < kills_by_kind[kind]; ++i) std::this_thread::sleep_for(1ms);
+    EXPECT_TRUE(eventually([&] { return restarts.value() >= kills_by_kind[kind]; }))
+        << "kill " << k << " (" << name << ") was never counted as a restart: " << restarts.value() << " of "
+        << kills_by_kind[kind];
   }
   bool all_ended = false;
   {
@@ -214,7 +223,8 @@ static void run_chaos_case(const chaos_case& c) {
       where += " #" + std::to_string(r.id) + " " + r.state + " p=" + r.prefill_worker + " d=" + r.decode_worker;
     FAIL() << ended << " of " << jobs.size() << " requests ended; the router still tracks:" << where;
   }
-  std::this_thread::sleep_for(50ms);  // anything sent after a final event would show now
+  // A sleep, not a wait: what would show now (an event after a final one) must not happen.
+  std::this_thread::sleep_for(50ms);
 
   std::lock_guard<std::mutex> lk(mu);
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -241,13 +251,12 @@ static void run_chaos_case(const chaos_case& c) {
 
   // Every pool full again, every request actor gone.
   pipeline_stats st;
-  for (int i = 0; i < 250; ++i) {
+  (void)eventually([&] {  // the checks below say what is still held
     st = p.stats();
     bool clean = st.live_requests == 0;
     for (const auto& w : st.workers) clean = clean && w.kv_free_blocks == w.kv_total_blocks && w.reserved_blocks == 0;
-    if (clean) break;
-    std::this_thread::sleep_for(20ms);
-  }
+    return clean;
+  });
   EXPECT_EQ(st.live_requests, 0);
   for (const auto& w : st.workers) {
     EXPECT_EQ(w.kv_free_blocks, w.kv_total_blocks) << w.name << " holding " << w.active << " requests";

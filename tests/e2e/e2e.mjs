@@ -20,7 +20,7 @@ if (!tandem || !modelPath) {
 function startServer(args = null) {
   return new Promise((resolve, reject) => {
     // (Restart intensity raised: the kill checks below must not leave a pool degraded for the
-    // checks after them; degrading is tested in test_pipeline. The default mode, auto, has its
+    // checks after them; degrading is tested in test_pipeline_kills. The default mode, auto, has its
     // decode worker compute prompts of up to --token-budget tokens itself: 64 here, so that
     // longer ones take the prefill worker and the KV link and the checks see both paths.)
     const p = spawn(tandem, args ?? ['serve', '--model', modelPath, '--model-name', 'tiny', '--port', '0', '--admin-key', 'adm',
