@@ -86,6 +86,22 @@ TEST(PrefixKeys, ChainedSaltedAndSensitiveToEveryToken) {
   }
 }
 
+
+// A prompt's last token is always computed (its logits give the first output token), so the
+// blocks it can reuse are the full blocks before it; prompt_block_keys keys exactly those.
+TEST(PrefixKeys, ReusablePromptBlocksStopBeforeTheLastToken) {
+  struct row {
+    size_t prompt;
+    int32_t block_size, blocks;
+  };
+  for (const row r : {row{0, 16, 0}, row{1, 16, 0}, row{16, 16, 0}, row{17, 16, 1}, row{32, 16, 1}, row{33, 16, 2},
+                      row{70, 16, 4}, row{5, 1, 4}, row{40, 0, 0}}) {
+    SCOPED_TRACE(testing::Message() << "prompt " << r.prompt << ", block " << r.block_size);
+    EXPECT_EQ(reusable_prompt_blocks(r.prompt, r.block_size), r.blocks);
+    const auto t = tokens(int(r.prompt), 500, 2);
+    EXPECT_EQ(prompt_block_keys(9, t, r.block_size).size(), size_t(r.blocks));
+  }
+}
 TEST(PrefixKeys, EnginesOfDifferentModelsHaveDifferentSalts) {
   auto a = synth(kernels::dtype::f32, 7), b = synth(kernels::dtype::f32, 8), c = synth(kernels::dtype::q8_0, 7);
   engine ea(a, {.n_kv_blocks = 4}), eb(b, {.n_kv_blocks = 4}), ec(c, {.n_kv_blocks = 4});

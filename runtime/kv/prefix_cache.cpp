@@ -33,8 +33,15 @@ std::vector<block_key> block_keys(uint64_t salt, std::span<const token_id> token
   return keys;
 }
 
+int32_t reusable_prompt_blocks(size_t prompt_tokens, int32_t block_size) {
+  if (prompt_tokens == 0 || block_size <= 0) return 0;
+  return int32_t((prompt_tokens - 1) / size_t(block_size));
+}
+
 std::vector<block_key> prompt_block_keys(uint64_t salt, std::span<const token_id> prompt, int32_t block_size) {
-  return prompt.empty() ? std::vector<block_key>{} : block_keys(salt, prompt.first(prompt.size() - 1), block_size);
+  const int32_t blocks = reusable_prompt_blocks(prompt.size(), block_size);
+  if (blocks == 0) return {};
+  return block_keys(salt, prompt.first(size_t(blocks) * size_t(block_size)), block_size);
 }
 
 std::vector<block_id> prefix_index::match(std::span<const block_key> keys) {

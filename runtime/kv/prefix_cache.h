@@ -26,8 +26,11 @@ uint64_t prefix_salt(uint64_t model_identity, const kv_layout& layout, kernels::
 
 // Keys of the full blocks of `tokens` (a trailing partial block has none).
 std::vector<block_key> block_keys(uint64_t salt, std::span<const token_id> tokens, int32_t block_size);
-// Keys of the full blocks a prompt can reuse: those before its last token, whose logits give
-// the first output token and so are always computed. Empty for an empty prompt.
+// The full blocks a prompt can reuse: those before its last token, whose logits give the
+// first output token and so are always computed. The one statement of that rule: the router
+// counts with it, and prompt_block_keys keys exactly these blocks.
+int32_t reusable_prompt_blocks(size_t prompt_tokens, int32_t block_size);
+// Keys of those blocks. Empty for an empty prompt.
 std::vector<block_key> prompt_block_keys(uint64_t salt, std::span<const token_id> prompt, int32_t block_size);
 // The key of the block after `parent` (the salt for the first block).
 block_key next_block_key(block_key parent, std::span<const token_id> block_tokens);

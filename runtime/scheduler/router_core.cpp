@@ -131,10 +131,9 @@ decode_claim* router_core::claim_of(entry& e) {
   return nullptr;
 }
 
-// Full blocks of a prompt before its last token (what a cache can hold for it).
+// Tokens in the blocks a cache can hold for this prompt (prefix_cache.h states the rule).
 int32_t router_core::usable_full_tokens(const entry& e) const {
-  if (e.spec.prompt.empty()) return 0;
-  return int32_t(e.spec.prompt.size() - 1) / cfg_.block_size * cfg_.block_size;
+  return reusable_prompt_blocks(e.spec.prompt.size(), cfg_.block_size) * cfg_.block_size;
 }
 
 load_snapshot router_core::load() const {
