@@ -11,6 +11,7 @@
 #include <thread>
 
 #include <caf/io/all.hpp>
+#include <tandem/version.h>
 
 #include "actors/cluster.h"
 #include "actors/colocated_worker.h"

@@ -4,6 +4,7 @@
 // the subcommands they add.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <tandem/version.h>
 
 #include <malloc.h>
 #include <unistd.h>

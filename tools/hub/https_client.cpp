@@ -7,6 +7,7 @@
 #include <boost/beast.hpp>
 #include <boost/beast/ssl.hpp>
 #include <openssl/evp.h>
+#include <tandem/version.h>
 
 #include <algorithm>
 #include <cctype>
