@@ -88,3 +88,15 @@ set(CPACK_DEBIAN_PACKAGE_DEPENDS
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)  # the binaries' runtime libraries, from dpkg-shlibdeps
 set(CPACK_STRIP_FILES ON)
 include(CPack)
+
+# The API reference of exactly the installed headers (docs/Doxyfile.in), built on demand:
+#   cmake --build build --target api_reference   ->  build/docs/api/html/index.html
+set(TANDEM_API_REFERENCE_INPUT "\"${PROJECT_SOURCE_DIR}/actors/tandem.h\" \"${TANDEM_GENERATED_DIR}/tandem/version.h\"")
+foreach(h IN LISTS TANDEM_PUBLIC_HEADERS)
+  string(APPEND TANDEM_API_REFERENCE_INPUT " \"${PROJECT_SOURCE_DIR}/${h}\"")
+endforeach()
+configure_file(docs/Doxyfile.in ${PROJECT_BINARY_DIR}/Doxyfile @ONLY)
+find_program(DOXYGEN_PROGRAM doxygen)
+add_custom_target(api_reference COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/docs/api
+                  COMMAND ${DOXYGEN_PROGRAM} ${PROJECT_BINARY_DIR}/Doxyfile
+                  WORKING_DIRECTORY ${PROJECT_BINARY_DIR} COMMENT "API reference (Doxygen) of the public headers")

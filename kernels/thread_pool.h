@@ -42,8 +42,8 @@ class core_share {
   static constexpr int max_groups = 4;
   explicit core_share(int cores);
   int cores() const { return cores_; }
-  // A new member keeping `floor` cores (clamped to 1..cores) while busy, in `group` (0 ..
-  // max_groups-1: members of one kind, e.g. the decode workers); returns its index. Throws
+  // A new member keeping `floor` cores (clamped to 1..cores) while busy, in `group` (0 to
+  // max_groups - 1: members of one kind, e.g. the decode workers); returns its index. Throws
   // when max_members are in at once.
   int join(int floor, int group = 0);
   void leave(int member);  // its index may be given to a later member

@@ -47,7 +47,7 @@ class tokenizer {
   // Text -> ids, with the special tokens the model file adds around a text when `add_special`
   // (tokenizer.ggml.add_bos_token / add_eos_token: llama.cpp's add_special, vLLM's
   // add_special_tokens). User-defined tokens written in the text are always their tokens;
-  // control tokens (<|im_start|>, <s>) only with parse_special (raw completion prompts and
+  // control tokens (`<|im_start|>`, `<s>`) only with parse_special (raw completion prompts and
   // prompts rendered from a chat template), else plain characters: llama.cpp's rules
   // (llama_tokenize's parse_special).
   std::vector<token_id> encode(std::string_view text, bool add_special, bool parse_special = false) const;
@@ -104,7 +104,7 @@ class stream_decoder {
 };
 
 // A gpt2-style byte-level BPE vocabulary of exactly `n_vocab` entries, for synthetic models:
-// <unk>, <s>, </s>, the 256 byte tokens (GPT-2 byte-to-unicode spelling), then merges learned
+// `<unk>`, `<s>`, `</s>`, the 256 byte tokens (GPT-2 byte-to-unicode spelling), then merges learned
 // deterministically from a built-in English text until the vocab is full. n_vocab >= 259.
 vocab_spec make_byte_level_vocab(int32_t n_vocab);
 

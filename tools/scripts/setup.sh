@@ -12,6 +12,7 @@ if [ "${1:-}" = "--tests" ]; then
   pkgs+=(chromium prometheus ca-certificates iproute2)  # iproute2: the cluster test's network namespaces
   pkgs+=(openssl python3)  # test_model_pull.sh: its own CA and certificate, the fake hub
   pkgs+=(dpkg-dev file)  # test_install.sh: cpack -G DEB (dpkg-shlibdeps, file)
+  pkgs+=(doxygen clang-format)  # the API reference (ctest api_reference), the format check (ctest format)
   # A machine may bring its own Node.js; otherwise Debian's.
   command -v node >/dev/null && command -v npm >/dev/null || pkgs+=(nodejs npm)
 fi
