@@ -15,8 +15,7 @@
 #include <thread>
 
 #include "runtime/oplog.h"
-#include "runtime/text/stop_strings.h"
-#include "runtime/structured/tool_calls.h"
+#include "tools/server/openai_stream.h"
 #include "tools/server/pages.h"
 
 namespace tandem::server {
@@ -32,12 +31,6 @@ namespace {
 // How long /admin/kill waits for the router to pick its victim (issue 22 item 7: /admin/*
 // answers within a bound, whatever the pipeline is doing).
 constexpr std::chrono::milliseconds admin_kill_wait{2000};
-
-int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
 
 std::string chunk(const std::string& data) {
   char head[24];
@@ -150,65 +143,6 @@ std::function<void()> waker(std::weak_ptr<Session> session, std::weak_ptr<http_s
   };
 }
 
-// ---------------------------------------------------------------- one generation request
-
-// A request's progress as the connection sees it: stop strings, text so far, how it ended.
-struct generation {
-  api_request req;
-  request_id rid = 0;
-  std::unique_ptr<stop_matcher> stops;
-  std::string text;
-  std::vector<token_id> tokens;
-  tandem::finish_reason finish_reason = tandem::finish_reason::none;
-  metrics::request_timings timings;
-  bool ended = false;
-  int64_t serial = 0;
-  int32_t index = 0;  // tokens shown so far
-  int32_t choice = 0;   // its index among the request's choices (n > 1)
-  bool first = true;    // chat streaming: the first chunk carries the role
-  bool done = false;    // its done event came
-  double logprob_sum = 0;  // of its tokens: best_of ranks choices by the mean
-  int32_t logprob_count = 0;
-  // A forced tool call being streamed: where its arguments start in `text` (0: not yet known)
-  // and how many of their bytes were sent.
-  size_t args_at = 0, args_sent = 0;
-  size_t content_sent = 0;  // tool_choice auto: the bytes of `text` streamed as content so far
-  // HTTP: log-probabilities (when asked) of the tokens not yet sent: a streamed chunk carries
-  // those that arrived since the last one (a token whose text is held back by a stop string
-  // rides with the next chunk); a whole answer carries all. (WebSocket frames carry their own.)
-  std::vector<server::logprob_entry> logprobs;
-};
-
-// Applies one event; returns the text to show for a token (after stop strings), and sets
-// ended/finish_reason on the final event (or on a completed stop string, cancelling the rest).
-std::string apply_event(connection& conn, generation& g, const request_event& ev) {
-  switch (ev.kind) {
-    case event_kind::accepted: return {};
-    case event_kind::token: {
-      if (g.ended) return {};
-      g.tokens.push_back(ev.token);
-      std::string shown = g.stops->push(ev.text);
-      if (g.stops->stopped()) {
-        g.ended = true;
-        g.finish_reason = finish_reason::stop;
-        conn.cancel(g.rid);
-      }
-      g.text += shown;
-      return shown;
-    }
-    case event_kind::done: {
-      std::string shown = g.ended ? std::string() : g.stops->flush();
-      g.text += shown;
-      if (!g.ended) g.finish_reason = ev.finish_reason;
-      g.timings = ev.timings;
-      g.ended = true;
-      return shown;
-    }
-    case event_kind::error: g.ended = true; return {};
-  }
-  return {};
-}
-
 // ---------------------------------------------------------------- HTTP session
 
 class http_session : public std::enable_shared_from_this<http_session> {
@@ -225,13 +159,13 @@ class http_session : public std::enable_shared_from_this<http_session> {
   // event and [DONE], or a 503), not a cut connection; an idle keep-alive connection (or the
   // dashboard feed) is closed, as a server going away does, rather than left open.
   void grace_over() {
-    if (!gen_) {
+    if (!answer_) {
       if (!writing_ && !sending_) close();
       return;
     }
-    for (generation* g : choices()) conn_.cancel(g->rid);
     close_after_ = true;
-    end_with_error(error_from(errc::shutting_down, "the server is shutting down: the grace period ended", 0));
+    const auto why = error_from(errc::shutting_down, "the server is shutting down: the grace period ended", 0);
+    carry_out(answer_->on(in::abort{why}));
   }
 
  private:
@@ -247,10 +181,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   std::array<char, 1024> peek_;   // what the disconnect watch reads
   std::shared_ptr<http_session> keep_alive_;  // set while a generation runs (see generate)
   bool watching_ = false, read_after_watch_ = false;
-  std::unique_ptr<generation> gen_;  // the request, and its choice 0
-  std::vector<std::unique_ptr<generation>> more_;  // choices 1..n-1, submitted once choice 0 has its first token
-  bool more_submitted_ = false;
-  bool sse_started_ = false;
+  std::optional<openai_stream> answer_;  // the generation request's answer, while it runs
   std::deque<std::string> out_;
   size_t out_bytes_ = 0;
   bool writing_ = false;
@@ -325,7 +256,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
     send(status, j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json", false, std::move(extra));
   }
 
-  // `logged`: the generation that failed has its log line already (finish_generation).
+  // `logged`: the generation that failed has its log line already (out::finished).
   void send_error(const api_error& e, bool close = false, bool logged = false) {
     if (!logged) {
       server::request_log r;
@@ -345,7 +276,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
 
   void close() {
     conn_.close();  // the client is gone: its request is cancelled, its KV freed
-    finish_generation(499, "client_closed", "the connection closed");
+    if (answer_) carry_out(answer_->on(in::client_gone{}));
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.socket().close(ec);
@@ -557,7 +488,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   }
 
  private:
-  // ---- generation over HTTP (JSON or SSE)
+  // ---- generation over HTTP (JSON or SSE): openai_stream makes the answer, this writes it
 
   void generate(bool chat) {
     if (srv_->draining)
@@ -565,27 +496,19 @@ class http_session : public std::enable_shared_from_this<http_session> {
     const json body = json::parse(req_.body(), nullptr, false);
     if (body.is_discarded())
       return send_error(api_error{400, "invalid_request_error", "the body is not valid JSON", "", "invalid_argument"});
-    auto g = std::make_unique<generation>();
-    auto err = chat ? parse_chat_completion(body, srv_->mdl, g->req, req_.body())
-                    : parse_completion(body, srv_->mdl, g->req, req_.body());
+    api_request req;
+    auto err = chat ? parse_chat_completion(body, srv_->mdl, req, req_.body())
+                    : parse_completion(body, srv_->mdl, req, req_.body());
     if (err) return send_error(*err);
     // Tokenized once here: the n choices share the ids, and return_token_ids shows them.
-    g->req.gen.prompt_tokens = prompt_ids(srv_->pipe.get_model().tok(), g->req.gen);
-    g->stops = std::make_unique<stop_matcher>(g->req.stop);
-    g->serial = srv_->next_id++;
-    if (g->req.best_of > g->req.n && g->req.gen.sampling.logprobs < 0) {  // ranked by them, not shown
-      g->req.gen.sampling.logprobs = 0;
-      g->req.hide_logprobs = true;
-    }
-    sse_started_ = false;
-    more_.clear();
-    more_submitted_ = g->req.best_of <= 1;
+    const tokenizer& tok = srv_->pipe.get_model().tok();
+    req.gen.prompt_tokens = prompt_ids(tok, req.gen);
+    answer_.emplace(std::move(req), stream_context{.model = srv_->mdl.id, .tok = &tok, .serial = srv_->next_id++});
     ++srv_->in_flight;
-    gen_ = std::move(g);
     if (!conn_.open()) {
       conn_ = srv_->pipe.connect(waker(weak_from_this(), srv_->weak_from_this()));
     }
-    gen_->rid = conn_.submit(gen_->req.gen);
+    carry_out(answer_->start());
     // While it generates, the session is reached only through the pipeline's waker (a weak
     // pointer): this keeps it alive even when no socket operation is pending (a pipelined
     // request filled the watch; issue 22 item 1: the session was destroyed and both answers
@@ -594,390 +517,76 @@ class http_session : public std::enable_shared_from_this<http_session> {
     watch_disconnect();
   }
 
-  // While generating nothing is read: a readable socket with nothing to read is a closed one.
   // While generating, nothing else is read; a read kept pending meanwhile learns at once when
   // the client goes (EOF or reset), so its request is cancelled rather than run for nobody.
   // Bytes that arrive instead (a pipelined request) are kept for their turn.
   void watch_disconnect() {
     watching_ = true;
-    stream_.async_read_some(net::buffer(peek_), [self = shared_from_this(), serial = gen_->serial](beast::error_code ec,
-                                                                                                size_t n) {
+    stream_.async_read_some(net::buffer(peek_), [self = shared_from_this(), serial = answer_->serial()](
+                                                    beast::error_code ec, size_t n) {
       self->watching_ = false;
       if (n > 0) self->buf_.commit(net::buffer_copy(self->buf_.prepare(n), net::buffer(self->peek_.data(), n)));
       if (self->read_after_watch_) {
         self->read_after_watch_ = false;
         return self->read();
       }
-      if (ec && ec != net::error::operation_aborted && self->gen_ && self->gen_->serial == serial) return self->close();
+      const bool same = self->answer_ && self->answer_->serial() == serial;
+      if (ec && ec != net::error::operation_aborted && same) return self->close();
       // Bytes of a pipelined request: kept, and the watch goes on (up to a bound on what is
       // buffered), so a client that then goes away is still noticed.
-      if (!ec && self->gen_ && self->gen_->serial == serial && self->buf_.size() < kMaxPipelinedBytes)
-        self->watch_disconnect();
+      if (!ec && same && self->buf_.size() < kMaxPipelinedBytes) self->watch_disconnect();
     });
   }
   static constexpr size_t kMaxPipelinedBytes = size_t(1) << 20;
 
-  // Every choice of the request: gen_ first.
-  std::vector<generation*> choices() {
-    std::vector<generation*> v;
-    if (gen_) v.push_back(gen_.get());
-    for (auto& g : more_) v.push_back(g.get());
-    return v;
-  }
-  generation* choice_of(request_id id) {
-    for (generation* g : choices())
-      if (g->rid == id) return g;
-    return nullptr;
-  }
-
-  // Choices 1..n-1, once choice 0's prompt is computed (its first token came): their prompts
-  // find its blocks in the prefix cache, so the prompt is computed once. Each samples with its
-  // own seed and has its own grammar matcher (the compiled grammar is shared).
-  void submit_more() {
-    more_submitted_ = true;
-    for (int32_t i = 1; i < gen_->req.best_of; ++i) {
-      auto g = std::make_unique<generation>();
-      g->req = gen_->req;
-      auto& sp = g->req.gen.sampling;
-      sp.seed = derived_seed(sp.seed, i);
-      if (!sp.grammar.empty()) (void)sp.set_grammar(std::string(sp.grammar));  // compiled: cached by text
-      g->stops = std::make_unique<stop_matcher>(g->req.stop);
-      g->serial = gen_->serial;
-      g->choice = i;
-      g->rid = conn_.submit(g->req.gen);
-      more_.push_back(std::move(g));
-    }
-  }
-
-  // The generation ended (status: its HTTP status; 499 when the client went away first): its
-  // log line, then it is forgotten.
-  void finish_generation(int status, std::string_view error = {}, std::string_view message = {}) {
-    if (!gen_) return;
-    server::request_log r;
-    r.id = int64_t(gen_->rid);
-    r.ref = (gen_->req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen_->serial);
-    r.message = std::string(message);
-    r.endpoint = gen_->req.chat ? "/v1/chat/completions" : "/v1/completions";
-    r.protocol = gen_->req.stream ? "sse" : "json";
-    r.status = status;
-    r.timings = gen_->timings;
-    for (generation* g : choices()) r.output_tokens += int64_t(g->tokens.size());
-    r.finish = std::string(to_string(gen_->finish_reason));
-    r.error = std::string(error);
-    server::log_request(r);
-    for (generation* g : choices())
-      if (!g->done) conn_.cancel(g->rid);  // an error ends them all
-    more_.clear();
-    gen_.reset();
-    keep_alive_.reset();
-    --srv_->in_flight;
-  }
-
-  // The pending log-probabilities in the request's API form (null when not asked), then
-  // forgotten.
-  json logprobs_json(generation& g) {
-    if (g.req.gen.sampling.logprobs < 0 || g.req.hide_logprobs) return nullptr;
-    const tokenizer& tok = srv_->pipe.get_model().tok();
-    json j = g.req.chat ? chat_logprobs_json(tok, g.logprobs) : completion_logprobs_json(tok, g.logprobs);
-    g.logprobs.clear();
-    return j;
-  }
-
-  const char* object_kind(bool chunked) const {
-    if (gen_->req.chat) return chunked ? "chat.completion.chunk" : "chat.completion";
-    return "text_completion";
-  }
-
-  json chunk_json(generation& g, const std::string& delta, const json& finish) {
-    json choice = {{"index", g.choice}, {"finish_reason", finish}};
-    if (gen_->req.chat) {
-      json d = json::object();
-      if (g.first) d["role"] = "assistant";
-      if (!delta.empty() || g.first) d["content"] = delta;
-      g.first = false;
-      choice["delta"] = d;
-    } else {
-      choice["text"] = delta;
-    }
-    choice["logprobs"] = logprobs_json(g);
-    return {{"id", (gen_->req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen_->serial)},
-            {"object", object_kind(true)},
-            {"created", unix_now()},
-            {"model", srv_->mdl.id},
-            {"choices", json::array({choice})}};
+  // What the answer asks for, in order.
+  void carry_out(std::vector<output> outputs) {
+    for (auto& o : outputs)
+      std::visit(
+          [this](auto& c) {
+            using C = std::decay_t<decltype(c)>;
+            if constexpr (std::is_same_v<C, out::submit>) {
+              answer_->submitted(c.choice, conn_.submit(std::move(c.request)));
+            } else if constexpr (std::is_same_v<C, out::cancel>) {
+              conn_.cancel(c.id);
+            } else if constexpr (std::is_same_v<C, out::open_sse>) {
+              start_sse();
+            } else if constexpr (std::is_same_v<C, out::sse>) {
+              write_raw(chunk(c.event));
+            } else if constexpr (std::is_same_v<C, out::close_sse>) {
+              write_raw("0\r\n\r\n");
+            } else if constexpr (std::is_same_v<C, out::respond>) {
+              send_json(http::status::ok, c.body);
+            } else if constexpr (std::is_same_v<C, out::refuse>) {
+              send_error(c.error, false, true);
+            } else if constexpr (std::is_same_v<C, out::finished>) {
+              // Its log line, then it is forgotten (what follows in `outputs` is written still).
+              server::log_request(c.log);
+              answer_.reset();
+              keep_alive_.reset();
+              --srv_->in_flight;
+            } else {
+              static_assert(sizeof(C) == 0, "an output without its translation");
+            }
+          },
+          o);
   }
 
  public:
   auto executor() { return stream_.get_executor(); }
+  // Takes events while the outgoing queue has room: a slow reader pauses its requests.
   void pump() {
-    if (!gen_) return;
     request_event ev;
-    while (out_bytes_ < srv_->cfg.outgoing_limit_bytes && gen_ && conn_.try_next(ev)) {
-      generation* g = choice_of(ev.id);
-      if (!g) continue;  // a request this connection gave up on
-      if (ev.kind == event_kind::error) return fail(ev);
-      if (!more_submitted_ && g == gen_.get() && (ev.kind == event_kind::token || ev.kind == event_kind::done))
-        submit_more();
-      const bool was_ended = g->ended;
-      if (ev.kind == event_kind::token && ev.logprobs && ev.token >= 0 && !was_ended) {
-        g->logprob_sum += ev.logprobs->logprob;
-        ++g->logprob_count;
-        if (!g->req.hide_logprobs) g->logprobs.push_back({ev.token, *ev.logprobs, int64_t(g->text.size())});
-      }
-      std::string shown = apply_event(conn_, *g, ev);
-      if (ev.kind == event_kind::done) g->done = true;
-      const bool all_done = more_submitted_ && std::all_of(more_.begin(), more_.end(), [](auto& c) { return c->done; }) &&
-                            gen_->done;
-      if (gen_->req.stream) {
-        if (!sse_started_ && (ev.kind == event_kind::accepted || ev.kind == event_kind::token)) {
-          start_sse();
-          if (gen_->req.echo)  // every choice starts with the prompt
-            for (int32_t i = 0; i < gen_->req.n; ++i) {
-              generation shell;
-              shell.choice = i;
-              shell.req.gen.sampling.logprobs = -1;
-              write_raw(chunk(sse(chunk_json(shell, echoed_prompt(), nullptr))));
-            }
-        }
-        // One chunk per generated token, as documented, even when its text is empty (a token
-        // that ends inside a UTF-8 character, or text a stop string holds back for now).
-        const bool new_token = ev.kind == event_kind::token && ev.token >= 0 && !was_ended;
-        // With tools the answer may be a call: held back, then sent whole at the end (its text,
-        // then its calls as tool_calls deltas). A forced call (tool_choice required or named:
-        // the grammar makes the answer one call) streams as OpenAI's do: the name once known,
-        // then the arguments as they come.
-        const bool forced = gen_->req.parse_tools && !gen_->req.gen.sampling.grammar.empty();
-        if (!gen_->req.parse_tools && (new_token || !shown.empty()))
-          write_raw(chunk(sse(chunk_json(*g, shown, nullptr))));
-        if (forced) stream_forced_call(*g, ev.kind == event_kind::done);
-        if (gen_->req.parse_tools && !forced && ev.kind != event_kind::done) stream_content_before_calls(*g);
-        if (ev.kind == event_kind::done && forced) {
-          const bool whole = g->args_at > 0 && g->finish_reason == finish_reason::stop;
-          write_raw(chunk(sse(chunk_json(*g, "", whole ? std::string("tool_calls") : std::string(to_string(g->finish_reason))))));
-        } else if (ev.kind == event_kind::done) {
-          std::string finish(to_string(g->finish_reason));
-          if (gen_->req.parse_tools) {
-            const auto answer = read_calls(*g);
-            // What was not streamed yet: the rest of the text without calls; with calls, the
-            // rest of their content (the text outside them) past what went out already.
-            std::string rest;
-            if (answer.calls.empty()) {
-              rest = g->text.substr(g->content_sent);
-            } else {
-              const std::string sent = trim_left(g->text.substr(0, g->content_sent));
-              if (answer.content.rfind(sent, 0) == 0) rest = answer.content.substr(sent.size());
-            }
-            if (!rest.empty() || (g->content_sent == 0 && answer.calls.empty()))
-              write_raw(chunk(sse(chunk_json(*g, rest, nullptr))));
-            if (!answer.calls.empty()) {
-              write_tool_calls(*g, calls_json(*g, answer, true));
-              if (g->finish_reason == finish_reason::stop) finish = "tool_calls";
-            }
-          }
-          write_raw(chunk(sse(chunk_json(*g, "", finish))));
-        }
-        if (all_done) return end_sse();
-      } else if (all_done) {
-        return respond_json();
-      }
-    }
+    while (answer_ && out_bytes_ < srv_->cfg.outgoing_limit_bytes && conn_.try_next(ev)) carry_out(answer_->on(ev));
   }
 
  private:
-  void fail(const request_event& ev) {
-    if (generation* g = choice_of(ev.id)) g->timings = ev.timings;  // for its log line
-    end_with_error(error_from(ev.code, ev.message, ev.retry_after_ms));
-  }
-
-  // The generation ends with an error: an SSE error event and [DONE] once streaming began,
-  // else the error response.
-  void end_with_error(const api_error& e) {
-    if (gen_->req.stream && sse_started_) {
-      write_raw(chunk(sse(error_body(e))));
-      write_raw(chunk("data: [DONE]\n\n"));
-      write_raw("0\r\n\r\n");
-      finish_generation(200, e.code, e.message);  // the stream had begun: its status was 200
-      return;
-    }
-    finish_generation(e.http_status, e.code, e.message);
-    send_error(e, false, true);
-  }
-
-  // echo: the prompt as text (token-id prompts decoded), ahead of the completion.
-  std::string echoed_prompt() const {
-    const generation_request& g = gen_->req.gen;
-    if (!g.prompt.empty()) return g.prompt;
-    return srv_->pipe.get_model().tok().decode(g.prompt_tokens);
-  }
-
   void start_sse() {
-    sse_started_ = true;
     std::string head = "HTTP/1.1 200 OK\r\nServer: tandem\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                        "Transfer-Encoding: chunked\r\n";
     head += req_.keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     close_after_ = !req_.keep_alive();
     write_raw(std::move(head));
-  }
-
-  // A forced call's deltas so far: the call's opening (id, type, name) once the text has its
-  // name and the start of its arguments, then the arguments' new bytes, short of the closing
-  // that may follow (`}` and, for hermes, `\n</tool_call>`) and never inside a UTF-8 character.
-  void stream_forced_call(generation& g, bool at_end) {
-    const std::string_view closing = forced_call_closing(gen_->req.tools_format);
-    if (g.args_at == 0) {
-      for (const auto& name : gen_->req.tool_names) {
-        const std::string head = forced_call_head(gen_->req.tools_format, name);
-        if (g.text.rfind(head, 0) != 0) continue;
-        g.args_at = g.args_sent = head.size();
-        write_tool_calls(g, json::array({{{"index", 0},
-                                          {"id", call_id(g, 0)},
-                                          {"type", "function"},
-                                          {"function", {{"name", name}, {"arguments", ""}}}}}));
-        break;
-      }
-      if (g.args_at == 0) return;
-    }
-    size_t end = g.text.size();
-    const bool closed = at_end && g.text.size() >= g.args_at + closing.size() &&
-                        g.text.compare(g.text.size() - closing.size(), closing.size(), closing) == 0;
-    if (closed) end -= closing.size();
-    else if (!at_end) end = end >= g.args_at + closing.size() ? end - closing.size() : g.args_at;
-    while (end > g.args_sent && (static_cast<unsigned char>(g.text[end]) & 0xC0) == 0x80 && end < g.text.size()) --end;
-    if (end <= g.args_sent) return;
-    write_tool_calls(g, json::array({{{"index", 0}, {"function", {{"arguments", g.text.substr(g.args_sent, end - g.args_sent)}}}}}));
-    g.args_sent = end;
-  }
-
-  // A streamed chunk whose delta is `calls` (OpenAI's tool_calls entries); it keeps the role
-  // when nothing came before.
-  void write_tool_calls(generation& g, json calls) {
-    json c = chunk_json(g, "", nullptr);
-    auto& d = c["choices"][0]["delta"];
-    d.erase("content");
-    d["tool_calls"] = std::move(calls);
-    write_raw(chunk(sse(c)));
-  }
-  std::string call_id(const generation& g, size_t k) const {
-    return "call_" + std::to_string(gen_->serial) + "_" + std::to_string(g.choice) + "_" + std::to_string(k);
-  }
-
-  static std::string trim_left(const std::string& s) {
-    const auto b = s.find_first_not_of(" \t\r\n");
-    return b == std::string::npos ? std::string() : s.substr(b);
-  }
-
-  // tool_choice auto: the text streams as content up to where a call may begin (hermes: a
-  // `<tool_call>`, or a tail that could become one; Llama 3: an answer that starts as a JSON
-  // object or <|python_tag|>, which is then held whole); the calls come at the end.
-  void stream_content_before_calls(generation& g) {
-    size_t limit = g.text.size();
-    if (gen_->req.tools_format == tool_format::hermes) {
-      static const std::string open = "<tool_call>";
-      if (const size_t at = g.text.find(open); at != std::string::npos) {
-        limit = at;
-      } else {
-        for (size_t k = std::min(open.size() - 1, g.text.size()); k > 0; --k)
-          if (g.text.compare(g.text.size() - k, k, open, 0, k) == 0) {
-            limit = g.text.size() - k;
-            break;
-          }
-      }
-    } else {
-      static const std::string tag = "<|python_tag|>";
-      const std::string t = trim_left(g.text);
-      const bool may_be_call = t.empty() || t[0] == '{' || t.rfind(tag, 0) == 0 || tag.rfind(t, 0) == 0;
-      if (may_be_call && g.content_sent == 0) limit = 0;
-    }
-    if (limit <= g.content_sent) return;
-    write_raw(chunk(sse(chunk_json(g, g.text.substr(g.content_sent, limit - g.content_sent), nullptr))));
-    g.content_sent = limit;
-  }
-
-  // The calls in a choice's answer (all of them, or the first with parallel_tool_calls false).
-  parsed_answer read_calls(const generation& g) const {
-    auto a = parse_tool_calls(gen_->req.tools_format, g.text, gen_->req.tool_names);
-    if (!gen_->req.parallel_tools && a.calls.size() > 1) a.calls.resize(1);
-    return a;
-  }
-  // OpenAI's tool_calls list (streamed: each with its index).
-  json calls_json(const generation& g, const parsed_answer& a, bool streamed) const {
-    json list = json::array();
-    for (size_t k = 0; k < a.calls.size(); ++k) {
-      json c = {{"id", call_id(g, k)},
-                {"type", "function"},
-                {"function", {{"name", a.calls[k].name}, {"arguments", a.calls[k].arguments}}}};
-      if (streamed) c["index"] = int(k);
-      list.push_back(std::move(c));
-    }
-    return list;
-  }
-
-  // The request's usage, as OpenAI counts it for n choices: the prompt once, every choice's
-  // completion tokens.
-  json usage_all() {
-    json u = usage_json(gen_->timings);
-    int64_t completion = 0;
-    for (generation* g : choices()) completion += int64_t(g->timings.output_tokens);
-    u["completion_tokens"] = completion;
-    u["total_tokens"] = int64_t(gen_->timings.prompt_tokens) + completion;
-    return u;
-  }
-
-  void end_sse() {
-    if (gen_->req.include_usage) {
-      json u = chunk_json(*gen_, "", nullptr);
-      u["choices"] = json::array();
-      u["usage"] = usage_all();
-      u["tandem"] = timings_json(gen_->timings);
-      write_raw(chunk(sse(u)));
-    }
-    write_raw(chunk("data: [DONE]\n\n"));
-    write_raw("0\r\n\r\n");
-    finish_generation(200);
-  }
-
-  void respond_json() {
-    // best_of: the n choices with the highest mean log-probability per token (ties: the lower
-    // choice), renumbered 0..n-1.
-    std::vector<generation*> shown = choices();
-    if (gen_->req.best_of > gen_->req.n) {
-      auto mean = [](const generation* g) {
-        return g->logprob_count ? g->logprob_sum / g->logprob_count : -std::numeric_limits<double>::infinity();
-      };
-      std::stable_sort(shown.begin(), shown.end(), [&](auto* a, auto* b) { return mean(a) > mean(b); });
-      shown.resize(size_t(gen_->req.n));
-    }
-    json list = json::array();
-    for (size_t i = 0; i < shown.size(); ++i) {
-      generation* g = shown[i];
-      json choice = {{"index", int(i)}, {"finish_reason", std::string(to_string(g->finish_reason))}};
-      if (gen_->req.chat) choice["message"] = {{"role", "assistant"}, {"content", g->text}};
-      if (gen_->req.chat && gen_->req.parse_tools) {
-        const auto answer = read_calls(*g);
-        if (!answer.calls.empty()) {
-          choice["message"]["content"] = answer.content.empty() ? json() : json(answer.content);
-          choice["message"]["tool_calls"] = calls_json(*g, answer, false);
-          if (g->finish_reason == finish_reason::stop) choice["finish_reason"] = "tool_calls";
-        }
-      }
-      else choice["text"] = gen_->req.echo ? echoed_prompt() + g->text : g->text;
-      choice["logprobs"] = logprobs_json(*g);
-      if (gen_->req.return_token_ids) {  // where vLLM puts them: the prompt's per choice on completions
-        choice["token_ids"] = g->tokens;
-        if (!gen_->req.chat) choice["prompt_token_ids"] = gen_->req.gen.prompt_tokens;
-      }
-      list.push_back(std::move(choice));
-    }
-    json j = {{"id", (gen_->req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen_->serial)},
-              {"object", object_kind(false)},
-              {"created", unix_now()},
-              {"model", srv_->mdl.id},
-              {"choices", list},
-              {"usage", usage_all()},
-              {"tandem", timings_json(gen_->timings)}};
-    if (gen_->req.return_token_ids && gen_->req.chat) j["prompt_token_ids"] = gen_->req.gen.prompt_tokens;
-    finish_generation(200);
-    send_json(http::status::ok, j);
   }
 
   // Raw bytes in order, one write at a time; when the queue drains, either the next request
@@ -998,7 +607,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   void write_next() {
     if (out_.empty()) {
       set_writing(false);
-      if (gen_) return pump();
+      if (answer_) return pump();
       if (close_after_) return close();
       if (feed_timer_) return;  // the feed writes on its timer
       return read();
@@ -1030,7 +639,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
       close_after_ = true;
       return;
     }
-    if (out_bytes_ < 64 * 1024) write_raw(chunk(sse(state_json(*srv_))));
+    if (out_bytes_ < 64 * 1024) write_raw(chunk(sse_event(state_json(*srv_))));
     feed_timer_->expires_after(std::chrono::seconds(1));
     feed_timer_->async_wait([self = shared_from_this()](beast::error_code ec) {
       if (!ec && self->stream_.socket().is_open()) self->feed_tick();
@@ -1039,6 +648,15 @@ class http_session : public std::enable_shared_from_this<http_session> {
 };
 
 // ---------------------------------------------------------------- WebSocket session
+
+// One request of a WebSocket: its text as a generation (openai_stream.h), its token frames
+// numbered from 0.
+struct ws_request {
+  api_request req;
+  request_id rid = 0;
+  generation gen;
+  int32_t index = 0;  // tokens sent so far
+};
 
 class ws_session : public std::enable_shared_from_this<ws_session> {
  public:
@@ -1059,7 +677,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
   impl_ptr srv_;
   beast::flat_buffer buf_;
   connection conn_;  // its actor subscribes to every request of this WebSocket
-  std::map<std::string, std::unique_ptr<generation>> gens_;  // by client id
+  std::map<std::string, std::unique_ptr<ws_request>> gens_;  // by client id
   std::unordered_map<request_id, std::string> keys_;         // client id by request id
   std::deque<std::string> out_;
   size_t out_bytes_ = 0;
@@ -1124,7 +742,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
                          {"message", "unknown frame type '" + type + "' (generate, cancel)"}});
     if (srv_->draining)
       return reject({{"type", "error"}, {"id", id}, {"code", "shutting_down"}, {"message", "the server is shutting down"}});
-    auto g = std::make_unique<generation>();
+    auto g = std::make_unique<ws_request>();
     if (auto err = parse_ws_generate(f, srv_->mdl, g->req, text))
       return reject({{"type", "error"}, {"id", id}, {"code", err->code}, {"message", err->message}});
     if (gens_.count(g->req.client_id))
@@ -1133,17 +751,15 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
       return reject({{"type", "error"}, {"id", id}, {"code", "overloaded"},
                          {"message", "too many requests in flight on this connection (limit " +
                                          std::to_string(srv_->cfg.max_requests_per_connection) + ")"}});
-    g->stops = std::make_unique<stop_matcher>(g->req.stop);
+    g->gen = generation(g->req.stop);
     ++srv_->in_flight;
-    generation* raw = g.get();
+    ws_request* raw = g.get();
     const std::string key = g->req.client_id;
     gens_.emplace(key, std::move(g));
     raw->rid = conn_.submit(raw->req.gen);
     keys_.emplace(raw->rid, key);
     pump();
   }
-
-  json id_of(const generation& g) const { return g.req.client_id; }
 
  public:
   auto executor() { return ws_.get_executor(); }
@@ -1156,12 +772,12 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
       const auto k = keys_.find(ev.id);
       if (k == keys_.end()) continue;
       const std::string key = k->second;
-      generation& g = *gens_.at(key);
+      ws_request& g = *gens_.at(key);
       if (ev.kind == event_kind::error) {
         json e = {{"type", "error"}, {"id", key}, {"code", std::string(to_string(ev.code))}, {"message", ev.message}};
         if (ev.retry_after_ms > 0) e["retry_after_ms"] = ev.retry_after_ms;
         send_frame(e);
-        g.timings = ev.timings;
+        g.gen.timings = ev.timings;
         end(key, error_from(ev.code, ev.message, 0).http_status, to_string(ev.code), ev.message);
         continue;
       }
@@ -1169,9 +785,10 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
         send_frame({{"type", "accepted"}, {"id", key}, {"queue_position", ev.queue_position}});
         continue;
       }
-      const bool was_ended = g.ended;
-      std::string shown = apply_event(conn_, g, ev);
-      if (ev.kind == event_kind::token && !was_ended && (!shown.empty() || !g.ended)) {
+      const bool was_ended = g.gen.ended;
+      const auto [shown, stopped] = g.gen.apply(ev);
+      if (stopped) conn_.cancel(g.rid);
+      if (ev.kind == event_kind::token && !was_ended && (!shown.empty() || !g.gen.ended)) {
         json f = {{"type", "token"}, {"id", key}, {"index", g.index++}, {"text", shown}, {"token", ev.token}};
         if (ev.logprobs) add_ws_logprobs(f, srv_->pipe.get_model().tok(), *ev.logprobs);
         send_frame(f);
@@ -1180,9 +797,9 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
         if (!shown.empty()) send_frame({{"type", "token"}, {"id", key}, {"index", g.index++}, {"text", shown}, {"token", -1}});
         send_frame({{"type", "done"},
                     {"id", key},
-                    {"finish_reason", std::string(to_string(g.finish_reason))},
-                    {"usage", usage_json(g.timings)},
-                    {"timings", timings_json(g.timings)}});
+                    {"finish_reason", std::string(to_string(g.gen.finish_reason))},
+                    {"usage", usage_json(g.gen.timings)},
+                    {"timings", timings_json(g.gen.timings)}});
         end(key, 200);
       }
     }
@@ -1210,7 +827,8 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     send_frame(e);
   }
 
-  void log_end(const std::string& key, const generation& g, int status, std::string_view error, std::string_view message) {
+  void log_end(const std::string& key, const ws_request& g, int status, std::string_view error,
+               std::string_view message) {
     server::request_log r;
     r.id = int64_t(g.rid);
     r.ref = key;
@@ -1218,9 +836,9 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     r.endpoint = "/ws";
     r.protocol = "ws";
     r.status = status;
-    r.timings = g.timings;
-    r.output_tokens = int64_t(g.tokens.size());
-    r.finish = std::string(to_string(g.finish_reason));
+    r.timings = g.gen.timings;
+    r.output_tokens = int64_t(g.gen.tokens.size());
+    r.finish = std::string(to_string(g.gen.finish_reason));
     r.error = std::string(error);
     server::log_request(r);
   }
