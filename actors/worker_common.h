@@ -10,6 +10,7 @@
 #include "runtime/fault_injection.h"
 #include "runtime/kinds.h"
 #include "runtime/serving_config.h"
+#include "runtime/scheduler/sequence.h"
 #include "runtime/scheduler/worker_core.h"
 #include "runtime/engine/step.h"
 
@@ -288,20 +289,6 @@ bool fetch_from_store(Self self, const worker_options& o, std::vector<block_key>
   return true;
 }
 
-// Counts prompt tokens computed, served from a cache (hits) and looked up in one, and sets
-// tandem_prefix_cache_hit_ratio (hits / lookups, all workers, since start: the counters' ratio
-// as a gauge for dashboards without PromQL).
-inline void count_prefix_use(metrics::registry& m, double computed, double hits, double lookups) {
-  m.get_counter("tandem_prompt_tokens_computed_total", "Prompt tokens run through the model (cached prefixes are not).")
-      .inc(computed);
-  auto& h = m.get_counter("tandem_prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix cache.");
-  auto& l = m.get_counter("tandem_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.");
-  h.inc(hits);
-  l.inc(lookups);
-  m.get_gauge("tandem_prefix_cache_hit_ratio", "Prompt tokens served from a prefix cache / prompt tokens looked up, since start")
-      .set(l.value() > 0 ? h.value() / l.value() : 0.0);
-}
-
 using sched::prompt_reuse;  // what a prompt has of the prefix cache and the host store
 
 // On arrival, what a prompt will reuse of blocks other prompts here are computing: its load
@@ -367,7 +354,7 @@ inline void record_prefix_cache(const worker_options& o, const engine& eng,
     return;
   }
   const prefix_cache_stats now = eng.prefix_stats();
-  count_prefix_use(m, double(computed_prompt_tokens), double(now.hit_tokens - last.hit_tokens),
+  sched::count_prefix_use(m, double(computed_prompt_tokens), double(now.hit_tokens - last.hit_tokens),
                    double(now.lookup_tokens - last.lookup_tokens));
   m.get_counter("tandem_prefix_cache_published_blocks_total", "KV blocks named in a worker's prefix cache.")
       .inc(double(now.published_blocks - last.published_blocks));

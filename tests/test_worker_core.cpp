@@ -1,8 +1,15 @@
-// The worker core without actors: the stop rule per sampled token, and a sequence table driven
-// through the steps the prefill, decode and colocated workers run (events in -> state out).
+// The worker cores without actors: the stop rule per sampled token; a sequence table driven
+// through the steps the prefill and colocated workers run (events in -> state out); and the
+// decode worker's state machine as tables of (event in -> commands out, phases after), one per
+// lifecycle and recovery path the kill, fault and chaos tests exercise end to end.
 #include <gtest/gtest.h>
 
+#include <deque>
+#include <optional>
+#include <sstream>
+
 #include "runtime/scheduler/worker_core.h"
+#include "tests/support/trace_table.h"
 
 namespace tandem::sched {
 namespace {
@@ -149,6 +156,326 @@ TEST(WorkerCore, WaitingLoadCountsExpectedReuse) {
   t.add(spec(2, 40));
   EXPECT_EQ(t.waiting().size(), 2u);
   EXPECT_EQ(t.size(), 2u);
+}
+
+
+// ---- the decode worker's core ----
+
+namespace wk = worker;
+constexpr token_id eos = 2;
+
+// Commands as short text, so that a table reads as a trace.
+std::string show(const wk::command& c) {
+  std::ostringstream o;
+  std::visit(
+      [&](const auto& x) {
+        using C = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<C, wk::cmd::answer>) o << "answer #" << x.ticket << " " << x.outcome.to_string();
+        else if constexpr (std::is_same_v<C, wk::cmd::ask_store>) o << "store? #" << x.ticket << " " << x.keys.size();
+        else if constexpr (std::is_same_v<C, wk::cmd::start_step>) {
+          o << "step";
+          for (auto s : x.work.frees) o << " -s" << s;
+          for (const auto& im : x.work.imports) {
+            o << " +r" << im.id << "@" << im.index;
+            if (!im.feed.empty()) o << " feed " << im.feed.size();
+          }
+          for (const auto& d : x.work.decodes) o << " r" << d.id << "@" << d.index;
+        } else if constexpr (std::is_same_v<C, wk::cmd::token>) o << "token r" << x.id << " #" << x.index << " " << x.tok;
+        else if constexpr (std::is_same_v<C, wk::cmd::done>) o << "done r" << x.id << " " << to_string(x.reason);
+        else if constexpr (std::is_same_v<C, wk::cmd::fail>) o << "fail r" << x.id << " " << to_string(x.code);
+        else if constexpr (std::is_same_v<C, wk::cmd::tell_request>)
+          o << "request r" << x.id << " " << to_string(x.state) << " " << x.cached_tokens;
+        else if constexpr (std::is_same_v<C, wk::cmd::tell_router>) o << "router r" << x.id << " " << to_string(x.state);
+        else if constexpr (std::is_same_v<C, wk::cmd::publish>) o << "publish s" << x.seq << " from " << x.from_block;
+        else if constexpr (std::is_same_v<C, wk::cmd::report_load>) o << "load";
+        else if constexpr (std::is_same_v<C, wk::cmd::forget>) o << "forget r" << x.id;
+        else static_assert(sizeof(C) == 0, "a command without a rendering");
+      },
+      c);
+  return o.str();
+}
+
+// n KV blocks tagged as request `id`'s, of prefill attempt `epoch` (n = 0: a streamed set's
+// closing message).
+kv_blocks_ptr blocks(request_id id, uint32_t epoch, int n) {
+  auto v = std::make_shared<std::vector<kv_block_export>>(size_t(n));
+  for (auto& b : *v) {
+    b.request = id;
+    b.epoch = epoch;
+  }
+  return v;
+}
+
+request_spec attempt(request_id id, int32_t prompt_tokens, uint32_t epoch = 1) {
+  auto s = spec(id, prompt_tokens);
+  s.epoch = epoch;
+  return s;
+}
+
+using trow = testing::trace_row<wk::event, wk::phase>;
+
+class DecodeCore : public ::testing::Test {
+ protected:
+  void make(int32_t total_blocks = 64, int32_t max_batch = 4, double local_prefill_ms = 0) {
+    wk::config c;
+    c.n_ctx = 256;
+    c.block_size = 16;
+    c.total_blocks = total_blocks;
+    c.max_batch = max_batch;
+    c.prefix_salt = 7;
+    c.store = true;
+    c.local_prefill_target_ms = local_prefill_ms;
+    c.prefill_token_budget = 256;
+    c.ends_generation = [](const request_spec&, token_id t) { return t == eos; };
+    c.faults = faults;
+    c.metrics = &metrics;
+    core = std::make_unique<worker_core>(c);
+  }
+  // A step's result: imports (id, engine sequence, outcome), then tokens (id, token).
+  wk::ev::step_returned returned(std::vector<step_result::imported> imports,
+                                 std::vector<std::pair<request_id, token_id>> tokens, status error = {}) {
+    auto& r = *results.emplace_back(std::make_unique<step_result>());
+    r.error = std::move(error);
+    r.imports = std::move(imports);
+    for (auto [id, t] : tokens) r.tokens.push_back({id, t, 0, nullptr});
+    r.batch_tokens = int32_t(r.tokens.size());
+    r.ms = 5;
+    return {&r};
+  }
+  void run(const std::vector<trow>& rows) { testing::run_trace(*core, rows, [](const wk::command& c) { return show(c); }); }
+  double counter(const std::string& name) { return testing::counter_total(metrics, name); }
+
+  std::shared_ptr<fault_injector> faults = std::make_shared<fault_injector>();
+  metrics::registry metrics;
+  std::deque<std::unique_ptr<step_result>> results;
+  std::unique_ptr<worker_core> core;
+};
+
+constexpr auto reserved_ = wk::phase::reserved;
+constexpr auto fetching_ = wk::phase::fetching;
+constexpr auto arriving_ = wk::phase::arriving;
+constexpr auto importing_ = wk::phase::importing;
+constexpr auto decoding_ = wk::phase::decoding;
+constexpr std::nullopt_t gone = std::nullopt;
+
+// Streamed while it prefilled, closed by the transfer with token 0, imported, decoded to its
+// stop token; its blocks go to the store and are freed at the next step.
+TEST_F(DecodeCore, StreamedRequestLifecycle) {
+  make();
+  run({
+      {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}, {{1, reserved_}}},
+      {wk::ev::kv_piece{1, 1, blocks(1, 1, 2)}, {}, {{1, reserved_}}},
+      {wk::ev::transfer{2, attempt(1, 40), blocks(1, 1, 0), {42}}, {}, {{1, arriving_}}},
+      {wk::ev::plan{}, {"step +r1@1"}, {{1, importing_}}},
+      {returned({{1, 5, {}}}, {{1, 43}}),
+       {"answer #2 ok", "request r1 decoding 0", "router r1 decoding", "token r1 #1 43"},
+       {{1, decoding_}}},
+      {wk::ev::plan{}, {"step r1@2"}},
+      {wk::ev::plan{}, {}},  // one step at a time
+      {returned({}, {{1, eos}}), {"done r1 stop", "publish s5 from 2", "forget r1"}, {{1, gone}}},
+      {wk::ev::plan{}, {"step -s5"}},
+  });
+  EXPECT_EQ(core->ledger().free_blocks(), 64);
+}
+
+// Refusals say why (the router tells a refusal from no answer by the code), and only a
+// reservation that was taken or refused for credits sends a fresh load report.
+TEST_F(DecodeCore, ReservationsAreRefusedWithWhy) {
+  make(8, 2);
+  run({
+      {wk::ev::reserve{1, 1, 64}, {"load", "answer #1 ok"}, {{1, reserved_}}},
+      {wk::ev::reserve{2, 2, 80}, {"load", "answer #2 refused: not enough free KV blocks: 5 needed, 4 free"}, {{2, gone}}},
+      {wk::ev::reserve{3, 3, 16}, {"load", "answer #3 ok"}},
+      {wk::ev::reserve{4, 4, 16}, {"answer #4 refused: the decode batch is full (2 sequences)"}, {{4, gone}}},
+      {wk::ev::reserve{5, 1, 64}, {"load", "answer #5 ok"}},  // held already: a redelivery
+  });
+  faults->arm(fault_kind::fail_alloc, 1);  // chaos fail_alloc: as if the pool were full
+  run({
+      {wk::ev::reserve{6, 3, 16}, {"load", "answer #6 refused: fault injected: fail_alloc"}},
+      {wk::ev::reserve{7, 3, 16}, {"load", "answer #7 ok"}},
+  });
+}
+
+// A transfer is checked before it waits for a step: its reservation (gone when the router
+// cancelled or moved the request on), its parts, and that every block is this attempt's.
+TEST_F(DecodeCore, TransfersOfNoReservationOrAnotherAttemptAreRefused) {
+  make();
+  run({
+      {wk::ev::transfer{1, attempt(1, 40), blocks(1, 1, 3), {42}},
+       {"answer #1 refused: no reservation for request 1 (cancelled, or moved on)"},
+       {{1, gone}}},
+      {wk::ev::reserve{2, 1, 48}, {"load", "answer #2 ok"}},
+      {wk::ev::transfer{3, attempt(1, 40), nullptr, {42}},
+       {"answer #3 invalid_argument: an arrival needs its KV and its first token"},
+       {{1, reserved_}}},
+      {wk::ev::transfer{4, attempt(1, 40, 2), blocks(1, 1, 3), {42}},
+       {"answer #4 incompatible_kv: KV blocks of another request or prefill attempt"},
+       {{1, reserved_}}},
+      {wk::ev::transfer{5, attempt(1, 40), blocks(2, 1, 3), {42}},
+       {"answer #5 incompatible_kv: KV blocks of another request or prefill attempt"},
+       {{1, reserved_}}},
+      {wk::ev::transfer{6, attempt(1, 40), blocks(1, 1, 3), {42}}, {}, {{1, arriving_}}},
+  });
+}
+
+// Chaos drop_kv and corrupt_kv: an incomplete or corrupted set is refused at import; the
+// reservation stays, and the prefill side's retry (the whole set again) imports.
+TEST_F(DecodeCore, RefusedImportKeepsTheReservationForTheRetry) {
+  make();
+  run({
+      {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
+      {wk::ev::transfer{2, attempt(1, 40), blocks(1, 1, 3), {42}}, {}, {{1, arriving_}}},
+      {wk::ev::plan{}, {"step +r1@1"}},
+      {returned({}, {}), {"answer #2 incompatible_kv: the KV block set of request 1 was incomplete"}, {{1, reserved_}}},
+      {wk::ev::transfer{3, attempt(1, 40), blocks(1, 1, 3), {42}}, {}, {{1, arriving_}}},
+      {wk::ev::plan{}, {"step +r1@1"}},
+      {returned({{1, 0, {errc::checksum_mismatch, "block 2"}}}, {}), {"answer #3 checksum_mismatch: block 2"},
+       {{1, reserved_}}},
+      {wk::ev::transfer{4, attempt(1, 40), blocks(1, 1, 3), {42}}, {}, {{1, arriving_}}},
+      {wk::ev::plan{}, {"step +r1@1"}},
+      {returned({{1, 6, {}}}, {{1, 50}}),
+       {"answer #4 ok", "request r1 decoding 0", "router r1 decoding", "token r1 #1 50"},
+       {{1, decoding_}}},
+  });
+  EXPECT_EQ(counter("tandem_kv_imports_refused_total"), 2);
+}
+
+// A second try of a transfer (its first link died, the router shipped it again) while the first
+// waits or imports gets the first's outcome; one after the import is answered at once.
+TEST_F(DecodeCore, DuplicateTriesGetTheFirstTrysOutcome) {
+  make();
+  run({
+      {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
+      {wk::ev::transfer{2, attempt(1, 40), blocks(1, 1, 3), {42}}, {}, {{1, arriving_}}},
+      {wk::ev::transfer{3, attempt(1, 40), blocks(1, 1, 3), {42}}, {}, {{1, arriving_}}},
+      {wk::ev::plan{}, {"step +r1@1"}},
+      {wk::ev::transfer{4, attempt(1, 40), blocks(1, 1, 3), {42}}, {}, {{1, importing_}}},
+      {returned({{1, 5, {}}}, {{1, 50}}),
+       {"answer #2 ok", "answer #3 ok", "answer #4 ok", "request r1 decoding 0", "router r1 decoding",
+        "token r1 #1 50"}},
+      {wk::ev::transfer{5, attempt(1, 40), blocks(1, 1, 3), {42}}, {"answer #5 ok"}, {{1, decoding_}}},
+  });
+}
+
+// Streamed pieces are staged by prefill attempt: an older attempt's are dropped, a newer one's
+// replace them; the closing message completes them, a whole set supersedes them.
+TEST_F(DecodeCore, StreamedPiecesAreStagedByAttempt) {
+  make();
+  run({
+      {wk::ev::kv_piece{9, 1, blocks(9, 1, 1)}, {}, {{9, gone}}},  // no reservation: stale
+      {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
+      {wk::ev::kv_piece{1, 2, blocks(1, 2, 1)}, {}},
+      {wk::ev::kv_piece{1, 1, blocks(1, 1, 1)}, {}},  // from the attempt that died
+      {wk::ev::kv_piece{1, 3, blocks(1, 3, 2)}, {}},
+      {wk::ev::kv_piece{1, 3, blocks(1, 3, 1)}, {}},
+      {wk::ev::transfer{2, attempt(1, 40, 3), blocks(1, 3, 0), {42}}, {}, {{1, arriving_}}},
+      {wk::ev::reserve{3, 2, 48}, {"load", "answer #3 ok"}},
+      {wk::ev::kv_piece{2, 1, blocks(2, 1, 2)}, {}},
+      {wk::ev::transfer{4, attempt(2, 40), blocks(2, 1, 3), {42}}, {}, {{2, arriving_}}},
+  });
+  EXPECT_EQ(std::get<wk::arriving>(core->find(1)->where).kv.size(), 3u);  // two pieces and the close
+  EXPECT_EQ(std::get<wk::arriving>(core->find(2)->where).kv.size(), 1u);  // the whole set alone
+}
+
+// Cancellation in every phase frees everything: credits at once, or the engine's sequence at
+// the next step (a cancelled import is not announced as decoding: the router moved it on).
+TEST_F(DecodeCore, CancellationInEveryPhase) {
+  make();
+  run({
+      {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
+      {wk::ev::cancel{1}, {"forget r1", "load"}, {{1, gone}}},
+      {wk::ev::cancel{1}, {"load"}},  // unknown: nothing to do
+      {wk::ev::reserve{2, 2, 48}, {"load", "answer #2 ok"}},
+      {wk::ev::transfer{3, attempt(2, 40), blocks(2, 1, 3), {42}}, {}},
+      {wk::ev::cancel{2}, {"answer #3 refused: request 2 was cancelled while its KV arrived", "forget r2", "load"},
+       {{2, gone}}},
+      {wk::ev::reserve{4, 3, 48}, {"load", "answer #4 ok"}},
+      {wk::ev::transfer{5, attempt(3, 40), blocks(3, 1, 3), {42}}, {}},
+      {wk::ev::plan{}, {"step +r3@1"}},
+      {wk::ev::cancel{3}, {"load"}, {{3, importing_}}},
+      {returned({{3, 7, {}}}, {{3, 50}}), {"answer #5 ok", "publish s7 from 2", "forget r3"}, {{3, gone}}},
+      {wk::ev::reserve{6, 4, 48}, {"load", "answer #6 ok"}},
+      {wk::ev::transfer{7, attempt(4, 40), blocks(4, 1, 3), {42}}, {}},
+      {wk::ev::plan{}, {"step -s7 +r4@1"}},
+      {returned({{4, 8, {}}}, {{4, 50}}), {"answer #7 ok", "request r4 decoding 0", "router r4 decoding", "token r4 #1 50"}},
+      {wk::ev::pause{4, true}, {}},
+      {wk::ev::plan{}, {}},  // paused: skipped
+      {wk::ev::cancel{4}, {"publish s8 from 2", "forget r4", "load"}, {{4, gone}}},
+      {wk::ev::reserve{8, 5, 48}, {"load", "answer #8 ok"}},
+      {wk::ev::transfer{9, attempt(5, 40), blocks(5, 1, 3), {42}}, {}},
+      {wk::ev::plan{}, {"step -s8 +r5@1"}},
+      {returned({{5, 9, {}}}, {{5, 50}}), {"answer #9 ok", "request r5 decoding 0", "router r5 decoding", "token r5 #1 50"}},
+      {wk::ev::plan{}, {"step r5@2"}},
+      {wk::ev::cancel{5}, {"load"}, {{5, decoding_}}},  // in the step: dropped when it returns
+      {returned({}, {{5, 51}}), {"publish s9 from 2", "forget r5"}, {{5, gone}}},
+      {wk::ev::plan{}, {"step -s9"}},
+  });
+  EXPECT_EQ(core->ledger().free_blocks(), 64);
+  EXPECT_EQ(core->holding(), 0);
+}
+
+// A step that fails (credits make it unreachable in normal operation) ends its requests clearly.
+TEST_F(DecodeCore, FailedStepEndsItsRequests) {
+  make();
+  run({
+      {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
+      {wk::ev::transfer{2, attempt(1, 40), blocks(1, 1, 3), {42}}, {}},
+      {wk::ev::plan{}, {"step +r1@1"}},
+      {returned({{1, 5, {}}}, {{1, 50}}), {"answer #2 ok", "request r1 decoding 0", "router r1 decoding", "token r1 #1 50"}},
+      {wk::ev::plan{}, {"step r1@2"}},
+      {returned({}, {}, {errc::out_of_kv_blocks, "no room"}), {"fail r1 out_of_kv_blocks", "publish s5 from 2", "forget r1"},
+       {{1, gone}}},
+  });
+}
+
+// Straight from the store: the store's blocks and the prompt's tail (at most two blocks, or
+// what the slack allows) are computed here; too little in the store is refused (the router
+// prefills it); a fetch cancelled while the store is asked is refused when the answer comes.
+TEST_F(DecodeCore, PromptsStraightFromTheStore) {
+  make();
+  run({
+      {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
+      {wk::ev::fetch{2, attempt(1, 40)}, {"store? #2 2"}, {{1, fetching_}}},
+      {wk::ev::store_answer{2, blocks(0, 0, 2)}, {"request r1 prefilling 32"}, {{1, arriving_}}},
+      {wk::ev::fetch{3, attempt(1, 40)}, {"answer #3 ok"}},  // here already
+      {wk::ev::plan{}, {"step +r1@0 feed 8"}},
+      {returned({{1, 4, {}}}, {{1, 60}}), {"answer #2 ok", "request r1 decoding 0", "router r1 decoding", "token r1 #0 60"},
+       {{1, decoding_}}},
+      {wk::ev::reserve{4, 2, 96}, {"load", "answer #4 ok"}},
+      {wk::ev::fetch{5, attempt(2, 80)}, {"store? #5 4"}},
+      {wk::ev::fetch{6, attempt(2, 80)}, {}},  // asked already: answered alike
+      {wk::ev::store_answer{5, blocks(0, 0, 1)},
+       {"answer #5 refused: the store holds 1 of the prompt's 4 blocks; 64 tokens are more than this worker computes now (32)",
+        "answer #6 refused: the store holds 1 of the prompt's 4 blocks; 64 tokens are more than this worker computes now (32)"},
+       {{2, reserved_}}},
+      {wk::ev::fetch{7, attempt(3, 40)}, {"answer #7 refused: no reservation for request 3"}, {{3, gone}}},
+      {wk::ev::reserve{8, 4, 48}, {"load", "answer #8 ok"}},
+      {wk::ev::fetch{9, attempt(4, 1)}, {"answer #9 invalid_argument: a fetched prompt has two tokens or more"}},
+      {wk::ev::fetch{10, attempt(4, 40)}, {"store? #10 2"}},
+      {wk::ev::cancel{4}, {"forget r4", "load"}},
+      {wk::ev::store_answer{10, blocks(0, 0, 2)}, {"answer #10 refused: request 4 was cancelled while the store was asked"}},
+      {wk::ev::store_answer{10, blocks(0, 0, 2)}, {}},  // answered once
+  });
+  EXPECT_EQ(counter("tandem_prefix_cache_hit_tokens_total"), 32);
+  EXPECT_EQ(counter("tandem_prompt_tokens_computed_total"), 8);
+}
+
+// Auto mode: the prompt tokens it may compute are its slack over its fitted cost (two blocks
+// before it has measured any), and after computing a prompt it reports afresh.
+TEST_F(DecodeCore, AutoModeReportsAfterComputingAPrompt) {
+  make(64, 4, 40);
+  EXPECT_EQ(core->load(0).local_prefill_tokens, 32);
+  run({
+      {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
+      {wk::ev::fetch{2, attempt(1, 40)}, {"store? #2 2"}},
+      {wk::ev::store_answer{2, nullptr}, {"answer #2 refused: the store holds 0 of the prompt's 2 blocks; 40 tokens are "
+                                          "more than this worker computes now (32)"}},
+      {wk::ev::fetch{3, attempt(1, 40)}, {"store? #3 2"}},
+      {wk::ev::store_answer{3, blocks(0, 0, 1)}, {"request r1 prefilling 16"}},
+      {wk::ev::plan{}, {"step +r1@0 feed 24"}},
+      {returned({{1, 4, {}}}, {{1, 60}}),
+       {"answer #3 ok", "request r1 decoding 0", "router r1 decoding", "token r1 #0 60", "load"}},
+  });
 }
 
 }  // namespace

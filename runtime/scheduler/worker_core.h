@@ -1,195 +1,205 @@
 #pragma once
-// The worker core: what the prefill, decode and colocated workers share of the requests they
-// run, as plain data and functions with no actors in them. A worker actor keeps its engine,
-// its request handles and its transfers; which requests it holds, in what order their prompts
-// came, what the next step computes of each, what a step's result does to them and when one
-// ends (the one stop rule) are here, table-tested in tests/test_worker_core.cpp.
+// A decode worker's requests as a plain state machine: events in, commands out, no actor in
+// sight (shaped like router_core). actors/decode_worker.cpp translates messages into events
+// and commands into messages, replies and steps; everything it decides about a request is
+// decided here, so every recovery path is a table in tests/test_worker_core.cpp.
+//
+// A request is in one phase at a time, with that phase's data in its alternative of
+// `phase_data`:
+//   reserved   its KV credits are held here; streamed pieces of its KV are staged
+//   fetching   sent straight here (its prompt is in the host store): the store is asked
+//   arriving   its KV (or the store's blocks and the prompt's tail) waits for the next step
+//   importing  the step in flight imports it and samples its next token
+//   decoding   in the batch: one token per step until the stop rule ends it
+// A transfer that arrives while the same request is arriving or importing (a retry after its
+// first link died) is a duplicate try: it gets the first try's outcome. Every try that wants an
+// answer comes with a ticket (the actor's, naming its reply), and `cmd::answer` names it.
 #include <cstdint>
-#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
 #include <vector>
 
-#include "runtime/scheduler/policy.h"
+#include "runtime/errors.h"
+#include "runtime/fault_injection.h"
 #include "runtime/kv/prefix_cache.h"
+#include "runtime/metrics.h"
 #include "runtime/request_types.h"
+#include "runtime/scheduler/policy.h"
+#include "runtime/scheduler/sequence.h"
+#include "runtime/scheduler/step_cost.h"
 #include "runtime/engine/step.h"
 
 namespace tandem::sched {
 
-// What a prompt has of the prefix cache and the host store (prefill and colocated workers).
-struct prompt_reuse {
-  // The host store is asked once before the prompt starts: 0 not asked, 1 asking, 2 answered
-  // (or nothing to ask). What came is cached when the engine is idle.
-  int8_t fetch = 0;
-  kv_blocks_ptr fetched;
-  std::vector<block_key> fetched_keys;
-  int32_t reused = 0;          // prompt tokens it started with from the cache
-  int32_t expected_reuse = 0;  // while it waits for other prompts' blocks: what it will find
+namespace worker {
+
+enum class phase : uint8_t { reserved, fetching, arriving, importing, decoding };
+std::string_view to_string(phase p);
+
+// Streamed pieces of one prefill attempt (epoch); an older attempt's pieces are dropped.
+struct staged_kv {
+  uint32_t epoch = 0;
+  std::vector<kv_blocks_ptr> pieces;
 };
 
-// One request a worker runs.
-struct sequence {
-  request_spec spec;
-  seq_id seq = 0;                // 0: its engine sequence is not created yet
-  int32_t prefilled = 0;         // prompt tokens in the cache
-  int32_t planned = 0;           // prompt tokens in the step in flight
-  int32_t generated = 0;         // output tokens sent (a migrated request starts at spec.resumed)
-  std::vector<token_id> output;  // those tokens, kept only when spec.sampling.needs_output()
-  prompt_ptr penalty_prompt;     // the prompt, shared by its steps, when spec.sampling.repeats()
-  token_id last = 0;             // the last token sent: the next decode step's input
-  bool decoding = false;         // past its prompt
+struct reserved {
+  staged_kv staged;
+};
+struct fetching {
+  uint64_t asked = 0;            // the store ask (its answer names this ticket)
+  std::vector<uint64_t> tickets;  // the fetch, and any repeat of it: answered alike
+};
+// What an import needs: the KV (pieces, then the closing transfer's blocks) and the tokens so
+// far, or (sent straight here) the store's blocks and the prompt's tail to compute after them.
+struct arrival {
+  std::vector<kv_blocks_ptr> kv;
+  std::vector<token_id> generated;  // from prefill: every token so far (the last is fed next)
+  std::vector<token_id> feed;       // from the store: the prompt's tokens past kv_tokens
+  int32_t kv_tokens = 0;
+  std::vector<uint64_t> tickets;    // the try that brought it, then its duplicate tries
+  staged_kv late;                   // pieces that came meanwhile (kept if the import fails)
+  prompt_ptr penalty_prompt;        // made once, at its import step
+};
+struct arriving : arrival {};
+struct importing : arrival {
+  bool cancelled = false;  // cancelled meanwhile: it does not decode here
+};
+struct decoding {
+  seq_id seq = 0;
+  int32_t generated = 0;         // output tokens sent
+  std::vector<token_id> output;  // those tokens, kept only when the sampling needs them
+  prompt_ptr penalty_prompt;
+  token_id last = 0;             // the next step's input
   bool paused = false;           // its subscriber is behind: skipped in steps
   bool in_step = false;          // the step in flight holds it
   bool cancelled = false;        // cancelled while in a step: dropped when the step returns
-  bool announced = false;        // told its request it is prefilling
-  prompt_reuse reuse;
+};
+using phase_data = std::variant<reserved, fetching, arriving, importing, decoding>;
 
-  // Prompt tokens still to compute, as the router's load figures count them: a prompt that
-  // waits for blocks another prompt is computing will not compute them itself.
-  int32_t prompt_tokens_left() const {
-    return int32_t(spec.prompt.size()) - std::max(prefilled, seq == 0 ? reuse.expected_reuse : 0);
-  }
-  // True once, the first time it is planned: its request is told it is prefilling.
-  bool announce() {
-    if (announced) return false;
-    announced = true;
-    return true;
-  }
+struct entry {
+  request_spec spec;  // empty until its KV or fetch arrives (a reservation names only its id)
+  phase_data where;
+  phase current() const { return phase(where.index()); }
 };
 
-// What one sampled token does to its sequence (the stop rule, finish_after).
-struct token_outcome {
-  bool emit = false;     // send it as output token number `index`
-  int32_t index = 0;
-  finish_reason end = finish_reason::none;  // none: the sequence goes on
+// ---- events: what happened ----
+namespace ev {
+struct reserve { uint64_t ticket; request_id id; int32_t total_tokens; };  // credits for its whole length
+struct transfer {  // its KV arrives (a prefill worker's closing transfer over a link)
+  uint64_t ticket;
+  request_spec spec;
+  kv_blocks_ptr kv;
+  std::vector<token_id> generated;
+};
+struct fetch { uint64_t ticket; request_spec spec; };  // sent straight here: fetch its prompt
+struct store_answer { uint64_t ticket; kv_blocks_ptr blocks; };  // null: no answer, or no store
+struct kv_piece { request_id id; uint32_t epoch; kv_blocks_ptr kv; };
+struct cancel { request_id id; };
+struct pause { request_id id; bool pause; };
+struct plan {};  // the engine is idle and may start a step now
+struct step_returned { const step_result* result; };  // read during on() only
+}  // namespace ev
+using event = std::variant<ev::reserve, ev::transfer, ev::fetch, ev::store_answer, ev::kv_piece, ev::cancel,
+                           ev::pause, ev::plan, ev::step_returned>;
+
+// ---- commands: what to do about it (in order) ----
+namespace cmd {
+struct answer { uint64_t ticket; status outcome; };  // ok: true; else the error, with why
+struct ask_store { uint64_t ticket; std::vector<block_key> keys; };  // -> ev::store_answer
+struct start_step { step_work work; };  // -> ev::step_returned
+struct token { request_id id; int32_t index; token_id tok; std::shared_ptr<const token_logprobs> logprobs; };
+struct done { request_id id; finish_reason reason; };
+struct fail { request_id id; errc code; std::string message; };
+struct tell_request { request_id id; request_state state; int32_t cached_tokens; };  // with this worker's name
+struct tell_router { request_id id; request_state state; };
+struct publish { seq_id seq; int32_t from_block; };  // its full blocks from there to the host store
+struct report_load {};
+struct forget { request_id id; };  // nothing of it is left here (its request handle may go)
+}  // namespace cmd
+using command = std::variant<cmd::answer, cmd::ask_store, cmd::start_step, cmd::token, cmd::done, cmd::fail,
+                             cmd::tell_request, cmd::tell_router, cmd::publish, cmd::report_load, cmd::forget>;
+
+struct config {
+  int32_t n_ctx = 0;
+  int32_t block_size = 16;
+  int32_t total_blocks = 0;  // its KV pool: its credits
+  int32_t max_batch = 0;     // reservations held at once (every one a future batch slot)
+  uint64_t prefix_salt = 0;  // names the blocks of a prompt sent straight here
+  bool store = false;        // a host store is attached (imports name their blocks for it)
+  // Auto mode: it computes short prompts itself within a TPOT slack of this target (0: never),
+  // at most prefill_token_budget tokens at a time.
+  double local_prefill_target_ms = 0;
+  int32_t prefill_token_budget = 0;
+  // The tokenizer's half of the stop rule: does `tok` end this request's generation?
+  std::function<bool(const request_spec&, token_id)> ends_generation;
+  std::shared_ptr<fault_hooks> faults;  // null: none
+  metrics::registry* metrics = nullptr;  // null: not counted
 };
 
-// Takes `tok`, sampled for s (`eog`: it ends the generation), into s: generated, output and
-// last move on when it is emitted.
-token_outcome take_token(sequence& s, token_id tok, bool eog, int32_t n_ctx);
+}  // namespace worker
 
-// The next step's decode item for a running s; the step holds s from now on.
-step_work::decode_item decode_item(sequence& s);
-// The next step's item for chunk `c` of s's prompt (the last chunk samples token
-// spec.resumed); the step holds s from now on. Transfers (export, streaming) are the prefill
-// worker's to add.
-step_work::chunk_item chunk_item(sequence& s, const prefill_chunk& c);
-// The step that held s came back: its planned prompt tokens are in the cache now.
-void step_returned(sequence& s);
-
-enum class cancel_outcome {
-  unknown,     // not here
-  now,         // not in a step: the worker drops it now
-  after_step,  // the step in flight holds it: marked, dropped when the step returns
-};
-std::string_view to_string(cancel_outcome c);
-
-// Prompt tokens and requests waiting to be prefilled (the load a worker reports).
-struct prompt_load {
-  int64_t tokens = 0;
-  int32_t requests = 0;
-};
-
-// The requests a worker holds, by id, with the prompts not fully prefilled in arrival order.
-// Entry is a sequence plus what the worker keeps with it (its request handle, transfers).
-template <class Entry>
-class sequence_table {
+// The decode worker's core. The caller runs one step at a time: it passes ev::plan while no
+// step is in flight (and its pacing allows), and ev::step_returned when the step comes back.
+class worker_core {
  public:
-  // A new request; `decoding`: its prompt is computed already (a decode worker's import).
-  Entry& add(request_spec spec, bool decoding = false) {
-    const request_id id = spec.id;
-    Entry e;
-    e.generated = spec.resumed;
-    if (spec.sampling.needs_output()) e.output = spec.resumed_output();
-    e.penalty_prompt = spec.prompt_for_penalty();
-    e.decoding = decoding;
-    e.spec = std::move(spec);
-    auto [it, fresh] = by_id_.insert_or_assign(id, std::move(e));
-    if (!decoding && fresh) waiting_.push_back(id);
-    return it->second;
-  }
-  Entry* find(request_id id) {
-    auto it = by_id_.find(id);
-    return it == by_id_.end() ? nullptr : &it->second;
-  }
-  bool contains(request_id id) const { return by_id_.count(id) > 0; }
-  size_t size() const { return by_id_.size(); }
-  bool empty() const { return by_id_.empty(); }
-  auto begin() { return by_id_.begin(); }
-  auto end() { return by_id_.end(); }
-  auto begin() const { return by_id_.begin(); }
-  auto end() const { return by_id_.end(); }
-  // Prompts not fully prefilled, first come first.
-  const std::deque<request_id>& waiting() const { return waiting_; }
+  explicit worker_core(worker::config config);
 
-  void erase(request_id id) {
-    by_id_.erase(id);
-    leave_waiting(id);
-  }
-  // Its prompt is done (token 0 sampled): it decodes from now on.
-  void start_decoding(Entry& e) {
-    e.decoding = true;
-    leave_waiting(e.spec.id);
-  }
-  cancel_outcome cancel(request_id id) {
-    Entry* e = find(id);
-    if (!e) return cancel_outcome::unknown;
-    if (!e->in_step) return cancel_outcome::now;
-    e->cancelled = true;
-    return cancel_outcome::after_step;
-  }
-  bool pause(request_id id, bool paused) {
-    Entry* e = find(id);
-    if (!e) return false;
-    e->paused = paused;
-    return true;
-  }
-  // Adds a decode item for every running, unpaused sequence; returns how many.
-  int32_t add_decodes(step_work& w) {
-    int32_t n = 0;
-    for (auto& [id, e] : by_id_)
-      if (e.decoding && !e.paused && !e.cancelled) {
-        w.decodes.push_back(decode_item(e));
-        ++n;
-      }
-    return n;
-  }
-  // The step in flight came back: the ids it held, each released (step_returned).
-  std::vector<request_id> release_step() {
-    std::vector<request_id> held;
-    for (auto& [id, e] : by_id_)
-      if (e.in_step) {
-        step_returned(e);
-        held.push_back(id);
-      }
-    return held;
-  }
-  // Prompt tokens the step in flight computes (the prefix-cache figures' "computed").
-  int64_t planned_prompt_tokens() const {
-    int64_t n = 0;
-    for (const auto& [id, e] : by_id_)
-      if (e.in_step && !e.decoding) n += e.planned;
-    return n;
-  }
-  prompt_load waiting_load() const {
-    prompt_load l;
-    for (auto id : waiting_) {
-      l.tokens += by_id_.at(id).prompt_tokens_left();
-      ++l.requests;
-    }
-    return l;
-  }
+  std::vector<worker::command> on(const worker::event& e);
+
+  const worker::entry* find(request_id id) const;
+  bool busy() const { return busy_; }                  // a step is in flight
+  bool has_arrivals() const { return !arrivals_.empty(); }  // imports wait for the next step
+  int32_t holding() const;  // requests arriving, importing or decoding (the stats' "active")
+  const kv_credit_ledger& ledger() const { return ledger_; }
+  // The prompt tokens it may compute itself now (auto mode; 0 otherwise).
+  int32_t local_prefill_tokens() const;
+  // Its load for the router; what it says of local prefill is remembered (see on_step_returned).
+  decode_worker_load load(int32_t index);
 
  private:
-  void leave_waiting(request_id id) {
-    for (auto it = waiting_.begin(); it != waiting_.end(); ++it)
-      if (*it == id) {
-        waiting_.erase(it);
-        return;
-      }
-  }
-  std::map<request_id, Entry> by_id_;
-  std::deque<request_id> waiting_;
+  void handle(const worker::ev::reserve&);
+  void handle(const worker::ev::transfer&);
+  void handle(const worker::ev::fetch&);
+  void handle(const worker::ev::store_answer&);
+  void handle(const worker::ev::kv_piece&);
+  void handle(const worker::ev::cancel&);
+  void handle(const worker::ev::pause&);
+  void handle(const worker::ev::plan&);
+  void handle(const worker::ev::step_returned&);
+
+  worker::entry* get(request_id id);
+  void answer(uint64_t ticket, status outcome) { emit(worker::cmd::answer{ticket, std::move(outcome)}); }
+  void answer_all(const worker::arrival& a, const status& outcome);
+  void imported(request_id id, worker::entry& e, const step_result& r);
+  void stream(request_id id, worker::entry& e, worker::decoding& d, const step_result::sampled& t);
+  void retire(request_id id);  // ends it here: blocks to the store and freed, credits back
+  void drop(request_id id);    // forgets it with its credits (nothing of it in the engine)
+  template <class C>
+  void emit(C c) { out_.emplace_back(std::move(c)); }
+
+  worker::config cfg_;
+  std::vector<worker::command> out_;
+  kv_credit_ledger ledger_;
+  std::map<request_id, worker::entry> entries_;
+  std::vector<request_id> arrivals_;   // arriving, in arrival order
+  std::vector<request_id> importing_;  // importing, in the order the step holds them
+  std::map<uint64_t, request_id> store_asks_;  // fetch tickets whose store answer is awaited
+  std::vector<seq_id> to_free_;        // engine sequences freed at the next step
+  bool busy_ = false;
+  // Auto mode: its steps' fitted cost and its TPOT slack; the figure last reported.
+  step_cost_model cost_;
+  std::optional<tpot_slack> slack_;
+  int32_t reported_local_ = 0;
 };
+
+// Counts prompt tokens computed, served from a cache (hits) and looked up in one, and sets
+// tandem_prefix_cache_hit_ratio (hits / lookups, all workers, since start: the counters' ratio
+// as a gauge for dashboards without PromQL).
+void count_prefix_use(metrics::registry& m, double computed, double hits, double lookups);
 
 }  // namespace tandem::sched
