@@ -10,6 +10,16 @@ namespace tandem {
 namespace {
 
 using self_ptr = prefill_worker_actor::stateful_pointer<prefill_worker_state>;
+namespace wk = sched::worker;
+
+void on_event(self_ptr self, const wk::event& e);
+
+// Every layer of a sequence's blocks, tagged with its request and attempt (the engine is idle).
+kv_blocks_ptr export_all(const engine& eng, seq_id s, request_id id, uint32_t epoch) {
+  auto all = std::make_shared<std::vector<kv_block_export>>();
+  (void)eng.export_kv(s, 0, eng.config().n_layer, 0, *all, id, epoch);
+  return all;
+}
 
 void report_load(self_ptr self) {
   report_prompt_load(self, self->state.router, self->state.opts.index, self->state.queue);
@@ -60,13 +70,14 @@ void kick(self_ptr self) {
   auto streams = std::make_shared<std::map<request_id, std::pair<kv_link_actor, request_actor>>>();
   work.frees = std::move(st.to_free);
   st.to_free.clear();
+  for (seq_id s : st.core->take_frees()) work.frees.push_back(s);  // ended leases
   for (seq_id s : work.frees) free += eng.blocks_freed_by(s);  // freed before the forward pass
   for (const auto& c : plan) {
     auto* j = st.queue.find(request_id(c.request));
     if (!j) continue;
     const int32_t need = j->seq == 0 ? eng.blocks_needed(0, c.length) : eng.blocks_needed(j->seq, c.length);
     if (need > free) {
-      if (st.leases.empty() && work.chunks.empty() && j->prefilled == 0 &&
+      if (st.core->holding() == 0 && work.chunks.empty() && j->prefilled == 0 &&
           eng.kv_pool().total_blocks() < eng.blocks_needed(0, int32_t(j->spec.prompt.size()))) {
         fail_job(self, *j, errc::out_of_kv_blocks, "prompt needs more KV blocks than the prefill worker has");
         st.queue.erase(j->spec.id);
@@ -97,85 +108,86 @@ void kick(self_ptr self) {
     };
   }
   st.we->start(self, std::move(work));
+  on_event(self, wk::ev::step_started{});
 }
 
-// The lease of request `id` ends (of attempt `epoch` only, when given): its blocks are freed
-// before the next step.
-void end_lease(self_ptr self, request_id id, std::optional<uint32_t> epoch = std::nullopt) {
+// The link's name in the core (links are few: replaced ones keep their names).
+wk::link_id link_id_of(self_ptr self, const kv_link_actor& link) {
+  if (!link) return 0;
   auto& st = self->state;
-  auto it = st.leases.find(id);
-  if (it == st.leases.end() || (epoch && it->second.spec.epoch != *epoch)) return;
-  st.to_free.push_back(it->second.seq);
-  st.leases.erase(it);
-  kick(self);
+  auto [it, fresh] = st.link_ids.try_emplace(link.address(), st.links.size() + 1);
+  if (fresh) st.links.push_back(link);
+  return it->second;
 }
 
-// A try over `link` failed: the lease stays, and the router decides (ship again, or move on).
-void transfer_failed(self_ptr self, request_id id, const kv_link_actor& link, const status& why) {
-  if (self->state.opts.metrics)
-    self->state.opts.metrics
-        ->get_counter("tandem_kv_transfer_failures_total", "KV transfers that failed back to their lease, by code",
-                      {{"code", std::string(to_string(why.code()))}})
-        .inc();
-  spdlog::debug("prefill-{}: the KV transfer of request {} failed: {}", self->state.opts.index, id, why.to_string());
-  auto it = self->state.leases.find(id);
-  if (it == self->state.leases.end() || it->second.sending != link) return;
-  it->second.sending = nullptr;
-  it->second.resend_all = true;
-  self->send(self->state.router, transfer_atom::value, id, it->second.spec.epoch, link);
+kv_link_actor link_of(self_ptr self, wk::link_id id) {
+  auto& links = self->state.links;
+  return id > 0 && id <= links.size() ? links[id - 1] : kv_link_actor{};
 }
 
-// Hands a finished prompt's KV (all of it, or only the closing message when it was streamed)
-// to the link; the lease ends when the decode worker holds it.
-void start_transfer(self_ptr self, request_id id, kv_link_actor link) {
-  auto it = self->state.leases.find(id);
-  if (it == self->state.leases.end()) return;
-  auto& l = it->second;
-  if (!l.kv && ((l.streamed_to && l.streamed_to != link) || l.resend_all)) {
-    // Its pieces went to a link that was replaced (its decode worker or the link died), or a
-    // try failed (a piece lost or corrupted): the decode side cannot build on them, so the
-    // whole set goes again, exported while the engine is idle.
-    if (self->state.we->busy) {
-      l.pending = link;
-      return;
-    }
-    auto all = std::make_shared<std::vector<kv_block_export>>();
-    const engine& eng = *self->state.we->eng;
-    (void)eng.export_kv(l.seq, 0, eng.config().n_layer, 0, *all, id, l.spec.epoch);
-    l.kv = std::move(all);
-    l.streamed_to = nullptr;
-    l.resend_all = false;
-  }
-  l.pending = nullptr;
-  l.sending = link;
-  // Told before the transfer starts: if this worker dies later, the link still delivers.
-  self->send(self->state.router, ship_atom::value, id);
-  kv_blocks_ptr kv = l.kv ? l.kv : std::make_shared<const std::vector<kv_block_export>>();
-  // The lease stays until decode confirms. A failed try (the link or its decode worker died,
-  // or decode refused a corrupted or incomplete set) goes to the router, which ships it again
-  // from this lease or moves the request on (and releases the lease).
-  auto failed = [self, id, link](const status& why) { transfer_failed(self, id, link, why); };
-  self->request(link, std::chrono::seconds(60), transfer_atom::value, l.spec, l.req, kv, l.generated)
-      .then(
-          [self, id, link, failed](bool ok) {
-            if (!ok) return failed({errc::refused, "the decode side refused the KV"});
-            auto it = self->state.leases.find(id);
-            if (it != self->state.leases.end() && it->second.sending == link) end_lease(self, id);
-          },
-          [failed](caf::error& e) { failed(from_caf_error(e)); });
+request_actor request_of(self_ptr self, request_id id) {
+  auto it = self->state.requests.find(id);
+  return it == self->state.requests.end() ? request_actor{} : it->second;
 }
 
-// Transfers that waited for the engine to be idle (it is, between steps).
-void start_pending(self_ptr self) {
-  std::vector<std::pair<request_id, kv_link_actor>> pending;
-  for (auto& [id, l] : self->state.leases)
-    if (l.pending) pending.emplace_back(id, l.pending);
-  for (auto& [id, link] : pending) start_transfer(self, id, link);
+// A try of a transfer answered: delivered, or failed (the link or its decode worker died, or
+// decode refused a corrupted or incomplete set).
+void transfer_answered(self_ptr self, request_id id, wk::link_id link, const status& outcome) {
+  if (!outcome.ok())
+    spdlog::debug("prefill-{}: the KV transfer of request {} failed: {}", self->state.opts.index, id, outcome.to_string());
+  on_event(self, wk::ev::transfer_answer{id, link, outcome});
+  kick(self);  // an ended lease freed blocks that waiting prompts may need
+}
+
+// Carries out one of the core's commands (a prefill worker's core holds its leases).
+void execute(self_ptr self, wk::command& command) {
+  auto& st = self->state;
+  std::visit(
+      [&](auto& c) {
+        using C = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<C, wk::cmd::prefilled>) {
+          self->send(st.router, prefilled_atom::value, c.id, st.opts.index, c.finished);
+        } else if constexpr (std::is_same_v<C, wk::cmd::ship_started>) {
+          self->send(st.router, ship_atom::value, c.id);
+        } else if constexpr (std::is_same_v<C, wk::cmd::transfer>) {
+          // The lease stays until decode confirms; a failed try goes to the router, which ships
+          // it again from this lease or moves the request on (and releases the lease).
+          const request_id id = c.id;
+          const wk::link_id link = c.link;
+          self->request(link_of(self, link), std::chrono::seconds(60), transfer_atom::value, std::move(c.spec),
+                        request_of(self, id), std::move(c.kv), std::move(c.generated))
+              .then(
+                  [self, id, link](bool ok) {
+                    transfer_answered(self, id, link, ok ? status{} : status{errc::refused, "the decode side refused the KV"});
+                  },
+                  [self, id, link](caf::error& e) { transfer_answered(self, id, link, from_caf_error(e)); });
+        } else if constexpr (std::is_same_v<C, wk::cmd::transfer_failed>) {
+          self->send(st.router, transfer_atom::value, c.id, c.epoch, link_of(self, c.link));
+        } else if constexpr (std::is_same_v<C, wk::cmd::forget>) {
+          st.requests.erase(c.id);
+        } else if constexpr (std::is_same_v<C, wk::cmd::report_load>) {
+          report_load(self);
+        } else if constexpr (std::is_same_v<C, wk::cmd::answer> || std::is_same_v<C, wk::cmd::ask_store> ||
+                             std::is_same_v<C, wk::cmd::start_step> || std::is_same_v<C, wk::cmd::token> ||
+                             std::is_same_v<C, wk::cmd::done> || std::is_same_v<C, wk::cmd::fail> ||
+                             std::is_same_v<C, wk::cmd::tell_request> || std::is_same_v<C, wk::cmd::tell_router> ||
+                             std::is_same_v<C, wk::cmd::publish>) {
+          // A decode worker's: its core never gives them for leases.
+        } else {
+          static_assert(sizeof(C) == 0, "a command the prefill worker does not carry out");
+        }
+      },
+      command);
+}
+
+void on_event(self_ptr self, const wk::event& e) {
+  for (auto& c : self->state.core->on(e)) execute(self, c);
 }
 
 void apply(self_ptr self, step_result& r) {
   auto& st = self->state;
   st.we->returned(st.opts, r, int32_t(r.created_seqs.size()));
+  on_event(self, wk::ev::step_returned{&r});
   record_prefix_cache(st.opts, *st.we->eng, st.prefix_last, r.error.ok() ? st.queue.planned_prompt_tokens() : 0);
   for (const auto& c : r.created_seqs)
     if (auto* j = st.queue.find(c.id)) j->seq = c.seq;
@@ -195,31 +207,28 @@ void apply(self_ptr self, step_result& r) {
     // The blocks it computed (not those it started with) go to the host store for others.
     if (st.we->eng->prefix_cache_enabled())
       publish_to_store(st.opts, *st.we->eng, j.seq, j.reuse.reused / st.we->eng->block_size());
-    if (finished) {
-      st.to_free.push_back(j.seq);
-    } else {
+    wk::lease lease{j.seq, nullptr, {}, 0, false, 0};
+    if (!finished) {
       auto ex = std::find_if(r.exports.begin(), r.exports.end(), [&](auto& e) { return e.id == id; });
-      kv_blocks_ptr kv = ex != r.exports.end() ? ex->kv : nullptr;
-      if (!kv && j.stream_broken) {
+      lease.kv = ex != r.exports.end() ? ex->kv : nullptr;
+      if (!lease.kv && j.stream_broken) {
         // Its last pieces went to a link that was replaced meanwhile: send the whole set
         // instead (the engine is idle between steps).
-        auto all = std::make_shared<std::vector<kv_block_export>>();
-        const engine& eng = *st.we->eng;
-        (void)eng.export_kv(j.seq, 0, eng.config().n_layer, 0, *all, id, j.spec.epoch);
-        kv = std::move(all);
+        lease.kv = export_all(*st.we->eng, j.seq, id, j.spec.epoch);
       }
       // Decode goes on from every token so far: the resumed ones (the prompt's tail) and this.
-      std::vector<token_id> generated(j.spec.prompt.end() - j.spec.resumed, j.spec.prompt.end());
-      generated.push_back(tok->token);
-      kv_link_actor streamed_to = kv ? kv_link_actor{} : j.link;
-      st.leases[id] = {j.spec, j.req, j.seq, std::move(kv), std::move(generated), std::move(streamed_to), {}, {}};
+      lease.generated.assign(j.spec.prompt.end() - j.spec.resumed, j.spec.prompt.end());
+      lease.generated.push_back(tok->token);
+      lease.streamed_to = lease.kv ? 0 : link_id_of(self, j.link);
+      st.requests[id] = j.req;
     }
-    self->send(st.router, prefilled_atom::value, id, st.opts.index, finished);
-    if (!finished && j.link) start_transfer(self, id, j.link);
+    const wk::link_id link = finished ? 0 : link_id_of(self, j.link);
+    on_event(self, wk::ev::prompt_done{j.spec, std::move(lease), link, finished});
     st.claims.release(id);
     st.queue.erase(id);
   }
-  start_pending(self);
+  // Transfers that waited for the engine to be idle (it is, between steps).
+  on_event(self, wk::ev::plan{});
 }
 
 }  // namespace
@@ -227,6 +236,14 @@ void apply(self_ptr self, step_result& r) {
 prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::shared_ptr<const model> m,
                                                             worker_options opts, router_actor router) {
   init_worker(self->state, worker_kind::prefill, std::move(m), std::move(opts), std::move(router));
+  sched::worker::config c;
+  c.kind = worker_kind::prefill;
+  c.block_size = self->state.opts.kv.block_size;
+  c.metrics = self->state.opts.metrics.get();
+  c.export_all = [eng = self->state.we->eng.get()](seq_id s, request_id id, uint32_t epoch) {
+    return export_all(*eng, s, id, epoch);
+  };
+  self->state.core = std::make_unique<sched::worker_core>(std::move(c));
   return {
       [self](prefill_atom, request_spec& spec, request_actor& req) {
         auto& st = self->state;
@@ -236,8 +253,8 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
       },
       [self](ship_atom, request_id id, kv_link_actor& link) {
         auto& st = self->state;
-        if (st.leases.count(id)) {
-          start_transfer(self, id, link);
+        if (st.core->find(id)) {  // leased: the transfer starts now
+          on_event(self, wk::ev::ship{id, link_id_of(self, link)});
           return;
         }
         // Still prefilling: its decode worker is already reserved. The KV streams from now on
@@ -250,16 +267,18 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
           j->link = link;
         }
       },
-      [self](release_atom, request_id id) { end_lease(self, id); },
-      [self](down_atom, kv_link_actor& link) {
-        // A link died: a transfer it had taken will never be answered (its promise died
-        // with it), so it fails now rather than at the timeout.
-        std::vector<request_id> ids;
-        for (auto& [id, l] : self->state.leases)
-          if (l.sending == link) ids.push_back(id);
-        for (auto id : ids) transfer_failed(self, id, link, {errc::worker_failed, "its KV link died"});
+      [self](release_atom, request_id id) {
+        on_event(self, wk::ev::release{id, std::nullopt});
+        kick(self);
       },
-      [self](release_atom, request_id id, uint32_t epoch) { end_lease(self, id, epoch); },
+      [self](down_atom, kv_link_actor& link) {
+        if (auto it = self->state.link_ids.find(link.address()); it != self->state.link_ids.end())
+          on_event(self, wk::ev::link_down{it->second});
+      },
+      [self](release_atom, request_id id, uint32_t epoch) {
+        on_event(self, wk::ev::release{id, epoch});
+        kick(self);
+      },
       [self](cancel_atom, request_id id) {
         auto& st = self->state;
         switch (st.queue.cancel(id)) {
@@ -270,10 +289,7 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
             break;
           case sched::cancel_outcome::unknown: break;
         }
-        if (auto l = st.leases.find(id); l != st.leases.end()) {
-          st.to_free.push_back(l->second.seq);
-          st.leases.erase(l);
-        }
+        on_event(self, wk::ev::cancel{id});  // its lease, if it has one
         kick(self);
         report_load(self);
       },
@@ -281,7 +297,7 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
       step_handler(self, apply, kick, report_load),
       [self](stats_atom) {
         auto& st = self->state;
-        return st.we->stats(st.opts, nullptr, int32_t(st.queue.size() + st.leases.size()));
+        return st.we->stats(st.opts, nullptr, int32_t(st.queue.size()) + st.core->holding());
       },
   };
 }

@@ -2,8 +2,9 @@
 // The prefill worker: owns a device (its threads) and an engine. Batches queued prompts up to
 // a token budget, splits long prompts into chunks, produces each request's first token and
 // KV blocks, and keeps the blocks under a lease until a decode worker holds them.
-#include <deque>
 #include <map>
+#include <memory>
+#include <vector>
 
 #include "actors/worker_common.h"
 

@@ -189,6 +189,12 @@ std::string show(const wk::command& c) {
         else if constexpr (std::is_same_v<C, wk::cmd::publish>) o << "publish s" << x.seq << " from " << x.from_block;
         else if constexpr (std::is_same_v<C, wk::cmd::report_load>) o << "load";
         else if constexpr (std::is_same_v<C, wk::cmd::forget>) o << "forget r" << x.id;
+        else if constexpr (std::is_same_v<C, wk::cmd::prefilled>) o << "prefilled r" << x.id << (x.finished ? " finished" : "");
+        else if constexpr (std::is_same_v<C, wk::cmd::ship_started>) o << "ship r" << x.id;
+        else if constexpr (std::is_same_v<C, wk::cmd::transfer>)
+          o << "transfer r" << x.id << " l" << x.link << " kv " << x.kv->size() << " +" << x.generated.size();
+        else if constexpr (std::is_same_v<C, wk::cmd::transfer_failed>)
+          o << "transfer failed r" << x.id << " e" << x.epoch << " l" << x.link;
         else static_assert(sizeof(C) == 0, "a command without a rendering");
       },
       c);
@@ -214,10 +220,12 @@ request_spec attempt(request_id id, int32_t prompt_tokens, uint32_t epoch = 1) {
 
 using trow = testing::trace_row<wk::event, wk::phase>;
 
-class DecodeCore : public ::testing::Test {
+class WorkerCoreTable : public ::testing::Test {
  protected:
-  void make(int32_t total_blocks = 64, int32_t max_batch = 4, double local_prefill_ms = 0) {
+  void make(int32_t total_blocks = 64, int32_t max_batch = 4, double local_prefill_ms = 0,
+            worker_kind kind = worker_kind::decode) {
     wk::config c;
+    c.kind = kind;
     c.n_ctx = 256;
     c.block_size = 16;
     c.total_blocks = total_blocks;
@@ -229,6 +237,10 @@ class DecodeCore : public ::testing::Test {
     c.ends_generation = [](const request_spec&, token_id t) { return t == eos; };
     c.faults = faults;
     c.metrics = &metrics;
+    c.export_all = [this](seq_id, request_id id, uint32_t epoch) {
+      ++exports;
+      return blocks(id, epoch, 3);
+    };
     core = std::make_unique<worker_core>(c);
   }
   // A step's result: imports (id, engine sequence, outcome), then tokens (id, token).
@@ -249,6 +261,7 @@ class DecodeCore : public ::testing::Test {
   metrics::registry metrics;
   std::deque<std::unique_ptr<step_result>> results;
   std::unique_ptr<worker_core> core;
+  int exports = 0;  // whole sets exported again (prefill)
 };
 
 constexpr auto reserved_ = wk::phase::reserved;
@@ -256,11 +269,13 @@ constexpr auto fetching_ = wk::phase::fetching;
 constexpr auto arriving_ = wk::phase::arriving;
 constexpr auto importing_ = wk::phase::importing;
 constexpr auto decoding_ = wk::phase::decoding;
+constexpr auto leased_ = wk::phase::leased;
+constexpr auto shipping_ = wk::phase::shipping;
 constexpr std::nullopt_t gone = std::nullopt;
 
 // Streamed while it prefilled, closed by the transfer with token 0, imported, decoded to its
 // stop token; its blocks go to the store and are freed at the next step.
-TEST_F(DecodeCore, StreamedRequestLifecycle) {
+TEST_F(WorkerCoreTable, StreamedRequestLifecycle) {
   make();
   run({
       {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}, {{1, reserved_}}},
@@ -280,7 +295,7 @@ TEST_F(DecodeCore, StreamedRequestLifecycle) {
 
 // Refusals say why (the router tells a refusal from no answer by the code), and only a
 // reservation that was taken or refused for credits sends a fresh load report.
-TEST_F(DecodeCore, ReservationsAreRefusedWithWhy) {
+TEST_F(WorkerCoreTable, ReservationsAreRefusedWithWhy) {
   make(8, 2);
   run({
       {wk::ev::reserve{1, 1, 64}, {"load", "answer #1 ok"}, {{1, reserved_}}},
@@ -298,7 +313,7 @@ TEST_F(DecodeCore, ReservationsAreRefusedWithWhy) {
 
 // A transfer is checked before it waits for a step: its reservation (gone when the router
 // cancelled or moved the request on), its parts, and that every block is this attempt's.
-TEST_F(DecodeCore, TransfersOfNoReservationOrAnotherAttemptAreRefused) {
+TEST_F(WorkerCoreTable, TransfersOfNoReservationOrAnotherAttemptAreRefused) {
   make();
   run({
       {wk::ev::transfer{1, attempt(1, 40), blocks(1, 1, 3), {42}},
@@ -320,7 +335,7 @@ TEST_F(DecodeCore, TransfersOfNoReservationOrAnotherAttemptAreRefused) {
 
 // Chaos drop_kv and corrupt_kv: an incomplete or corrupted set is refused at import; the
 // reservation stays, and the prefill side's retry (the whole set again) imports.
-TEST_F(DecodeCore, RefusedImportKeepsTheReservationForTheRetry) {
+TEST_F(WorkerCoreTable, RefusedImportKeepsTheReservationForTheRetry) {
   make();
   run({
       {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
@@ -342,7 +357,7 @@ TEST_F(DecodeCore, RefusedImportKeepsTheReservationForTheRetry) {
 
 // A second try of a transfer (its first link died, the router shipped it again) while the first
 // waits or imports gets the first's outcome; one after the import is answered at once.
-TEST_F(DecodeCore, DuplicateTriesGetTheFirstTrysOutcome) {
+TEST_F(WorkerCoreTable, DuplicateTriesGetTheFirstTrysOutcome) {
   make();
   run({
       {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
@@ -359,7 +374,7 @@ TEST_F(DecodeCore, DuplicateTriesGetTheFirstTrysOutcome) {
 
 // Streamed pieces are staged by prefill attempt: an older attempt's are dropped, a newer one's
 // replace them; the closing message completes them, a whole set supersedes them.
-TEST_F(DecodeCore, StreamedPiecesAreStagedByAttempt) {
+TEST_F(WorkerCoreTable, StreamedPiecesAreStagedByAttempt) {
   make();
   run({
       {wk::ev::kv_piece{9, 1, blocks(9, 1, 1)}, {}, {{9, gone}}},  // no reservation: stale
@@ -379,7 +394,7 @@ TEST_F(DecodeCore, StreamedPiecesAreStagedByAttempt) {
 
 // Cancellation in every phase frees everything: credits at once, or the engine's sequence at
 // the next step (a cancelled import is not announced as decoding: the router moved it on).
-TEST_F(DecodeCore, CancellationInEveryPhase) {
+TEST_F(WorkerCoreTable, CancellationInEveryPhase) {
   make();
   run({
       {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
@@ -415,7 +430,7 @@ TEST_F(DecodeCore, CancellationInEveryPhase) {
 }
 
 // A step that fails (credits make it unreachable in normal operation) ends its requests clearly.
-TEST_F(DecodeCore, FailedStepEndsItsRequests) {
+TEST_F(WorkerCoreTable, FailedStepEndsItsRequests) {
   make();
   run({
       {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
@@ -431,7 +446,7 @@ TEST_F(DecodeCore, FailedStepEndsItsRequests) {
 // Straight from the store: the store's blocks and the prompt's tail (at most two blocks, or
 // what the slack allows) are computed here; too little in the store is refused (the router
 // prefills it); a fetch cancelled while the store is asked is refused when the answer comes.
-TEST_F(DecodeCore, PromptsStraightFromTheStore) {
+TEST_F(WorkerCoreTable, PromptsStraightFromTheStore) {
   make();
   run({
       {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
@@ -462,7 +477,7 @@ TEST_F(DecodeCore, PromptsStraightFromTheStore) {
 
 // Auto mode: the prompt tokens it may compute are its slack over its fitted cost (two blocks
 // before it has measured any), and after computing a prompt it reports afresh.
-TEST_F(DecodeCore, AutoModeReportsAfterComputingAPrompt) {
+TEST_F(WorkerCoreTable, AutoModeReportsAfterComputingAPrompt) {
   make(64, 4, 40);
   EXPECT_EQ(core->load(0).local_prefill_tokens, 32);
   run({
@@ -476,6 +491,64 @@ TEST_F(DecodeCore, AutoModeReportsAfterComputingAPrompt) {
       {returned({{1, 4, {}}}, {{1, 60}}),
        {"answer #3 ok", "request r1 decoding 0", "router r1 decoding", "token r1 #0 60", "load"}},
   });
+}
+
+// ---- a prefill worker's leases ----
+
+// A lease of a prompt that streamed to its decode worker while it computed (the closing message
+// carries no blocks), or of one not shipped yet.
+wk::lease streamed(seq_id seq, wk::link_id to) { return {seq, nullptr, {42}, to, false, 0}; }
+
+// A prompt done: leased, shipped over its link (or when the router says where), the lease
+// ending when decode has it; one that ended with its first token leases nothing.
+TEST_F(WorkerCoreTable, PrefillLeaseLifecycle) {
+  make(64, 4, 0, worker_kind::prefill);
+  run({
+      {wk::ev::prompt_done{attempt(1, 40), streamed(5, 1), 1, false},
+       {"prefilled r1", "ship r1", "transfer r1 l1 kv 0 +1"},
+       {{1, shipping_}}},
+      {wk::ev::transfer_answer{1, 9, {}}, {}, {{1, shipping_}}},  // over another link: stale
+      {wk::ev::transfer_answer{1, 1, {}}, {"forget r1"}, {{1, gone}}},
+      {wk::ev::prompt_done{attempt(2, 40), {6, blocks(2, 1, 3), {42}, 0, false, 0}, 0, false}, {"prefilled r2"},
+       {{2, leased_}}},
+      {wk::ev::ship{2, 3}, {"ship r2", "transfer r2 l3 kv 3 +1"}, {{2, shipping_}}},
+      {wk::ev::release{2, 2}, {}, {{2, shipping_}}},  // of another attempt
+      {wk::ev::release{2, 1}, {"forget r2"}, {{2, gone}}},
+      {wk::ev::prompt_done{attempt(3, 40), streamed(7, 0), 0, true}, {"prefilled r3 finished"}, {{3, gone}}},
+      {wk::ev::prompt_done{attempt(4, 40), streamed(8, 1), 0, false}, {"prefilled r4"}, {{4, leased_}}},
+      {wk::ev::cancel{4}, {"forget r4"}, {{4, gone}}},
+  });
+  EXPECT_EQ(core->take_frees(), (std::vector<seq_id>{5, 6, 7, 8}));
+  EXPECT_EQ(exports, 0);
+}
+
+// Chaos link and decode kills, drop_kv and corrupt_kv seen from the prefill side: a failed try
+// (answered, or its link died) leaves the lease with the whole set to send again, which the
+// next ship exports (when the engine is idle: a step in flight holds it until it returns); a
+// link replaced while the prompt streamed to the old one gets the whole set too.
+TEST_F(WorkerCoreTable, PrefillLeaseSurvivesFailedTransfers) {
+  make(64, 4, 0, worker_kind::prefill);
+  run({
+      {wk::ev::prompt_done{attempt(1, 40), streamed(5, 1), 1, false},
+       {"prefilled r1", "ship r1", "transfer r1 l1 kv 0 +1"}},
+      {wk::ev::transfer_answer{1, 1, {errc::checksum_mismatch, "block 1"}}, {"transfer failed r1 e1 l1"},
+       {{1, leased_}}},
+      {wk::ev::ship{1, 1}, {"ship r1", "transfer r1 l1 kv 3 +1"}, {{1, shipping_}}},
+      {wk::ev::link_down{2}, {}, {{1, shipping_}}},
+      {wk::ev::link_down{1}, {"transfer failed r1 e1 l1"}, {{1, leased_}}},
+      {wk::ev::ship{1, 2}, {"ship r1", "transfer r1 l2 kv 3 +1"}},  // exported once already
+      {wk::ev::prompt_done{attempt(2, 40), streamed(6, 1), 0, false}, {"prefilled r2"}},
+      {wk::ev::step_started{}, {}},
+      {wk::ev::ship{2, 2}, {}, {{2, leased_}}},  // streamed to link 1: the whole set, once idle
+      {wk::ev::plan{}, {}},
+      {returned({}, {}), {}},
+      {wk::ev::plan{}, {"ship r2", "transfer r2 l2 kv 3 +1"}, {{2, shipping_}}},
+      {wk::ev::transfer_answer{2, 2, {errc::worker_failed, "its decode worker died"}}, {"transfer failed r2 e1 l2"}},
+      {wk::ev::transfer_answer{9, 2, {errc::timeout, "no answer"}}, {}},  // no lease: counted only
+  });
+  EXPECT_EQ(exports, 2);
+  EXPECT_EQ(counter("tandem_kv_transfer_failures_total"), 4);
+  EXPECT_EQ(core->holding(), 2);
 }
 
 }  // namespace

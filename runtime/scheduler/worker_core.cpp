@@ -13,6 +13,8 @@ std::string_view to_string(phase p) {
     case phase::arriving: return "arriving";
     case phase::importing: return "importing";
     case phase::decoding: return "decoding";
+    case phase::leased: return "leased";
+    case phase::shipping: return "shipping";
   }
   return "?";
 }
@@ -54,12 +56,20 @@ int32_t worker_core::holding() const {
     switch (e.current()) {
       case phase::arriving:
       case phase::importing:
-      case phase::decoding: ++n; break;
+      case phase::decoding:
+      case phase::leased:
+      case phase::shipping: ++n; break;
       case phase::reserved:
       case phase::fetching: break;
     }
   }
   return n;
+}
+
+std::vector<seq_id> worker_core::take_frees() {
+  std::vector<seq_id> f = std::move(to_free_);
+  to_free_.clear();
+  return f;
 }
 
 // Auto mode: its TPOT slack over its fitted cost per token, at most one prefill step's budget;
@@ -110,23 +120,25 @@ void worker_core::handle(const ev::transfer& t) {
   // Staged pieces go to this try (of this attempt) or nowhere: a duplicate try does not keep them.
   std::vector<kv_blocks_ptr> pieces;
   if (e) {
-    std::visit(
-        [&](auto& d) {
-          using D = std::decay_t<decltype(d)>;
-          if constexpr (std::is_same_v<D, reserved>) {
-            if (d.staged.epoch == t.spec.epoch) pieces = std::move(d.staged.pieces);
-            d.staged = {};
-          } else if constexpr (std::is_same_v<D, arriving> || std::is_same_v<D, importing>) {
-            d.late = {};
-          }
-        },
-        e->where);
     switch (e->current()) {
-      case phase::decoding: return answer(t.ticket, {});  // an earlier try delivered it: the lease may end
-      case phase::arriving: return std::get<arriving>(e->where).tickets.push_back(t.ticket);
-      case phase::importing: return std::get<importing>(e->where).tickets.push_back(t.ticket);
-      case phase::reserved:
+      case phase::reserved: {
+        auto& staged = std::get<reserved>(e->where).staged;
+        if (staged.epoch == t.spec.epoch) pieces = std::move(staged.pieces);
+        staged = {};
+        break;
+      }
       case phase::fetching: break;
+      case phase::arriving:
+      case phase::importing: {  // a duplicate try: answered with the first's outcome
+        arrival& a = e->current() == phase::arriving ? static_cast<arrival&>(std::get<arriving>(e->where))
+                                                     : std::get<importing>(e->where);
+        a.late = {};
+        a.tickets.push_back(t.ticket);
+        return;
+      }
+      case phase::decoding: return answer(t.ticket, {});  // an earlier try delivered it: the lease may end
+      case phase::leased:
+      case phase::shipping: return answer(t.ticket, {errc::invalid_argument, "a prefill worker takes no KV"});
     }
   }
   if (!t.generated.empty() && t.kv && !e)
@@ -163,6 +175,8 @@ void worker_core::handle(const ev::fetch& f) {
       case phase::fetching:  // asked already: this try gets the same answer
         return std::get<fetching>(e->where).tickets.push_back(f.ticket);
       case phase::reserved: break;
+      case phase::leased:
+      case phase::shipping: return answer(f.ticket, {errc::invalid_argument, "a prefill worker fetches no prompt for decode"});
     }
   }
   if (!e) return answer(f.ticket, refused("no reservation for request " + std::to_string(id)));
@@ -219,7 +233,9 @@ void worker_core::handle(const ev::kv_piece& p) {
     case phase::arriving: sk = &std::get<arriving>(e->where).late; break;
     case phase::importing: sk = &std::get<importing>(e->where).late; break;
     case phase::fetching:
-    case phase::decoding: return;  // its KV is here or comes from the store
+    case phase::decoding:  // its KV is here or comes from the store
+    case phase::leased:
+    case phase::shipping: return;
   }
   if (p.epoch < sk->epoch) return;  // from an attempt that was replaced
   if (p.epoch > sk->epoch) {
@@ -253,9 +269,11 @@ void worker_core::handle(const ev::cancel& c) {
       }
       case phase::reserved:
       case phase::fetching: drop(c.id); break;  // a fetch's store answer is refused when it comes
+      case phase::leased:
+      case phase::shipping: end_lease(c.id); break;
     }
   }
-  emit(cmd::report_load{});
+  if (cfg_.kind == worker_kind::decode) emit(cmd::report_load{});  // its credits changed
 }
 
 void worker_core::handle(const ev::pause& p) {
@@ -264,6 +282,13 @@ void worker_core::handle(const ev::pause& p) {
 
 void worker_core::handle(const ev::plan&) {
   if (busy_) return;
+  if (cfg_.kind != worker_kind::decode) {  // a prefill worker's transfers that wait to export
+    std::vector<std::pair<request_id, link_id>> waiting;
+    for (auto& [id, e] : entries_)
+      if (const lease* l = lease_of(e); l && l->waiting_idle != 0) waiting.emplace_back(id, l->waiting_idle);
+    for (auto [id, link] : waiting) ship(id, entries_.at(id), link);
+    return;
+  }
   step_work work;
   work.frees = std::move(to_free_);
   to_free_.clear();
@@ -308,6 +333,7 @@ void worker_core::handle(const ev::plan&) {
 void worker_core::handle(const ev::step_returned& s) {
   const step_result& r = *s.result;
   busy_ = false;
+  if (cfg_.kind != worker_kind::decode) return;  // its prompts are the actor's (sequence.h)
   int32_t fed = 0;  // prompts computed here: no output token waited on them yet
   if (slack_ && r.error.ok()) {  // auto: what this step cost, and the slack its decodes have left
     cost_.observe(r.batch_tokens, r.ms);
@@ -345,6 +371,104 @@ void worker_core::handle(const ev::step_returned& s) {
     // The router spent the figure on the prompts it sent here: a fresh one after computing them.
     if (fed > 0 || std::abs(local_prefill_tokens() - reported_local_) >= cfg_.block_size) emit(cmd::report_load{});
   }
+}
+
+// ---- a prefill worker's leases ----
+
+void worker_core::handle(const ev::prompt_done& p) {
+  const request_id id = p.spec.id;
+  if (p.finished) {  // ended with its first token: nothing to lease
+    to_free_.push_back(p.kv.seq);
+    emit(cmd::prefilled{id, true});
+    return;
+  }
+  entry& e = entries_[id];
+  e.spec = p.spec;
+  e.where = leased{p.kv};
+  emit(cmd::prefilled{id, false});
+  if (p.link != 0) ship(id, e, p.link);
+}
+
+void worker_core::handle(const ev::ship& s) {
+  if (entry* e = get(s.id); e && lease_of(*e)) ship(s.id, *e, s.link);
+}
+
+void worker_core::handle(const ev::transfer_answer& a) {
+  if (!a.outcome.ok()) return transfer_failed(a.id, a.link, a.outcome);
+  entry* e = get(a.id);
+  if (e && e->current() == phase::shipping && std::get<shipping>(e->where).link == a.link) end_lease(a.id);
+}
+
+// A link died: a transfer it had taken will never be answered (its promise died with it), so
+// it fails now rather than at the timeout.
+void worker_core::handle(const ev::link_down& d) {
+  std::vector<request_id> ids;
+  for (auto& [id, e] : entries_)
+    if (e.current() == phase::shipping && std::get<shipping>(e.where).link == d.link) ids.push_back(id);
+  for (request_id id : ids) transfer_failed(id, d.link, {errc::worker_failed, "its KV link died"});
+}
+
+void worker_core::handle(const ev::release& r) {
+  entry* e = get(r.id);
+  if (e && lease_of(*e) && (!r.epoch || e->spec.epoch == *r.epoch)) end_lease(r.id);
+}
+
+lease* worker_core::lease_of(entry& e) {
+  switch (e.current()) {
+    case phase::leased: return &std::get<leased>(e.where);
+    case phase::shipping: return &std::get<shipping>(e.where);
+    case phase::reserved:
+    case phase::fetching:
+    case phase::arriving:
+    case phase::importing:
+    case phase::decoding: return nullptr;
+  }
+  return nullptr;
+}
+
+// Hands the KV (all of it, or only the closing message when it streamed to this link) to the
+// link; the lease ends when the decode worker holds it.
+void worker_core::ship(request_id id, entry& e, link_id link) {
+  lease l = *lease_of(e);
+  if (!l.kv && ((l.streamed_to != 0 && l.streamed_to != link) || l.resend_all)) {
+    // Its pieces went to a link that was replaced (its decode worker or the link died), or a
+    // try failed (a piece lost or corrupted): the decode side cannot build on them, so the
+    // whole set goes again, exported while the engine is idle.
+    if (busy_) {
+      lease_of(e)->waiting_idle = link;
+      return;
+    }
+    l.kv = cfg_.export_all(l.seq, id, e.spec.epoch);
+    l.streamed_to = 0;
+    l.resend_all = false;
+  }
+  l.waiting_idle = 0;
+  kv_blocks_ptr kv = l.kv ? l.kv : std::make_shared<const std::vector<kv_block_export>>();
+  std::vector<token_id> generated = l.generated;
+  e.where = shipping{l, link};
+  emit(cmd::ship_started{id});  // told first: if this worker dies later, the link still delivers
+  emit(cmd::transfer{id, link, e.spec, std::move(kv), std::move(generated)});
+}
+
+// A try over `link` failed: the lease stays, and the router decides (ship again, or move on).
+void worker_core::transfer_failed(request_id id, link_id link, const status& why) {
+  if (cfg_.metrics)
+    cfg_.metrics
+        ->get_counter("tandem_kv_transfer_failures_total", "KV transfers that failed back to their lease, by code",
+                      {{"code", std::string(to_string(why.code()))}})
+        .inc();
+  entry* e = get(id);
+  if (!e || e->current() != phase::shipping || std::get<shipping>(e->where).link != link) return;
+  leased l{static_cast<lease&>(std::get<shipping>(e->where))};
+  l.resend_all = true;
+  e->where = std::move(l);
+  emit(cmd::transfer_failed{id, e->spec.epoch, link});
+}
+
+void worker_core::end_lease(request_id id) {
+  to_free_.push_back(lease_of(entries_.at(id))->seq);
+  entries_.erase(id);
+  emit(cmd::forget{id});
 }
 
 // ---- helpers ----
