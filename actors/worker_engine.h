@@ -4,8 +4,10 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "actors/compute_runner.h"
 #include "actors/kv_store.h"
@@ -14,6 +16,7 @@
 #include "runtime/engine/step.h"
 #include "runtime/fault_injection.h"
 #include "runtime/kinds.h"
+#include "runtime/scheduler/worker_core.h"
 #include "runtime/serving_config.h"
 
 namespace tandem {
@@ -165,5 +168,30 @@ inline void worker_engine::returned(const worker_options& o, const step_result& 
   ++finished;
   record_step(o, r, batch);
 }
+
+// The worker core's view of the engine (asked between steps only, on the actor thread).
+class engine_adapter final : public sched::engine_port {
+ public:
+  explicit engine_adapter(engine& e) : e_(e) {}
+  bool prefix_cache() const override { return e_.prefix_cache_enabled(); }
+  int32_t cached_prefix_tokens(std::span<const token_id> prompt) const override { return e_.cached_prefix_tokens(prompt); }
+  void cache_blocks(std::span<const block_key> keys, const std::vector<kv_block_export>& blocks) override {
+    (void)e_.cache_blocks(keys, blocks);
+  }
+  seq_id start_prompt(request_id id, std::span<const token_id> prompt, prefix_claims& claims, int32_t& reused) override {
+    return e_.start_prompt(id, prompt, claims, reused);
+  }
+  int32_t available_blocks() const override { return e_.available_blocks(); }
+  int32_t blocks_needed(seq_id s, int32_t tokens) const override { return e_.blocks_needed(s, tokens); }
+  int32_t blocks_freed_by(seq_id s) const override { return e_.blocks_freed_by(s); }
+  kv_blocks_ptr export_all(seq_id s, request_id id, uint32_t epoch) const override {
+    auto all = std::make_shared<std::vector<kv_block_export>>();
+    (void)e_.export_kv(s, 0, e_.config().n_layer, 0, *all, id, epoch);
+    return all;
+  }
+
+ private:
+  engine& e_;
+};
 
 }  // namespace tandem

@@ -1,7 +1,7 @@
 #pragma once
-// A worker and the host KV store: publishing computed blocks, fetching a prompt's cached
-// prefix (claiming what it lacks so that alike prompts wait for it), and the prefix-cache
-// figures. All of it between steps, on the actor thread (the engine is idle then).
+// A worker and the host KV store: publishing computed blocks, fetching blocks a prompt lacks,
+// and the prefix-cache figures. All of it between steps, on the actor thread (the engine is
+// idle then); what to fetch and when is the worker core's.
 #include <chrono>
 #include <memory>
 #include <span>
@@ -9,7 +9,6 @@
 
 #include "actors/worker_engine.h"
 #include "runtime/kv/prefix_cache.h"
-#include "runtime/scheduler/sequence.h"
 #include "runtime/scheduler/worker_core.h"
 
 namespace tandem {
@@ -50,59 +49,6 @@ bool fetch_from_store(Self self, const worker_options& o, std::vector<block_key>
       .then([keys, done, observe](kv_blocks_ptr& b) mutable { observe(); done(keys, std::move(b)); },
             [keys, done](caf::error&) mutable { done(keys, nullptr); });
   return true;
-}
-
-using sched::prompt_reuse;  // what a prompt has of the prefix cache and the host store
-
-// On arrival, what a prompt will reuse of blocks other prompts here are computing: its load
-// counts only the rest from the start (the engine's own cache is read only between steps;
-// its salt and block size are fixed at construction).
-inline int32_t expected_reuse_at_arrival(const engine& eng, const prefix_claims& claims, const request_spec& spec) {
-  if (!eng.prefix_cache_enabled()) return 0;
-  const auto keys = prompt_block_keys(eng.prefix_salt(), spec.prompt, eng.block_size());
-  return claims.claimed_run(keys, 0, spec.id) * eng.block_size();
-}
-
-// Between steps (the engine is idle): starts `spec`'s prompt on a new sequence with its cached
-// prefix attached (r.reused), or returns 0 while it waits — for the host store, asked first
-// for the blocks this worker lacks, or for another prompt computing (or fetching) its next
-// block. A prompt that asks the store claims what it lacks, so prompts like it wait for this
-// one rather than fetch or compute the same. `find(id)` locates r again when the store
-// answers (null: the request left); `kick(self)` plans again then.
-template <class Self, class Find, class Kick>
-seq_id start_with_prefix(Self self, const worker_options& o, engine& eng, prefix_claims& claims,
-                         const request_spec& spec, prompt_reuse& r, Find find, Kick kick) {
-  if (r.fetched) {
-    (void)eng.cache_blocks(r.fetched_keys, *r.fetched);
-    r.fetched = nullptr;
-  }
-  if (r.fetch == 0) {
-    r.fetch = 2;
-    auto keys = prompt_block_keys(eng.prefix_salt(), spec.prompt, eng.block_size());
-    const size_t cached = size_t(eng.cached_prefix_tokens(spec.prompt) / eng.block_size());
-    if (cached < keys.size() && !claims.blocked(spec.id, keys, int32_t(cached))) {
-      claims.claim(spec.id, std::span(keys).subspan(cached));
-      keys.erase(keys.begin(), keys.begin() + std::ptrdiff_t(cached));
-      const uint64_t id = spec.id;
-      if (fetch_from_store(self, o, std::move(keys),
-                           [self, id, find, kick](const std::vector<block_key>& asked, kv_blocks_ptr blocks) {
-                             if (prompt_reuse* q = find(id); q && q->fetch == 1) {
-                               q->fetch = 2;
-                               if (blocks && !blocks->empty()) {
-                                 q->fetched = std::move(blocks);
-                                 q->fetched_keys = asked;
-                               }
-                             }
-                             kick(self);
-                           }))
-        r.fetch = 1;
-    }
-  }
-  if (r.fetch == 1) return 0;  // waiting for the store's answer
-  int32_t reused = 0;
-  const seq_id s = eng.start_prompt(spec.id, spec.prompt, claims, reused);
-  (s == 0 ? r.expected_reuse : r.reused) = reused;
-  return s;
 }
 
 // Prefix-cache metrics: the engine's counters since `last` (updated), and the prompt tokens the

@@ -19,7 +19,7 @@ template <class Event, class Phase>
 struct trace_row {
   Event in;
   std::vector<std::string> out;                                          // commands, in order
-  std::vector<std::pair<request_id, std::optional<Phase>>> after = {};  // nullopt: forgotten
+  std::vector<std::pair<request_id, std::optional<Phase>>> after;  // nullopt: forgotten (may be left out)
 };
 
 // Feeds each row's event to `core` (`on(event) -> commands`, `find(id) -> entry*` with
