@@ -3,23 +3,12 @@
 // running sequence with chunks of pending prompts under a token budget (chunked prefill, as in
 // Sarathi-Serve), with the same kernels as the disaggregated workers. A prompt starts only
 // once its KV blocks for the whole request are reserved, so running sequences never starve.
-#include <deque>
-#include <map>
-
+// What it decides is its worker core's (runtime/scheduler/worker_core.h); the actor translates.
 #include "actors/worker_common.h"
-#include "runtime/scheduler/step_cost.h"
 
 namespace tandem {
 
-struct colocated_worker_state : prompt_worker_state_base {
-  struct seq_entry : sched::sequence {
-    request_actor req;
-    bool reserved = false;  // KV credits held
-  };
-  std::unique_ptr<kv_credit_ledger> ledger;
-  sched::sequence_table<seq_entry> seqs;  // every request it holds; its prompts in arrival order
-  // Its steps' measured times (steps.tpot_target_ms: each step's prefill sized from it).
-  sched::step_cost_model cost;
+struct colocated_worker_state : worker_state_base {
   static inline const char* name = "colocated_worker";
 };
 

@@ -7,6 +7,7 @@
 
 #include "runtime/oplog.h"
 #include "runtime/scheduler/router_core.h"
+#include "tests/support/trace_table.h"
 
 namespace tandem::sched {
 namespace {
@@ -58,11 +59,7 @@ request_spec spec(int32_t prompt_tokens, int32_t max_tokens = 8) {
 
 decode_worker_load room(int32_t worker, int32_t blocks = 100) { return {worker, true, blocks, blocks, 0, 0}; }
 
-struct row {
-  event in;
-  std::vector<std::string> out;                  // commands, in order
-  std::vector<std::pair<request_id, std::optional<phase>>> after = {};  // nullopt: forgotten
-};
+using row = testing::trace_row<event, phase>;
 
 class RouterCore : public ::testing::Test {
  protected:
@@ -86,30 +83,8 @@ class RouterCore : public ::testing::Test {
   worker_ref P(int32_t i) const { return ref(pool_side::prefill, i); }
   worker_ref D(int32_t i) const { return ref(pool_side::decode, i); }
 
-  void run(const std::vector<row>& rows) {
-    for (size_t i = 0; i < rows.size(); ++i) {
-      std::vector<std::string> got;
-      for (const auto& c : core->on(rows[i].in)) got.push_back(show(c));
-      EXPECT_EQ(got, rows[i].out) << "row " << i;
-      for (const auto& [id, ph] : rows[i].after) {
-        const entry* e = core->find(id);
-        if (!ph) {
-          EXPECT_EQ(e, nullptr) << "row " << i << ": r" << id << " should be forgotten";
-        } else if (!e) {
-          ADD_FAILURE() << "row " << i << ": r" << id << " is gone, expected " << to_string(*ph);
-        } else {
-          EXPECT_EQ(to_string(e->current()), to_string(*ph)) << "row " << i << ": r" << id;
-        }
-      }
-    }
-  }
-  double counter(const std::string& name) {
-    const auto j = nlohmann::json::parse(metrics.to_json());
-    double sum = 0;
-    if (j["counters"].contains(name))
-      for (const auto& s : j["counters"][name]) sum += s["value"].get<double>();
-    return sum;
-  }
+  void run(const std::vector<row>& rows) { testing::run_trace(*core, rows, show); }
+  double counter(const std::string& name) { return testing::counter_total(metrics, name); }
 
   metrics::registry metrics;
   clock::time_point now = clock::time_point{} + 1h;
