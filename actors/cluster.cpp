@@ -27,7 +27,8 @@ void update_gauges(self_ptr self) {
   for (node_role r : {node_role::prefill, node_role::decode}) {
     const auto& ms = self->state.members;
     const auto count = std::count_if(ms.begin(), ms.end(), [r](const auto& m) { return m.second.role == r; });
-    m->get_gauge("tandem_cluster_nodes", "Worker processes joined to this router", {{"role", std::string(to_string(r))}})
+    m->get_gauge("tandem_cluster_nodes", "Worker processes joined to this router",
+                 {{"role", std::string(to_string(r))}})
         .set(double(count));
   }
 }
@@ -54,11 +55,15 @@ void lose(self_ptr self, uint64_t id, loss reason) {
   st.members.erase(it);
   ++st.losses;
   oplog::event(oplog::level::warn, "node_lost",
-               {{"node", int64_t(n.id)}, {"role", std::string(to_string(n.role))}, {"name", n.name},
-                {"reason", std::string(to_string(reason))}, {"workers", json(n.indices).dump()},
+               {{"node", int64_t(n.id)},
+                {"role", std::string(to_string(n.role))},
+                {"name", n.name},
+                {"reason", std::string(to_string(reason))},
+                {"workers", json(n.indices).dump()},
                 {"member_s", std::chrono::duration<double>(steady::now() - n.joined).count()}});
   if (auto& m = st.opts.metrics)
-    m->get_counter("tandem_cluster_losses_total", "Worker processes lost", {{"reason", std::string(to_string(reason))}}).inc();
+    m->get_counter("tandem_cluster_losses_total", "Worker processes lost", {{"reason", std::string(to_string(reason))}})
+        .inc();
   self->demonitor(n.agent.address());
   self->send(n.agent, lost_atom::value, n.id);
   if (auto router = st.opts.routers ? st.opts.routers->get() : router_actor{})
@@ -101,7 +106,8 @@ cluster_actor::behavior_type cluster_behavior(self_ptr self, cluster_options opt
         if (h.model_id != st.opts.model_id)
           return refuse(self, "the node serves another model (identity " + std::to_string(h.model_id) +
                                   ", the router's is " + std::to_string(st.opts.model_id) + ")");
-        if (h.role == node_role::decode && h.kv_address.empty()) return refuse(self, "a decode node must give its KV address");
+        if (h.role == node_role::decode && h.kv_address.empty())
+          return refuse(self, "a decode node must give its KV address");
         auto router = st.opts.routers ? st.opts.routers->get() : router_actor{};
         if (!router) return refuse(self, "the router is not running");
         if (router != st.router) {  // (members of an earlier router are let go at the next tick)
@@ -121,11 +127,14 @@ cluster_actor::behavior_type cluster_behavior(self_ptr self, cluster_options opt
         n.joined = n.last_heartbeat = steady::now();
         int32_t& next = n.role == node_role::prefill ? st.next_prefill : st.next_decode;
         for (int32_t i = 0; i < h.workers; ++i) n.indices.push_back(next++);
-        node_welcome w{n.id, n.indices, st.opts.kv, st.opts.steps, st.opts.kv_channel,
-                       std::max<int64_t>(10, st.opts.heartbeat_timeout.count() / 5)};
+        node_welcome w{n.id,          n.indices,          st.opts.kv,
+                       st.opts.steps, st.opts.kv_channel, std::max<int64_t>(10, st.opts.heartbeat_timeout.count() / 5)};
         self->monitor(agent);
         oplog::event(oplog::level::info, "node_joined",
-                     {{"node", int64_t(n.id)}, {"role", std::string(to_string(n.role))}, {"name", n.name}, {"device", n.device},
+                     {{"node", int64_t(n.id)},
+                      {"role", std::string(to_string(n.role))},
+                      {"name", n.name},
+                      {"device", n.device},
                       {"workers", json(n.indices).dump()}});
         ++st.joins;
         if (auto& m = st.opts.metrics) m->get_counter("tandem_cluster_joins_total", "Worker processes joined").inc();

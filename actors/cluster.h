@@ -28,8 +28,8 @@ struct node_hello {
   std::string name, host, device;
   std::string kv_address;  // decode: its KV receiver
   int32_t workers = 0;
-  int32_t threads = 0;     // per worker
-  int64_t kv_blocks = 0;   // per worker, at the default block size
+  int32_t threads = 0;  // per worker
+  int64_t kv_blocks = 0;  // per worker, at the default block size
   uint64_t model_id = 0;
 };
 
@@ -78,18 +78,18 @@ using cluster_actor = caf::typed_actor<
     // The router: a KV link from prefill worker p (on a node) to decode worker d.
     caf::replies_to<link_atom, int32_t, int32_t, decode_worker_actor>::with<kv_link_actor>,
     caf::replies_to<nodes_atom>::with<std::string>,  // the members as JSON (dashboard, /health)
-    caf::reacts_to<tick_atom>>;                      // its own timer: heartbeat check
+    caf::reacts_to<tick_atom>>;  // its own timer: heartbeat check
 
 // What the router process requires of its members, and tells them.
 struct cluster_options {
-  uint64_t model_id = 0;       // a node serving another model is refused
+  uint64_t model_id = 0;  // a node serving another model is refused
   // Every member's workers use these (exact recovery needs one matmul mode; links and the
   // store refuse KV of another layout).
   kv_settings kv;
   step_settings steps;
   channel_mode kv_channel = channel_mode::automatic;  // for links between nodes
   std::chrono::milliseconds heartbeat_timeout{1500};  // silence past this: the node is lost
-  int32_t first_prefill_index = 0;    // global indices start past the router process's own workers
+  int32_t first_prefill_index = 0;  // global indices start past the router process's own workers
   int32_t first_decode_index = 0;
   std::shared_ptr<router_directory> routers;
   std::shared_ptr<metrics::registry> metrics;
@@ -116,6 +116,7 @@ struct cluster_state {
   static inline const char* name = "cluster";
 };
 
-cluster_actor::behavior_type cluster_behavior(cluster_actor::stateful_pointer<cluster_state> self, cluster_options opts);
+cluster_actor::behavior_type cluster_behavior(cluster_actor::stateful_pointer<cluster_state> self,
+                                              cluster_options opts);
 
 }  // namespace tandem

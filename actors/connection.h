@@ -19,21 +19,21 @@
 
 namespace tandem {
 
-using connection_actor = caf::typed_actor<
-    caf::reacts_to<request_event>,                     // from the requests' actors
-    caf::reacts_to<submit_atom, request_id>,           // a request of this connection (sent before its submit)
-    caf::reacts_to<credit_atom, request_id, int32_t>,  // the reader took n events of this request
-    caf::reacts_to<cancel_atom, request_id>>;
+using connection_actor =
+    caf::typed_actor<caf::reacts_to<request_event>,  // from the requests' actors
+                     caf::reacts_to<submit_atom, request_id>,  // a request of this connection (sent before its submit)
+                     caf::reacts_to<credit_atom, request_id, int32_t>,  // the reader took n events of this request
+                     caf::reacts_to<cancel_atom, request_id>>;
 
 // What a connection's reader and its actor share.
 struct connection_inbox {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<request_event> events;             // every request's, in arrival order
-  std::unordered_set<request_id> unfinished;    // submitted; final event not yet taken
-  std::unordered_set<request_id> abandoned;     // the reader will not read these: never queued
+  std::deque<request_event> events;  // every request's, in arrival order
+  std::unordered_set<request_id> unfinished;  // submitted; final event not yet taken
+  std::unordered_set<request_id> abandoned;  // the reader will not read these: never queued
   std::function<void(const request_event&)> callback;  // instead of the queue (runs on the actor)
-  std::function<void()> notify;                 // events were queued (runs on the actor)
+  std::function<void()> notify;  // events were queued (runs on the actor)
   connection_actor actor;
   uint64_t client = 0;  // its requests' request_spec::client (0: a lone request's own)
 };
@@ -41,16 +41,15 @@ struct connection_inbox {
 struct connection_state {
   std::shared_ptr<connection_inbox> inbox;
   std::shared_ptr<router_directory> routers;  // cancels of requests not accepted yet go there
-  bool end_when_idle = false;                             // a lone request's connection ends with it
-  std::unordered_set<request_id> open;                    // submitted; final event not yet seen
+  bool end_when_idle = false;  // a lone request's connection ends with it
+  std::unordered_set<request_id> open;  // submitted; final event not yet seen
   std::unordered_map<request_id, request_actor> requests;  // their actors, once accepted
   static inline const char* name = "connection";
 };
 
 connection_actor::behavior_type connection_behavior(connection_actor::stateful_pointer<connection_state> self,
                                                     std::shared_ptr<connection_inbox> inbox,
-                                                    std::shared_ptr<router_directory> routers,
-                                                    bool end_when_idle,
+                                                    std::shared_ptr<router_directory> routers, bool end_when_idle,
                                                     std::shared_ptr<std::atomic<int64_t>> live_connections);
 
 }  // namespace tandem

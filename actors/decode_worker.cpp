@@ -10,7 +10,9 @@ decode_worker_actor::behavior_type decode_worker_behavior(self_ptr self, std::sh
   init_worker(self->state, worker_kind::decode, std::move(m), std::move(opts), std::move(router));
   report_load(self);
   // A request's handle stays while the core holds it (cmd::forget); one refused at once goes.
-  auto keep_handle = [self](request_id id, const request_actor& req) { self->state.requests.insert_or_assign(id, req); };
+  auto keep_handle = [self](request_id id, const request_actor& req) {
+    self->state.requests.insert_or_assign(id, req);
+  };
   auto drop_unheld = [self](request_id id) {
     if (!self->state.core->find(id)) self->state.requests.erase(id);
   };

@@ -69,7 +69,8 @@ void count_transfer(kv_link_actor::stateful_pointer<kv_link_state> self) {
   auto& st = self->state;
   ++st.transfers;
   if (st.opts.metrics)
-    st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", {{"link", st.label}}).inc();
+    st.opts.metrics->get_counter("tandem_kv_link_transfers_total", "KV transfers by a link", {{"link", st.label}})
+        .inc();
 }
 
 // Moves blocks through the link's transport (or hands them over) and accounts for them.
@@ -84,7 +85,8 @@ kv_blocks_ptr move(kv_link_actor::stateful_pointer<kv_link_state> self, const re
   if (st.opts.transport != kv_transport_kind::handoff) {
     landed = move_through(*st.transport, *kv, err);
     if (!landed) {
-      if (err.ok()) err = {errc::io_error, "the " + std::string(to_string(st.opts.transport)) + " transport lost the KV blocks"};
+      if (err.ok())
+        err = {errc::io_error, "the " + std::string(to_string(st.opts.transport)) + " transport lost the KV blocks"};
       return nullptr;
     }
   }
@@ -116,8 +118,9 @@ bool settle_frame(kv_link_actor::stateful_pointer<kv_link_state> self, const kv_
   if (ts.state != transport::transfer_state::done) {
     spdlog::warn("{}: a frame failed: {}", st.label, ts.error.to_string());
     if (st.opts.metrics)
-      st.opts.metrics->get_counter("tandem_kv_link_failed_frames_total", "KV frames a link could not deliver",
-                                   {{"link", st.label}})
+      st.opts.metrics
+          ->get_counter("tandem_kv_link_failed_frames_total", "KV frames a link could not deliver",
+                        {{"link", st.label}})
           .inc();
     return false;
   }
@@ -176,7 +179,8 @@ void settle_closing(kv_link_actor::stateful_pointer<kv_link_state> self) {
     it = st.closing.erase(it);
     --st.in_flight;
     if (st.failed_frames.erase(id) != 0) {
-      c.promise.deliver(to_caf_error({errc::io_error, "a KV frame of request " + std::to_string(id) + " was not acknowledged"}));
+      c.promise.deliver(
+          to_caf_error({errc::io_error, "a KV frame of request " + std::to_string(id) + " was not acknowledged"}));
     } else {
       count_transfer(self);
       forward(self, std::move(c.spec), std::move(c.req), std::make_shared<const std::vector<kv_block_export>>(),
@@ -231,8 +235,7 @@ kv_link_actor::behavior_type kv_link_behavior(kv_link_actor::stateful_pointer<kv
           // The set (or, after a streamed prefill, its last blocks) goes as one more frame; once
           // every frame is acknowledged it is staged at the decode worker, and the closing
           // arrive (an empty set) completes it there.
-          if (!kv->empty() && !st.opts.faults->lose_piece())
-            send_frame(self, req, spec.id, spec.epoch, kv);
+          if (!kv->empty() && !st.opts.faults->lose_piece()) send_frame(self, req, spec.id, spec.epoch, kv);
           auto rp = self->make_response_promise<bool>();
           st.closing.push_back({std::move(spec), std::move(req), std::move(generated), rp});
           ++st.in_flight;

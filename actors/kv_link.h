@@ -24,8 +24,8 @@ struct kv_link_options {
   std::shared_ptr<metrics::registry> metrics;
   std::shared_ptr<fault_hooks> faults = no_faults();  // what faults this link meets (tests, tandem chaos)
   tandem::channel_mode channel_mode = tandem::channel_mode::automatic;  // channel: shm on one host, else tcp
-  std::string kv_address;             // "channel": the decode process's KV receiver
-  int32_t target = 0;                 // "channel": the decode worker's index there
+  std::string kv_address;  // "channel": the decode process's KV receiver
+  int32_t target = 0;  // "channel": the decode worker's index there
 };
 
 struct kv_link_state {
@@ -53,9 +53,9 @@ struct kv_link_state {
   std::vector<closing_transfer> closing;  // in arrival order
   std::shared_ptr<std::atomic<bool>> ticking;  // a tick is in the mailbox (the sender told us)
   uint64_t transfers = 0, bytes = 0;
-  int32_t in_flight = 0;   // transfers not answered yet (waiting for acknowledgements or the decode worker)
-  bool retiring = false;   // a restart replaced this link: end once in_flight is 0
-  struct held_transfer {   // fault injection: a transfer held back (delay_kv)
+  int32_t in_flight = 0;  // transfers not answered yet (waiting for acknowledgements or the decode worker)
+  bool retiring = false;  // a restart replaced this link: end once in_flight is 0
+  struct held_transfer {  // fault injection: a transfer held back (delay_kv)
     request_spec spec;
     request_actor req;
     kv_blocks_ptr kv;

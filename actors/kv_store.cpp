@@ -53,17 +53,16 @@ kv_store_actor::behavior_type kv_store_behavior(self_ptr self, kv_store_options 
   };
 }
 
-caf::actor spawn_kv_store_pool(caf::actor_system& sys, const kv_store_options& opts, std::shared_ptr<kv_store_directory> dir,
-                               pool_options pool) {
+caf::actor spawn_kv_store_pool(caf::actor_system& sys, const kv_store_options& opts,
+                               std::shared_ptr<kv_store_directory> dir, pool_options pool) {
   pool.kind = actor_kind::kv_store;
   pool.size = 1;
   auto metrics = pool.metrics;
-  return sys.spawn(pool_supervisor, std::move(pool),
-                   [dir, opts, metrics](caf::event_based_actor* self, int32_t) {
-                     auto s = self->spawn<caf::monitored>(kv_store_behavior, opts, metrics);
-                     dir->set(s);
-                     return caf::actor_cast<caf::actor>(s);
-                   });
+  return sys.spawn(pool_supervisor, std::move(pool), [dir, opts, metrics](caf::event_based_actor* self, int32_t) {
+    auto s = self->spawn<caf::monitored>(kv_store_behavior, opts, metrics);
+    dir->set(s);
+    return caf::actor_cast<caf::actor>(s);
+  });
 }
 
 }  // namespace tandem

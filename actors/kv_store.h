@@ -44,7 +44,7 @@ class kv_store_directory {
 // Spawns the host store under a supervisor of its own (a pool of one: a dead store is replaced
 // by a fresh, empty one, within the restart intensity and backoff of `pool`; its kind and size
 // are set here) and keeps `dir` pointing at the current one. Returns the supervisor.
-caf::actor spawn_kv_store_pool(caf::actor_system& sys, const kv_store_options& opts, std::shared_ptr<kv_store_directory> dir,
-                               pool_options pool);
+caf::actor spawn_kv_store_pool(caf::actor_system& sys, const kv_store_options& opts,
+                               std::shared_ptr<kv_store_directory> dir, pool_options pool);
 
 }  // namespace tandem

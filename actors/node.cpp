@@ -25,7 +25,6 @@ namespace {
 
 using json = nlohmann::json;
 
-
 // What the agent and the node's main thread share: the events that end run()'s wait, the
 // decode workers the KV receiver delivers to, and the links spawned here (stopped with it).
 struct node_shared {
@@ -78,7 +77,8 @@ node_actor::behavior_type node_agent(node_actor::stateful_pointer<node_agent_sta
   });
   self->set_error_handler([](caf::error&) {});
   return {
-      [self](link_atom, int32_t p, int32_t d, decode_worker_actor& decode, const std::string& address) -> kv_link_actor {
+      [self](link_atom, int32_t p, int32_t d, decode_worker_actor& decode,
+             const std::string& address) -> kv_link_actor {
         auto& sh = *self->state.shared;
         kv_link_options o;
         o.name = link_name(p, d);
@@ -93,7 +93,8 @@ node_actor::behavior_type node_agent(node_actor::stateful_pointer<node_agent_sta
         // when a link is killed at shutdown (example_cluster hung so about once in 50 runs).
         auto link = self->home_system().spawn(kv_link_behavior, std::move(decode), std::move(o));
         std::lock_guard<std::mutex> lk(sh.mu);
-        std::erase_if(sh.links, [](const caf::actor& a) { return !a || a->getf(caf::abstract_actor::is_terminated_flag); });
+        std::erase_if(sh.links,
+                      [](const caf::actor& a) { return !a || a->getf(caf::abstract_actor::is_terminated_flag); });
         sh.links.push_back(caf::actor_cast<caf::actor>(link));
         spdlog::debug("node: link {} to {}", o.name.str(), address);
         return link;
@@ -104,10 +105,11 @@ node_actor::behavior_type node_agent(node_actor::stateful_pointer<node_agent_sta
         const uint64_t id = st.shared->node_id.load();
         const auto every = std::chrono::milliseconds(st.shared->heartbeat_ms.load());
         self->request(st.cluster, every * 4, heartbeat_atom::value, id)
-            .then([self, id](bool member) {
-                    if (!member) self->state.shared->signal_lost(id);
-                  },
-                  [](caf::error&) {});  // not answered in time: the router decides, not us
+            .then(
+                [self, id](bool member) {
+                  if (!member) self->state.shared->signal_lost(id);
+                },
+                [](caf::error&) {});  // not answered in time: the router decides, not us
         self->delayed_send(self, every, tick_atom::value);
         // A pool past its restart intensity restarts nothing any more: as one process would be
         // degraded, this one leaves (exit 1), for whatever runs it to start it afresh.
@@ -118,13 +120,14 @@ node_actor::behavior_type node_agent(node_actor::stateful_pointer<node_agent_sta
         }
         if (pool)
           self->request(pool, every * 4, degraded_atom::value)
-              .then([self](bool degraded) {
-                      if (degraded)
-                        self->state.shared->signal_gone("its worker pool failed past its restart intensity (" +
-                                                        std::to_string(self->state.shared->max_worker_restarts) +
-                                                        " restarts in 10 s)");
-                    },
-                    [](caf::error&) {});
+              .then(
+                  [self](bool degraded) {
+                    if (degraded)
+                      self->state.shared->signal_gone("its worker pool failed past its restart intensity (" +
+                                                      std::to_string(self->state.shared->max_worker_restarts) +
+                                                      " restarts in 10 s)");
+                  },
+                  [](caf::error&) {});
       },
   };
 }
@@ -170,13 +173,15 @@ struct node::impl {
   int64_t kv_blocks() const {
     // Announced before the welcome says the cluster's settings: the defaults until then.
     const kv_settings kv = welcome ? welcome->kv : kv_settings{};
-    return kv_blocks_per_worker(*mdl, kv.block_size, kv.dtype, cfg.kv_blocks_per_worker, cfg.kv_memory_bytes_per_worker);
+    return kv_blocks_per_worker(*mdl, kv.block_size, kv.dtype, cfg.kv_blocks_per_worker,
+                                cfg.kv_memory_bytes_per_worker);
   }
 
   std::string kv_address() const {
     if (!receiver) return "";
     if (cfg.kv_advertise_host.empty()) return receiver->address();
-    return "tcp://" + cfg.kv_advertise_host + ":" + std::to_string(receiver->port()) + ";host=" + transport::host_identity();
+    return "tcp://" + cfg.kv_advertise_host + ":" + std::to_string(receiver->port()) +
+           ";host=" + transport::host_identity();
   }
 
   // Hello, welcome, then the pool (its workers join the router themselves).
@@ -200,7 +205,8 @@ struct node::impl {
     self->request(cluster, std::chrono::seconds(10), hello_atom::value, version)
         .receive([](bool) {}, [&](caf::error& e) { refused = from_caf_error(e); });
     if (refused.ok())
-      self->request(cluster, std::chrono::seconds(10), join_atom::value, std::move(hello), caf::actor_cast<caf::actor>(agent))
+      self->request(cluster, std::chrono::seconds(10), join_atom::value, std::move(hello),
+                    caf::actor_cast<caf::actor>(agent))
           .receive(
               [&](node_welcome& w, router_actor& r) {
                 welcome = std::move(w);
@@ -210,7 +216,8 @@ struct node::impl {
     if (!refused.ok()) throw failure(refused.code(), "the router refused this node: " + refused.message());
     if (!welcome || !router) throw failure(errc::io_error, "the router's welcome is malformed");
     indices = welcome->indices;
-    if (int(indices.size()) != cfg.workers) throw failure(errc::io_error, "the router gave the wrong number of indices");
+    if (int(indices.size()) != cfg.workers)
+      throw failure(errc::io_error, "the router gave the wrong number of indices");
     shared->node_id = welcome->node;
     shared->kv_mode = welcome->kv_channel;
     shared->heartbeat_ms = welcome->heartbeat_ms;
@@ -220,35 +227,37 @@ struct node::impl {
     auto mdl_copy = mdl;
     impl* ip = this;
     const bool prefill = cfg.role == node_role::prefill;
-    pool = sys->spawn(pool_supervisor,
-                      // No recovery here: past its intensity the node leaves (exits), for its
-                      // own supervisor (systemd, Kubernetes) to start it afresh.
-                      pool_options{.kind = actor_kind_of(worker_kind_of(cfg.role)),
-                                   .size = cfg.workers,
-                                   .max_restarts = cfg.max_worker_restarts,
-                                   .window = std::chrono::milliseconds(10000),
-                                   .metrics = shared->metrics,
-                                   .recover_after = std::chrono::milliseconds(0)},
-                      [ip, mdl_copy, router, prefill](caf::event_based_actor* self, int32_t i) -> caf::actor {
-                        const int32_t global = ip->indices[size_t(i)];
-                        if (prefill) {
-                          auto w = self->spawn<caf::monitored>(prefill_worker_behavior, mdl_copy, ip->worker_opts(global), router);
-                          self->send(router, join_atom::value, global, w);
-                          return caf::actor_cast<caf::actor>(w);
-                        }
-                        auto w = self->spawn<caf::monitored>(decode_worker_behavior, mdl_copy, ip->worker_opts(global), router);
-                        {
-                          std::lock_guard<std::mutex> lk(ip->shared->mu);
-                          ip->shared->decodes[global] = w;
-                        }
-                        self->send(router, join_atom::value, global, w);
-                        return caf::actor_cast<caf::actor>(w);
-                      });
+    pool = sys->spawn(
+        pool_supervisor,
+        // No recovery here: past its intensity the node leaves (exits), for its
+        // own supervisor (systemd, Kubernetes) to start it afresh.
+        pool_options{.kind = actor_kind_of(worker_kind_of(cfg.role)),
+                     .size = cfg.workers,
+                     .max_restarts = cfg.max_worker_restarts,
+                     .window = std::chrono::milliseconds(10000),
+                     .metrics = shared->metrics,
+                     .recover_after = std::chrono::milliseconds(0)},
+        [ip, mdl_copy, router, prefill](caf::event_based_actor* self, int32_t i) -> caf::actor {
+          const int32_t global = ip->indices[size_t(i)];
+          if (prefill) {
+            auto w = self->spawn<caf::monitored>(prefill_worker_behavior, mdl_copy, ip->worker_opts(global), router);
+            self->send(router, join_atom::value, global, w);
+            return caf::actor_cast<caf::actor>(w);
+          }
+          auto w = self->spawn<caf::monitored>(decode_worker_behavior, mdl_copy, ip->worker_opts(global), router);
+          {
+            std::lock_guard<std::mutex> lk(ip->shared->mu);
+            ip->shared->decodes[global] = w;
+          }
+          self->send(router, join_atom::value, global, w);
+          return caf::actor_cast<caf::actor>(w);
+        });
     {
       std::lock_guard<std::mutex> lk(shared->mu);
       shared->pool = pool;
     }
-    spdlog::info("node: joined as {} node {} with workers {}", to_string(cfg.role), shared->node_id.load(), json(indices).dump());
+    spdlog::info("node: joined as {} node {} with workers {}", to_string(cfg.role), shared->node_id.load(),
+                 json(indices).dump());
   }
 
   void start();  // the receiver or store, the connection to the router, the agent; then join()
@@ -283,7 +292,8 @@ node::node(node_config cfg) : impl_(std::make_unique<impl>()) {
   im.cfg = std::move(cfg);
   if (im.cfg.workers < 1 || im.cfg.threads_per_worker < 1)
     throw failure(errc::invalid_argument, "workers and threads per worker must be positive");
-  if (im.cfg.join_port == 0) throw failure(errc::invalid_argument, "--join needs HOST:PORT of the router's cluster port");
+  if (im.cfg.join_port == 0)
+    throw failure(errc::invalid_argument, "--join needs HOST:PORT of the router's cluster port");
   if (im.cfg.name.empty()) im.cfg.name = default_name();
   im.mdl = im.cfg.loaded_model ? im.cfg.loaded_model
                                : model::load(im.cfg.model_path.empty() ? default_model_path() : im.cfg.model_path);
@@ -319,7 +329,8 @@ void node::impl::start() {
       }
       // Staged there before the frame is acknowledged, so the link's closing arrive (sent after
       // the acknowledgement) always finds it.
-      if (w && f.blocks) caf::anon_send(w, kv_piece_atom::value, request_id(f.request), f.epoch, kv_blocks_ptr(f.blocks));
+      if (w && f.blocks)
+        caf::anon_send(w, kv_piece_atom::value, request_id(f.request), f.epoch, kv_blocks_ptr(f.blocks));
     });
   } else {
     // A prefill node's own host store: its workers reuse each other's computed prefixes.
@@ -331,8 +342,8 @@ void node::impl::start() {
   }
   auto c = im.sys->middleman().remote_actor<cluster_actor>(im.cfg.join_host, im.cfg.join_port);
   if (!c)
-    throw failure(errc::io_error, "cannot reach the router at " + im.cfg.join_host + ":" + std::to_string(im.cfg.join_port) +
-                                      ": " + im.sys->render(c.error()));
+    throw failure(errc::io_error, "cannot reach the router at " + im.cfg.join_host + ":" +
+                                      std::to_string(im.cfg.join_port) + ": " + im.sys->render(c.error()));
   im.cluster = *c;
   im.agent = im.sys->spawn(node_agent, im.shared, im.cluster);
   im.join();

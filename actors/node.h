@@ -22,8 +22,8 @@ namespace tandem {
 struct node_config {
   node_role role = node_role::decode;
   std::string join_host = "127.0.0.1";
-  uint16_t join_port = 0;            // the router's --cluster-port
-  std::string model_path;            // empty: the built-in default model (as the router's)
+  uint16_t join_port = 0;  // the router's --cluster-port
+  std::string model_path;  // empty: the built-in default model (as the router's)
   std::shared_ptr<const model> loaded_model;
   int workers = 1;
   int threads_per_worker = 1;
@@ -31,12 +31,12 @@ struct node_config {
   int64_t kv_memory_bytes_per_worker = 256ll << 20;
   // Decode: where the KV receiver listens, and the host senders reach it at.
   std::string kv_listen_host = "127.0.0.1";
-  uint16_t kv_port = 0;              // 0: any free port
-  std::string kv_advertise_host;     // empty: kv_listen_host
-  bool allow_shm = true;             // offer shared memory to senders on this host
+  uint16_t kv_port = 0;  // 0: any free port
+  std::string kv_advertise_host;  // empty: kv_listen_host
+  bool allow_shm = true;  // offer shared memory to senders on this host
   int scheduler_threads = 2;
-  int32_t max_worker_restarts = 5;   // per 10 s; past it the node leaves (exit 1)
-  std::string name;                  // empty: hostname:pid
+  int32_t max_worker_restarts = 5;  // per 10 s; past it the node leaves (exit 1)
+  std::string name;  // empty: hostname:pid
   // Tests: join announcing this wire version instead of ours (refused unless equal).
   uint32_t announce_wire_version = 0;
 };
@@ -57,7 +57,7 @@ class node {
   void stop();  // any thread (a signal handler's event loop)
 
   const std::vector<int32_t>& indices() const;  // this node's workers' global indices
-  uint16_t kv_port() const;                     // decode: the receiver's port
+  uint16_t kv_port() const;  // decode: the receiver's port
   uint64_t rejoins() const;
   // Fault injection (tandem serve --role decode: SIGUSR1): closes the KV receiver's
   // connections; transfers in flight fail and are shipped again from their leases.

@@ -161,8 +161,8 @@ struct pipeline::impl {
   std::shared_ptr<fault_injector> faults = std::make_shared<fault_injector>(metrics);  // counts the faults met
   root_actor root;
   std::shared_ptr<kv_store_directory> store;  // with a store: which one is current
-  caf::actor store_pool;                      // its supervisor
-  cluster_actor cluster;                      // a router process's members (cluster_port >= 0)
+  caf::actor store_pool;  // its supervisor
+  cluster_actor cluster;  // a router process's members (cluster_port >= 0)
   uint16_t cluster_port = 0;
   std::atomic<request_id> next_id{1};
   std::atomic<uint64_t> next_client{1};  // connections' client ids (request_spec::client)
@@ -175,7 +175,7 @@ struct pipeline::impl {
     mutable std::mutex mu;
     mutable std::condition_variable cv;
     mutable uint64_t asked = 1;  // snapshot() calls (the first refresh at once)
-    uint64_t answered = 0;       // the `asked` count the latest refresh began after
+    uint64_t answered = 0;  // the `asked` count the latest refresh began after
     bool stop = false;
     std::shared_ptr<const pipeline_stats> latest;
     std::thread thread;
@@ -221,7 +221,11 @@ struct pipeline::impl {
     caf::scoped_actor self{*sys};
     for (const auto& [kind, sup] : ps)
       self->request(sup, std::chrono::seconds(2), degraded_atom::value)
-          .receive([&, k = kind](bool d) { if (d) out.emplace_back(to_string(k)); }, [](caf::error&) {});
+          .receive(
+              [&, k = kind](bool d) {
+                if (d) out.emplace_back(to_string(k));
+              },
+              [](caf::error&) {});
     return out;
   }
 };
@@ -241,12 +245,12 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
       !std::isfinite(im.cfg.scheduling.route_overlap_weight) || !std::isfinite(im.cfg.scheduling.route_load_weight))
     throw failure(errc::invalid_argument, "routing weights must be finite and not negative");
   im.mdl = im.cfg.model.loaded ? im.cfg.model.loaded
-                        : model::load(im.cfg.model.path.empty() ? default_model_path() : im.cfg.model.path);
+                               : model::load(im.cfg.model.path.empty() ? default_model_path() : im.cfg.model.path);
   // Auto: the cores follow the work whenever both pools are in this process.
   if ((im.cfg.pools.share_cores || im.cfg.pools.mode == serving_mode::automatic) && splits_phases(im.cfg.pools.mode) &&
       !cluster)
-    im.cores = std::make_shared<kernels::core_share>(
-        (im.cfg.pools.prefill_workers + im.cfg.pools.decode_workers) * im.cfg.pools.threads_per_worker);
+    im.cores = std::make_shared<kernels::core_share>((im.cfg.pools.prefill_workers + im.cfg.pools.decode_workers) *
+                                                     im.cfg.pools.threads_per_worker);
   im.sys_cfg.set("scheduler.max-threads", std::max(1, im.cfg.pools.scheduler_threads));
   register_error_category(im.sys_cfg);
   if (cluster) {
@@ -259,26 +263,32 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
   // every worker of this process computes from the one read-only mapping of the model file.
   const double weights = double(im.mdl->weight_bytes());
   im.metrics->get_gauge("tandem_model_weight_bytes", "Bytes of one copy of the model's weights").set(weights);
-  im.metrics->get_gauge("tandem_weight_resident_bytes", "Bytes of weights resident for all workers (shared copies counted once)")
+  im.metrics
+      ->get_gauge("tandem_weight_resident_bytes",
+                  "Bytes of weights resident for all workers (shared copies counted once)")
       .set(weights);
   // Info metrics (value 1, the facts in labels), as Prometheus exporters give build_info.
-  im.metrics->get_gauge("tandem_build_info", "tandem's version and the CPU kernels it runs", {{"version", TANDEM_VERSION},
-                                                                                                  {"isa", kernels::cpu::isa_name()}})
+  im.metrics
+      ->get_gauge("tandem_build_info", "tandem's version and the CPU kernels it runs",
+                  {{"version", TANDEM_VERSION}, {"isa", kernels::cpu::isa_name()}})
       .set(1);
   {
     std::map<std::string, uint64_t> bytes_by_type;  // the type most of the weights' bytes are in
-    for (const auto& t : im.mdl->file().tensors()) bytes_by_type[std::string(kernels::to_string(t.type))] += t.size_bytes;
+    for (const auto& t : im.mdl->file().tensors())
+      bytes_by_type[std::string(kernels::to_string(t.type))] += t.size_bytes;
     std::string type;
     uint64_t most = 0;
     for (const auto& [t, b] : bytes_by_type)
       if (b > most) type = t, most = b;
     const auto& c = im.mdl->config();
     im.metrics
-        ->get_gauge("tandem_model_info", "The model served",
-                    {{"model", im.cfg.model.path.empty() ? c.name : std::filesystem::path(im.cfg.model.path).filename().string()},
-                     {"architecture", std::string(to_string(c.arch))},
-                     {"type", type},
-                     {"mode", im.cfg.cluster.port >= 0 ? std::string("router") : std::string(to_string(im.cfg.pools.mode))}})
+        ->get_gauge(
+            "tandem_model_info", "The model served",
+            {{"model",
+              im.cfg.model.path.empty() ? c.name : std::filesystem::path(im.cfg.model.path).filename().string()},
+             {"architecture", std::string(to_string(c.arch))},
+             {"type", type},
+             {"mode", im.cfg.cluster.port >= 0 ? std::string("router") : std::string(to_string(im.cfg.pools.mode))}})
         .set(1);
   }
   router_options ro;
@@ -293,13 +303,14 @@ pipeline::pipeline(serving_config cfg) : impl_(std::make_unique<impl>()) {
   ro.core.max_migrations = std::max(0, im.cfg.scheduling.max_migrations);
   ro.core.admission_policy_impl = im.cfg.scheduling.admission_policy_impl;
   ro.core.prefill_policy = im.cfg.scheduling.prefill_policy
-                          ? im.cfg.scheduling.prefill_policy
-                          : std::make_shared<prefill_placement>(im.cfg.scheduling.route_overlap_weight, im.cfg.scheduling.route_load_weight);
+                               ? im.cfg.scheduling.prefill_policy
+                               : std::make_shared<prefill_placement>(im.cfg.scheduling.route_overlap_weight,
+                                                                     im.cfg.scheduling.route_load_weight);
   if (im.cfg.kv.prefix_cache) {
     ro.core.prefix_salt = engine_prefix_salt(*im.mdl, im.cfg.kv.block_size, im.cfg.steps.matmul, im.cfg.kv.dtype);
-    ro.core.prefix_capacity_blocks = kv_blocks_per_worker(*im.mdl, im.cfg.kv.block_size, im.cfg.kv.dtype,
-                                                          im.cfg.pools.kv_blocks_per_worker,
-                                                          im.cfg.pools.kv_memory_bytes_per_worker);
+    ro.core.prefix_capacity_blocks =
+        kv_blocks_per_worker(*im.mdl, im.cfg.kv.block_size, im.cfg.kv.dtype, im.cfg.pools.kv_blocks_per_worker,
+                             im.cfg.pools.kv_memory_bytes_per_worker);
   }
   ro.core.decode_policy = im.cfg.scheduling.decode_policy;
   ro.request_ctx = {im.mdl, im.metrics, im.live, {}, im.routers};
@@ -438,15 +449,19 @@ std::string pipeline::cluster_nodes() {
 void pipeline::publish_gauges(const pipeline_stats& s) {
   auto& m = *impl_->metrics;
   for (const auto& [state, n] : s.requests_by_state)
-    m.get_gauge("tandem_requests", "Requests the router tracks, by lifecycle state (queued: waiting for prefill)", {{"state", state}})
+    m.get_gauge("tandem_requests", "Requests the router tracks, by lifecycle state (queued: waiting for prefill)",
+                {{"state", state}})
         .set(n);
   for (const auto& w : s.workers) {
     if (w.kv_free_blocks < 0) continue;  // not known (yet)
     const metrics::labels l{{"worker", w.name}};
-    m.get_gauge("tandem_worker_kv_free_blocks", "KV blocks free to take in the worker's pool (free, or kept only by the prefix cache)", l)
+    m.get_gauge("tandem_worker_kv_free_blocks",
+                "KV blocks free to take in the worker's pool (free, or kept only by the prefix cache)", l)
         .set(w.kv_free_blocks);
     m.get_gauge("tandem_worker_kv_usage_ratio", "Share of the worker's KV blocks in use (reserved included)", l)
-        .set(w.kv_total_blocks > 0 ? double(w.kv_total_blocks - w.kv_free_blocks + w.reserved_blocks) / w.kv_total_blocks : 0.0);
+        .set(w.kv_total_blocks > 0
+                 ? double(w.kv_total_blocks - w.kv_free_blocks + w.reserved_blocks) / w.kv_total_blocks
+                 : 0.0);
     m.get_gauge("tandem_worker_running", "Sequences in the worker (prefilling or decoding)", l).set(w.active);
   }
 }
@@ -626,18 +641,17 @@ void pipeline::cancel(request_id id) {
   if (auto g = impl_->routers->gateway()) caf::anon_send(caf::actor_cast<root_actor>(g), cancel_atom::value, id);
 }
 
-bool pipeline::kill_worker(worker_kind pool, int index) {
-  return !kill(actor_kind_of(pool), index).empty();
-}
+bool pipeline::kill_worker(worker_kind pool, int index) { return !kill(actor_kind_of(pool), index).empty(); }
 
 std::string pipeline::kill(const std::string& kind_or_name, int index, std::chrono::milliseconds within) {
   // A name as kill() returns it ("decode-1", "kv_link-p0-d1", "request-17"), a kind, or random.
   if (auto n = parse_actor_name(kind_or_name)) return kill(*n, within);
   if (auto k = parse_actor_kind(kind_or_name)) return kill(*k, index, within);
   if (kind_or_name != "random")
-    throw failure(errc::invalid_argument, "unknown kind '" + kind_or_name +
-                                              "' (prefill, decode, colocated, kv_link, kv_store, request, router, random, "
-                                              "or a name such as decode-1)");
+    throw failure(errc::invalid_argument,
+                  "unknown kind '" + kind_or_name +
+                      "' (prefill, decode, colocated, kv_link, kv_store, request, router, random, "
+                      "or a name such as decode-1)");
   // Any kind this pipeline has; the router rarely (one in 20: it restarts everything below it).
   thread_local std::mt19937 rng{std::random_device{}()};
   if (std::uniform_int_distribution<int>(0, 19)(rng) == 0) return kill(actor_kind::router, -1, within);
@@ -658,7 +672,8 @@ void throw_if_unanswered(const status& err, std::chrono::milliseconds within) {
   // The router drops a kill it reads after its deadline (kill_deadline), so "nothing killed"
   // stays true after the caller has given up: a late kill would land unasked for.
   if (err.code() == errc::timeout)
-    throw failure(errc::timeout, "the router did not answer within " + std::to_string(within.count()) + " ms: nothing killed");
+    throw failure(errc::timeout,
+                  "the router did not answer within " + std::to_string(within.count()) + " ms: nothing killed");
 }
 }  // namespace
 
@@ -727,7 +742,8 @@ bool pipeline::degraded() {
   if (im.routers->gone()) return true;
   bool d = false;
   caf::scoped_actor self{*im.sys};
-  self->request(im.root, std::chrono::seconds(10), degraded_atom::value).receive([&](bool v) { d = v; }, [&](caf::error&) {});
+  self->request(im.root, std::chrono::seconds(10), degraded_atom::value)
+      .receive([&](bool v) { d = v; }, [&](caf::error&) {});
   return d;
 }
 
@@ -749,8 +765,8 @@ pipeline_stats pipeline::stats(size_t listed_requests) {
       .receive(
           [&](std::vector<worker_stats>& ws) {
             for (auto& w : ws)
-              out.workers.push_back({w.name, w.kv_total_blocks, w.kv_free_blocks, w.reserved_blocks, w.active, w.steps, w.max_batch,
-                                    w.busy, w.step_sequences, w.step_prefill_tokens});
+              out.workers.push_back({w.name, w.kv_total_blocks, w.kv_free_blocks, w.reserved_blocks, w.active, w.steps,
+                                     w.max_batch, w.busy, w.step_sequences, w.step_prefill_tokens});
           },
           [&](caf::error&) {});
   self->request(router, std::chrono::seconds(10), state_atom::value, int32_t(listed_requests))

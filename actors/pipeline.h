@@ -22,10 +22,9 @@
 
 namespace tandem {
 
-
 struct generation_request {
-  std::string prompt;                       // tokenized (pipeline::prompt_ids)...
-  std::vector<token_id> prompt_tokens;      // ...unless tokens are given, which are taken as they are
+  std::string prompt;  // tokenized (pipeline::prompt_ids)...
+  std::vector<token_id> prompt_tokens;  // ...unless tokens are given, which are taken as they are
   // The special tokens the model file puts around a text (tokenizer.ggml.add_bos_token /
   // add_eos_token: llama.cpp's add_special, vLLM's add_special_tokens); false: none.
   bool add_special = true;
@@ -98,8 +97,8 @@ class connection {
   bool try_next(request_event& ev);  // each event taken returns a credit to its request
   bool next(request_event& ev, std::chrono::milliseconds timeout);
   void cancel(request_id id);
-  void abandon(request_id id);       // cancel, and drop its events unread
-  size_t unfinished() const;         // submitted requests whose final event is not taken yet
+  void abandon(request_id id);  // cancel, and drop its events unread
+  size_t unfinished() const;  // submitted requests whose final event is not taken yet
   bool open() const { return in_ != nullptr; }
   void close();
 
@@ -119,7 +118,7 @@ struct pipeline_stats {
     int32_t step_sequences = 0, step_prefill_tokens = 0;  // that step's (or the last one's)
   };
   std::vector<worker> workers;
-  int64_t live_requests = 0;     // request actors alive
+  int64_t live_requests = 0;  // request actors alive
   int64_t live_connections = 0;  // connection actors alive (a lone request's ends with it)
   // The router's view: its two queues, and the requests it tracks by lifecycle state (it
   // learns "decoding" from the workers; "prefilling" is known to the request actor only).
@@ -134,8 +133,8 @@ struct pipeline_stats {
   std::vector<request> requests;  // the oldest the router tracks, up to stats()' limit
   int32_t kv_links = 0, retiring_kv_links = 0;
   // In snapshots only: pools past their restart intensity ("prefill", "decode", "colocated",
-  // "kv_store", "router"; nothing restarts in them until their backoff ends), whether the router is (nothing is served),
-  // a router process's members as JSON (cluster_nodes()), and when it was taken.
+  // "kv_store", "router"; nothing restarts in them until their backoff ends), whether the router is (nothing is
+  // served), a router process's members as JSON (cluster_nodes()), and when it was taken.
   std::vector<std::string> degraded_pools;
   bool router_degraded = false;
   std::string cluster_nodes = "[]";

@@ -15,7 +15,9 @@ prefill_worker_actor::behavior_type prefill_worker_behavior(self_ptr self, std::
         kick(self);
         report_load(self);
       },
-      [self](ship_atom, request_id id, kv_link_actor& link) { on_event(self, wk::ev::ship{id, link_id_of(self, link)}); },
+      [self](ship_atom, request_id id, kv_link_actor& link) {
+        on_event(self, wk::ev::ship{id, link_id_of(self, link)});
+      },
       [self](release_atom, request_id id) {
         on_event(self, wk::ev::release{id, std::nullopt});
         kick(self);

@@ -89,9 +89,9 @@ using step_result_ptr = std::shared_ptr<step_result>;
 struct worker_stats {
   std::string name;
   int32_t kv_total_blocks = 0;
-  int32_t kv_free_blocks = 0;    // in the engine's pool: free, or held only by its prefix cache (evictable)
-  int32_t reserved_blocks = 0;   // credits promised to admitted requests
-  int32_t active = 0;            // sequences held
+  int32_t kv_free_blocks = 0;  // in the engine's pool: free, or held only by its prefix cache (evictable)
+  int32_t reserved_blocks = 0;  // credits promised to admitted requests
+  int32_t active = 0;  // sequences held
   int32_t max_batch = 0;
   uint64_t steps = 0;
   // Liveness (heartbeats): a worker busy with a step whose result does not come back is stalled.
@@ -122,26 +122,28 @@ namespace tandem {
 using subscriber_actor = caf::typed_actor<caf::reacts_to<request_event>>;
 
 // One per request: the source of truth for its tokens and state.
-using request_actor = caf::typed_actor<
-    caf::reacts_to<state_atom, request_state>,                 // lifecycle step (from the router)
-    // ... from a worker: its name ("prefill-0") and the prompt tokens it took from the prefix
-    // cache (the request's log line and timings say where it ran and what it reused)
-    caf::reacts_to<state_atom, request_state, std::string, int32_t>,
-    caf::reacts_to<token_atom, int32_t, token_id>,              // token #index (from the worker producing it)
-    caf::reacts_to<token_atom, int32_t, token_id, token_logprobs>,  // ... with its log-probabilities
-    caf::reacts_to<kv_atom, uint64_t, double>,                  // KV moved: bytes, ms (from the KV link)
-    caf::reacts_to<done_atom, finish_reason>,                   // finished with this reason
-    caf::reacts_to<fail_atom, errc, std::string>,               // ended by an error
-    caf::reacts_to<credit_atom, int32_t>,                       // the subscriber consumed n events
-    caf::reacts_to<cancel_atom>,                                // the client gives up
-    // Its worker died while decoding: every token generated so far (empty once it has ended),
-    // to prefill again and continue elsewhere.
-    caf::replies_to<resume_atom>::with<std::vector<token_id>>,
-    caf::reacts_to<rejoin_atom>>;                               // its router died: look for the new one
+using request_actor =
+    caf::typed_actor<caf::reacts_to<state_atom, request_state>,  // lifecycle step (from the router)
+                                                                 // ... from a worker: its name ("prefill-0") and the
+                                                                 // prompt tokens it took from the prefix cache (the
+                                                                 // request's log line and timings say where it ran and
+                                                                 // what it reused)
+                     caf::reacts_to<state_atom, request_state, std::string, int32_t>,
+                     caf::reacts_to<token_atom, int32_t, token_id>,  // token #index (from the worker producing it)
+                     caf::reacts_to<token_atom, int32_t, token_id, token_logprobs>,  // ... with its log-probabilities
+                     caf::reacts_to<kv_atom, uint64_t, double>,  // KV moved: bytes, ms (from the KV link)
+                     caf::reacts_to<done_atom, finish_reason>,  // finished with this reason
+                     caf::reacts_to<fail_atom, errc, std::string>,  // ended by an error
+                     caf::reacts_to<credit_atom, int32_t>,  // the subscriber consumed n events
+                     caf::reacts_to<cancel_atom>,  // the client gives up
+                     // Its worker died while decoding: every token generated so far (empty once it has ended),
+                     // to prefill again and continue elsewhere.
+                     caf::replies_to<resume_atom>::with<std::vector<token_id>>,
+                     caf::reacts_to<rejoin_atom>>;  // its router died: look for the new one
 
 // Decode side: reserve credits, receive KV, continue requests; also a colocated target.
 using decode_worker_actor = caf::typed_actor<
-    caf::replies_to<reserve_atom, request_id, int32_t>::with<bool>,   // credits for max total tokens
+    caf::replies_to<reserve_atom, request_id, int32_t>::with<bool>,  // credits for max total tokens
     caf::replies_to<arrive_atom, request_spec, request_actor, kv_blocks_ptr, std::vector<token_id>>::with<bool>,
     // A prompt whose full blocks are all in the host store, sent here directly (credits already
     // reserved): fetch them, compute the tail, decode. false: the store no longer has them
@@ -149,42 +151,39 @@ using decode_worker_actor = caf::typed_actor<
     caf::replies_to<fetch_atom, request_spec, request_actor>::with<bool>,
     // Part of a request's KV streamed ahead of its arrival (id, epoch): staged, never decoded
     // alone; arrive() completes the set.
-    caf::reacts_to<kv_piece_atom, request_id, uint32_t, kv_blocks_ptr>,
-    caf::reacts_to<cancel_atom, request_id>,
-    caf::reacts_to<pause_atom, request_id, bool>,
-    caf::reacts_to<step_atom, step_result_ptr>,
+    caf::reacts_to<kv_piece_atom, request_id, uint32_t, kv_blocks_ptr>, caf::reacts_to<cancel_atom, request_id>,
+    caf::reacts_to<pause_atom, request_id, bool>, caf::reacts_to<step_atom, step_result_ptr>,
     caf::replies_to<stats_atom>::with<worker_stats>,
-    caf::reacts_to<load_atom>,                                         // report your load to the router
-    caf::reacts_to<tick_atom>>;                                        // its pace's wait is over: step
+    caf::reacts_to<load_atom>,  // report your load to the router
+    caf::reacts_to<tick_atom>>;  // its pace's wait is over: step
 
 // Moves one request's KV from a prefill worker to one decode worker through a transport.
 // The host's KV store (actors/kv_store.h): full blocks by prefix key (runtime/kv/prefix_cache.h).
-using kv_store_actor = caf::typed_actor<
-    caf::reacts_to<publish_atom, std::vector<uint64_t>, kv_blocks_ptr>,          // keys[i] names blocks[i]
-    caf::replies_to<lookup_atom, std::vector<uint64_t>>::with<int32_t>,          // leading keys held
-    caf::replies_to<fetch_atom, std::vector<uint64_t>>::with<kv_blocks_ptr>>;    // the verified leading run
+using kv_store_actor =
+    caf::typed_actor<caf::reacts_to<publish_atom, std::vector<uint64_t>, kv_blocks_ptr>,  // keys[i] names blocks[i]
+                     caf::replies_to<lookup_atom, std::vector<uint64_t>>::with<int32_t>,  // leading keys held
+                     caf::replies_to<fetch_atom, std::vector<uint64_t>>::with<kv_blocks_ptr>>;  // the verified leading
+                                                                                                // run
 
 using kv_link_actor = caf::typed_actor<
     caf::replies_to<transfer_atom, request_spec, request_actor, kv_blocks_ptr, std::vector<token_id>>::with<bool>,
     // A piece streamed while prefill runs (id, epoch, the request for its transfer metrics);
     // the transfer above, sent after the last piece, completes the set.
     caf::reacts_to<kv_piece_atom, request_id, uint32_t, request_actor, kv_blocks_ptr>,
-    caf::reacts_to<release_atom>,   // retire: finish the transfers in flight, then end
-    caf::reacts_to<resume_atom, uint64_t>,   // its own timer: a delayed transfer goes on (fault injection)
-    caf::reacts_to<tick_atom>,               // its sender settled frames: waiting transfers go on
+    caf::reacts_to<release_atom>,  // retire: finish the transfers in flight, then end
+    caf::reacts_to<resume_atom, uint64_t>,  // its own timer: a delayed transfer goes on (fault injection)
+    caf::reacts_to<tick_atom>,  // its sender settled frames: waiting transfers go on
     caf::replies_to<heartbeat_atom>::with<bool>>;  // liveness: answered unless the link is stuck
 
 // Prefill side (and the colocated worker, which accepts the same jobs).
-using prefill_worker_actor = caf::typed_actor<
-    caf::reacts_to<prefill_atom, request_spec, request_actor>,         // a job
-    caf::reacts_to<ship_atom, request_id, kv_link_actor>,             // send its KV over this link
-    caf::reacts_to<release_atom, request_id>,                         // the lease can end: decode has it
-    caf::reacts_to<release_atom, request_id, uint32_t>,               // ... if it is of this attempt (epoch)
-    caf::reacts_to<down_atom, kv_link_actor>,                         // this link died
-    caf::reacts_to<cancel_atom, request_id>,
-    caf::reacts_to<pause_atom, request_id, bool>,
-    caf::reacts_to<step_atom, step_result_ptr>,
-    caf::replies_to<stats_atom>::with<worker_stats>>;
+using prefill_worker_actor =
+    caf::typed_actor<caf::reacts_to<prefill_atom, request_spec, request_actor>,  // a job
+                     caf::reacts_to<ship_atom, request_id, kv_link_actor>,  // send its KV over this link
+                     caf::reacts_to<release_atom, request_id>,  // the lease can end: decode has it
+                     caf::reacts_to<release_atom, request_id, uint32_t>,  // ... if it is of this attempt (epoch)
+                     caf::reacts_to<down_atom, kv_link_actor>,  // this link died
+                     caf::reacts_to<cancel_atom, request_id>, caf::reacts_to<pause_atom, request_id, bool>,
+                     caf::reacts_to<step_atom, step_result_ptr>, caf::replies_to<stats_atom>::with<worker_stats>>;
 
 // Admission control and placement.
 using router_actor = caf::typed_actor<
@@ -192,27 +191,26 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<submit_atom, request_spec, subscriber_actor, uint64_t>,
     // A request whose router died: its original spec and every token it has, from its actor
     caf::reacts_to<rejoin_atom, request_spec, std::vector<token_id>, request_actor>,
-    caf::reacts_to<prefilled_atom, request_id, int32_t, bool>,        // id, prefill worker, finished already
-    caf::reacts_to<load_atom, prefill_worker_load>,
-    caf::reacts_to<load_atom, decode_worker_load>,
-    caf::reacts_to<forget_atom, request_id, request_state, double>,   // the request ended (state, its TPOT)
-    caf::reacts_to<state_atom, request_id, request_state>,           // a worker started decoding it
-    caf::reacts_to<ship_atom, request_id>,                            // its KV was handed to a link
+    caf::reacts_to<prefilled_atom, request_id, int32_t, bool>,  // id, prefill worker, finished already
+    caf::reacts_to<load_atom, prefill_worker_load>, caf::reacts_to<load_atom, decode_worker_load>,
+    caf::reacts_to<forget_atom, request_id, request_state, double>,  // the request ended (state, its TPOT)
+    caf::reacts_to<state_atom, request_id, request_state>,  // a worker started decoding it
+    caf::reacts_to<ship_atom, request_id>,  // its KV was handed to a link
     // A transfer of attempt `epoch` over this link failed (the link or its decode worker died)
     caf::reacts_to<transfer_atom, request_id, uint32_t, kv_link_actor>,
-    caf::reacts_to<cancel_atom, request_id>,                          // from the client API
-    caf::reacts_to<pause_atom, request_id, bool>,                     // backpressure from a request actor
-    caf::reacts_to<join_atom, int32_t, prefill_worker_actor>,         // (re)started prefill/colocated worker
-    caf::reacts_to<join_atom, int32_t, decode_worker_actor>,          // (re)started decode worker
-    caf::reacts_to<down_atom, int32_t, bool>,                         // worker index died (true: prefill side)
+    caf::reacts_to<cancel_atom, request_id>,  // from the client API
+    caf::reacts_to<pause_atom, request_id, bool>,  // backpressure from a request actor
+    caf::reacts_to<join_atom, int32_t, prefill_worker_actor>,  // (re)started prefill/colocated worker
+    caf::reacts_to<join_atom, int32_t, decode_worker_actor>,  // (re)started decode worker
+    caf::reacts_to<down_atom, int32_t, bool>,  // worker index died (true: prefill side)
     // fault injection: kill an actor of a kind (index -1: a random one; a link p -> d: index p
     // and decode d); replies with its name, empty if there is none
     caf::replies_to<kill_atom, actor_kind, int32_t, int32_t, int64_t>::with<std::string>,
-    caf::replies_to<kill_atom, request_id, int64_t>::with<bool>,               // fault injection: kill a request actor
+    caf::replies_to<kill_atom, request_id, int64_t>::with<bool>,  // fault injection: kill a request actor
     caf::replies_to<stats_atom>::with<std::vector<worker_stats>>,
-    caf::reacts_to<heartbeat_atom>,                                   // its own timer: check liveness
-    caf::reacts_to<stranded_atom>,                                    // its own timer: a pool stayed empty
-    caf::reacts_to<orphan_atom, request_id, uint32_t>,                // its own timer: a transfer whose sender died
+    caf::reacts_to<heartbeat_atom>,  // its own timer: check liveness
+    caf::reacts_to<stranded_atom>,  // its own timer: a pool stayed empty
+    caf::reacts_to<orphan_atom, request_id, uint32_t>,  // its own timer: a transfer whose sender died
     // its own timer: ask the cluster again for the link (prefill, decode) of this request number
     caf::reacts_to<link_atom, int32_t, int32_t, uint64_t>,
     // Its own view, listing at most this many requests

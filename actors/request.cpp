@@ -51,7 +51,8 @@ metrics::request_timings timings_of(const request_actor_state& st, steady::time_
       t.ttft_ms = ms_between(st.t_submit, st.t_first_token);
     }
   }
-  if (st.generated.size() > 1) t.tpot_ms = ms_between(st.t_first_token, st.t_last_token) / double(st.generated.size() - 1);
+  if (st.generated.size() > 1)
+    t.tpot_ms = ms_between(st.t_first_token, st.t_last_token) / double(st.generated.size() - 1);
   if (st.decode_started) {
     t.handoff_ms = ms_between(st.t_first_token, st.t_decode_start);
     t.queue_decode_ms = std::max(0.0, t.handoff_ms - st.kv_ms);
@@ -75,7 +76,9 @@ void finish(self_ptr self, request_state end, request_event final_event) {
   const auto t = timings_of(st, now);
   final_event.timings = t;
   metrics::record_request(*st.ctx.metrics, t,
-                          end == request_state::finished ? "finished" : end == request_state::failed ? "failed" : "cancelled");
+                          end == request_state::finished ? "finished"
+                          : end == request_state::failed ? "failed"
+                                                         : "cancelled");
   // The router frees what the request holds on its workers (if it did not end there).
   self->send(st.router, forget_atom::value, st.spec.id, end, t.tpot_ms);
   emit(self, std::move(final_event));

@@ -13,9 +13,9 @@
 namespace tandem {
 
 struct request_actor_config {
-  int32_t initial_credits = 32;   // events sent before the subscriber must return credits
-  int32_t pause_above = 64;       // buffered events that make the worker pause this request
-  int32_t resume_below = 16;      // ... and let it continue again
+  int32_t initial_credits = 32;  // events sent before the subscriber must return credits
+  int32_t pause_above = 64;  // buffered events that make the worker pause this request
+  int32_t resume_below = 16;  // ... and let it continue again
 };
 
 // Router-side handles a request actor reports to (spawn arguments, not message types).
@@ -44,7 +44,7 @@ struct request_actor_state {
   bool prefill_started = false, decode_started = false;
   uint64_t kv_bytes = 0;
   std::string prefill_worker, decode_worker;  // where it ran last (empty: not there)
-  int32_t cached_tokens = 0;                  // prompt tokens taken from the prefix cache
+  int32_t cached_tokens = 0;  // prompt tokens taken from the prefix cache
   double kv_ms = 0;
   static inline const char* name = "request";
 };

@@ -42,11 +42,13 @@ void refuse(self_ptr self, const request_spec& spec, const subscriber_actor& sub
   request_event err = make_event(event_kind::error);
   err.id = spec.id;
   err.code = errc::worker_failed;
-  err.message = "the router failed too often and is not restarted for now (the server is degraded; it tries again by itself)";
+  err.message =
+      "the router failed too often and is not restarted for now (the server is degraded; it tries again by itself)";
   // Retrying helps once the backoff is over (HTTP Retry-After, the WebSocket's retry_after_ms).
-  const auto left = std::chrono::duration<double, std::milli>(self->state.intensity.degraded_since() + self->state.intensity.backoff() -
-                                                       std::chrono::steady_clock::now())
-                         .count();
+  const auto left =
+      std::chrono::duration<double, std::milli>(self->state.intensity.degraded_since() +
+                                                self->state.intensity.backoff() - std::chrono::steady_clock::now())
+          .count();
   err.retry_after_ms = std::max(1000.0, left);
   self->send(sub, std::move(err));
 }
@@ -57,7 +59,8 @@ root_actor::behavior_type root_behavior(self_ptr self, root_options opts) {
   self->state.opts = std::move(opts);
   {
     auto& o = self->state.opts;
-    self->state.intensity = restart_intensity({o.max_restarts, o.window, std::max(std::chrono::milliseconds(1), o.recover_after), o.recover_after_max});
+    self->state.intensity = restart_intensity(
+        {o.max_restarts, o.window, std::max(std::chrono::milliseconds(1), o.recover_after), o.recover_after_max});
   }
   // Shutdown: no request waits for a router that will not come.
   self->attach_functor([dir = self->state.opts.directory] { dir->close(); });

@@ -31,7 +31,7 @@ auto handle_at(const Pool& pool, int32_t i) -> typename Pool::value_type {
 caf::actor worker_at(self_ptr self, pool_side side, int32_t i) {
   auto& st = self->state;
   return side == pool_side::prefill ? caf::actor_cast<caf::actor>(handle_at(st.prefill, i))
-                                     : caf::actor_cast<caf::actor>(handle_at(st.decode, i));
+                                    : caf::actor_cast<caf::actor>(handle_at(st.decode, i));
 }
 
 request_actor request_of(self_ptr self, request_id id) {
@@ -171,19 +171,29 @@ void execute(self_ptr self, sched::command& command, const subscriber_actor* sub
           auto r = request_of(self, id);
           if (!r) return on_event(self, sched::ev::resume_answer{id, std::nullopt});
           self->request(r, std::chrono::seconds(10), resume_atom::value)
-              .then([self, id](std::vector<token_id>& generated) {
-                      on_event(self, sched::ev::resume_answer{id, std::move(generated)});
-                    },
-                    [self, id](caf::error&) { on_event(self, sched::ev::resume_answer{id, std::nullopt}); });
+              .then(
+                  [self, id](std::vector<token_id>& generated) {
+                    on_event(self, sched::ev::resume_answer{id, std::move(generated)});
+                  },
+                  [self, id](caf::error&) {
+                    on_event(self, sched::ev::resume_answer{id, std::nullopt});
+                  });
         } else if constexpr (std::is_same_v<C, cmd::ask_store>) {
           const request_id id = c.id;
           auto store = st.opts.store ? st.opts.store->get() : kv_store_actor{};
           if (!store) return on_event(self, sched::ev::store_answer{id, 0});
-          self->request(store, std::chrono::seconds(1), lookup_atom::value, std::vector<uint64_t>(c.keys.begin(), c.keys.end()))
-              .then([self, id](int32_t n) { on_event(self, sched::ev::store_answer{id, n}); },
-                    [self, id](caf::error&) { on_event(self, sched::ev::store_answer{id, 0}); });
+          self->request(store, std::chrono::seconds(1), lookup_atom::value,
+                        std::vector<uint64_t>(c.keys.begin(), c.keys.end()))
+              .then(
+                  [self, id](int32_t n) {
+                    on_event(self, sched::ev::store_answer{id, n});
+                  },
+                  [self, id](caf::error&) {
+                    on_event(self, sched::ev::store_answer{id, 0});
+                  });
         } else if constexpr (std::is_same_v<C, cmd::prefill>) {
-          if (auto w = handle_at(st.prefill, c.worker)) self->send(w, prefill_atom::value, c.spec, request_of(self, c.spec.id));
+          if (auto w = handle_at(st.prefill, c.worker))
+            self->send(w, prefill_atom::value, c.spec, request_of(self, c.spec.id));
         } else if constexpr (std::is_same_v<C, cmd::reserve>) {
           const auto [d, id, ticket] = std::tuple{c.worker, c.id, c.ticket};
           auto reply = [self, d, id, ticket](sched::ev::reply r, errc why) {
@@ -208,10 +218,15 @@ void execute(self_ptr self, sched::command& command, const subscriber_actor* sub
           const request_id id = c.spec.id;
           const uint32_t epoch = c.spec.epoch;
           self->request(w, std::chrono::seconds(30), fetch_atom::value, c.spec, request_of(self, id))
-              .then([self, id, epoch](bool ok) { on_event(self, sched::ev::fetch_answer{id, epoch, ok}); },
-                    // Refused (the store lost the blocks, no reservation) or no answer (the
-                    // worker died: its down message reclaims the credits too): prefilled instead.
-                    [self, id, epoch](caf::error&) { on_event(self, sched::ev::fetch_answer{id, epoch, false}); });
+              .then(
+                  [self, id, epoch](bool ok) {
+                    on_event(self, sched::ev::fetch_answer{id, epoch, ok});
+                  },
+                  // Refused (the store lost the blocks, no reservation) or no answer (the
+                  // worker died: its down message reclaims the credits too): prefilled instead.
+                  [self, id, epoch](caf::error&) {
+                    on_event(self, sched::ev::fetch_answer{id, epoch, false});
+                  });
         } else if constexpr (std::is_same_v<C, cmd::ship>) {
           auto w = handle_at(st.prefill, c.p);
           if (w && size_t(c.p) < st.links.size() && size_t(c.d) < st.links[size_t(c.p)].size())
@@ -289,11 +304,14 @@ void heartbeat(self_ptr self) {
     const auto side = w.side;
     const auto ref = w.worker;
     self->request(worker, timeout, stats_atom::value)
-        .then([self, side, ref, addr = addr](worker_stats& s) {
-                remember_stats(self, addr, s);
-                on_event(self, sched::ev::heartbeat{side, ref, s.busy, s.finished_steps});
-              },
-              [self, side, ref](caf::error&) { on_event(self, sched::ev::heartbeat_missed{side, ref}); });
+        .then(
+            [self, side, ref, addr = addr](worker_stats& s) {
+              remember_stats(self, addr, s);
+              on_event(self, sched::ev::heartbeat{side, ref, s.busy, s.finished_steps});
+            },
+            [self, side, ref](caf::error&) {
+              on_event(self, sched::ev::heartbeat_missed{side, ref});
+            });
   }
   for (size_t p = 0; p < st.links.size(); ++p)
     for (size_t d = 0; d < st.links[p].size(); ++d) {
@@ -303,7 +321,8 @@ void heartbeat(self_ptr self) {
           .then([](bool) {},
                 [self, p, d, link](caf::error&) {
                   auto& st = self->state;
-                  if (p >= st.links.size() || d >= st.links[p].size() || st.links[p][d] != link) return;  // gone already
+                  if (p >= st.links.size() || d >= st.links[p].size() || st.links[p][d] != link)
+                    return;  // gone already
                   on_event(self, sched::ev::link_stuck{int32_t(p), int32_t(d)});
                 });
     }
@@ -321,7 +340,8 @@ void join(self_ptr self, pool_side side, int32_t index, Handle& w, std::vector<H
   if (index < 0) return;
   if (size_t(index) >= pool.size()) pool.resize(size_t(index) + 1);
   if (side == pool_side::prefill) {
-    if (st.links.size() < st.prefill.size()) st.links.resize(st.prefill.size(), std::vector<kv_link_actor>(st.decode.size()));
+    if (st.links.size() < st.prefill.size())
+      st.links.resize(st.prefill.size(), std::vector<kv_link_actor>(st.decode.size()));
   } else {
     for (auto& row : st.links) row.resize(st.decode.size());
   }
@@ -331,7 +351,8 @@ void join(self_ptr self, pool_side side, int32_t index, Handle& w, std::vector<H
   if (auto d = st.down_since.find(name); d != st.down_since.end()) {
     oplog::event(oplog::level::info, "worker_joined",
                  {{"worker", name},
-                  {"recovery_ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d->second).count()}});
+                  {"recovery_ms",
+                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d->second).count()}});
     st.down_since.erase(d);
   }
   auto commands = st.core->on(sched::ev::joined{side, index});
@@ -371,7 +392,8 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
     if (auto r = st.request_actors.find(dm.source); r != st.request_actors.end()) {
       const request_id id = r->second;
       st.request_actors.erase(r);
-      if (auto q = st.requests.find(id); q != st.requests.end() && q->second.address() == dm.source) st.requests.erase(q);
+      if (auto q = st.requests.find(id); q != st.requests.end() && q->second.address() == dm.source)
+        st.requests.erase(q);
       on_event(self, sched::ev::ended{id, request_state::failed, 0});  // a no-op after a normal end
       return;
     }
@@ -384,8 +406,7 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
       else st.decode[size_t(w.worker.index)] = nullptr;
     }
     const std::string name = worker_name(st.core->kind_of(w.side), w.worker.index).str();
-    oplog::event(oplog::level::warn, "worker_down",
-                 {{"worker", name}, {"reason", exit_reason_text(dm.reason)}});
+    oplog::event(oplog::level::warn, "worker_down", {{"worker", name}, {"reason", exit_reason_text(dm.reason)}});
     st.down_since.emplace(name, std::chrono::steady_clock::now());
     on_event(self, sched::ev::worker_down{w.side, w.worker});
   });
@@ -435,7 +456,9 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
       [self](cancel_atom, request_id id) {
         if (auto r = request_of(self, id)) self->send(r, cancel_atom::value);
       },
-      [self](pause_atom, request_id id, bool pause) { on_event(self, sched::ev::pause{id, pause}); },
+      [self](pause_atom, request_id id, bool pause) {
+        on_event(self, sched::ev::pause{id, pause});
+      },
       [self](join_atom, int32_t index, prefill_worker_actor& w) {
         join(self, pool_side::prefill, index, w, self->state.prefill);
       },
@@ -481,17 +504,20 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
             for (size_t p = 0; p < st.links.size(); ++p)
               for (size_t d = 0; d < st.links[p].size(); ++d)
                 if (decode < 0 || (int32_t(p) == index && int32_t(d) == decode))
-                  found.emplace_back(caf::actor_cast<caf::actor>(st.links[p][d]), link_name(int32_t(p), int32_t(d)).str());
+                  found.emplace_back(caf::actor_cast<caf::actor>(st.links[p][d]),
+                                     link_name(int32_t(p), int32_t(d)).str());
             if (decode >= 0) index = -1;
             break;
           case actor_kind::request:
-            for (const auto& [id, r] : st.requests) found.emplace_back(caf::actor_cast<caf::actor>(r), request_name(id).str());
+            for (const auto& [id, r] : st.requests)
+              found.emplace_back(caf::actor_cast<caf::actor>(r), request_name(id).str());
             break;
           case actor_kind::router:
           case actor_kind::kv_store: break;  // not the router's to kill (pipeline::kill)
         }
         std::vector<std::pair<caf::actor, std::string>> target;
-        if (index >= 0 && size_t(index) < found.size() && found[size_t(index)].first) target.push_back(found[size_t(index)]);
+        if (index >= 0 && size_t(index) < found.size() && found[size_t(index)].first)
+          target.push_back(found[size_t(index)]);
         if (index < 0)
           for (auto& f : found)
             if (f.first) target.push_back(f);
@@ -501,7 +527,9 @@ router_actor::behavior_type router_behavior(self_ptr self, router_options opts) 
         return victim.second;
       },
       [self](heartbeat_atom) { heartbeat(self); },
-      [self](orphan_atom, request_id id, uint32_t epoch) { on_event(self, sched::ev::orphan_check{id, epoch}); },
+      [self](orphan_atom, request_id id, uint32_t epoch) {
+        on_event(self, sched::ev::orphan_check{id, epoch});
+      },
       [self](stranded_atom) { on_event(self, sched::ev::stranded_check{}); },
       [self](state_atom, int32_t listed) {
         auto v = self->state.core->view(listed);

@@ -42,10 +42,10 @@ struct router_options {
 struct router_state {
   router_options opts;
   std::unique_ptr<sched::router_core> core;
-  std::vector<prefill_worker_actor> prefill;        // prefill or colocated workers, by index
+  std::vector<prefill_worker_actor> prefill;  // prefill or colocated workers, by index
   std::vector<decode_worker_actor> decode;
-  std::vector<std::vector<kv_link_actor>> links;    // [prefill][decode]
-  std::map<request_id, request_actor> requests;     // the request actors of the core's requests
+  std::vector<std::vector<kv_link_actor>> links;  // [prefill][decode]
+  std::map<request_id, request_actor> requests;  // the request actors of the core's requests
   std::map<caf::actor_addr, request_id> request_actors;  // monitored: one that dies is forgotten
   struct watched_worker {
     sched::pool_side side;
@@ -64,7 +64,8 @@ struct router_state {
   std::map<std::pair<size_t, size_t>, uint64_t> link_asks;
   uint64_t next_link_ask = 1;
   // Every link alive (live and retiring), shared with the exit hook that stops them.
-  std::shared_ptr<std::map<caf::actor_addr, caf::actor>> all_links = std::make_shared<std::map<caf::actor_addr, caf::actor>>();
+  std::shared_ptr<std::map<caf::actor_addr, caf::actor>> all_links =
+      std::make_shared<std::map<caf::actor_addr, caf::actor>>();
   std::minstd_rand chaos_rng{std::random_device{}()};  // picks a random victim for kill by kind
   static inline const char* name = "router";
 };

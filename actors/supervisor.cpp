@@ -9,7 +9,8 @@ namespace {
 using self_ptr = caf::stateful_actor<pool_supervisor_state>*;
 
 std::string child_name(const pool_options& o, int32_t i) {
-  return o.kind == actor_kind::kv_store ? std::string("kv_store") : std::string(to_string(o.kind)) + "-" + std::to_string(i);
+  return o.kind == actor_kind::kv_store ? std::string("kv_store")
+                                        : std::string(to_string(o.kind)) + "-" + std::to_string(i);
 }
 
 pool_health health_of(self_ptr self) {
@@ -22,7 +23,8 @@ caf::behavior pool_supervisor(self_ptr self, pool_options opts, worker_spawner s
   auto& st = self->state;
   st.opts = std::move(opts);
   st.spawn = std::move(spawn);
-  st.intensity = restart_intensity({st.opts.max_restarts, st.opts.window, st.opts.recover_after, st.opts.recover_after_max});
+  st.intensity =
+      restart_intensity({st.opts.max_restarts, st.opts.window, st.opts.recover_after, st.opts.recover_after_max});
   health_of(self).set(false);  // the series exists (0) from the start, for dashboards and alerts
   for (int32_t i = 0; i < st.opts.size; ++i) (*st.children)[i] = st.spawn(self, i);
   // The pool's workers do not outlive it (shutdown, or escalation above it).
@@ -37,7 +39,8 @@ caf::behavior pool_supervisor(self_ptr self, pool_options opts, worker_spawner s
       c = nullptr;
       switch (st.intensity.failed(std::chrono::steady_clock::now())) {
         case restart_intensity::verdict::restart:
-          oplog::event(oplog::level::warn, "restart", {{"actor", child_name(st.opts, i)}, {"reason", exit_reason_text(dm.reason)}});
+          oplog::event(oplog::level::warn, "restart",
+                       {{"actor", child_name(st.opts, i)}, {"reason", exit_reason_text(dm.reason)}});
           c = st.spawn(self, i);
           return;
         case restart_intensity::verdict::degrade:
@@ -66,7 +69,8 @@ caf::behavior pool_supervisor(self_ptr self, pool_options opts, worker_spawner s
 
 void pool_health::set(bool degraded) const {
   if (metrics)
-    metrics->get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", pool}}).set(degraded ? 1 : 0);
+    metrics->get_gauge("tandem_pool_degraded", "1 when a pool exceeded its restart intensity", {{"pool", pool}})
+        .set(degraded ? 1 : 0);
 }
 
 void pool_health::degraded(const std::string& actor, const std::string& reason, int32_t max_restarts,
@@ -82,12 +86,15 @@ void pool_health::degraded(const std::string& actor, const std::string& reason, 
 }
 
 void pool_health::recovered(const restart_intensity& ri) const {
-  oplog::event(oplog::level::info, "pool_recovered",
-               {{"pool", pool},
-                {"degraded_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - ri.degraded_since()).count()}});
+  oplog::event(
+      oplog::level::info, "pool_recovered",
+      {{"pool", pool},
+       {"degraded_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - ri.degraded_since()).count()}});
   set(false);
   if (metrics)
-    metrics->get_counter("tandem_pool_recoveries_total", "Times a degraded pool started its workers again after its backoff", {{"pool", pool}})
+    metrics
+        ->get_counter("tandem_pool_recoveries_total",
+                      "Times a degraded pool started its workers again after its backoff", {{"pool", pool}})
         .inc();
 }
 

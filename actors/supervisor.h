@@ -23,7 +23,7 @@ using degraded_atom = caf::atom_constant<caf::atom("degraded")>;
 struct pool_options {
   actor_kind kind = actor_kind::prefill;  // what it supervises: one kind of worker, or the KV store
   int32_t size = 1;
-  int32_t max_restarts = 5;         // within `window`
+  int32_t max_restarts = 5;  // within `window`
   std::chrono::milliseconds window{10000};
   std::shared_ptr<metrics::registry> metrics;
   // Degraded, the pool starts its workers again after this (doubling while it keeps failing,

@@ -76,8 +76,8 @@ typename Inspector::result_type inspect(Inspector& f, prefill_worker_load& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_worker_load& x) {
-  return f(caf::meta::type_name("decode_worker_load"), x.worker, x.alive, x.free_blocks, x.total_blocks,
-           x.batch_size, x.max_batch, x.local_prefill_tokens);
+  return f(caf::meta::type_name("decode_worker_load"), x.worker, x.alive, x.free_blocks, x.total_blocks, x.batch_size,
+           x.max_batch, x.local_prefill_tokens);
 }
 
 template <class Inspector>

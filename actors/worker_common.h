@@ -24,7 +24,7 @@ struct worker_state_base {
   worker_options opts;
   router_actor router;
   std::unique_ptr<worker_engine> we;
-  std::unique_ptr<engine_adapter> port;      // the core's view of the engine
+  std::unique_ptr<engine_adapter> port;  // the core's view of the engine
   std::unique_ptr<sched::worker_core> core;  // everything it decides about its requests
   // What the core names by number: request handles by id, replies by ticket, links by id.
   std::map<request_id, request_actor> requests;
@@ -32,7 +32,7 @@ struct worker_state_base {
   uint64_t next_ticket = 1;
   std::map<caf::actor_addr, sched::worker::link_id> link_ids;
   std::vector<kv_link_actor> links;  // by link id - 1 (links are few: replaced ones keep theirs)
-  prefix_cache_stats prefix_last;    // the engine's prefix-cache counters at the last report
+  prefix_cache_stats prefix_last;  // the engine's prefix-cache counters at the last report
 };
 
 namespace worker_actor {
@@ -170,7 +170,8 @@ void execute(Self self, wk::command& command) {
                         request_of(self, id), std::move(c.kv), std::move(c.generated))
               .then(
                   [self, id, link](bool ok) {
-                    transfer_answered(self, id, link, ok ? status{} : status{errc::refused, "the decode side refused the KV"});
+                    transfer_answered(self, id, link,
+                                      ok ? status{} : status{errc::refused, "the decode side refused the KV"});
                   },
                   [self, id, link](caf::error& e) { transfer_answered(self, id, link, from_caf_error(e)); });
         } else if constexpr (std::is_same_v<C, wk::cmd::transfer_failed>) {
@@ -259,9 +260,12 @@ inline sched::worker::config core_config(const worker_options& o, const engine& 
   c.stream_layer_group = o.kv.stream_layer_group;
   if (o.kind == worker_kind::colocated && o.steps.tpot_target_ms > 0)
     c.step_target_ms = o.steps.tpot_target_ms * step_settings::colocated_step_share;
-  if (o.kind == worker_kind::decode && o.steps.local_prefill) c.local_prefill_target_ms = o.steps.local_prefill_target_ms();
+  if (o.kind == worker_kind::decode && o.steps.local_prefill)
+    c.local_prefill_target_ms = o.steps.local_prefill_target_ms();
   c.prefill_token_budget = o.steps.prefill_token_budget;
-  c.ends_generation = [&tok](const request_spec& s, token_id t) { return ends_generation(s.sampling, s.ignore_eos, tok, t); };
+  c.ends_generation = [&tok](const request_spec& s, token_id t) {
+    return ends_generation(s.sampling, s.ignore_eos, tok, t);
+  };
   c.faults = o.faults;
   c.metrics = o.metrics.get();
   return c;
@@ -271,7 +275,8 @@ inline sched::worker::config core_config(const worker_options& o, const engine& 
 
 // What every worker state starts with: its options (of its kind), router, engine and core.
 template <class State>
-void init_worker(State& st, worker_kind kind, std::shared_ptr<const model> m, worker_options opts, router_actor router) {
+void init_worker(State& st, worker_kind kind, std::shared_ptr<const model> m, worker_options opts,
+                 router_actor router) {
   st.opts = std::move(opts);
   st.opts.kind = kind;
   if (!st.opts.faults) st.opts.faults = no_faults();  // (null given: none)

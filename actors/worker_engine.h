@@ -35,7 +35,7 @@ struct worker_options {
   worker_kind kind = worker_kind::prefill;
   int32_t index = 0;
   worker_resources resources;
-  kv_settings kv;       // the deployment's, the same for every worker (the cluster sends both
+  kv_settings kv;  // the deployment's, the same for every worker (the cluster sends both
   step_settings steps;  // to joining nodes whole)
   // The host KV store (null: none): prompts fetch their cached prefix from it, and finished
   // prompts and answers publish their full blocks to it.
@@ -62,14 +62,15 @@ struct worker_engine {
   std::unique_ptr<engine> eng;
   std::unique_ptr<compute_runner> runner;
   bool busy = false;
-  uint64_t steps = 0;      // steps started
-  uint64_t finished = 0;   // steps whose result came back (progress, as heartbeats report it)
+  uint64_t steps = 0;  // steps started
+  uint64_t finished = 0;  // steps whose result came back (progress, as heartbeats report it)
   int32_t free_at_start = -1;  // the pool's free blocks when the step in flight began
   // The step in flight (or the last one): its sequences, and the prompt tokens it computes.
   int32_t step_sequences = 0, step_prefill_tokens = 0;
   std::shared_ptr<fault_hooks> faults;
   std::shared_ptr<std::atomic<bool>> stopping = std::make_shared<std::atomic<bool>>(false);
-  worker_engine(std::shared_ptr<const model> m, const worker_options& o) : faults(o.faults) {  // (never null: init_worker)
+  worker_engine(std::shared_ptr<const model> m, const worker_options& o)
+      : faults(o.faults) {  // (never null: init_worker)
     engine_options eo;
     eo.n_threads = o.resources.n_threads;
     eo.cores = o.resources.cores;
@@ -145,21 +146,27 @@ struct worker_engine {
 inline void record_step(const worker_options& o, const step_result& r, int32_t batch_size) {
   if (!o.metrics) return;
   const metrics::labels l{{"worker", o.name()}};
-  o.metrics->get_histogram("tandem_worker_step_seconds", "Compute time of one worker step", metrics::latency_seconds_buckets(), l)
+  o.metrics
+      ->get_histogram("tandem_worker_step_seconds", "Compute time of one worker step",
+                      metrics::latency_seconds_buckets(), l)
       .observe(r.ms / 1000.0);
-  o.metrics->get_histogram("tandem_worker_batch_size", "Sequences in one worker step",
-                           metrics::exponential_buckets(1, 2, 10), l)
+  o.metrics
+      ->get_histogram("tandem_worker_batch_size", "Sequences in one worker step",
+                      metrics::exponential_buckets(1, 2, 10), l)
       .observe(batch_size);
-  o.metrics->get_histogram("tandem_worker_step_tokens", "Tokens in one worker step",
-                           metrics::exponential_buckets(1, 2, 14), l)
+  o.metrics
+      ->get_histogram("tandem_worker_step_tokens", "Tokens in one worker step", metrics::exponential_buckets(1, 2, 14),
+                      l)
       .observe(r.batch_tokens);
   o.metrics->get_counter("tandem_worker_busy_seconds_total", "Seconds spent computing (busy fraction: its rate)", l)
       .inc(r.ms / 1000.0);
-  o.metrics->get_gauge("tandem_worker_kv_free_blocks",
-                       "KV blocks free to take in the worker's pool (free, or kept only by the prefix cache)", l)
+  o.metrics
+      ->get_gauge("tandem_worker_kv_free_blocks",
+                  "KV blocks free to take in the worker's pool (free, or kept only by the prefix cache)", l)
       .set(r.free_blocks);
-  o.metrics->get_gauge("tandem_worker_kv_cached_blocks",
-                       "Of the free KV blocks, those the prefix cache keeps for reuse (evicted on demand)", l)
+  o.metrics
+      ->get_gauge("tandem_worker_kv_cached_blocks",
+                  "Of the free KV blocks, those the prefix cache keeps for reuse (evicted on demand)", l)
       .set(r.cached_only_blocks);
 }
 
@@ -174,11 +181,14 @@ class engine_adapter final : public sched::engine_port {
  public:
   explicit engine_adapter(engine& e) : e_(e) {}
   bool prefix_cache() const override { return e_.prefix_cache_enabled(); }
-  int32_t cached_prefix_tokens(std::span<const token_id> prompt) const override { return e_.cached_prefix_tokens(prompt); }
+  int32_t cached_prefix_tokens(std::span<const token_id> prompt) const override {
+    return e_.cached_prefix_tokens(prompt);
+  }
   void cache_blocks(std::span<const block_key> keys, const std::vector<kv_block_export>& blocks) override {
     (void)e_.cache_blocks(keys, blocks);
   }
-  seq_id start_prompt(request_id id, std::span<const token_id> prompt, prefix_claims& claims, int32_t& reused) override {
+  seq_id start_prompt(request_id id, std::span<const token_id> prompt, prefix_claims& claims,
+                      int32_t& reused) override {
     return e_.start_prompt(id, prompt, claims, reused);
   }
   int32_t available_blocks() const override { return e_.available_blocks(); }

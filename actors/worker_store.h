@@ -40,31 +40,37 @@ bool fetch_from_store(Self self, const worker_options& o, std::vector<block_key>
   const auto t0 = std::chrono::steady_clock::now();
   auto observe = [metrics = o.metrics, t0] {
     if (metrics)
-      metrics->get_histogram("tandem_kv_store_fetch_seconds", "Time to fetch a prompt's cached blocks from the KV store",
-                             metrics::latency_seconds_buckets())
+      metrics
+          ->get_histogram("tandem_kv_store_fetch_seconds", "Time to fetch a prompt's cached blocks from the KV store",
+                          metrics::latency_seconds_buckets())
           .observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   };
   std::vector<uint64_t> ask(keys.begin(), keys.end());
   self->request(store, o.store_timeout, fetch_atom::value, std::move(ask))
-      .then([keys, done, observe](kv_blocks_ptr& b) mutable { observe(); done(keys, std::move(b)); },
-            [keys, done](caf::error&) mutable { done(keys, nullptr); });
+      .then(
+          [keys, done, observe](kv_blocks_ptr& b) mutable {
+            observe();
+            done(keys, std::move(b));
+          },
+          [keys, done](caf::error&) mutable { done(keys, nullptr); });
   return true;
 }
 
 // Prefix-cache metrics: the engine's counters since `last` (updated), and the prompt tokens the
 // step computed. Called on the actor thread between steps (the engine is idle).
-inline void record_prefix_cache(const worker_options& o, const engine& eng,
-                                prefix_cache_stats& last, int64_t computed_prompt_tokens) {
+inline void record_prefix_cache(const worker_options& o, const engine& eng, prefix_cache_stats& last,
+                                int64_t computed_prompt_tokens) {
   if (!o.metrics) return;
   auto& m = *o.metrics;
   if (!eng.prefix_cache_enabled()) {
-    m.get_counter("tandem_prompt_tokens_computed_total", "Prompt tokens run through the model (cached prefixes are not).")
+    m.get_counter("tandem_prompt_tokens_computed_total",
+                  "Prompt tokens run through the model (cached prefixes are not).")
         .inc(double(computed_prompt_tokens));
     return;
   }
   const prefix_cache_stats now = eng.prefix_stats();
   sched::count_prefix_use(m, double(computed_prompt_tokens), double(now.hit_tokens - last.hit_tokens),
-                   double(now.lookup_tokens - last.lookup_tokens));
+                          double(now.lookup_tokens - last.lookup_tokens));
   m.get_counter("tandem_prefix_cache_published_blocks_total", "KV blocks named in a worker's prefix cache.")
       .inc(double(now.published_blocks - last.published_blocks));
   m.get_counter("tandem_prefix_cache_evicted_blocks_total", "Unused cached KV blocks evicted for room.")

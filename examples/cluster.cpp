@@ -20,15 +20,17 @@ int main(int argc, char** argv) {
 
     // On other hosts: tandem serve --role prefill|decode --join HOST:PORT (this is the same).
     tandem::node prefill({.role = tandem::node_role::prefill, .join_port = router.cluster_port(), .model_path = model});
-    tandem::node decode({.role = tandem::node_role::decode, .join_port = router.cluster_port(), .model_path = model,
+    tandem::node decode({.role = tandem::node_role::decode,
+                         .join_port = router.cluster_port(),
+                         .model_path = model,
                          .kv_listen_host = "127.0.0.1"});
     std::thread p([&] { prefill.run(); }), d([&] { decode.run(); });
 
     tandem::pipeline alone({.model = {.path = model}});  // the reference: one process
     int differ = 0;
     for (int i = 0; i < 4; ++i) {
-      const tandem::generation_request req{.prompt = "Request " + std::to_string(i) + ": once upon a time",
-                                           .max_tokens = 16, .ignore_eos = true};
+      const tandem::generation_request req{
+          .prompt = "Request " + std::to_string(i) + ": once upon a time", .max_tokens = 16, .ignore_eos = true};
       auto got = router.submit(req).wait();
       auto want = alone.submit(req).wait();
       if (got.error != tandem::errc::ok) {

@@ -34,8 +34,9 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < seqs.size(); ++i) texts[i] += m->tok().token_bytes(next[i]);
       if (auto st = eng.decode(seqs, next, logits); !st.ok()) throw tandem::failure(st.code(), st.message());
       for (size_t i = 0; i < seqs.size(); ++i)
-        next[i] = tandem::sample(std::span(logits).subspan(i * size_t(m->config().n_vocab), size_t(m->config().n_vocab)),
-                                 {.temperature = 0.0f}, step);
+        next[i] =
+            tandem::sample(std::span(logits).subspan(i * size_t(m->config().n_vocab), size_t(m->config().n_vocab)),
+                           {.temperature = 0.0f}, step);
     }
     for (size_t i = 0; i < prompts.size(); ++i) std::printf("[%s]%s\n", prompts[i].c_str(), texts[i].c_str());
     std::printf("KV blocks in use: %d of %d\n", eng.kv_pool().total_blocks() - eng.kv_pool().free_blocks(),

@@ -40,11 +40,13 @@ int main(int argc, char** argv) {
                         .scheduling = {.prefill_policy = std::make_shared<first_fit_prefill>(),
                                        .decode_policy = std::make_shared<least_busy_decode>()}});
     std::vector<tandem::request_handle> hs;
-    for (int i = 0; i < 8; ++i) hs.push_back(p.submit({.prompt = "Once upon a time", .max_tokens = 16, .ignore_eos = true}));
+    for (int i = 0; i < 8; ++i)
+      hs.push_back(p.submit({.prompt = "Once upon a time", .max_tokens = 16, .ignore_eos = true}));
     int ok = 0;
     for (auto& h : hs) ok += h.wait().error == tandem::errc::ok;
     std::printf("%d of %zu requests finished with the custom router\n", ok, hs.size());
-    for (const auto& w : p.stats().workers) std::printf("  %-12s %llu steps\n", w.name.c_str(), (unsigned long long)w.steps);
+    for (const auto& w : p.stats().workers)
+      std::printf("  %-12s %llu steps\n", w.name.c_str(), (unsigned long long)w.steps);
     return ok == int(hs.size()) ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -9,8 +9,9 @@
 
 int main(int argc, char** argv) {
   try {
-    tandem::pipeline p({.model = {.path = argc > 1 ? argv[1] : ""},
-                        .pools = {.mode = tandem::serving_mode::disaggregated, .prefill_workers = 1, .decode_workers = 2}});
+    tandem::pipeline p(
+        {.model = {.path = argc > 1 ? argv[1] : ""},
+         .pools = {.mode = tandem::serving_mode::disaggregated, .prefill_workers = 1, .decode_workers = 2}});
     std::vector<tandem::request_handle> hs;
     for (int i = 0; i < 16; ++i) {
       std::string prompt = "Request " + std::to_string(i) + ":";

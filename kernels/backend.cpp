@@ -57,8 +57,7 @@ std::vector<device_info> list_devices() {
   return out;
 }
 
-void rms_norm(backend_kind k, const float* x, const float* w, float* y, int64_t rows, int64_t dim,
-              float eps) {
+void rms_norm(backend_kind k, const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
   switch (k) {
     case backend_kind::cpu: return cpu::rms_norm(x, w, y, rows, dim, eps);
     case backend_kind::cuda: return TANDEM_CUDA_CALL(cuda::rms_norm(x, w, y, rows, dim, eps));
@@ -82,12 +81,11 @@ void add_inplace(backend_kind k, float* x, const float* y, int64_t n) {
   throw_bad_kind();
 }
 
-void rope(backend_kind k, float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads,
-          int64_t head_dim, float freq_base) {
+void rope(backend_kind k, float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+          float freq_base) {
   switch (k) {
     case backend_kind::cpu: return cpu::rope(x, pos, n_tokens, n_heads, head_dim, freq_base);
-    case backend_kind::cuda:
-      return TANDEM_CUDA_CALL(cuda::rope(x, pos, n_tokens, n_heads, head_dim, freq_base));
+    case backend_kind::cuda: return TANDEM_CUDA_CALL(cuda::rope(x, pos, n_tokens, n_heads, head_dim, freq_base));
   }
   throw_bad_kind();
 }

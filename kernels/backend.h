@@ -29,9 +29,9 @@ constexpr std::string_view to_string(backend_kind k) {
 
 struct device_info {
   backend_kind kind;
-  int index;                // device ordinal within its backend (0 for the CPU)
+  int index;  // device ordinal within its backend (0 for the CPU)
   std::string name;
-  size_t memory_bytes;      // physical RAM for the CPU, global memory for a GPU
+  size_t memory_bytes;  // physical RAM for the CPU, global memory for a GPU
 };
 
 // True when this build includes the CUDA backend (TANDEM_HAVE_CUDA).
@@ -41,11 +41,10 @@ std::vector<device_info> list_devices();
 
 // Elementwise ops, contracts as in kernels/cpu/ops.h. backend_kind::cuda throws
 // std::runtime_error in a build without CUDA, or with the CUDA message when it fails.
-void rms_norm(backend_kind, const float* x, const float* w, float* y, int64_t rows, int64_t dim,
-              float eps);
+void rms_norm(backend_kind, const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps);
 void silu_mul(backend_kind, const float* gate, const float* up, float* out, int64_t n);
 void add_inplace(backend_kind, float* x, const float* y, int64_t n);
-void rope(backend_kind, float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads,
-          int64_t head_dim, float freq_base);
+void rope(backend_kind, float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+          float freq_base);
 
 }  // namespace tandem::kernels

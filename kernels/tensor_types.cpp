@@ -65,7 +65,10 @@ float f16_to_f32(uint16_t h) {
       u = sign;
     } else {  // subnormal: normalise
       int e = -1;
-      do { ++e; mant <<= 1; } while ((mant & 0x400u) == 0);
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
       u = sign | (uint32_t(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
     }
   } else if (exp == 31) {
@@ -83,12 +86,12 @@ uint16_t f32_to_f16(float f) {
   std::memcpy(&u, &f, 4);
   const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;            // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;           // overflow to inf (incl. rounding)
-  if (abs < 0x38800000u) {                                 // subnormal or zero in half
-    if (abs < 0x33000000u) return sign;                    // below half of smallest subnormal
+  if (abs > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflow to inf (incl. rounding)
+  if (abs < 0x38800000u) {  // subnormal or zero in half
+    if (abs < 0x33000000u) return sign;  // below half of smallest subnormal
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    const int shift = 126 - int(abs >> 23);                // bits to drop: half ulp is 2^-24
+    const int shift = 126 - int(abs >> 23);  // bits to drop: half ulp is 2^-24
     uint32_t h = mant >> shift;
     const uint32_t rem = mant & ((1u << shift) - 1);
     const uint32_t half = 1u << (shift - 1);
@@ -122,9 +125,7 @@ void dequantize_k4(uint16_t dh, uint16_t dminh, const uint8_t* scales, const uin
 
 void dequantize_row(dtype t, const void* src, float* dst, int64_t n) {
   switch (t) {
-    case dtype::f32:
-      std::memcpy(dst, src, size_t(n) * 4);
-      return;
+    case dtype::f32: std::memcpy(dst, src, size_t(n) * 4); return;
     case dtype::f16: {
       auto s = static_cast<const uint16_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
@@ -306,8 +307,8 @@ void quantize_q6_k(const float* x, block_q6_k* b, int64_t n) {
         const int* e = q + 128 * h;
         b[i].ql[64 * h + l] = uint8_t((e[l] & 0xF) | ((e[l + 64] & 0xF) << 4));
         b[i].ql[64 * h + l + 32] = uint8_t((e[l + 32] & 0xF) | ((e[l + 96] & 0xF) << 4));
-        b[i].qh[32 * h + l] = uint8_t((e[l] >> 4) | ((e[l + 32] >> 4) << 2) | ((e[l + 64] >> 4) << 4) |
-                                      ((e[l + 96] >> 4) << 6));
+        b[i].qh[32 * h + l] =
+            uint8_t((e[l] >> 4) | ((e[l + 32] >> 4) << 2) | ((e[l + 64] >> 4) << 4) | ((e[l + 96] >> 4) << 6));
       }
   }
 }
@@ -333,7 +334,8 @@ namespace {
 __attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
   for (; i < n; ++i) dst[i] = f32_to_f16(src[i]);
 }
 // (F16C comes with AVX2 on every CPU but Ivy Bridge, which takes the exact scalar routine.)
@@ -342,9 +344,7 @@ const bool have_f16c = cpu::detail::cpu_has(cpu::detail::isa::avx2);
 
 void quantize_row(dtype t, const float* src, void* dst, int64_t n) {
   switch (t) {
-    case dtype::f32:
-      std::memcpy(dst, src, size_t(n) * 4);
-      return;
+    case dtype::f32: std::memcpy(dst, src, size_t(n) * 4); return;
     case dtype::f16: {
       auto d = static_cast<uint16_t*>(dst);
       if (have_f16c) return f32_to_f16_f16c(src, d, n);
@@ -356,9 +356,7 @@ void quantize_row(dtype t, const float* src, void* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
       return;
     }
-    case dtype::q8_0:
-      quantize_row_q8_0(src, static_cast<block_q8_0*>(dst), n);
-      return;
+    case dtype::q8_0: quantize_row_q8_0(src, static_cast<block_q8_0*>(dst), n); return;
     case dtype::q4_0: return quantize_q4_0(src, static_cast<block_q4_0*>(dst), n);
     case dtype::q4_k: return quantize_q4_k(src, static_cast<block_q4_k*>(dst), n);
     case dtype::q5_k: return quantize_q5_k(src, static_cast<block_q5_k*>(dst), n);

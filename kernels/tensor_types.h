@@ -12,31 +12,31 @@ namespace tandem::kernels {
 enum class dtype : uint32_t { f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 8, q4_k = 12, q5_k = 13, q6_k = 14, bf16 = 30 };
 
 constexpr int q8_0_block = 32;  // elements per Q8_0 block
-struct block_q8_0 {             // 34 bytes, laid out exactly as in GGUF
-  uint16_t d;                   // scale, IEEE half
-  int8_t qs[q8_0_block];        // value = d * qs[i]
+struct block_q8_0 {  // 34 bytes, laid out exactly as in GGUF
+  uint16_t d;  // scale, IEEE half
+  int8_t qs[q8_0_block];  // value = d * qs[i]
 };
 static_assert(sizeof(block_q8_0) == 34);
 
 // The 4-bit and k-quant ("super-block") types, laid out exactly as in GGUF (ggml-common.h).
 constexpr int q4_0_block = 32;
-struct block_q4_0 {             // 18 bytes: value = d * (q - 8), q in [0, 15]
+struct block_q4_0 {  // 18 bytes: value = d * (q - 8), q in [0, 15]
   uint16_t d;
-  uint8_t qs[q4_0_block / 2];   // element j in the low nibble of qs[j], j + 16 in the high one
+  uint8_t qs[q4_0_block / 2];  // element j in the low nibble of qs[j], j + 16 in the high one
 };
 static_assert(sizeof(block_q4_0) == 18);
 
 constexpr int qk_k = 256;  // elements per k-quant super-block
 // Q4_K: 8 sub-blocks of 32, each with a 6-bit scale and a 6-bit min:
 // value = d * sc[j] * q - dmin * m[j], q in [0, 15].
-struct block_q4_k {             // 144 bytes
+struct block_q4_k {  // 144 bytes
   uint16_t d, dmin;
-  uint8_t scales[12];           // sc and m, 6 bits each, packed (get_scale_min_k4)
-  uint8_t qs[qk_k / 2];         // 64-element groups: low nibbles sub-block 2g, high ones 2g+1
+  uint8_t scales[12];  // sc and m, 6 bits each, packed (get_scale_min_k4)
+  uint8_t qs[qk_k / 2];  // 64-element groups: low nibbles sub-block 2g, high ones 2g+1
 };
 static_assert(sizeof(block_q4_k) == 144);
 // Q5_K: Q4_K with a fifth bit per element in qh: q in [0, 31].
-struct block_q5_k {             // 176 bytes
+struct block_q5_k {  // 176 bytes
   uint16_t d, dmin;
   uint8_t scales[12];
   uint8_t qh[qk_k / 8];
@@ -44,9 +44,9 @@ struct block_q5_k {             // 176 bytes
 };
 static_assert(sizeof(block_q5_k) == 176);
 // Q6_K: 16 sub-blocks of 16 with int8 scales: value = d * sc[j] * (q - 32), q in [0, 63].
-struct block_q6_k {             // 210 bytes
-  uint8_t ql[qk_k / 2];         // low 4 bits
-  uint8_t qh[qk_k / 4];         // high 2 bits
+struct block_q6_k {  // 210 bytes
+  uint8_t ql[qk_k / 2];  // low 4 bits
+  uint8_t qh[qk_k / 4];  // high 2 bits
   int8_t scales[qk_k / 16];
   uint16_t d;
 };

@@ -72,7 +72,8 @@ void core_share::set_busy(int member, bool busy) {
   const size_t m = size_t(member);
   if (busy_[m].exchange(busy, std::memory_order_acq_rel) == busy) return;
   const int f = floor_[m].load(std::memory_order_relaxed);
-  group_busy_floors_[size_t(group_[m].load(std::memory_order_relaxed))].fetch_add(busy ? f : -f, std::memory_order_acq_rel);
+  group_busy_floors_[size_t(group_[m].load(std::memory_order_relaxed))].fetch_add(busy ? f : -f,
+                                                                                  std::memory_order_acq_rel);
   busy_floors_.fetch_add(busy ? f : -f, std::memory_order_acq_rel);
 }
 
@@ -81,8 +82,8 @@ int core_share::allowed(int member) const {
   const int own = floor_[m].load(std::memory_order_relaxed);
   // The sum and the flag are read separately: a member changing state in between makes this
   // one call off by that member's floor, corrected at the next call.
-  const int others = busy_floors_.load(std::memory_order_acquire) -
-                     (busy_[m].load(std::memory_order_acquire) ? own : 0);
+  const int others =
+      busy_floors_.load(std::memory_order_acquire) - (busy_[m].load(std::memory_order_acquire) ? own : 0);
   return std::clamp(cores_ - others, own, cores_);
 }
 
@@ -140,8 +141,7 @@ void thread_pool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
     auto fresh = [&] {
-      return generation_.load(std::memory_order_acquire) != seen ||
-             stop_.load(std::memory_order_acquire);
+      return generation_.load(std::memory_order_acquire) != seen || stop_.load(std::memory_order_acquire);
     };
     if (!spin_until(fresh, spin_us_)) {  // spin first: the next job usually follows closely
       std::unique_lock<std::mutex> lk(mu_);
@@ -204,8 +204,7 @@ void thread_pool::run_on_all(const std::function<void(int)>& fn) {
   dispatch(j);
 }
 
-void thread_pool::parallel_for(int64_t n, int64_t grain,
-                               const std::function<void(int64_t, int64_t, int)>& fn) {
+void thread_pool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t chunks = (n + grain - 1) / grain;

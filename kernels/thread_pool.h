@@ -97,8 +97,7 @@ class thread_pool {
   // to pick per-thread scratch). Returns when all are done; an
   // exception thrown by fn is rethrown here (the first one) after every slice finished.
   // Not reentrant: fn must not call into the same pool.
-  void parallel_for(int64_t n, int64_t grain,
-                    const std::function<void(int64_t, int64_t, int)>& fn);
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn);
 
   // Calls fn(i, participant) for every i in [0, n), handing out indices in increasing order
   // to whichever thread is free (dynamic scheduling: for tasks of unequal cost, put the

@@ -11,22 +11,22 @@ namespace tandem {
 
 enum class errc : uint8_t {
   ok = 0,
-  invalid_argument,    // a caller passed a value outside the documented range (bad flag, bad sampling param)
-  io_error,            // a file could not be opened, mapped, read or written
-  malformed_file,      // a model file breaks the GGUF format: bad magic, truncation, offsets out of bounds
-  unsupported,         // well-formed but not something tandem handles: GGUF version, tensor type, architecture
-  missing_key,         // a metadata key or tensor the architecture requires is absent
-  out_of_kv_blocks,    // the KV block pool has no free block left; the caller may retry after freeing
-  unknown_sequence,    // a sequence id that this engine does not hold (never created, or already freed)
-  context_overflow,    // a sequence would grow past the model's context length
-  checksum_mismatch,   // an imported KV block's payload does not match its checksum: refused
-  incompatible_kv,     // an imported KV block does not fit this engine (shape, dtype, model, positions)
-  overloaded,          // admission control refused a request (queue bound or latency budget); retry later
-  worker_failed,       // the worker computing a request died; the request could not continue
-  shutting_down,       // the server is stopping and takes no new work
-  timeout,             // an answer did not come in time (a stuck or unreachable actor)
-  refused,             // a worker declined work it may take later or another may take (no credits, batch full)
-  internal,            // a failure of the actor system itself (a message it could not deliver or decode)
+  invalid_argument,  // a caller passed a value outside the documented range (bad flag, bad sampling param)
+  io_error,  // a file could not be opened, mapped, read or written
+  malformed_file,  // a model file breaks the GGUF format: bad magic, truncation, offsets out of bounds
+  unsupported,  // well-formed but not something tandem handles: GGUF version, tensor type, architecture
+  missing_key,  // a metadata key or tensor the architecture requires is absent
+  out_of_kv_blocks,  // the KV block pool has no free block left; the caller may retry after freeing
+  unknown_sequence,  // a sequence id that this engine does not hold (never created, or already freed)
+  context_overflow,  // a sequence would grow past the model's context length
+  checksum_mismatch,  // an imported KV block's payload does not match its checksum: refused
+  incompatible_kv,  // an imported KV block does not fit this engine (shape, dtype, model, positions)
+  overloaded,  // admission control refused a request (queue bound or latency budget); retry later
+  worker_failed,  // the worker computing a request died; the request could not continue
+  shutting_down,  // the server is stopping and takes no new work
+  timeout,  // an answer did not come in time (a stuck or unreachable actor)
+  refused,  // a worker declined work it may take later or another may take (no credits, batch full)
+  internal,  // a failure of the actor system itself (a message it could not deliver or decode)
 };
 
 // Stable, lowercase names used in logs, JSON errors and caf::error rendering.
@@ -63,9 +63,7 @@ class status {
   explicit operator bool() const { return ok(); }
   errc code() const { return code_; }
   const std::string& message() const { return message_; }
-  std::string to_string() const {
-    return ok() ? "ok" : std::string(tandem::to_string(code_)) + ": " + message_;
-  }
+  std::string to_string() const { return ok() ? "ok" : std::string(tandem::to_string(code_)) + ": " + message_; }
 
  private:
   errc code_ = errc::ok;
@@ -75,8 +73,7 @@ class status {
 // Thrown where failure ends the operation outright (loading a model, parsing a file).
 class failure : public std::runtime_error {
  public:
-  failure(errc code, const std::string& message)
-      : std::runtime_error(message), code_(code) {}
+  failure(errc code, const std::string& message) : std::runtime_error(message), code_(code) {}
   errc code() const { return code_; }
   status to_status() const { return {code_, what()}; }
 

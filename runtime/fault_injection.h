@@ -21,12 +21,12 @@
 namespace tandem {
 
 enum class fault_kind : uint8_t {
-  corrupt_kv,    // a KV block lands with one value changed: the import checksum must catch it
-  drop_kv,       // a streamed KV piece is lost: the decode side finds the set incomplete
-  fail_alloc,    // a decode worker's block reservation fails as if its pool were full
-  stall,         // a worker's next compute step hangs (alive, not progressing) for a while
-  delay_kv,      // a KV transfer or piece is held back for the stall duration, then delivered
-  stall_link,    // a KV link blocks (stops answering) for the stall duration
+  corrupt_kv,  // a KV block lands with one value changed: the import checksum must catch it
+  drop_kv,  // a streamed KV piece is lost: the decode side finds the set incomplete
+  fail_alloc,  // a decode worker's block reservation fails as if its pool were full
+  stall,  // a worker's next compute step hangs (alive, not progressing) for a while
+  delay_kv,  // a KV transfer or piece is held back for the stall duration, then delivered
+  stall_link,  // a KV link blocks (stops answering) for the stall duration
 };
 
 inline const char* to_string(fault_kind k) {
@@ -78,7 +78,9 @@ class fault_injector : public fault_hooks {
     int n = s.load();
     while (n > 0)
       if (s.compare_exchange_weak(n, n - 1)) {
-        if (metrics_) metrics_->get_counter("tandem_faults_injected_total", "Faults injected by kind", {{"kind", to_string(k)}}).inc();
+        if (metrics_)
+          metrics_->get_counter("tandem_faults_injected_total", "Faults injected by kind", {{"kind", to_string(k)}})
+              .inc();
         return true;
       }
     return false;
@@ -104,8 +106,8 @@ class fault_injector : public fault_hooks {
 };
 
 inline bool parse_fault_kind(const std::string& s, fault_kind& out) {
-  for (auto k : {fault_kind::corrupt_kv, fault_kind::drop_kv, fault_kind::fail_alloc, fault_kind::stall, fault_kind::delay_kv,
-                 fault_kind::stall_link})
+  for (auto k : {fault_kind::corrupt_kv, fault_kind::drop_kv, fault_kind::fail_alloc, fault_kind::stall,
+                 fault_kind::delay_kv, fault_kind::stall_link})
     if (s == to_string(k)) {
       out = k;
       return true;

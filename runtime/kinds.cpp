@@ -96,16 +96,16 @@ std::string_view to_string(actor_kind k) {
   return "?";
 }
 std::optional<actor_kind> parse_actor_kind(std::string_view s) {
-  return parse_by_name(s, std::array{actor_kind::prefill, actor_kind::decode, actor_kind::colocated, actor_kind::kv_link,
-                                     actor_kind::request, actor_kind::router, actor_kind::kv_store});
+  return parse_by_name(s,
+                       std::array{actor_kind::prefill, actor_kind::decode, actor_kind::colocated, actor_kind::kv_link,
+                                  actor_kind::request, actor_kind::router, actor_kind::kv_store});
 }
 
 std::string actor_name::str() const {
   std::string s(to_string(kind));
   switch (kind) {
     case actor_kind::router:
-    case actor_kind::kv_store:
-      return s;
+    case actor_kind::kv_store: return s;
     case actor_kind::kv_link:
       s += "-p";
       s += std::to_string(index);

@@ -65,7 +65,7 @@ constexpr actor_kind actor_kind_of(worker_kind k) {
 // "kv_store".
 struct actor_name {
   actor_kind kind = actor_kind::router;
-  int64_t index = -1;   // the worker or prefill index, the request id; -1: none (router, store)
+  int64_t index = -1;  // the worker or prefill index, the request id; -1: none (router, store)
   int32_t decode = -1;  // kv_link: the decode worker
   std::string str() const;
   bool operator==(const actor_name&) const = default;

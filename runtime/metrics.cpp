@@ -77,10 +77,20 @@ std::string label_block(const labels& l, const std::string* le = nullptr) {
   return out + "}";
 }
 
-template <class T> constexpr const char* type_name();
-template <> constexpr const char* type_name<counter>() { return "counter"; }
-template <> constexpr const char* type_name<gauge>() { return "gauge"; }
-template <> constexpr const char* type_name<histogram>() { return "histogram"; }
+template <class T>
+constexpr const char* type_name();
+template <>
+constexpr const char* type_name<counter>() {
+  return "counter";
+}
+template <>
+constexpr const char* type_name<gauge>() {
+  return "gauge";
+}
+template <>
+constexpr const char* type_name<histogram>() {
+  return "histogram";
+}
 
 nlohmann::json labels_json(const labels& l) {
   auto j = nlohmann::json::object();
@@ -177,9 +187,8 @@ struct registry::impl {
       if (f.help.empty()) f.help = help;  // a reader looked it up before its writer named it
       auto* series = std::get_if<std::map<labels, T>>(&f.series);
       if (series == nullptr) {
-        const char* existing =
-            std::visit([](const auto& m) { return type_name<typename std::decay_t<decltype(m)>::mapped_type>(); },
-                       f.series);
+        const char* existing = std::visit(
+            [](const auto& m) { return type_name<typename std::decay_t<decltype(m)>::mapped_type>(); }, f.series);
         throw std::invalid_argument("metrics: '" + name + "' is already registered as a " + existing + ", not a " +
                                     type_name<T>());
       }
@@ -321,11 +330,11 @@ std::vector<double> linear_buckets(double start, double width, int count) {
 const std::vector<double>& latency_seconds_buckets() {
   static const std::vector<double> buckets = {
       0.0001, 0.00015, 0.0002, 0.0003, 0.0005, 0.00075,  //
-      0.001,  0.0015,  0.002,  0.003,  0.005,  0.0075,   //
-      0.01,   0.015,   0.02,   0.03,   0.05,   0.075,    //
-      0.1,    0.15,    0.2,    0.3,    0.5,    0.75,     //
-      1,      1.5,     2,      3,      5,      7.5,      //
-      10,     15,      20,     30,     50,     75,       //
+      0.001,  0.0015,  0.002,  0.003,  0.005,  0.0075,  //
+      0.01,   0.015,   0.02,   0.03,   0.05,   0.075,  //
+      0.1,    0.15,    0.2,    0.3,    0.5,    0.75,  //
+      1,      1.5,     2,      3,      5,      7.5,  //
+      10,     15,      20,     30,     50,     75,  //
   };
   return buckets;
 }
@@ -351,12 +360,16 @@ void record_request(registry& r, const request_timings& t, const std::string& ou
   const auto observe = [&](const char* name, const char* help, double ms) {
     r.get_histogram(name, help, b).observe(ms / 1000.0);
   };
-  observe("tandem_request_queue_prefill_seconds", "Time a request waited for a prefill worker, seconds.", t.queue_prefill_ms);
-  observe("tandem_request_queue_decode_seconds", "Time a request waited for a decode worker, seconds.", t.queue_decode_ms);
+  observe("tandem_request_queue_prefill_seconds", "Time a request waited for a prefill worker, seconds.",
+          t.queue_prefill_ms);
+  observe("tandem_request_queue_decode_seconds", "Time a request waited for a decode worker, seconds.",
+          t.queue_decode_ms);
   observe("tandem_request_prefill_seconds", "Prefill compute time, seconds.", t.prefill_ms);
   observe("tandem_request_ttft_seconds", "Time to first token, seconds.", t.ttft_ms);
-  if (t.output_tokens >= 2) observe("tandem_request_tpot_seconds", "Time per output token after the first, seconds.", t.tpot_ms);
-  if (t.kv_bytes > 0) observe("tandem_request_kv_transfer_seconds", "KV cache transfer time, seconds.", t.kv_transfer_ms);
+  if (t.output_tokens >= 2)
+    observe("tandem_request_tpot_seconds", "Time per output token after the first, seconds.", t.tpot_ms);
+  if (t.kv_bytes > 0)
+    observe("tandem_request_kv_transfer_seconds", "KV cache transfer time, seconds.", t.kv_transfer_ms);
   if (t.handoff_ms > 0)
     observe("tandem_request_handoff_seconds", "First token to decode start (KV handoff), seconds.", t.handoff_ms);
   observe("tandem_request_decode_seconds", "Decode time, seconds.", t.decode_ms);
@@ -367,7 +380,8 @@ process_stats read_process_stats() {
   process_stats st;
   if (FILE* f = std::fopen("/proc/self/statm", "r")) {
     long long size = 0, resident = 0;
-    if (std::fscanf(f, "%lld %lld", &size, &resident) == 2) st.resident_bytes = resident * int64_t(sysconf(_SC_PAGESIZE));
+    if (std::fscanf(f, "%lld %lld", &size, &resident) == 2)
+      st.resident_bytes = resident * int64_t(sysconf(_SC_PAGESIZE));
     std::fclose(f);
   }
   std::error_code ec;

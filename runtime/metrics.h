@@ -118,7 +118,7 @@ struct request_timings {
   double handoff_ms = 0;
   uint64_t kv_bytes = 0;
   int32_t prompt_tokens = 0, output_tokens = 0;
-  int32_t cached_tokens = 0;                  // of prompt_tokens, taken from the prefix cache
+  int32_t cached_tokens = 0;  // of prompt_tokens, taken from the prefix cache
   std::string prefill_worker, decode_worker;  // where it ran last ("prefill-0"; empty: not there)
 };
 

@@ -61,8 +61,8 @@ class json_formatter final : public spdlog::formatter {
     std::tm tm{};
     gmtime_r(&t, &tm);
     char ts[96];
-    std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                  tm.tm_min, tm.tm_sec, int(ms));
+    std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                  tm.tm_hour, tm.tm_min, tm.tm_sec, int(ms));
     std::string line = "{\"ts\":\"";
     line += ts;
     line += "\",\"level\":\"";
@@ -156,7 +156,9 @@ std::string render(format f, std::string_view name, std::initializer_list<field>
 void event(level lvl, std::string_view name, std::initializer_list<field> fields) {
   if (lvl != level::debug && name != "request" && name != "stats") {
     recorded r;
-    r.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    r.unix_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
     r.json = render(format::json, name, fields);
     std::lock_guard lk(g_ring.mu);
     r.seq = g_ring.next++;

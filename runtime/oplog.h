@@ -42,9 +42,9 @@ std::string render(format f, std::string_view name, std::initializer_list<field>
 void event(level lvl, std::string_view name, std::initializer_list<field> fields);
 
 struct recorded {
-  uint64_t seq = 0;     // 1, 2, ... in the order they happened
+  uint64_t seq = 0;  // 1, 2, ... in the order they happened
   int64_t unix_ms = 0;  // when
-  std::string json;     // {"event": ..., fields...} (render(format::json, ...))
+  std::string json;  // {"event": ..., fields...} (render(format::json, ...))
 };
 // The kept events after `seq`, oldest first.
 std::vector<recorded> recent(uint64_t after_seq = 0);

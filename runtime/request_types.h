@@ -20,13 +20,13 @@ using request_id = uint64_t;
 
 // The life of a request. Every switch over it is exhaustive.
 enum class request_state : uint8_t {
-  queued,        // admitted, waiting for a prefill (or colocated) worker
-  prefilling,    // a worker is computing its prompt
+  queued,  // admitted, waiting for a prefill (or colocated) worker
+  prefilling,  // a worker is computing its prompt
   transferring,  // prefill done; waiting for a decode slot or its KV in flight
-  decoding,      // a decode (or colocated) worker is generating its tokens
-  finished,      // ended normally (stop token or length)
-  failed,        // ended by an error
-  cancelled,     // ended by its client
+  decoding,  // a decode (or colocated) worker is generating its tokens
+  finished,  // ended normally (stop token or length)
+  failed,  // ended by an error
+  cancelled,  // ended by its client
 };
 std::string_view to_string(request_state s);
 bool is_terminal(request_state s);
@@ -43,7 +43,7 @@ struct request_spec {
   int32_t max_tokens = 64;
   sampling_params sampling;
   bool ignore_eos = false;
-  uint32_t epoch = 0;            // prefill attempt (set by the router): tags the KV it produces
+  uint32_t epoch = 0;  // prefill attempt (set by the router): tags the KV it produces
   // A migrated request (its worker died while decoding): the prompt's last `resumed` tokens are
   // output already generated; the next token sampled is output token number `resumed`.
   int32_t resumed = 0;
@@ -75,16 +75,16 @@ std::string_view to_string(event_kind k);
 struct request_event {
   event_kind kind = event_kind::accepted;
   request_id id = 0;
-  int32_t index = 0;             // token: position in the output
-  token_id token = -1;           // token: its id
-  std::string text;              // token: the UTF-8 text it completes (may be empty)
+  int32_t index = 0;  // token: position in the output
+  token_id token = -1;  // token: its id
+  std::string text;  // token: the UTF-8 text it completes (may be empty)
   std::optional<token_logprobs> logprobs;  // token: when the request asked for them
-  int32_t queue_position = 0;    // accepted
+  int32_t queue_position = 0;  // accepted
   tandem::finish_reason finish_reason = tandem::finish_reason::none;  // done
   metrics::request_timings timings;  // done
-  errc code = errc::ok;          // error
-  std::string message;           // error
-  double retry_after_ms = 0;     // error, when a retry can succeed (admission)
+  errc code = errc::ok;  // error
+  std::string message;  // error
+  double retry_after_ms = 0;  // error, when a retry can succeed (admission)
 };
 
 inline request_event make_event(event_kind kind) {

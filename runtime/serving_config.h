@@ -24,7 +24,7 @@ namespace tandem {
 class model;
 
 struct model_settings {
-  std::string path;                     // empty: the built-in default model
+  std::string path;  // empty: the built-in default model
   std::shared_ptr<const model> loaded;  // or an already loaded one (shared by every worker)
 };
 
@@ -93,10 +93,10 @@ struct step_settings {
   // not depend on its batch); fastest: GEMM prefill, faster, but a recovered greedy request
   // may differ after a near-tie (kernels/cpu/matmul.h).
   kernels::cpu::matmul_mode matmul = kernels::cpu::matmul_mode::batch_invariant;
-  int32_t chunk_size = 256;              // longest piece of one prompt per step
-  int32_t prefill_token_budget = 512;    // tokens per prefill step
+  int32_t chunk_size = 256;  // longest piece of one prompt per step
+  int32_t prefill_token_budget = 512;  // tokens per prefill step
   int32_t colocated_token_budget = 256;  // tokens per colocated step (decodes + prefill chunks)
-  int32_t max_batch = 64;                // sequences decoding at once per worker
+  int32_t max_batch = 64;  // sequences decoding at once per worker
   // The time per output token to hold (0: none). Colocated workers size each step's prefill
   // from their fitted step cost (runtime/scheduler/step_cost.h) so that the step, its decodes
   // included, is predicted to take colocated_step_share of it; with shared cores a decode

@@ -29,7 +29,7 @@ inline std::vector<float> log_softmax(const std::vector<float>& x) {
 
 struct forced_run {
   int steps = 0, clear = 0;  // steps fed; steps where tandem's choice was clear enough to compare
-  float worst = 0;           // largest |log-probability difference| seen
+  float worst = 0;  // largest |log-probability difference| seen
   std::vector<float> step_worst;  // each step's largest difference
 };
 

@@ -42,9 +42,7 @@ struct fixture : ::testing::Test {
     sys = std::make_unique<caf::actor_system>(cfg);
     sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
   }
-  void TearDown() override {
-    sched->run();
-  }
+  void TearDown() override { sched->run(); }
   void run() { sched->run(); }
 };
 
@@ -57,7 +55,9 @@ caf::behavior recorder(caf::event_based_actor* self, log_ptr log, std::string na
   });
   return {
       [log, name](kv_atom, uint64_t bytes, double) { log->lines.push_back(name + ":kv " + std::to_string(bytes)); },
-      [log, name](const request_event& ev) { log->lines.push_back(name + ":event " + std::string(to_string(ev.kind))); },
+      [log, name](const request_event& ev) {
+        log->lines.push_back(name + ":event " + std::string(to_string(ev.kind)));
+      },
       [log, name](state_atom, request_state s) { log->lines.push_back(name + ":state " + std::string(to_string(s))); },
   };
 }
@@ -366,13 +366,14 @@ caf::behavior stats_worker(caf::event_based_actor* self, log_ptr log, std::strin
 // Asks the router for its workers' stats and records what comes back.
 caf::behavior stats_client(caf::event_based_actor* self, log_ptr log, router_actor router) {
   self->request(router, caf::infinite, stats_atom::value)
-      .then([log](std::vector<worker_stats>& ws) {
-        std::sort(ws.begin(), ws.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-        std::string line = "stats:";
-        for (const auto& w : ws) line += " " + w.name + "=" + std::to_string(w.kv_free_blocks);
-        log->lines.push_back(line);
-      },
-      [log](caf::error& e) { log->lines.push_back("stats error " + caf::to_string(e)); });
+      .then(
+          [log](std::vector<worker_stats>& ws) {
+            std::sort(ws.begin(), ws.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+            std::string line = "stats:";
+            for (const auto& w : ws) line += " " + w.name + "=" + std::to_string(w.kv_free_blocks);
+            log->lines.push_back(line);
+          },
+          [log](caf::error& e) { log->lines.push_back("stats error " + caf::to_string(e)); });
   return {[](int32_t) {}};
 }
 
@@ -405,7 +406,8 @@ TEST_F(fixture, StatsGiveASlowWorkerAsItLastAnsweredWithoutWaitingForIt) {
   EXPECT_EQ(log->count("stats: decode-0=20 prefill-0=11"), 1) << ::testing::PrintToString(log->lines);
 
   log->held.clear();  // (a promise is delivered from inside its actor only)
-  for (auto a : {caf::actor_cast<caf::actor>(router), p0, d0, c1, c2}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto a : {caf::actor_cast<caf::actor>(router), p0, d0, c1, c2})
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   run();
 }
 

@@ -113,7 +113,8 @@ class ArchConformance : public ::testing::TestWithParam<std::string> {};
 
 TEST(ArchConformance, EveryArchitectureAndTypeHasCases) {
   std::set<std::string> seen;
-  for (const auto& c : reference()["cases"]) seen.insert(c["arch"].get<std::string>() + "/" + c["dtype"].get<std::string>());
+  for (const auto& c : reference()["cases"])
+    seen.insert(c["arch"].get<std::string>() + "/" + c["dtype"].get<std::string>());
   for (const auto& a : architectures())
     for (const char* t : {"f32", "f16", "bf16", "q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K"})
       EXPECT_TRUE(seen.count(std::string(a.name) + "/" + t)) << a.name << " " << t;

@@ -73,9 +73,9 @@ request_outcome done(double send, double ttft, double e2e, int out, std::vector<
 TEST(BenchStats, TpotGoodputAndAttainment) {
   std::vector<request_outcome> rs = {
       done(0, 0.1, 1.1, 11, {0.1, 0.1}),  // TPOT 0.1: meets both
-      done(1, 0.5, 1.5, 11),              // TTFT 0.5: misses the TTFT SLO
-      done(2, 0.1, 3.1, 11),              // TPOT 0.3: misses the TPOT SLO
-      done(3, 0.2, 0.2, 1),               // one token: no TPOT, meets any TPOT SLO
+      done(1, 0.5, 1.5, 11),  // TTFT 0.5: misses the TTFT SLO
+      done(2, 0.1, 3.1, 11),  // TPOT 0.3: misses the TPOT SLO
+      done(3, 0.2, 0.2, 1),  // one token: no TPOT, meets any TPOT SLO
   };
   request_outcome failed;
   rs.push_back(failed);
@@ -95,8 +95,8 @@ TEST(BenchStats, TpotGoodputAndAttainment) {
   EXPECT_DOUBLE_EQ(f.request_throughput, 1.0);
   EXPECT_DOUBLE_EQ(f.output_tokens_per_s, 8.5);
   EXPECT_DOUBLE_EQ(f.prompt_tokens_per_s, 100.0);
-  EXPECT_DOUBLE_EQ(f.goodput, 0.5);          // two good requests in 4 s
-  EXPECT_DOUBLE_EQ(f.slo_attainment, 0.4);   // of the five sent
+  EXPECT_DOUBLE_EQ(f.goodput, 0.5);  // two good requests in 4 s
+  EXPECT_DOUBLE_EQ(f.slo_attainment, 0.4);  // of the five sent
   EXPECT_EQ(f.tpot_s.count, 3);
   EXPECT_NEAR(f.tpot_s.mean, (0.1 + 0.1 + 0.3) / 3, 1e-12);
   EXPECT_EQ(f.itl_s.count, 2);
@@ -141,7 +141,8 @@ TEST(BenchTrace, GeneratorsAreDeterministicAndShaped) {
     EXPECT_NEAR(1999.0 / a.back().arrival_s, 4.0, 0.4);  // the mean rate
   }
   o.seed = 8;
-  EXPECT_NE(make_trace(o)[1].arrival_s, make_trace(trace_options{.kind = o.kind, .requests = 2000, .rate = 4, .seed = 7})[1].arrival_s);
+  EXPECT_NE(make_trace(o)[1].arrival_s,
+            make_trace(trace_options{.kind = o.kind, .requests = 2000, .rate = 4, .seed = 7})[1].arrival_s);
 }
 
 TEST(BenchTrace, GammaArrivalsAreBurstierWithTheSameMean) {
@@ -178,8 +179,10 @@ TEST(BenchTrace, FilesRoundTripAndBadLinesAreNamed) {
   EXPECT_EQ(back[1].output_tokens, 12);
   {
     std::ofstream out(path);
-    out << R"({"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 3})" << "\n\n"
-        << R"({"arrival_s": 1, "prompt_tokens": 5})" << "\n";
+    out << R"({"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 3})"
+        << "\n\n"
+        << R"({"arrival_s": 1, "prompt_tokens": 5})"
+        << "\n";
   }
   try {
     load_trace(path);
@@ -271,7 +274,8 @@ TEST(BenchTrace, SystemPromptIsDeterministicAndShaped) {
 
 TEST(BenchTrace, SystemPromptFitsTheContextKeepingOnePrefix) {
   for (int32_t ctx : {2048, 512, 64, 8}) {
-    const auto t = make_trace(trace_options{.kind = workload::shared_prefix, .requests = 300, .seed = 3, .max_context = ctx});
+    const auto t =
+        make_trace(trace_options{.kind = workload::shared_prefix, .requests = 300, .seed = 3, .max_context = ctx});
     std::set<int32_t> prefixes;
     for (const auto& e : t) {
       EXPECT_LT(e.prompt_tokens + e.output_tokens, ctx);
@@ -288,7 +292,8 @@ TEST(BenchTrace, SystemPromptFitsTheContextKeepingOnePrefix) {
 }
 
 TEST(BenchTrace, SystemPromptSynthesisSharesExactlyTheGroupPrefix) {
-  const auto t = make_trace(trace_options{.kind = workload::shared_prefix, .requests = 60, .seed = 9, .prefix_groups = 3});
+  const auto t =
+      make_trace(trace_options{.kind = workload::shared_prefix, .requests = 60, .seed = 9, .prefix_groups = 3});
   serve_options so;
   so.seed = 9;
   so.vocab = 256;
@@ -367,7 +372,8 @@ TEST(BenchTrace, MultiturnConversationsGrowTurnByTurn) {
 
 TEST(BenchTrace, MultiturnFitsTheContextWithItsLastTurn) {
   for (int32_t ctx : {600, 256, 40, 13}) {
-    const auto t = make_trace(trace_options{.kind = workload::multiturn, .seed = 2, .max_context = ctx, .conversations = 5, .turns = 6});
+    const auto t = make_trace(
+        trace_options{.kind = workload::multiturn, .seed = 2, .max_context = ctx, .conversations = 5, .turns = 6});
     ASSERT_EQ(t.size(), 30u) << ctx;  // the turns are kept; their lengths give way
     for (const auto& e : t) {
       EXPECT_LT(e.prompt_tokens + e.output_tokens, ctx) << "conversation " << e.conversation << " turn " << e.turn;
@@ -376,11 +382,13 @@ TEST(BenchTrace, MultiturnFitsTheContextWithItsLastTurn) {
     }
   }
   // Six turns need at least a token each of opening, outputs and messages: 12, below 13.
-  EXPECT_THROW(make_trace(trace_options{.kind = workload::multiturn, .max_context = 12, .turns = 6}), std::invalid_argument);
+  EXPECT_THROW(make_trace(trace_options{.kind = workload::multiturn, .max_context = 12, .turns = 6}),
+               std::invalid_argument);
 }
 
 TEST(BenchTrace, MultiturnPromptsResendTheHistory) {
-  const auto t = make_trace(trace_options{.kind = workload::multiturn, .seed = 4, .max_context = 1024, .conversations = 3, .turns = 5});
+  const auto t = make_trace(
+      trace_options{.kind = workload::multiturn, .seed = 4, .max_context = 1024, .conversations = 3, .turns = 5});
   serve_options so;
   so.seed = 4;
   std::map<int32_t, std::pair<std::vector<int32_t>, std::vector<int32_t>>> last;  // prompt, output
@@ -407,9 +415,14 @@ TEST(BenchTrace, MultiturnPromptsResendTheHistory) {
 
 TEST(BenchTrace, PrefixAndTurnFieldsRoundTrip) {
   const std::string path = temp_path("tandem_test_trace_prefix.jsonl");
-  std::vector<trace_entry> t = make_trace(trace_options{.kind = workload::shared_prefix, .requests = 20, .seed = 1, .prefix_groups = 3});
-  const auto turns = make_trace(trace_options{.kind = workload::multiturn, .arrival = arrival_kind::gamma, .burstiness = 0.5,
-                                              .seed = 1, .conversations = 3, .turns = 3});
+  std::vector<trace_entry> t =
+      make_trace(trace_options{.kind = workload::shared_prefix, .requests = 20, .seed = 1, .prefix_groups = 3});
+  const auto turns = make_trace(trace_options{.kind = workload::multiturn,
+                                              .arrival = arrival_kind::gamma,
+                                              .burstiness = 0.5,
+                                              .seed = 1,
+                                              .conversations = 3,
+                                              .turns = 3});
   for (auto e : turns) {
     e.arrival_s += 1000;  // after the others, so that the sorted file keeps this order
     t.push_back(e);
@@ -420,7 +433,10 @@ TEST(BenchTrace, PrefixAndTurnFieldsRoundTrip) {
   expect_same(t, back);
   EXPECT_DOUBLE_EQ(shared_prefix_share(back), shared_prefix_share(t));
   // The older keys alone still load, with the defaults.
-  { std::ofstream(path) << R"({"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 3})" << "\n"; }
+  {
+    std::ofstream(path) << R"({"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 3})"
+                        << "\n";
+  }
   const auto old = load_trace(path);
   ASSERT_EQ(old.size(), 1u);
   expect_same(old[0], trace_entry{.prompt_tokens = 5, .output_tokens = 3}, 0);
@@ -439,12 +455,18 @@ TEST(BenchTrace, BadPrefixAndTurnLinesAreNamed) {
        ":2: 'prefix_tokens' must be an integer in 1..50"},
       {{ok, R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "prefix_group": -2, "prefix_tokens": 5})"},
        ":2: 'prefix_group' must be"},
-      {{R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "prefix_group": 1})"}, ":1: 'prefix_group' and 'prefix_tokens' go together"},
-      {{R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "prefix_group": "a", "prefix_tokens": 5})"}, ":1: 'prefix_group' must be"},
-      {{ok, R"({"arrival_s": 1, "prompt": "hi", "output_tokens": 3, "prefix_group": 0, "prefix_tokens": 1})"}, ":2: 'prefix_group' needs 'prompt_tokens'"},
-      {{R"({"arrival_s": 1, "prompt": "hi", "output_tokens": 3, "conversation": 2})"}, ":1: 'conversation' needs 'prompt_tokens'"},
-      {{R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "turn": 1, "new_tokens": 4})"}, ":1: 'turn' and 'new_tokens' need 'conversation'"},
-      {{R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "conversation": 0, "turn": 0, "new_tokens": 4})"}, ":1: turn 0's 'new_tokens'"},
+      {{R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "prefix_group": 1})"},
+       ":1: 'prefix_group' and 'prefix_tokens' go together"},
+      {{R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "prefix_group": "a", "prefix_tokens": 5})"},
+       ":1: 'prefix_group' must be"},
+      {{ok, R"({"arrival_s": 1, "prompt": "hi", "output_tokens": 3, "prefix_group": 0, "prefix_tokens": 1})"},
+       ":2: 'prefix_group' needs 'prompt_tokens'"},
+      {{R"({"arrival_s": 1, "prompt": "hi", "output_tokens": 3, "conversation": 2})"},
+       ":1: 'conversation' needs 'prompt_tokens'"},
+      {{R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "turn": 1, "new_tokens": 4})"},
+       ":1: 'turn' and 'new_tokens' need 'conversation'"},
+      {{R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "conversation": 0, "turn": 0, "new_tokens": 4})"},
+       ":1: turn 0's 'new_tokens'"},
       {{R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "conversation": 0})",
         R"({"arrival_s": 2, "prompt_tokens": 60, "output_tokens": 3, "conversation": 0, "turn": 1})"},
        ":2: a turn after the first needs 'new_tokens'"},
@@ -461,7 +483,9 @@ TEST(BenchTrace, BadPrefixAndTurnLinesAreNamed) {
       {{R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "conversation": 0})",
         R"({"arrival_s": 2, "prompt_tokens": 50, "output_tokens": 3, "conversation": 0})"},
        ":2: conversation 0: turn 0 where turn 1 comes next"},
-      {{R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "conversation": 0, "turn": 1.5, "new_tokens": 8})"}, ":1: 'turn' must be"},
+      {{R"({"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 3, "conversation": 0, "turn": 1.5, "new_tokens": )"
+        R"(8})"},
+       ":1: 'turn' must be"},
   };
   for (const auto& c : cases) {
     {
@@ -539,7 +563,8 @@ class fake_server {
   }
   std::string metrics() {
     std::lock_guard<std::mutex> lk(mu_);
-    std::string m = "# TYPE tandem_prompt_tokens_total counter\ntandem_prompt_tokens_total " + std::to_string(prompt_total_) + "\n";
+    std::string m =
+        "# TYPE tandem_prompt_tokens_total counter\ntandem_prompt_tokens_total " + std::to_string(prompt_total_) + "\n";
     // Half of each prompt counted as a hit, split over two label sets (summed by the client).
     if (cache_counters_)
       m += "tandem_prefix_cache_hit_tokens_total{worker=\"a\"} " + std::to_string(prompt_total_ / 4) +
@@ -588,7 +613,12 @@ class fake_server {
 };
 
 trace_entry turn(double at, int32_t conversation, int32_t k, int32_t prompt, int32_t output, int32_t fresh) {
-  return {.arrival_s = at, .prompt_tokens = prompt, .output_tokens = output, .conversation = conversation, .turn = k, .new_tokens = fresh};
+  return {.arrival_s = at,
+          .prompt_tokens = prompt,
+          .output_tokens = output,
+          .conversation = conversation,
+          .turn = k,
+          .new_tokens = fresh};
 }
 
 }  // namespace
@@ -628,8 +658,7 @@ TEST(BenchServe, SseTokensAreTimedAsTheyArrive) {
   ASSERT_EQ(r.token_times_s.size(), 5u);
   EXPECT_EQ(r.output_tokens, 5);
   EXPECT_LT(r.ttft_s, 0.2);  // the first event, not the last
-  for (size_t k = 1; k < r.token_times_s.size(); ++k)
-    EXPECT_GT(r.token_times_s[k] - r.token_times_s[k - 1], 0.03) << k;
+  for (size_t k = 1; k < r.token_times_s.size(); ++k) EXPECT_GT(r.token_times_s[k] - r.token_times_s[k - 1], 0.03) << k;
 }
 
 TEST(BenchServe, MultiturnSendsEachTurnWithItsHistoryAndStopsAtAFailure) {
@@ -841,7 +870,11 @@ TEST(BenchTrace, MooncakeFitsTheContextAndRoundTrips) {
 TEST(BenchTrace, MooncakeBadLinesAndOptionsAreNamed) {
   const std::string path = temp_path("tandem_test_mooncake_bad.jsonl");
   auto fails_with = [&](const std::string& line, const std::string& what) {
-    { std::ofstream(path) << R"({"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [0]})" << "\n" << line << "\n"; }
+    {
+      std::ofstream(path) << R"({"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [0]})"
+                          << "\n"
+                          << line << "\n";
+    }
     try {
       load_mooncake_trace(path, {});
       ADD_FAILURE() << "accepted: " << line;
@@ -855,7 +888,8 @@ TEST(BenchTrace, MooncakeBadLinesAndOptionsAreNamed) {
   fails_with(R"({"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": []})", "'hash_ids'");
   fails_with(R"({"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [-1]})", "non-negative");
   fails_with(R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0]})", "does not fit 1 blocks");
-  fails_with(R"({"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [0, 1]})", "does not fit 2 blocks");
+  fails_with(R"({"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [0, 1]})",
+             "does not fit 2 blocks");
   fails_with(R"({"timestamp": -5, "input_length": 10, "output_length": 5, "hash_ids": [0]})", "'timestamp'");
   fails_with(R"({"timestamp": 0, "input_length": 10, "output_length": 0, "hash_ids": [0]})", "'output_length'");
   EXPECT_THROW(load_mooncake_trace(path, {.scale_tokens = 0}), std::invalid_argument);
@@ -863,7 +897,11 @@ TEST(BenchTrace, MooncakeBadLinesAndOptionsAreNamed) {
   EXPECT_THROW(load_mooncake_trace(path, {.speedup = 0}), std::invalid_argument);
   EXPECT_THROW(load_mooncake_trace(path + ".missing", {}), std::runtime_error);
   // A saved block trace whose ids do not cover its prompt is refused too.
-  { std::ofstream(path) << R"({"arrival_s": 0, "prompt_tokens": 70, "output_tokens": 3, "block_ids": [1, 2], "block_tokens": 32})" << "\n"; }
+  {
+    std::ofstream(path)
+        << R"({"arrival_s": 0, "prompt_tokens": 70, "output_tokens": 3, "block_ids": [1, 2], "block_tokens": 32})"
+        << "\n";
+  }
   EXPECT_THROW(load_trace(path), std::runtime_error);
   std::filesystem::remove(path);
 }
@@ -883,7 +921,8 @@ TEST(BenchCompare, RoundsGiveEachFigureItsMedian) {
     m.report.server = nlohmann::json{{"handoff_ms_mean", handoff}};
     return m;
   };
-  const mode_run a = run(1.9, 1.0, 0.30, 0.020, 30), b = run(1.2, 0.5, 0.10, 0.030, 10), c = run(1.6, 0.875, 0.20, 0.010, 20);
+  const mode_run a = run(1.9, 1.0, 0.30, 0.020, 30), b = run(1.2, 0.5, 0.10, 0.030, 10),
+                 c = run(1.6, 0.875, 0.20, 0.010, 20);
   compare_options o;
   o.attainment = 0.9;
   const mode_run m = median_of_rounds({&a, &b, &c}, o);

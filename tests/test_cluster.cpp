@@ -105,9 +105,14 @@ class cluster {
   cluster(int prefill, int decode, const std::string& transport, std::vector<std::string> router_extra = {},
           std::string join_host = "127.0.0.1")
       : join_host(std::move(join_host)) {
-    std::vector<std::string> args = {"serve", "--role", "router", "--model", model_file(), "--port", "0",
-                                     "--cluster-port", "0", "--node-transport", transport, "--admin-key", "k",
-                                     "--heartbeat-timeout-ms", "1000"};
+    std::vector<std::string> args = {"serve",      "--role",
+                                     "router",     "--model",
+                                     model_file(), "--port",
+                                     "0",          "--cluster-port",
+                                     "0",          "--node-transport",
+                                     transport,    "--admin-key",
+                                     "k",          "--heartbeat-timeout-ms",
+                                     "1000"};
     args.insert(args.end(), router_extra.begin(), router_extra.end());
     router = std::make_unique<child>("router", args);
     http_port = router->wait_for(R"(on http://127\.0\.0\.1:(\d+))");
@@ -117,7 +122,8 @@ class cluster {
     wait_members(prefill + decode, prefill > 0 && decode > 0);
   }
   void add(const std::string& role, std::vector<std::string> extra = {}, const std::string& netns = "") {
-    std::vector<std::string> args = {"serve", "--role", role, "--join", join_host + ":" + cluster_port, "--model", model_file()};
+    std::vector<std::string> args = {"serve",   "--role",    role, "--join", join_host + ":" + cluster_port,
+                                     "--model", model_file()};
     args.insert(args.end(), extra.begin(), extra.end());
     auto c = std::make_unique<child>(role + std::to_string(nodes.size()), args, netns);
     const std::string idx = c->wait_for(R"(node joined \S+ with workers (\d+))");
@@ -137,7 +143,8 @@ class cluster {
           return (!serving || h.value("status", "") == "ok") && h.contains("nodes") && h["nodes"].size() == n;
         },
         timeout, 5ms, 50ms))
-        << "the cluster never had " << n << " members: " << h.dump() << "\n" << router->log();
+        << "the cluster never had " << n << " members: " << h.dump() << "\n"
+        << router->log();
   }
   // Until the router lists a request in `state` on `worker` ("decode-1"), or the timeout.
   // Until the router lists a request in `state` on one of `workers` ("decode-1"), or the
@@ -147,7 +154,7 @@ class cluster {
                               std::chrono::milliseconds timeout = 20s, bool quiet = false) {
     const char* field = workers.at(0).rfind("decode", 0) == 0 ? "decode_worker" : "prefill_worker";
     std::map<std::string, int> seen;  // what the router listed meanwhile, for the failure report
-    std::string last;                 // and the last state it gave
+    std::string last;  // and the last state it gave
     // Polled every 2 ms, no backoff: the state may be short-lived.
     const auto found = eventually_value(
         [&]() -> std::optional<std::string> {
@@ -205,12 +212,13 @@ class cluster {
 // A second network namespace joined to this one by a veth pair: another host as far as
 // addresses and sockets go (the project's own test host).
 struct other_host : bench::netns_host {
-  other_host() : bench::netns_host("tandem-t" + std::to_string(::getpid()), "tdm" + std::to_string(::getpid() % 100000), 77) {}
+  other_host()
+      : bench::netns_host("tandem-t" + std::to_string(::getpid()), "tdm" + std::to_string(::getpid() % 100000), 77) {}
 };
 
 // Streams every job over one WebSocket; `during` runs while they stream.
-std::vector<bench::stream_result> run_jobs(cluster& c, const std::vector<job>& js,
-                                           const std::function<void()>& during = [] {}) {
+std::vector<bench::stream_result> run_jobs(
+    cluster& c, const std::vector<job>& js, const std::function<void()>& during = [] {}) {
   bench::ws_client ws({"127.0.0.1", c.http_port}, "");
   std::mutex mu;
   std::condition_variable cv;
@@ -237,7 +245,8 @@ void expect_exact(const std::vector<job>& js, const std::vector<bench::stream_re
   auto m = testing_support::tiny_model("cluster");
   for (size_t i = 0; i < js.size(); ++i) {
     ASSERT_TRUE(got[i].ok) << "request " << i << ": " << got[i].error;
-    const auto want = testing_support::alone(*m, js[i].prompt, js[i].max_tokens, sampling_params{.temperature = 0}, true);
+    const auto want =
+        testing_support::alone(*m, js[i].prompt, js[i].max_tokens, sampling_params{.temperature = 0}, true);
     EXPECT_EQ(got[i].output_token_ids, std::vector<int32_t>(want.begin(), want.end())) << "request " << i;
   }
 }
@@ -421,8 +430,10 @@ TEST(Cluster, NodeOfAnotherWireVersionIsRefused) {
 TEST(Cluster, NodeOfAnotherModelIsRefused) {
   cluster c(0, 0, "auto");
   const auto other = std::filesystem::temp_directory_path() / "tandem-test-models" / "cluster-other-tiny-f32.gguf";
-  if (!std::filesystem::exists(other)) synthesize_model(find_synth_preset("tiny"), kernels::dtype::f32, other.string(), 77);
-  child n("other-model", {"serve", "--role", "prefill", "--join", "127.0.0.1:" + c.cluster_port, "--model", other.string()});
+  if (!std::filesystem::exists(other))
+    synthesize_model(find_synth_preset("tiny"), kernels::dtype::f32, other.string(), 77);
+  child n("other-model",
+          {"serve", "--role", "prefill", "--join", "127.0.0.1:" + c.cluster_port, "--model", other.string()});
   EXPECT_NE(n.wait(30s), 0);
   EXPECT_NE(n.log().find("another model"), std::string::npos) << n.log();
 }
@@ -450,7 +461,8 @@ TEST(Cluster, DecodeProcessInAnotherNetworkNamespace) {
   c.wait_members(2);
   const json h = c.get("/health");
   bool remote_kv = false;
-  for (const auto& n : h["nodes"]) remote_kv = remote_kv || n.value("kv_address", "").find(other.there) != std::string::npos;
+  for (const auto& n : h["nodes"])
+    remote_kv = remote_kv || n.value("kv_address", "").find(other.there) != std::string::npos;
   EXPECT_TRUE(remote_kv) << h.dump();
   const auto js = jobs(8, 40);
   expect_exact(js, run_jobs(c, js));
@@ -466,10 +478,25 @@ TEST(Cluster, DecodeProcessInAnotherNetworkNamespace) {
 // close). With `netns`, every node sits in a network namespace of its own and a partition cuts
 // its link (root only: CI runs as root).
 void chaos_soak(bool netns) {
-  const auto dir = std::filesystem::temp_directory_path() / ("tandem-chaos-test-" + std::to_string(::getpid()) + (netns ? "-netns" : ""));
-  std::vector<std::string> args = {"chaos", "--cluster", "--model", model_file(), "--for", "8s", "--every", "500ms",
-                                   "--concurrency", "8", "--partition-for", "2s", "--drain", "60s", "--json",
-                                   "--log-dir", (dir / "nodes").string()};
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("tandem-chaos-test-" + std::to_string(::getpid()) + (netns ? "-netns" : ""));
+  std::vector<std::string> args = {"chaos",
+                                   "--cluster",
+                                   "--model",
+                                   model_file(),
+                                   "--for",
+                                   "8s",
+                                   "--every",
+                                   "500ms",
+                                   "--concurrency",
+                                   "8",
+                                   "--partition-for",
+                                   "2s",
+                                   "--drain",
+                                   "60s",
+                                   "--json",
+                                   "--log-dir",
+                                   (dir / "nodes").string()};
   if (netns) args.push_back("--netns");
   std::filesystem::create_directories(dir);
   bench::child_process chaos(tandem_bin, args, dir / "chaos.log");

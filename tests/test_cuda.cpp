@@ -111,8 +111,7 @@ template <class T>
 struct device_vec {
   size_t n;
   T* p;
-  explicit device_vec(const std::vector<T>& h)
-      : n(h.size()), p(static_cast<T*>(cu::device_alloc(n * sizeof(T)))) {
+  explicit device_vec(const std::vector<T>& h) : n(h.size()), p(static_cast<T*>(cu::device_alloc(n * sizeof(T)))) {
     cu::copy_to_device(p, h.data(), n * sizeof(T));
   }
   ~device_vec() { cu::device_free(p); }
@@ -144,8 +143,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want)
 class CudaVsCpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (cu::cuda_device_count() == 0)
-      GTEST_SKIP() << "no CUDA device: " << cu::cuda_unavailable_reason();
+    if (cu::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cu::cuda_unavailable_reason();
   }
   void TearDown() override {
     if (!IsSkipped()) cu::device_synchronize("test teardown");

@@ -171,7 +171,8 @@ TEST_P(ForwardVsReference, LogitsMatchDoublePrecision) {
 
 INSTANTIATE_TEST_SUITE_P(AllWeightTypes, ForwardVsReference,
                          ::testing::Values(dtype_case{kernels::dtype::f32, 1e-4}, dtype_case{kernels::dtype::f16, 1e-4},
-                                           dtype_case{kernels::dtype::bf16, 2e-2}, dtype_case{kernels::dtype::q8_0, 3e-2}),
+                                           dtype_case{kernels::dtype::bf16, 2e-2},
+                                           dtype_case{kernels::dtype::q8_0, 3e-2}),
                          [](const auto& info) { return std::string(kernels::to_string(info.param.type)); });
 
 TEST(Engine, ChunkedPrefillEqualsOneShot) {
@@ -186,7 +187,8 @@ TEST(Engine, ChunkedPrefillEqualsOneShot) {
     const seq_id s = eng.create_sequence();
     std::vector<float> logits;
     for (size_t i = 0; i < prompt.size(); i += size_t(chunk))
-      ASSERT_TRUE(eng.prefill(s, std::span(prompt).subspan(i, std::min(size_t(chunk), prompt.size() - i)), logits).ok());
+      ASSERT_TRUE(
+          eng.prefill(s, std::span(prompt).subspan(i, std::min(size_t(chunk), prompt.size() - i)), logits).ok());
     ASSERT_EQ(logits.size(), whole.size());
     // Bitwise: the batch-invariant kernels give a row the same result in any batch.
     EXPECT_TRUE(logits == whole) << "chunk " << chunk;
@@ -300,8 +302,8 @@ TEST(KvDtypes, LogitsStayCloseToTheF32Cache) {
     };
     const auto ref = logits_with(kernels::dtype::f32);
     const double scale = std::max(1.0, double(*std::max_element(ref.begin(), ref.end(), [](float a, float b) {
-      return std::fabs(a) < std::fabs(b);
-    })));
+                                    return std::fabs(a) < std::fabs(b);
+                                  })));
     for (auto [kv, tol] : {std::pair{kernels::dtype::f16, 5e-3}, std::pair{kernels::dtype::bf16, 5e-2},
                            std::pair{kernels::dtype::q8_0, 1e-1}}) {
       if (kv == kernels::dtype::q8_0 && m->config().head_dim % 32 != 0) continue;  // tiny's 16: refused below
@@ -451,9 +453,9 @@ TEST(Engine, KvStreamedByLayerAndChunkImportsIdentically) {
     const int32_t n = std::min(7, 37 - begin);
     std::vector<batch_entry> batch;
     for (int32_t i = 0; i < n; ++i) batch.push_back({a, prompt[size_t(begin + i)], begin + i == 36});
-    ASSERT_TRUE(src.forward(batch, logits, [&](int32_t l) {
-                     ASSERT_TRUE(src.export_kv(a, l, l + 1, begin, pieces).ok());
-                   }).ok());
+    ASSERT_TRUE(
+        src.forward(batch, logits, [&](int32_t l) { ASSERT_TRUE(src.export_kv(a, l, l + 1, begin, pieces).ok()); })
+            .ok());
   }
   EXPECT_GT(pieces.size(), size_t(3 * n_layer));  // blocks re-sent as they filled
   const token_id first = argmax(logits.data(), V);
@@ -631,7 +633,8 @@ TEST_P(BatchInvariance, RePrefillEqualsDecodeBitwise) {
       for (size_t i = 0; i < again.size(); i += chunk)
         ASSERT_TRUE(eng.prefill(s, std::span(again).subspan(i, std::min(chunk, again.size() - i)), l).ok());
       for (int v = 0; v < V; ++v)
-        ASSERT_EQ(l[size_t(v)], decode_logits[n - 1][size_t(v)]) << "after " << n << " tokens, chunk " << chunk << ", logit " << v;
+        ASSERT_EQ(l[size_t(v)], decode_logits[n - 1][size_t(v)])
+            << "after " << n << " tokens, chunk " << chunk << ", logit " << v;
       ASSERT_TRUE(eng.free_sequence(s).ok());
     }
   }

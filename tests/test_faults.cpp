@@ -48,7 +48,8 @@ TEST(Faults, EachArmedFaultIsMetOnceAtItsHook) {
          const auto kv = one_block();
          const auto landed = h.land(kv);
          if (landed == kv) return false;
-         EXPECT_EQ(std::vector<float>((*kv)[0].payload.begin(), (*kv)[0].payload.end()), (std::vector<float>{1, 2, 3, 4}))
+         EXPECT_EQ(std::vector<float>((*kv)[0].payload.begin(), (*kv)[0].payload.end()),
+                   (std::vector<float>{1, 2, 3, 4}))
              << "the sender's own set is never damaged";
          return landed->size() == 1 && (*landed)[0].payload != (*kv)[0].payload;
        }},

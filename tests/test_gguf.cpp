@@ -169,7 +169,7 @@ TEST(Gguf, BadTensorOffset) {
 TEST(Gguf, UnsupportedTensorTypesAreAllNamed) {
   auto b = good_file();
   const size_t a_type = find(b, "a.weight") + 8 + 4 + 16;  // name, n_dims, two dims
-  const size_t b_type = find(b, "b.weight") + 8 + 4 + 8;   // name, n_dims, one dim
+  const size_t b_type = find(b, "b.weight") + 8 + 4 + 8;  // name, n_dims, one dim
   const uint32_t q5_0 = 6, iq4_xs = 23;
   std::memcpy(&b[a_type], &q5_0, 4);
   std::memcpy(&b[b_type], &iq4_xs, 4);
@@ -192,7 +192,7 @@ TEST(Gguf, LyingCountsDoNotAllocate) {
   EXPECT_EQ(parse_error(c), errc::malformed_file);
   c = b;
   const size_t words = find(c, "test.words") + 10 + 4 + 4;  // key, value type, element type
-  std::memcpy(&c[words], &huge, 8);                          // array length
+  std::memcpy(&c[words], &huge, 8);  // array length
   std::string msg;
   EXPECT_EQ(parse_error(c, &msg), errc::malformed_file);
   EXPECT_NE(msg.find("test.words"), std::string::npos) << msg;
@@ -281,7 +281,7 @@ TEST(Gguf, OverlappingTensorsAreRefused) {
   auto b = good_file();
   const size_t name = find(b, "b.weight");
   const size_t off_pos = name + 8 + 4 + 8 + 4;  // name, n_dims, one dim, type
-  const uint64_t inside_a = 32;                // a.weight holds [0, 256)
+  const uint64_t inside_a = 32;  // a.weight holds [0, 256)
   std::memcpy(&b[off_pos], &inside_a, 8);
   std::string msg;
   EXPECT_EQ(parse_error(b, &msg), errc::malformed_file);

@@ -200,7 +200,7 @@ TEST_F(GrammarVocab, DeadStatesAllowOnlyTheEnd) {
   ASSERT_FALSE(words.empty());
   EXPECT_FALSE(m.allowed() == nullptr);
   EXPECT_FALSE(mask_allows(*m.allowed(), tok().eos()));  // not complete yet
-  EXPECT_FALSE(m.accept(words[0]));                      // not a continuation
+  EXPECT_FALSE(m.accept(words[0]));  // not a continuation
   EXPECT_TRUE(m.dead());
   const auto mask = m.allowed();
   for (token_id t = 0; t < tok().n_vocab(); ++t) EXPECT_EQ(mask_allows(*mask, t), tok().is_eog(t)) << t;
@@ -220,8 +220,7 @@ TEST_F(GrammarVocab, ConstraintFollowsTheOutputGivenAndReplaysOnDivergence) {
     for (token_id t : out) m.accept(t);
     return *m.allowed();
   };
-  const std::vector<std::vector<token_id>> outputs = {
-      {}, {a[0]}, {a[0], b[0]}, {b[0]}, {b[0], b[0], a[0]}, {a[0]}, {}};
+  const std::vector<std::vector<token_id>> outputs = {{}, {a[0]}, {a[0], b[0]}, {b[0]}, {b[0], b[0], a[0]}, {a[0]}, {}};
   for (const auto& out : outputs) EXPECT_EQ(*sp.constraint->mask_after(out, trie), fresh(out));
   // A token outside the grammar in the output: dead, end only.
   const std::vector<token_id> off = {a[0], tok().encode("c", false)[0]};

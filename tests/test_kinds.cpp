@@ -28,14 +28,15 @@ TEST(Kinds, EveryKindRoundTripsByItsName) {
   round_trips({serving_mode::disaggregated, serving_mode::colocated, serving_mode::automatic}, parse_serving_mode);
   round_trips({worker_kind::prefill, worker_kind::decode, worker_kind::colocated}, parse_worker_kind);
   round_trips({node_role::prefill, node_role::decode}, parse_node_role);
-  round_trips({kv_transport_kind::handoff, kv_transport_kind::local, kv_transport_kind::shm, kv_transport_kind::channel},
-              parse_kv_transport_kind);
+  round_trips(
+      {kv_transport_kind::handoff, kv_transport_kind::local, kv_transport_kind::shm, kv_transport_kind::channel},
+      parse_kv_transport_kind);
   round_trips({channel_mode::automatic, channel_mode::tcp, channel_mode::shm}, parse_channel_mode);
   round_trips({actor_kind::prefill, actor_kind::decode, actor_kind::colocated, actor_kind::kv_link, actor_kind::request,
                actor_kind::router, actor_kind::kv_store},
               parse_actor_kind);
   EXPECT_EQ(to_string(channel_mode::automatic), "auto");  // the flag's spelling
-  EXPECT_FALSE(parse_node_role("colocated"));             // a node is prefill or decode
+  EXPECT_FALSE(parse_node_role("colocated"));  // a node is prefill or decode
 }
 
 TEST(Kinds, ActorNamesHaveOneSpelling) {

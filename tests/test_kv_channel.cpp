@@ -68,7 +68,8 @@ std::shared_ptr<const kv_frame> make_frame(size_t n_blocks, int32_t target, uint
                                            const shape& s = {}, uint64_t seed = 1) {
   std::mt19937_64 rng(seed * 7919 + request);
   auto blocks = std::make_shared<std::vector<kv_block_export>>();
-  for (size_t i = 0; i < n_blocks; ++i) blocks->push_back(make_block(rng, s, request, epoch, int32_t(i) * s.block_size));
+  for (size_t i = 0; i < n_blocks; ++i)
+    blocks->push_back(make_block(rng, s, request, epoch, int32_t(i) * s.block_size));
   auto f = std::make_shared<kv_frame>();
   f->target = target;
   f->request = request;
@@ -791,8 +792,7 @@ struct child_receiver {
         const uint16_t p = r.port();
         (void)!::write(out, &p, sizeof p);
         char c;
-        while (::read(a[0], &c, 1) > 0) {
-        }
+        while (::read(a[0], &c, 1) > 0) {}
       }
       ::_exit(0);
     }

@@ -43,7 +43,8 @@ kv_block_export block(int pos, float fill, size_t floats = 64) {
 }
 
 // The full blocks of a prompt computed on `eng`, with their keys.
-std::pair<std::vector<block_key>, std::vector<kv_block_export>> full_blocks(engine& eng, const std::vector<token_id>& p) {
+std::pair<std::vector<block_key>, std::vector<kv_block_export>> full_blocks(engine& eng,
+                                                                            const std::vector<token_id>& p) {
   const seq_id s = eng.create_sequence();
   std::vector<float> l;
   EXPECT_TRUE(eng.prefill(s, p, l).ok());
@@ -87,10 +88,10 @@ TEST(KvStore, MemoryBudgetSpillsToDiskAndBack) {
     }
     auto s = st.stats();
     EXPECT_EQ(s.memory_blocks, 2);  // the two most recent
-    EXPECT_EQ(s.disk_blocks, 3);    // the next three
-    EXPECT_EQ(s.evicted, 1u);       // the oldest left the disk too
+    EXPECT_EQ(s.disk_blocks, 3);  // the next three
+    EXPECT_EQ(s.evicted, 1u);  // the oldest left the disk too
     EXPECT_EQ(s.spilled, 4u);
-    EXPECT_EQ(st.count(keys), 0);   // key 200 is gone: no run from the start
+    EXPECT_EQ(st.count(keys), 0);  // key 200 is gone: no run from the start
     // A block from disk comes back bitwise, into memory.
     const auto got = st.get(std::vector<block_key>{201, 202});
     ASSERT_EQ(got.size(), 2u);
@@ -133,10 +134,11 @@ TEST(KvStore, AnotherEngineReusesPublishedBlocksExactly) {
   st.put(keys, blocks);
   const auto fetched = st.get(keys);
   auto damaged = fetched;
-  damaged[4].payload[7] += 1.0f;       // bytes changed after the checksum
+  damaged[4].payload[7] += 1.0f;  // bytes changed after the checksum
   EXPECT_EQ(b.cache_blocks(keys, damaged), 4);
   auto renamed = fetched;
-  EXPECT_EQ(b.cache_blocks(std::vector<block_key>{keys[5], keys[4]}, std::span(renamed).subspan(4, 2)), 0);  // wrong names
+  EXPECT_EQ(b.cache_blocks(std::vector<block_key>{keys[5], keys[4]}, std::span(renamed).subspan(4, 2)),
+            0);  // wrong names
   EXPECT_EQ(b.cache_blocks(keys, fetched), 9);
 
   const seq_id s = b.create_sequence();

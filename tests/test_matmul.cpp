@@ -42,7 +42,7 @@ struct problem {
   tk::dtype type;
   int64_t m, rows, cols;
   std::vector<uint8_t> w;  // rows * row_bytes
-  std::vector<float> x;    // [m, cols]
+  std::vector<float> x;  // [m, cols]
   std::vector<double> ref, mag;  // [m, rows]
   std::shared_ptr<tk::panel_memory> store = std::make_shared<tk::panel_memory>();
   tk::weight_view packed;  // w with this CPU's panels, as a model would load it
@@ -118,9 +118,8 @@ double worst_error(const problem& p, const std::vector<float>& y) {
 // n_random random bit patterns (NaNs among them).
 std::vector<float> f16_conversion_cases(uint32_t seed, int n_random) {
   std::vector<float> x;
-  for (uint32_t special : {0x00000000u, 0x80000000u, 0x33000000u, 0x33000001u, 0x387fe000u, 0x38800000u,
-                           0x477fefffu, 0x477ff000u, 0x7f800000u, 0xff800000u, 0x3f801000u, 0x3f803000u,
-                           0x3c000800u})
+  for (uint32_t special : {0x00000000u, 0x80000000u, 0x33000000u, 0x33000001u, 0x387fe000u, 0x38800000u, 0x477fefffu,
+                           0x477ff000u, 0x7f800000u, 0xff800000u, 0x3f801000u, 0x3f803000u, 0x3c000800u})
     x.push_back(std::bit_cast<float>(special));
   std::mt19937 rng(seed);
   for (int i = 0; i < n_random; ++i) x.push_back(std::bit_cast<float>(uint32_t(rng())));
@@ -139,9 +138,8 @@ TEST_P(matmul_test, matches_reference_on_every_isa_and_thread_count) {
   uint32_t seed = 1;
   // (rows, cols): odd row counts, partial 64-row panels, k blocking (768 > one k panel), and
   // 4000 x 768, big enough (>= 3 MiB) that the decode path splits rows over 3 threads.
-  const std::pair<int64_t, int64_t> shapes[] = {{1, 32},   {67, 32},  {300, 32},  {1, 96},
-                                                {67, 96},  {300, 96}, {1, 768},   {67, 768},
-                                                {300, 768}, {4000, 768}};
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 32},   {67, 32}, {300, 32}, {1, 96},    {67, 96},
+                                                {300, 96}, {1, 768}, {67, 768}, {300, 768}, {4000, 768}};
   for (auto [rows, cols] : shapes)
     for (int64_t m : {1, 2, 3, 7, 12, 64, 130}) {  // 12: two decode chunks for q8_0
       if (cols % tk::block_elems(t) != 0) continue;  // k-quant rows are whole 256-blocks: 768 only
@@ -152,8 +150,7 @@ TEST_P(matmul_test, matches_reference_on_every_isa_and_thread_count) {
                      " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
         const std::vector<float> y1 = run(level, p, pool_of(1));
         EXPECT_LE(worst_error(p, y1), tolerance(t, level));
-        EXPECT_LE(worst_error(p, run(level, p, pool_of(2), cpu::matmul_mode::batch_invariant)),
-                  tolerance(t, level));
+        EXPECT_LE(worst_error(p, run(level, p, pool_of(2), cpu::matmul_mode::batch_invariant)), tolerance(t, level));
         for (int threads : {2, 3}) {
           const std::vector<float> yn = run(level, p, pool_of(threads));
           for (size_t j = 0; j < yn.size(); ++j)  // same kernels, same order: rounding only
@@ -169,11 +166,9 @@ TEST_P(matmul_test, dispatched_path_agrees_with_scalar) {
     const problem p = make_problem(t, m, 129, 256, 77 + uint32_t(m));
     std::vector<float> ys = run(isa::scalar, p, pool_of(2)), yd(ys.size());
     cpu::matmul(p.view(), p.x.data(), m, yd.data(), pool_of(2));
-    const double tol = tolerance(t, isa::scalar) +
-                       tolerance(t, cpu::detail::best_isa());
+    const double tol = tolerance(t, isa::scalar) + tolerance(t, cpu::detail::best_isa());
     for (size_t j = 0; j < ys.size(); ++j)
-      ASSERT_LE(std::fabs(double(ys[j]) - yd[j]), tol * p.mag[j] + 1e-30)
-          << "m=" << m << ", j=" << j;
+      ASSERT_LE(std::fabs(double(ys[j]) - yd[j]), tol * p.mag[j] + 1e-30) << "m=" << m << ", j=" << j;
   }
 }
 
@@ -330,9 +325,8 @@ TEST_P(matmul_test, a_group_equals_each_matmul_on_its_own) {
 }
 
 INSTANTIATE_TEST_SUITE_P(dtypes, matmul_test,
-                         ::testing::Values(tk::dtype::f32, tk::dtype::f16, tk::dtype::bf16,
-                                           tk::dtype::q8_0, tk::dtype::q4_0, tk::dtype::q4_k,
-                                           tk::dtype::q5_k, tk::dtype::q6_k),
+                         ::testing::Values(tk::dtype::f32, tk::dtype::f16, tk::dtype::bf16, tk::dtype::q8_0,
+                                           tk::dtype::q4_0, tk::dtype::q4_k, tk::dtype::q5_k, tk::dtype::q6_k),
                          [](const auto& info) { return std::string(tk::to_string(info.param)); });
 
 // x's Q8_0 scales rounded to f16 and back (F16C where the CPU has it) as the scalar
@@ -355,12 +349,10 @@ TEST(matmul, ragged_columns) {
       for (int64_t m : {1, 3, 9}) {
         const problem p = make_problem(t, m, 70, cols, 1000 + uint32_t(cols + m));
         for (isa level : supported_levels()) {
-          SCOPED_TRACE(std::string(cpu::detail::isa_label(level)) + " " +
-                       std::string(tk::to_string(t)) + " m=" + std::to_string(m) +
-                       " cols=" + std::to_string(cols));
+          SCOPED_TRACE(std::string(cpu::detail::isa_label(level)) + " " + std::string(tk::to_string(t)) +
+                       " m=" + std::to_string(m) + " cols=" + std::to_string(cols));
           EXPECT_LE(worst_error(p, run(level, p, pool_of(2))), tolerance(t, level));
-          EXPECT_LE(worst_error(p, run(level, p, pool_of(2), cpu::matmul_mode::batch_invariant)),
-                    tolerance(t, level));
+          EXPECT_LE(worst_error(p, run(level, p, pool_of(2), cpu::matmul_mode::batch_invariant)), tolerance(t, level));
         }
       }
 }
@@ -468,8 +460,8 @@ TEST(attention, causal_kernel_matches_double_reference) {
     for (int32_t n_rep : {1, 3, 4})
       for (int32_t bs : {4, 16, 5})
         for (auto [pos0, n_tok] : {std::pair{0, 1}, {0, 7}, {0, 70}, {37, 1}, {63, 2}, {130, 33}, {200, 1}}) {
-          SCOPED_TRACE("hd=" + std::to_string(hd) + " n_rep=" + std::to_string(n_rep) + " bs=" +
-                       std::to_string(bs) + " pos0=" + std::to_string(pos0) + " n_tok=" + std::to_string(n_tok));
+          SCOPED_TRACE("hd=" + std::to_string(hd) + " n_rep=" + std::to_string(n_rep) + " bs=" + std::to_string(bs) +
+                       " pos0=" + std::to_string(pos0) + " n_tok=" + std::to_string(n_tok));
           const attention_problem p(n_tok, n_rep, pos0, bs, hd, seed++);
           const float scale = 1.0f / std::sqrt(float(hd));
           const std::vector<double> ref = p.reference(scale);
@@ -479,10 +471,10 @@ TEST(attention, causal_kernel_matches_double_reference) {
           std::vector<float> qs(size_t(n_tok) * stride, 0.0f);
           for (int32_t i = 0; i < n_tok; ++i)
             std::copy_n(p.q.data() + int64_t(i) * n_rep * hd, n_rep * hd, qs.data() + i * stride);
-          cpu::attention_causal(qs.data(), stride, n_tok, n_rep, pos0, p.kb.data(), p.vb.data(), bs, hd,
-                                scale, fast.data(), stride);
-          cpu::attention_causal_reference(qs.data(), stride, n_tok, n_rep, pos0, p.kb.data(), p.vb.data(),
-                                          bs, hd, scale, slow.data(), stride);
+          cpu::attention_causal(qs.data(), stride, n_tok, n_rep, pos0, p.kb.data(), p.vb.data(), bs, hd, scale,
+                                fast.data(), stride);
+          cpu::attention_causal_reference(qs.data(), stride, n_tok, n_rep, pos0, p.kb.data(), p.vb.data(), bs, hd,
+                                          scale, slow.data(), stride);
           double worst_fast = 0, worst_slow = 0;
           for (int32_t i = 0; i < n_tok; ++i) {
             for (int32_t c = 0; c < n_rep * hd; ++c) {
@@ -542,8 +534,8 @@ TEST(attention, typed_kv_blocks_match_the_reference) {
             std::vector<float> fast(size_t(n_tok) * stride), slow(fast);
             cpu::attention_causal(p.q.data(), stride, n_tok, n_rep, pos0, kb.data(), vb.data(), t, ko, bs, hd, scale,
                                   fast.data(), stride);
-            cpu::attention_causal_reference(p.q.data(), stride, n_tok, n_rep, pos0, kb.data(), vb.data(), t, ko, bs,
-                                            hd, scale, slow.data(), stride);
+            cpu::attention_causal_reference(p.q.data(), stride, n_tok, n_rep, pos0, kb.data(), vb.data(), t, ko, bs, hd,
+                                            scale, slow.data(), stride);
             const std::vector<double> exact = p.reference(scale);
             double worst = 0, moved = 0;
             for (size_t i = 0; i < fast.size(); ++i) {
@@ -587,8 +579,8 @@ TEST(attention, sliding_window_matches_double_reference) {
   for (int32_t hd : {16, 32, 8})
     for (int32_t window : {1, 5, 8, 64, 100})
       for (auto [pos0, n_tok] : {std::pair{0, 1}, {0, 20}, {3, 1}, {70, 1}, {130, 33}, {200, 50}}) {
-        SCOPED_TRACE("hd=" + std::to_string(hd) + " window=" + std::to_string(window) + " pos0=" +
-                     std::to_string(pos0) + " n_tok=" + std::to_string(n_tok));
+        SCOPED_TRACE("hd=" + std::to_string(hd) + " window=" + std::to_string(window) +
+                     " pos0=" + std::to_string(pos0) + " n_tok=" + std::to_string(n_tok));
         const int32_t n_rep = 2, bs = 16;
         const attention_problem p(n_tok, n_rep, pos0, bs, hd, seed++);
         const float scale = 1.0f / std::sqrt(float(hd));
@@ -597,8 +589,8 @@ TEST(attention, sliding_window_matches_double_reference) {
         std::vector<float> fast(size_t(n_tok) * stride), slow(fast);
         cpu::attention_causal(p.q.data(), stride, n_tok, n_rep, pos0, p.kb.data(), p.vb.data(), bs, hd, scale,
                               fast.data(), stride, window);
-        cpu::attention_causal_reference(p.q.data(), stride, n_tok, n_rep, pos0, p.kb.data(), p.vb.data(), bs, hd,
-                                        scale, slow.data(), stride, window);
+        cpu::attention_causal_reference(p.q.data(), stride, n_tok, n_rep, pos0, p.kb.data(), p.vb.data(), bs, hd, scale,
+                                        slow.data(), stride, window);
         double worst_fast = 0, worst_slow = 0, moved = 0;
         for (size_t i = 0; i < ref.size(); ++i) {
           worst_fast = std::max(worst_fast, std::fabs(fast[i] - ref[i]));

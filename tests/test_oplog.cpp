@@ -15,15 +15,24 @@ using json = nlohmann::json;
 
 TEST(Oplog, TextIsNameThenKeyValuePairsQuotedOnlyWhereNeeded) {
   EXPECT_EQ(oplog::render(oplog::format::text, "request",
-                          {{"id", 7}, {"endpoint", "/v1/completions"}, {"ttft_ms", 41.25}, {"stream", true}, {"error", "a b"}, {"empty", ""}}),
+                          {{"id", 7},
+                           {"endpoint", "/v1/completions"},
+                           {"ttft_ms", 41.25},
+                           {"stream", true},
+                           {"error", "a b"},
+                           {"empty", ""}}),
             "request id=7 endpoint=/v1/completions ttft_ms=41.2 stream=true error=\"a b\" empty=\"\"");
   EXPECT_EQ(oplog::render(oplog::format::text, "x", {{"msg", "say \"hi\"\n"}}), "x msg=\"say \\\"hi\\\"\\n\"");
 }
 
 TEST(Oplog, JsonIsOneObjectWithTypedValues) {
   const std::string s = oplog::render(oplog::format::json, "restart",
-                                      {{"worker", "decode-1"}, {"restarts", int64_t(3)}, {"after_ms", 2.0}, {"crash", false},
-                                       {"nan", std::numeric_limits<double>::quiet_NaN()}, {"why", "tab\there \"q\""}});
+                                      {{"worker", "decode-1"},
+                                       {"restarts", int64_t(3)},
+                                       {"after_ms", 2.0},
+                                       {"crash", false},
+                                       {"nan", std::numeric_limits<double>::quiet_NaN()},
+                                       {"why", "tab\there \"q\""}});
   const json j = json::parse(s);
   EXPECT_EQ(j["event"], "restart");
   EXPECT_EQ(j["worker"], "decode-1");

@@ -79,7 +79,8 @@ TEST(Pipeline, ConnectionCarriesManyRequestsAndClosingItCancelsThem) {
     EXPECT_EQ(p.stats().live_connections, 1);
 
     // Abandoned: none of its events are seen again, and it ends.
-    const request_id dropped = c.submit({.prompt_tokens = prompt_of(40, 9, 300), .max_tokens = 200, .ignore_eos = true});
+    const request_id dropped =
+        c.submit({.prompt_tokens = prompt_of(40, 9, 300), .max_tokens = 200, .ignore_eos = true});
     ASSERT_TRUE(c.next(ev, 30s));
     EXPECT_EQ(ev.id, dropped);
     c.abandon(dropped);
@@ -136,7 +137,8 @@ TEST(Pipeline, AClientThatStopsReadingDoesNotLockOthersOut) {
     std::map<request_id, std::vector<token_id>> prompts, got;
     for (int i = 0; i < n; ++i) {
       auto prompt = prompt_of(12 + i % 9, 100 + i, m->config().n_vocab);
-      prompts[a.submit({.prompt_tokens = prompt, .max_tokens = 200, .sampling = {.temperature = 0.0f}, .ignore_eos = true})] =
+      prompts[a.submit(
+          {.prompt_tokens = prompt, .max_tokens = 200, .sampling = {.temperature = 0.0f}, .ignore_eos = true})] =
           prompt;
     }
     // A's requests take every decode slot of a worker (and stay, paused, as A reads nothing).
@@ -149,7 +151,8 @@ TEST(Pipeline, AClientThatStopsReadingDoesNotLockOthersOut) {
     // count moves, so a second look can find a slot free for a moment.)
     EXPECT_TRUE(eventually(full)) << "client A's requests never filled a worker's decode slots";
     const auto b_prompt = prompt_of(15, 7, m->config().n_vocab);
-    const request_id bid = b.submit({.prompt_tokens = b_prompt, .max_tokens = 16, .sampling = {.temperature = 0.0f}, .ignore_eos = true});
+    const request_id bid =
+        b.submit({.prompt_tokens = b_prompt, .max_tokens = 16, .sampling = {.temperature = 0.0f}, .ignore_eos = true});
     std::vector<token_id> b_got;
     request_event ev;
     bool done = false;
@@ -186,7 +189,8 @@ TEST(Pipeline, ClientLeavingDuringRecoveryFreesEverything) {
     pipeline p(cfg);
     auto c = p.connect(nullptr);
     for (int i = 0; i < 8; ++i)
-      c.submit({.prompt_tokens = prompt_of(20 + i, i, tiny()->config().n_vocab), .max_tokens = 150, .ignore_eos = true});
+      c.submit(
+          {.prompt_tokens = prompt_of(20 + i, i, tiny()->config().n_vocab), .max_tokens = 150, .ignore_eos = true});
     request_event ev;
     int tokens = 0;
     while (tokens < 8 && c.next(ev, 30s)) tokens += ev.kind == event_kind::token;

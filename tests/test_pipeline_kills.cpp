@@ -48,7 +48,7 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
         }
         j.sp.min_tokens = 100;
         j.sp.frequency_penalty = i == 3 ? 0.7f : 0.0f;  // the penalties read the output so far,
-        j.sp.presence_penalty = i >= 4 ? 1.5f : 0.0f;   // carried across the kill
+        j.sp.presence_penalty = i >= 4 ? 1.5f : 0.0f;  // carried across the kill
         j.sp.repetition_penalty = i == 5 ? 1.4f : 1.0f;  // reads the prompt too
       }
       j.h = p.submit({.prompt_tokens = j.prompt, .max_tokens = 120, .sampling = j.sp, .ignore_eos = true});
@@ -87,8 +87,9 @@ TEST(Pipeline, KilledWorkersLoseNothingAndOutputsStayExact) {
     // The supervisor restarted it: new work succeeds.
     EXPECT_TRUE(eventually(
         [&] {
-          return p.submit({.prompt_tokens = prompt_of(20, 1, 300), .max_tokens = 5, .ignore_eos = true}).wait(10s).error ==
-                 errc::ok;
+          return p.submit({.prompt_tokens = prompt_of(20, 1, 300), .max_tokens = 5, .ignore_eos = true})
+                     .wait(10s)
+                     .error == errc::ok;
         },
         60s, 20ms))
         << "no request succeeded after the restart";
@@ -116,7 +117,8 @@ TEST(Pipeline, SharedCoresKeepOutputsExactThroughKills) {
     const sampling_params greedy{.temperature = 0.0f};
     for (int i = 0; i < 6; ++i) {
       prompts.push_back(prompt_of(90 + 7 * i, i, 300));
-      hs.push_back(p.submit({.prompt_tokens = prompts.back(), .max_tokens = 80, .sampling = greedy, .ignore_eos = true}));
+      hs.push_back(
+          p.submit({.prompt_tokens = prompts.back(), .max_tokens = 80, .sampling = greedy, .ignore_eos = true}));
     }
     std::vector<token_id> first;
     request_event ev;
@@ -146,8 +148,7 @@ TEST(Pipeline, KilledRequestActorEndsWithAnErrorAndFreesItsKv) {
     auto h = p.submit({.prompt_tokens = prompt_of(60, 3, 300), .max_tokens = 200, .ignore_eos = true});
     auto other = p.submit({.prompt_tokens = prompt_of(30, 4, 300), .max_tokens = 20, .ignore_eos = true});
     request_event ev;
-    while (h.next(ev, 10s) && !(ev.kind == event_kind::token && ev.index >= 2)) {
-    }
+    while (h.next(ev, 10s) && !(ev.kind == event_kind::token && ev.index >= 2)) {}
     ASSERT_TRUE(p.kill_request(h.id()));
     const auto r = h.wait(30s);
     EXPECT_EQ(r.error, errc::worker_failed) << r.message;
@@ -168,8 +169,7 @@ TEST(Pipeline, MigrationLimitEndsTheRequestClearly) {
   p.inject(fault_kind::stall, 1000, std::chrono::milliseconds(20));
   auto h = p.submit({.prompt_tokens = prompt_of(60, 3, 300), .max_tokens = 200, .ignore_eos = true});
   request_event ev;
-  while (h.next(ev, 10s) && !(ev.kind == event_kind::token && ev.index >= 2)) {
-  }
+  while (h.next(ev, 10s) && !(ev.kind == event_kind::token && ev.index >= 2)) {}
   ASSERT_TRUE(p.kill_worker(worker_kind::decode, 0));
   const auto r = h.wait(30s);
   EXPECT_EQ(r.error, errc::worker_failed);
@@ -188,7 +188,8 @@ TEST(Pipeline, KillsByKindAndByName) {
     return eventually_value([&]() -> std::optional<std::string> {
              auto name = p.kill(what);
              return name.empty() ? std::nullopt : std::optional(name);
-           }).value_or("");
+           })
+        .value_or("");
   };
   EXPECT_EQ(until_named("decode-1"), "decode-1");
   EXPECT_EQ(until_named("kv_link-p0-d0"), "kv_link-p0-d0");
@@ -224,7 +225,9 @@ TEST(Pipeline, RouterPastItsRestartIntensityRecoversAfterItsBackoff) {
     ASSERT_TRUE(eventually([&] { return !p.kill("router").empty(); })) << "kill " << k << ": no router to kill";
     if (k == 0) {  // the restarted router is up before the second kill
       ASSERT_TRUE(eventually(
-          [&] { return p.submit({.prompt_tokens = prompt, .max_tokens = 1, .sampling = greedy}).wait(30s).error == errc::ok; },
+          [&] {
+            return p.submit({.prompt_tokens = prompt, .max_tokens = 1, .sampling = greedy}).wait(30s).error == errc::ok;
+          },
           60s, 10ms))
           << "the router restarted after the first kill never served";
     }
@@ -259,7 +262,8 @@ TEST(Pipeline, PoolPastItsRestartIntensityIsDegradedAndRefusesThenRecovers) {
     return eventually_value([&]() -> std::optional<std::string> {
              auto name = p.kill(actor_kind::decode, 0);
              return name.empty() ? std::nullopt : std::optional(name);
-           }).value_or("");
+           })
+        .value_or("");
   };
   ASSERT_EQ(kill_decode(), "decode-0");  // restarted: within the intensity
   auto during = p.submit({.prompt_tokens = prompt_of(20, 1, 300), .max_tokens = 8, .ignore_eos = true});

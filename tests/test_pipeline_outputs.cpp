@@ -40,7 +40,7 @@ TEST_P(SameOutput, ConcurrentRequestsEqualALoneEngine) {
   cfg.kv.stream = topo.stream_kv;
   cfg.kv.stream_layer_group = 1;
   cfg.pools.kv_blocks_per_worker = 128;
-  cfg.steps.chunk_size = 24;            // long prompts are chunked
+  cfg.steps.chunk_size = 24;  // long prompts are chunked
   cfg.steps.prefill_token_budget = 64;
   cfg.steps.colocated_token_budget = 48;
   pipeline p(cfg);
@@ -78,23 +78,25 @@ TEST_P(SameOutput, ConcurrentRequestsEqualALoneEngine) {
   EXPECT_EQ(streamed, topo.mode == serving_mode::disaggregated && topo.stream_kv);
 }
 
-INSTANTIATE_TEST_SUITE_P(Topologies, SameOutput,
-                         ::testing::Values(topology{"disagg_1x1", serving_mode::disaggregated, 1, 1},
-                                           topology{"disagg_1x2", serving_mode::disaggregated, 1, 2},
-                                           topology{"disagg_2x2", serving_mode::disaggregated, 2, 2},
-                                           topology{"disagg_1x2_shm", serving_mode::disaggregated, 1, 2, kv_transport_kind::shm},
-                                           topology{"disagg_1x2_handoff", serving_mode::disaggregated, 1, 2, kv_transport_kind::handoff},
-                                           topology{"disagg_1x2_not_streamed", serving_mode::disaggregated, 1, 2, kv_transport_kind::local, false},
-                                           topology{"colocated", serving_mode::colocated, 1, 1}),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Topologies, SameOutput,
+    ::testing::Values(topology{"disagg_1x1", serving_mode::disaggregated, 1, 1},
+                      topology{"disagg_1x2", serving_mode::disaggregated, 1, 2},
+                      topology{"disagg_2x2", serving_mode::disaggregated, 2, 2},
+                      topology{"disagg_1x2_shm", serving_mode::disaggregated, 1, 2, kv_transport_kind::shm},
+                      topology{"disagg_1x2_handoff", serving_mode::disaggregated, 1, 2, kv_transport_kind::handoff},
+                      topology{"disagg_1x2_not_streamed", serving_mode::disaggregated, 1, 2, kv_transport_kind::local,
+                               false},
+                      topology{"colocated", serving_mode::colocated, 1, 1}),
+    [](const auto& info) { return info.param.name; });
 
 TEST(Pipeline, StoriesMatchesTheReferenceInBothModes) {
   const std::string path = std::string(TANDEM_TEST_DATA_DIR) + "/stories260K.gguf";
   ASSERT_TRUE(std::filesystem::exists(path)) << "missing test data: " << path;
-  const std::vector<token_id> expected = {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
-                                          410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394,
-                                          261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 312, 432,
-                                          398, 312, 286, 267, 414, 270, 333, 415, 426, 13, 438, 310, 439, 419, 357, 336};
+  const std::vector<token_id> expected = {
+      432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322,
+      265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267,
+      337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415, 426, 13,  438, 310, 439, 419, 357, 336};
   for (auto mode : {serving_mode::disaggregated, serving_mode::colocated}) {
     pipeline p({.model = {.path = path}, .pools = {.mode = mode, .decode_workers = 2}});
     std::vector<request_handle> hs;

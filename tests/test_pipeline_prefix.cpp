@@ -71,7 +71,8 @@ TEST(Pipeline, NextTurnReusesTheEarlierTurn) {
     size_t prev_len = 0;
     for (int k = 0; k < 3; ++k) {
       const sampling_params greedy{.temperature = 0.0f};
-      const auto r = p.submit({.prompt_tokens = turn, .max_tokens = 20, .sampling = greedy, .ignore_eos = true}).wait(60s);
+      const auto r =
+          p.submit({.prompt_tokens = turn, .max_tokens = 20, .sampling = greedy, .ignore_eos = true}).wait(60s);
       ASSERT_EQ(r.error, errc::ok) << r.message;
       EXPECT_EQ(r.tokens, alone(*m, turn, 20, greedy, true)) << "turn " << k;
       const double hits = p.metrics().get_counter("tandem_prefix_cache_hit_tokens_total", "").value();
@@ -111,7 +112,8 @@ TEST(Pipeline, RequestsGoWhereTheirPrefixIsCached) {
     for (int i = 0; i < 12; ++i) {
       auto prompt = prompt_of(160, 300 + i % 2, V);  // family i % 2: 10 shared blocks
       for (auto t : prompt_of(20, 400 + i, V)) prompt.push_back(t);
-      hs.push_back(p.submit({.prompt_tokens = prompt, .max_tokens = 4, .sampling = {.temperature = 0.0f}, .ignore_eos = true}));
+      hs.push_back(
+          p.submit({.prompt_tokens = prompt, .max_tokens = 4, .sampling = {.temperature = 0.0f}, .ignore_eos = true}));
       prompts.push_back(std::move(prompt));
       std::this_thread::sleep_for(5ms);  // pacing: requests arrive over time, as a client's would
     }
@@ -202,7 +204,8 @@ TEST(Pipeline, KillingTheHostStoreLosesNoRequest) {
     for (int i = 0; i < 40; ++i) {
       auto prompt = prompt_of(96, 600 + i % 3, V);
       for (auto t : prompt_of(10 + i % 7, 700 + i, V)) prompt.push_back(t);
-      auto h = p.submit({.prompt_tokens = prompt, .max_tokens = 6, .sampling = {.temperature = 0.0f}, .ignore_eos = true});
+      auto h =
+          p.submit({.prompt_tokens = prompt, .max_tokens = 6, .sampling = {.temperature = 0.0f}, .ignore_eos = true});
       reqs.emplace_back(std::move(prompt), std::move(h));
       if (i % 8 == 4) kills += p.kill("kv_store") == "kv_store";
       std::this_thread::sleep_for(2ms);  // pacing: the kills land among requests arriving over time
@@ -245,7 +248,8 @@ TEST(Pipeline, WholePromptInTheStoreGoesStraightToDecode) {
   // The next turn of that conversation is not whole in the store: prefill path.
   auto longer = prompt;
   for (auto t : prompt_of(30, 22, V)) longer.push_back(t);
-  const auto r2 = p.submit({.prompt_tokens = longer, .max_tokens = 5, .sampling = greedy, .ignore_eos = true}).wait(60s);
+  const auto r2 =
+      p.submit({.prompt_tokens = longer, .max_tokens = 5, .sampling = greedy, .ignore_eos = true}).wait(60s);
   ASSERT_EQ(r2.error, errc::ok) << r2.message;
   EXPECT_EQ(r2.tokens, alone(*m, longer, 5, greedy, true));
   EXPECT_EQ(direct(), 1);
@@ -254,7 +258,8 @@ TEST(Pipeline, WholePromptInTheStoreGoesStraightToDecode) {
   ASSERT_GT(stored.value(), 0);
   ASSERT_EQ(p.kill("kv_store"), "kv_store");
   ASSERT_TRUE(eventually([&] { return stored.value() == 0; })) << "no fresh, empty store took the killed one's place";
-  const auto r3 = p.submit({.prompt_tokens = prompt, .max_tokens = 12, .sampling = greedy, .ignore_eos = true}).wait(60s);
+  const auto r3 =
+      p.submit({.prompt_tokens = prompt, .max_tokens = 12, .sampling = greedy, .ignore_eos = true}).wait(60s);
   ASSERT_EQ(r3.error, errc::ok) << r3.message;
   EXPECT_EQ(r3.tokens, alone(*m, prompt, 12, greedy, true));
   EXPECT_EQ(direct(), 1) << "sent straight to decode from an empty store";
@@ -275,7 +280,9 @@ TEST(Pipeline, DirectRequestsSurviveDecodeAndStoreKills) {
   std::vector<std::vector<token_id>> prompts;
   for (int f = 0; f < 3; ++f) {  // put three prompts in the store
     prompts.push_back(prompt_of(70 + 16 * f, 40 + f, V));
-    ASSERT_EQ(p.submit({.prompt_tokens = prompts.back(), .max_tokens = 2, .sampling = greedy, .ignore_eos = true}).wait(60s).error,
+    ASSERT_EQ(p.submit({.prompt_tokens = prompts.back(), .max_tokens = 2, .sampling = greedy, .ignore_eos = true})
+                  .wait(60s)
+                  .error,
               errc::ok);
   }
   // The second prompt's requests with repetition_penalty: sent straight to a decode worker,
@@ -287,8 +294,10 @@ TEST(Pipeline, DirectRequestsSurviveDecodeAndStoreKills) {
   };
   std::vector<std::pair<int, request_handle>> hs;
   for (int i = 0; i < 30; ++i) {
-    hs.emplace_back(i % 3, p.submit({.prompt_tokens = prompts[size_t(i % 3)], .max_tokens = 10, .sampling = sp_of(i % 3),
-                                     .ignore_eos = true}));
+    hs.emplace_back(
+        i % 3,
+        p.submit(
+            {.prompt_tokens = prompts[size_t(i % 3)], .max_tokens = 10, .sampling = sp_of(i % 3), .ignore_eos = true}));
     if (i % 10 == 3) p.kill(actor_kind::decode, i % 2);
     if (i == 17) p.kill("kv_store");
     std::this_thread::sleep_for(3ms);  // pacing: the kills land among requests arriving over time

@@ -27,10 +27,10 @@ struct admission_case {
   int32_t prompt = 100;
   bool admitted = true;
   reject_reason reason{};
-  double retry_ms = 0;                    // checked when rejected
+  double retry_ms = 0;  // checked when rejected
   double predicted_ms = 0;
-  std::vector<std::string> message_has;   // substrings the message must contain
-  std::optional<std::string> message;     // the exact message, where the wording itself matters
+  std::vector<std::string> message_has;  // substrings the message must contain
+  std::optional<std::string> message;  // the exact message, where the wording itself matters
 };
 
 TEST(Admission, Table) {
@@ -50,111 +50,393 @@ TEST(Admission, Table) {
   const admission_config token_bound_1000 = cfg([](auto& c) { c.max_prefill_queue_tokens = 1000; });
   const std::vector<admission_case> cases = {
       {"cold router admits", def, idle, 100, true, {}, 0, 0, {}, {}},
-      {"prompt over the context", def, idle, 4097, false, reject_reason::prompt_too_long, 0, 0,
-       {"4097", "4096", "model context", "retrying will not help"}, {}},
+      {"prompt over the context",
+       def,
+       idle,
+       4097,
+       false,
+       reject_reason::prompt_too_long,
+       0,
+       0,
+       {"4097", "4096", "model context", "retrying will not help"},
+       {}},
       {"prompt at the context is admitted", def, idle, 4096, true, {}, 0, 0, {}, {}},
-      {"max_prompt_tokens below the context", cfg([](auto& c) { c.max_prompt_tokens = 2048; }), idle,
-       3000, false, reject_reason::prompt_too_long, 0, 0, {"3000", "2048", "max_prompt_tokens"}, {}},
-      {"max_prompt_tokens above the context: the context binds", cfg([](auto& c) { c.max_prompt_tokens = 8192; }),
-       idle, 5000, false, reject_reason::prompt_too_long, 0, 0, {"5000", "4096", "model context"}, {}},
+      {"max_prompt_tokens below the context",
+       cfg([](auto& c) { c.max_prompt_tokens = 2048; }),
+       idle,
+       3000,
+       false,
+       reject_reason::prompt_too_long,
+       0,
+       0,
+       {"3000", "2048", "max_prompt_tokens"},
+       {}},
+      {"max_prompt_tokens above the context: the context binds",
+       cfg([](auto& c) { c.max_prompt_tokens = 8192; }),
+       idle,
+       5000,
+       false,
+       reject_reason::prompt_too_long,
+       0,
+       0,
+       {"5000", "4096", "model context"},
+       {}},
       {"no limit known", def, load_snapshot{}, 1000000, true, {}, 0, 0, {}, {}},
-      {"prompt check precedes load", def, load([](auto& l) { l.prefill_queue = 256; l.decode_queue = 256; }), 5000,
-       false, reject_reason::prompt_too_long, 0, 0, {}, {}},
+      {"prompt check precedes load",
+       def,
+       load([](auto& l) {
+         l.prefill_queue = 256;
+         l.decode_queue = 256;
+       }),
+       5000,
+       false,
+       reject_reason::prompt_too_long,
+       0,
+       0,
+       {},
+       {}},
       // 256 queued requests of 84 tokens each at 100 tokens/s: one request's tokens drain in 840 ms.
-      {"prefill queue full by requests", def,
-       load([](auto& l) { l.prefill_queue = 256; l.prefill_queue_tokens = 256 * 84; l.prefill_tokens_per_s = 100; }),
-       10, false, reject_reason::prefill_queue_full, 840, (256 * 84 + 10) * 10.0, {},
+      {"prefill queue full by requests",
+       def,
+       load([](auto& l) {
+         l.prefill_queue = 256;
+         l.prefill_queue_tokens = 256 * 84;
+         l.prefill_tokens_per_s = 100;
+       }),
+       10,
+       false,
+       reject_reason::prefill_queue_full,
+       840,
+       (256 * 84 + 10) * 10.0,
+       {},
        "prefill queue holds 256 requests (bound 256); retry in 840 ms"},
-      {"prefill queue full by requests, no rate yet: default hint", def,
-       load([](auto& l) { l.prefill_queue = 300; l.prefill_queue_tokens = 3000; }), 10, false,
-       reject_reason::prefill_queue_full, admission_policy::default_retry_ms, 0, {"300 requests", "bound 256"}, {}},
-      {"prefill queue one below its bound", def, load([](auto& l) { l.prefill_queue = 255; }), 10, true, {}, 0, 0, {},
+      {"prefill queue full by requests, no rate yet: default hint",
+       def,
+       load([](auto& l) {
+         l.prefill_queue = 300;
+         l.prefill_queue_tokens = 3000;
+       }),
+       10,
+       false,
+       reject_reason::prefill_queue_full,
+       admission_policy::default_retry_ms,
+       0,
+       {"300 requests", "bound 256"},
+       {}},
+      {"prefill queue one below its bound",
+       def,
+       load([](auto& l) { l.prefill_queue = 255; }),
+       10,
+       true,
+       {},
+       0,
+       0,
+       {},
        {}},
       // 900 queued + 200 > 1000: 100 tokens must drain at 2 workers × 100 tokens/s.
-      {"prefill queue full by tokens", token_bound_1000,
+      {"prefill queue full by tokens",
+       token_bound_1000,
        load([](auto& l) {
-         l.prefill_queue = 3; l.prefill_queue_tokens = 900; l.prefill_tokens_per_s = 100; l.prefill_workers = 2;
+         l.prefill_queue = 3;
+         l.prefill_queue_tokens = 900;
+         l.prefill_tokens_per_s = 100;
+         l.prefill_workers = 2;
        }),
-       200, false, reject_reason::prefill_queue_full, 500, 5500,
-       {"900 prompt tokens", "adds 200", "bound 1000", "500 ms"}, {}},
-      {"prefill tokens exactly at the bound", token_bound_1000,
-       load([](auto& l) { l.prefill_queue = 3; l.prefill_queue_tokens = 800; }), 200, true, {}, 0, 0, {}, {}},
-      {"prompt above the token bound is admitted to an empty queue", token_bound_1000, idle, 1500, true, {}, 0, 0,
-       {}, {}},
-      // It fits once the 300 queued tokens are gone: 3 s at 100 tokens/s.
-      {"prompt above the token bound waits for the queue to empty", token_bound_1000,
-       load([](auto& l) { l.prefill_queue = 1; l.prefill_queue_tokens = 300; l.prefill_tokens_per_s = 100; }), 1500,
-       false, reject_reason::prefill_queue_full, 3000, 18000, {}, {}},
-      {"both prefill bounds exceeded: the longer drain wins",
-       cfg([](auto& c) { c.max_prefill_queue = 2; c.max_prefill_queue_tokens = 1000; }),
-       load([](auto& l) { l.prefill_queue = 2; l.prefill_queue_tokens = 990; l.prefill_tokens_per_s = 100; }), 100,
-       false, reject_reason::prefill_queue_full, 4950, 10900, {"2 requests", "990 prompt tokens"}, {}},
-      {"hint never below the floor", def,
-       load([](auto& l) { l.prefill_queue = 256; l.prefill_queue_tokens = 256; l.prefill_tokens_per_s = 1e9; }), 1,
-       false, reject_reason::prefill_queue_full, admission_policy::min_retry_ms, 0.000257, {}, {}},
-      {"zero bounds are unbounded",
-       cfg([](auto& c) { c.max_prefill_queue = 0; c.max_prefill_queue_tokens = 0; c.max_decode_queue = 0; }),
-       load([](auto& l) {
-         l.prefill_queue = 100000; l.prefill_queue_tokens = int64_t(1) << 40; l.decode_queue = 100000;
-       }),
-       100, true, {}, 0, 0, {}, {}},
-      {"decode queue at its bound, no rate yet", def, load([](auto& l) { l.decode_queue = 256; }), 10, false,
-       reject_reason::decode_queue_full, admission_policy::default_retry_ms, 0, {},
-       "decode queue holds 256 requests (bound 256); retry in 1000 ms"},
-      {"decode queue over its bound with a measured rate", def,
-       load([](auto& l) { l.decode_queue = 260; l.decode_admits_per_s = 10; }), 10, false,
-       reject_reason::decode_queue_full, 500, 0, {"260 requests", "bound 256", "500 ms"}, {}},
-      {"decode queue one below its bound", def, load([](auto& l) { l.decode_queue = 255; }), 10, true, {}, 0, 0, {},
+       200,
+       false,
+       reject_reason::prefill_queue_full,
+       500,
+       5500,
+       {"900 prompt tokens", "adds 200", "bound 1000", "500 ms"},
        {}},
-      {"prefill queue checked before decode queue", def,
-       load([](auto& l) { l.prefill_queue = 256; l.decode_queue = 256; }), 10, false,
-       reject_reason::prefill_queue_full, admission_policy::default_retry_ms, 0, {}, {}},
-      // (1500 + 500) tokens at 1000 tokens/s = 2000 ms; 1000 ms over the budget must drain.
-      {"predicted TTFT over budget", cfg([](auto& c) { c.ttft_budget_ms = 1000; }),
-       load([](auto& l) { l.prefill_queue = 3; l.prefill_queue_tokens = 1500; l.prefill_tokens_per_s = 1000; }), 500,
-       false, reject_reason::ttft_budget, 1000, 2000,
-       {"2000 ms", "1000 ms budget", "1500", "500", "1000 tokens/s"}, {}},
-      {"predicted TTFT exactly at budget is admitted", cfg([](auto& c) { c.ttft_budget_ms = 1000; }),
+      {"prefill tokens exactly at the bound",
+       token_bound_1000,
        load([](auto& l) {
-         l.prefill_queue = 3; l.prefill_queue_tokens = 1500; l.prefill_tokens_per_s = 1000; l.prefill_workers = 2;
+         l.prefill_queue = 3;
+         l.prefill_queue_tokens = 800;
        }),
-       500, true, {}, 0, 1000, {}, {}},
-      {"prompt alone misses the TTFT budget: retrying will not help", cfg([](auto& c) { c.ttft_budget_ms = 100; }),
-       load([](auto& l) { l.prefill_tokens_per_s = 1000; }), 500, false, reject_reason::ttft_budget, 0, 500,
-       {"retrying will not help"}, {}},
+       200,
+       true,
+       {},
+       0,
+       0,
+       {},
+       {}},
+      {"prompt above the token bound is admitted to an empty queue",
+       token_bound_1000,
+       idle,
+       1500,
+       true,
+       {},
+       0,
+       0,
+       {},
+       {}},
+      // It fits once the 300 queued tokens are gone: 3 s at 100 tokens/s.
+      {"prompt above the token bound waits for the queue to empty",
+       token_bound_1000,
+       load([](auto& l) {
+         l.prefill_queue = 1;
+         l.prefill_queue_tokens = 300;
+         l.prefill_tokens_per_s = 100;
+       }),
+       1500,
+       false,
+       reject_reason::prefill_queue_full,
+       3000,
+       18000,
+       {},
+       {}},
+      {"both prefill bounds exceeded: the longer drain wins",
+       cfg([](auto& c) {
+         c.max_prefill_queue = 2;
+         c.max_prefill_queue_tokens = 1000;
+       }),
+       load([](auto& l) {
+         l.prefill_queue = 2;
+         l.prefill_queue_tokens = 990;
+         l.prefill_tokens_per_s = 100;
+       }),
+       100,
+       false,
+       reject_reason::prefill_queue_full,
+       4950,
+       10900,
+       {"2 requests", "990 prompt tokens"},
+       {}},
+      {"hint never below the floor",
+       def,
+       load([](auto& l) {
+         l.prefill_queue = 256;
+         l.prefill_queue_tokens = 256;
+         l.prefill_tokens_per_s = 1e9;
+       }),
+       1,
+       false,
+       reject_reason::prefill_queue_full,
+       admission_policy::min_retry_ms,
+       0.000257,
+       {},
+       {}},
+      {"zero bounds are unbounded",
+       cfg([](auto& c) {
+         c.max_prefill_queue = 0;
+         c.max_prefill_queue_tokens = 0;
+         c.max_decode_queue = 0;
+       }),
+       load([](auto& l) {
+         l.prefill_queue = 100000;
+         l.prefill_queue_tokens = int64_t(1) << 40;
+         l.decode_queue = 100000;
+       }),
+       100,
+       true,
+       {},
+       0,
+       0,
+       {},
+       {}},
+      {"decode queue at its bound, no rate yet",
+       def,
+       load([](auto& l) { l.decode_queue = 256; }),
+       10,
+       false,
+       reject_reason::decode_queue_full,
+       admission_policy::default_retry_ms,
+       0,
+       {},
+       "decode queue holds 256 requests (bound 256); retry in 1000 ms"},
+      {"decode queue over its bound with a measured rate",
+       def,
+       load([](auto& l) {
+         l.decode_queue = 260;
+         l.decode_admits_per_s = 10;
+       }),
+       10,
+       false,
+       reject_reason::decode_queue_full,
+       500,
+       0,
+       {"260 requests", "bound 256", "500 ms"},
+       {}},
+      {"decode queue one below its bound",
+       def,
+       load([](auto& l) { l.decode_queue = 255; }),
+       10,
+       true,
+       {},
+       0,
+       0,
+       {},
+       {}},
+      {"prefill queue checked before decode queue",
+       def,
+       load([](auto& l) {
+         l.prefill_queue = 256;
+         l.decode_queue = 256;
+       }),
+       10,
+       false,
+       reject_reason::prefill_queue_full,
+       admission_policy::default_retry_ms,
+       0,
+       {},
+       {}},
+      // (1500 + 500) tokens at 1000 tokens/s = 2000 ms; 1000 ms over the budget must drain.
+      {"predicted TTFT over budget",
+       cfg([](auto& c) { c.ttft_budget_ms = 1000; }),
+       load([](auto& l) {
+         l.prefill_queue = 3;
+         l.prefill_queue_tokens = 1500;
+         l.prefill_tokens_per_s = 1000;
+       }),
+       500,
+       false,
+       reject_reason::ttft_budget,
+       1000,
+       2000,
+       {"2000 ms", "1000 ms budget", "1500", "500", "1000 tokens/s"},
+       {}},
+      {"predicted TTFT exactly at budget is admitted",
+       cfg([](auto& c) { c.ttft_budget_ms = 1000; }),
+       load([](auto& l) {
+         l.prefill_queue = 3;
+         l.prefill_queue_tokens = 1500;
+         l.prefill_tokens_per_s = 1000;
+         l.prefill_workers = 2;
+       }),
+       500,
+       true,
+       {},
+       0,
+       1000,
+       {},
+       {}},
+      {"prompt alone misses the TTFT budget: retrying will not help",
+       cfg([](auto& c) { c.ttft_budget_ms = 100; }),
+       load([](auto& l) { l.prefill_tokens_per_s = 1000; }),
+       500,
+       false,
+       reject_reason::ttft_budget,
+       0,
+       500,
+       {"retrying will not help"},
+       {}},
       // Auto mode: a prompt a decode worker computes itself does not wait behind the queue:
       // 200 tokens at 1000 tokens/s + a 30 ms decode step = 230 ms, within 1000.
       {"prompt within a decode worker's local room is predicted without the queue",
        cfg([](auto& c) { c.ttft_budget_ms = 1000; }),
        load([](auto& l) {
-         l.prefill_queue = 3; l.prefill_queue_tokens = 1500; l.prefill_tokens_per_s = 1000; l.decode_step_ms = 30;
+         l.prefill_queue = 3;
+         l.prefill_queue_tokens = 1500;
+         l.prefill_tokens_per_s = 1000;
+         l.decode_step_ms = 30;
          l.local_prefill_tokens = 256;
        }),
-       200, true, {}, 0, 230, {}, {}},
+       200,
+       true,
+       {},
+       0,
+       230,
+       {},
+       {}},
       // One token past the room: behind the queue, (1500 + 257) tokens = 1757 ms.
-      {"prompt past the local room waits for the prefill queue", cfg([](auto& c) { c.ttft_budget_ms = 1000; }),
+      {"prompt past the local room waits for the prefill queue",
+       cfg([](auto& c) { c.ttft_budget_ms = 1000; }),
        load([](auto& l) {
-         l.prefill_queue = 3; l.prefill_queue_tokens = 1500; l.prefill_tokens_per_s = 1000; l.decode_step_ms = 30;
+         l.prefill_queue = 3;
+         l.prefill_queue_tokens = 1500;
+         l.prefill_tokens_per_s = 1000;
+         l.decode_step_ms = 30;
          l.local_prefill_tokens = 256;
        }),
-       257, false, reject_reason::ttft_budget, 757, 1757, {"1500 queued prompt tokens"}, {}},
-      {"a local prompt that alone misses the budget is refused for good", cfg([](auto& c) { c.ttft_budget_ms = 100; }),
-       load([](auto& l) { l.prefill_tokens_per_s = 1000; l.decode_step_ms = 30; l.local_prefill_tokens = 256; }), 200,
-       false, reject_reason::ttft_budget, 0, 200, {"computed by a decode worker", "retrying will not help"}, {}},
-      {"no prefill rate yet: no TTFT check", cfg([](auto& c) { c.ttft_budget_ms = 1; }),
-       load([](auto& l) { l.prefill_queue = 100; l.prefill_queue_tokens = 100000; }), 100, true, {}, 0, 0, {}, {}},
-      {"no live prefill worker is predicted as one", cfg([](auto& c) { c.ttft_budget_ms = 10000; }),
-       load([](auto& l) { l.prefill_workers = 0; l.prefill_queue_tokens = 400; l.prefill_tokens_per_s = 100; }), 100,
-       true, {}, 0, 5000, {}, {}},
-      {"decode step over the TPOT budget", cfg([](auto& c) { c.tpot_budget_ms = 50; }),
-       load([](auto& l) { l.decode_step_ms = 85; }), 10, false, reject_reason::tpot_budget,
-       admission_policy::default_retry_ms, 0, {"85 ms", "50 ms"}, {}},
-      {"fractional step times keep a decimal", cfg([](auto& c) { c.tpot_budget_ms = 12.5; }),
-       load([](auto& l) { l.decode_step_ms = 12.75; }), 10, false, reject_reason::tpot_budget,
-       admission_policy::default_retry_ms, 0, {"12.8 ms", "12.5 ms"}, {}},
-      {"decode step at the TPOT budget is admitted", cfg([](auto& c) { c.tpot_budget_ms = 50; }),
-       load([](auto& l) { l.decode_step_ms = 50; }), 10, true, {}, 0, 0, {}, {}},
-      {"no step time yet: no TPOT check", cfg([](auto& c) { c.tpot_budget_ms = 50; }), idle, 10, true, {}, 0, 0, {},
+       257,
+       false,
+       reject_reason::ttft_budget,
+       757,
+       1757,
+       {"1500 queued prompt tokens"},
+       {}},
+      {"a local prompt that alone misses the budget is refused for good",
+       cfg([](auto& c) { c.ttft_budget_ms = 100; }),
+       load([](auto& l) {
+         l.prefill_tokens_per_s = 1000;
+         l.decode_step_ms = 30;
+         l.local_prefill_tokens = 256;
+       }),
+       200,
+       false,
+       reject_reason::ttft_budget,
+       0,
+       200,
+       {"computed by a decode worker", "retrying will not help"},
+       {}},
+      {"no prefill rate yet: no TTFT check",
+       cfg([](auto& c) { c.ttft_budget_ms = 1; }),
+       load([](auto& l) {
+         l.prefill_queue = 100;
+         l.prefill_queue_tokens = 100000;
+       }),
+       100,
+       true,
+       {},
+       0,
+       0,
+       {},
+       {}},
+      {"no live prefill worker is predicted as one",
+       cfg([](auto& c) { c.ttft_budget_ms = 10000; }),
+       load([](auto& l) {
+         l.prefill_workers = 0;
+         l.prefill_queue_tokens = 400;
+         l.prefill_tokens_per_s = 100;
+       }),
+       100,
+       true,
+       {},
+       0,
+       5000,
+       {},
+       {}},
+      {"decode step over the TPOT budget",
+       cfg([](auto& c) { c.tpot_budget_ms = 50; }),
+       load([](auto& l) { l.decode_step_ms = 85; }),
+       10,
+       false,
+       reject_reason::tpot_budget,
+       admission_policy::default_retry_ms,
+       0,
+       {"85 ms", "50 ms"},
+       {}},
+      {"fractional step times keep a decimal",
+       cfg([](auto& c) { c.tpot_budget_ms = 12.5; }),
+       load([](auto& l) { l.decode_step_ms = 12.75; }),
+       10,
+       false,
+       reject_reason::tpot_budget,
+       admission_policy::default_retry_ms,
+       0,
+       {"12.8 ms", "12.5 ms"},
+       {}},
+      {"decode step at the TPOT budget is admitted",
+       cfg([](auto& c) { c.tpot_budget_ms = 50; }),
+       load([](auto& l) { l.decode_step_ms = 50; }),
+       10,
+       true,
+       {},
+       0,
+       0,
+       {},
+       {}},
+      {"no step time yet: no TPOT check",
+       cfg([](auto& c) { c.tpot_budget_ms = 50; }),
+       idle,
+       10,
+       true,
+       {},
+       0,
+       0,
+       {},
        {}},
   };
   const admission_policy policy;
@@ -324,11 +606,20 @@ TEST(PlanPrefillStep, Table) {
       {"empty queue", {}, 512, 0, {}},
       {"whole prompts in FIFO order", {{1, 100, 0}, {2, 50, 0}}, 512, 0, {{1, 0, 100, true}, {2, 0, 50, true}}},
       {"exact fit", {{1, 300, 0}, {2, 212, 0}, {3, 10, 0}}, 512, 0, {{1, 0, 300, true}, {2, 0, 212, true}}},
-      {"budget splits a prompt", {{1, 100, 0}, {2, 1000, 0}, {3, 5, 0}}, 512, 0,
+      {"budget splits a prompt",
+       {{1, 100, 0}, {2, 1000, 0}, {3, 5, 0}},
+       512,
+       0,
        {{1, 0, 100, true}, {2, 0, 412, false}}},
-      {"chunk limit; leftover budget goes behind", {{1, 1000, 0}, {2, 100, 0}}, 512, 256,
+      {"chunk limit; leftover budget goes behind",
+       {{1, 1000, 0}, {2, 100, 0}},
+       512,
+       256,
        {{1, 0, 256, false}, {2, 0, 100, true}}},
-      {"chunk limit across many prompts", {{1, 1000, 0}, {2, 1000, 0}, {3, 1000, 0}}, 512, 256,
+      {"chunk limit across many prompts",
+       {{1, 1000, 0}, {2, 1000, 0}, {3, 1000, 0}},
+       512,
+       256,
        {{1, 0, 256, false}, {2, 0, 256, false}}},
       {"chunk equal to the rest is last", {{1, 256, 0}}, 512, 256, {{1, 0, 256, true}}},
       {"partially done prompt finishes", {{1, 1000, 900}}, 512, 0, {{1, 900, 100, true}}},
@@ -393,7 +684,12 @@ TEST(PlanColocatedStep, Table) {
       {"one token left for prefill", 511, {{1, 1000, 0}}, 512, 0, 511, {{1, 0, 1, false}}},
       {"budget equal to decodes: no prefill", 512, {{1, 1000, 0}}, 512, 0, 512, {}},
       {"budget below decodes: decodes still all run", 600, {{1, 1000, 0}}, 512, 0, 600, {}},
-      {"chunk limit applies to the rest", 10, {{1, 1000, 0}, {2, 20, 0}}, 512, 128, 10,
+      {"chunk limit applies to the rest",
+       10,
+       {{1, 1000, 0}, {2, 20, 0}},
+       512,
+       128,
+       10,
        {{1, 0, 128, false}, {2, 0, 20, true}}},
       {"no decodes: whole budget to prefill", 0, {{1, 100, 0}}, 512, 0, 0, {{1, 0, 100, true}}},
       {"no decodes, zero budget: still progresses", 0, {{1, 10, 0}}, 0, 0, 0, {{1, 0, 1, false}}},
@@ -438,8 +734,8 @@ TEST(KvCreditLedger, Table) {
   struct step {
     op kind;
     int64_t request;
-    int32_t tokens;       // reserve only
-    bool expect_ok;       // reserve only
+    int32_t tokens;  // reserve only
+    bool expect_ok;  // reserve only
     int32_t expect_free;  // after the step
   };
   struct ledger_case {
@@ -451,17 +747,28 @@ TEST(KvCreditLedger, Table) {
   const std::vector<ledger_case> cases = {
       {"reserve then release", 10, {{op::reserve, 1, 33, true, 7}, {op::release, 1, 0, true, 10}}},
       {"not enough: refused, nothing changes",
-       10, {{op::reserve, 1, 100, true, 3}, {op::reserve, 2, 64, false, 3}, {op::release, 2, 0, true, 3}}},
+       10,
+       {{op::reserve, 1, 100, true, 3}, {op::reserve, 2, 64, false, 3}, {op::release, 2, 0, true, 3}}},
       {"exact fit, then nothing more", 10, {{op::reserve, 1, 160, true, 0}, {op::reserve, 2, 1, false, 0}}},
       {"release is idempotent",
-       10, {{op::reserve, 1, 16, true, 9}, {op::release, 1, 0, true, 10}, {op::release, 1, 0, true, 10},
-            {op::release, 99, 0, true, 10}}},
+       10,
+       {{op::reserve, 1, 16, true, 9},
+        {op::release, 1, 0, true, 10},
+        {op::release, 1, 0, true, 10},
+        {op::release, 99, 0, true, 10}}},
       {"re-reserve grows, never shrinks",
-       10, {{op::reserve, 1, 16, true, 9}, {op::reserve, 1, 48, true, 7}, {op::reserve, 1, 16, true, 7},
-            {op::release, 1, 0, true, 10}}},
+       10,
+       {{op::reserve, 1, 16, true, 9},
+        {op::reserve, 1, 48, true, 7},
+        {op::reserve, 1, 16, true, 7},
+        {op::release, 1, 0, true, 10}}},
       {"failed growth keeps the old reservation",
-       4, {{op::reserve, 1, 32, true, 2}, {op::reserve, 2, 32, true, 0}, {op::reserve, 1, 64, false, 0},
-           {op::release, 2, 0, true, 2}, {op::reserve, 1, 64, true, 0}}},
+       4,
+       {{op::reserve, 1, 32, true, 2},
+        {op::reserve, 2, 32, true, 0},
+        {op::reserve, 1, 64, false, 0},
+        {op::release, 2, 0, true, 2},
+        {op::reserve, 1, 64, true, 0}}},
       {"zero tokens reserve nothing but are held", 10, {{op::reserve, 1, 0, true, 10}}},
       {"empty pool", 0, {{op::reserve, 1, 1, false, 0}, {op::reserve, 2, 0, true, 0}}},
   };
@@ -570,9 +877,9 @@ TEST(Ewma, ConvergesAndRejectsBadWeights) {
 TEST(PrefillPlacement, CachedPrefixWeighsAgainstLoad) {
   // Worker 0 has 1000 of the 1200 prompt tokens cached but 300 queued; worker 1 is idle.
   const std::vector<prefill_worker_load> w = {{0, true, 300, 2, 1000}, {1, true, 0, 0, 0}};
-  EXPECT_EQ(prefill_placement().choose(w, 1200), 0);           // 300 + 200 < 0 + 1200
-  EXPECT_EQ(prefill_placement(1.0, 5.0).choose(w, 1200), 1);   // 1500 + 200 > 1200: load wins
-  EXPECT_EQ(prefill_placement(0.0, 1.0).choose(w, 1200), 1);   // cache ignored: least queued
+  EXPECT_EQ(prefill_placement().choose(w, 1200), 0);  // 300 + 200 < 0 + 1200
+  EXPECT_EQ(prefill_placement(1.0, 5.0).choose(w, 1200), 1);  // 1500 + 200 > 1200: load wins
+  EXPECT_EQ(prefill_placement(0.0, 1.0).choose(w, 1200), 1);  // cache ignored: least queued
   // Cached tokens past the prompt (a stale view) count as the whole prompt, no more: the
   // queues decide (50 vs 10), not a negative cost.
   const std::vector<prefill_worker_load> stale = {{0, true, 50, 0, 5000}, {1, true, 10, 0, 200}};
@@ -587,7 +894,7 @@ TEST(PrefixView, FollowsWhatWasSentWithinEachWorkersCapacity) {
   EXPECT_EQ(v.overlap(0, b), 2);  // leading keys only
   EXPECT_EQ(v.overlap(1, a), 0);
   EXPECT_EQ(v.overlap(9, a), 0);  // a worker never seen
-  v.record(0, b);                 // 1 2 7 8 recent, 3 the oldest: out at capacity 4
+  v.record(0, b);  // 1 2 7 8 recent, 3 the oldest: out at capacity 4
   EXPECT_EQ(v.size(0), 4);
   EXPECT_EQ(v.overlap(0, a), 2);
   EXPECT_EQ(v.overlap(0, b), 4);

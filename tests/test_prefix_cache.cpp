@@ -77,15 +77,15 @@ TEST(PrefixKeys, ChainedSaltedAndSensitiveToEveryToken) {
   t3[0] += 1;
   EXPECT_NE(block_keys(salt, t3, 16)[3], k[3]);
   // Another model, layout, KV type or matmul mode: no key in common.
-  for (uint64_t other : {prefix_salt(1235, lay, kernels::dtype::f32, 0),
-                         prefix_salt(1234, kv_layout{2, 2, 16, 32}, kernels::dtype::f32, 0),
-                         prefix_salt(1234, lay, kernels::dtype::f16, 0), prefix_salt(1234, lay, kernels::dtype::f32, 1)}) {
+  for (uint64_t other :
+       {prefix_salt(1235, lay, kernels::dtype::f32, 0),
+        prefix_salt(1234, kv_layout{2, 2, 16, 32}, kernels::dtype::f32, 0),
+        prefix_salt(1234, lay, kernels::dtype::f16, 0), prefix_salt(1234, lay, kernels::dtype::f32, 1)}) {
     EXPECT_NE(other, salt);
     const auto ko = block_keys(other, t, 16);
     for (size_t i = 0; i < ko.size(); ++i) EXPECT_NE(ko[i], k[i]);
   }
 }
-
 
 // A prompt's last token is always computed (its logits give the first output token), so the
 // blocks it can reuse are the full blocks before it; prompt_block_keys keys exactly those.

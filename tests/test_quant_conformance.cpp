@@ -62,7 +62,8 @@ std::vector<file_ref> load_references() {
     } else if (key == "greedy_hex") {
       std::string hex;
       ss >> hex;
-      for (size_t i = 0; i + 1 < hex.size(); i += 2) out.back().greedy += char(std::stoi(hex.substr(i, 2), nullptr, 16));
+      for (size_t i = 0; i + 1 < hex.size(); i += 2)
+        out.back().greedy += char(std::stoi(hex.substr(i, 2), nullptr, 16));
     } else if (key == "tensor") {
       tensor_ref t;
       std::string h;
@@ -107,9 +108,10 @@ TEST_P(QuantConformance, TensorsDequantizeToLlamaCppsValues) {
     types.insert(t.type);
   }
   // What each llama-quantize preset puts in these files (so the test covers all four types).
-  const std::map<std::string, std::vector<std::string>> expected = {
-      {"kq-Q4_K_M.gguf", {"Q4_K", "Q6_K"}}, {"kq-Q5_K_M.gguf", {"Q5_K", "Q6_K"}},
-      {"kq-Q6_K.gguf", {"Q6_K"}}, {"kq-Q4_0.gguf", {"Q4_0"}}};
+  const std::map<std::string, std::vector<std::string>> expected = {{"kq-Q4_K_M.gguf", {"Q4_K", "Q6_K"}},
+                                                                    {"kq-Q5_K_M.gguf", {"Q5_K", "Q6_K"}},
+                                                                    {"kq-Q6_K.gguf", {"Q6_K"}},
+                                                                    {"kq-Q4_0.gguf", {"Q4_0"}}};
   for (const auto& t : expected.at(r.file)) EXPECT_TRUE(types.count(t)) << r.file << " lacks " << t;
 }
 

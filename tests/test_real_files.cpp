@@ -75,11 +75,17 @@ std::string read_text(const fs::path& p) {
 std::string prepare(const json& f, const fs::path& dir) {
   const fs::path src = fs::path(TANDEM_VOCAB_PACKAGES) / f["package"].get<std::string>() / "models";
   if (!fs::exists(src / "tokenizer.json"))
-    throw std::runtime_error((src / "tokenizer.json").string() + " is missing: ctest's vocab_packages fixture installs it");
+    throw std::runtime_error((src / "tokenizer.json").string() +
+                             " is missing: ctest's vocab_packages fixture installs it");
   json tj = read_json(src / "tokenizer.json");
   for (const auto& a : f["added"])
-    tj["added_tokens"].push_back({{"id", a[0]}, {"content", a[1]}, {"single_word", false}, {"lstrip", false},
-                                  {"rstrip", false}, {"normalized", false}, {"special", true}});
+    tj["added_tokens"].push_back({{"id", a[0]},
+                                  {"content", a[1]},
+                                  {"single_word", false},
+                                  {"lstrip", false},
+                                  {"rstrip", false},
+                                  {"normalized", false},
+                                  {"special", true}});
   json cfg = read_json(src / "tokenizer_config.json");
   for (const char* k : {"bos_token", "eos_token", "pad_token", "add_bos_token", "add_eos_token"}) cfg.erase(k);
   cfg.update(f["config"]);
@@ -157,7 +163,8 @@ TEST_P(RealFile, TokenizesRawPromptsAsLlamaCpp) {
     // The request path of the pipeline, the HTTP and WebSocket APIs and `generate`: a raw prompt
     // by default, and with control-token text asked to stay text.
     EXPECT_EQ(prompt_ids(tok, generation_request{.prompt = text}), ids_of(c["ids"])) << text;
-    EXPECT_EQ(prompt_ids(tok, generation_request{.prompt = text, .parse_special = false}), ids_of(c["ids_literal"])) << text;
+    EXPECT_EQ(prompt_ids(tok, generation_request{.prompt = text, .parse_special = false}), ids_of(c["ids_literal"]))
+        << text;
     // pipeline::submit's override of the file's BOS: llama.cpp's ids with BOS put in front
     // where they had none, or taken off where the file added it.
     auto with_bos = ids_of(c["ids"]), without_bos = with_bos;
@@ -215,8 +222,9 @@ TEST_P(RealFile, GenerateCommandPrefillsLlamaCppIds) {
   const real_file& rf = file_of(GetParam());
   const json& g = f["greedy"];
   const fs::path out = fs::path(rf.path).parent_path() / ("generate-" + std::to_string(::getpid()) + ".json");
-  const std::string cmd = std::string(TANDEM_BINARY) + " generate --model '" + rf.path + "' --prompt \"$TANDEM_PROMPT\" -n 4" +
-                          " --temperature 0 --threads 2 --json > '" + out.string() + "' 2>/dev/null";
+  const std::string cmd = std::string(TANDEM_BINARY) + " generate --model '" + rf.path +
+                          "' --prompt \"$TANDEM_PROMPT\" -n 4" + " --temperature 0 --threads 2 --json > '" +
+                          out.string() + "' 2>/dev/null";
   ASSERT_EQ(::setenv("TANDEM_PROMPT", g["text"].get<std::string>().c_str(), 1), 0);
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const json j = read_json(out);
@@ -283,8 +291,9 @@ TEST_P(RealFile, ServerPrefillsWhatLlamaServerDoes) {
         << c["text"];
   }
   for (const auto& c : f["chat"]) {
-    const json r = post("/v1/chat/completions",
-                        {{"messages", c["messages"]}, {"max_tokens", 1}, {"temperature", 0}, {"return_token_ids", true}});
+    const json r =
+        post("/v1/chat/completions",
+             {{"messages", c["messages"]}, {"max_tokens", 1}, {"temperature", 0}, {"return_token_ids", true}});
     EXPECT_EQ(ids_of(r["prompt_token_ids"]), ids_of(c["ids"])) << c["prompt"];
     EXPECT_EQ(r["usage"]["prompt_tokens"], c["chat_prompt_tokens"]);
   }
@@ -323,10 +332,9 @@ TEST_P(RealFile, ServerPrefillsWhatLlamaServerDoes) {
   runner.join();
 }
 
-INSTANTIATE_TEST_SUITE_P(Files, RealFile, ::testing::ValuesIn(file_names()),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Files, RealFile, ::testing::ValuesIn(file_names()), [](const auto& info) {
+  std::string n = info.param;
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+});

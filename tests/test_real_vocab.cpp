@@ -50,7 +50,8 @@ const json& vocab_case(const std::string& name) {
 }
 
 std::string tokenizer_json(const json& v) {
-  const std::string p = std::string(TANDEM_VOCAB_PACKAGES) + "/" + v["package"].get<std::string>() + "/models/tokenizer.json";
+  const std::string p =
+      std::string(TANDEM_VOCAB_PACKAGES) + "/" + v["package"].get<std::string>() + "/models/tokenizer.json";
   if (!std::filesystem::exists(p))
     throw std::runtime_error(p + " is missing: ctest's vocab_packages fixture installs it (npm ci in tests/vocab)");
   return p;
@@ -195,7 +196,8 @@ TEST(RealVocab, RefusesWhatItCannotRead) {
   EXPECT_EQ(code_of(write("unigram.json", R"({"model": {"type": "Unigram", "vocab": []}})")), errc::unsupported);
   EXPECT_EQ(code_of(write("unknown_pre.json",
                           R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
-                              "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "x+"}}]}})")),
+                              "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": )"
+                          R"({"Regex": "x+"}}]}})")),
             errc::unsupported);
   EXPECT_EQ(code_of(write("gap.json", R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 2}, "merges": []},
                                           "pre_tokenizer": {"type": "ByteLevel"}})")),

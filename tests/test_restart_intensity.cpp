@@ -19,7 +19,7 @@ struct step {
   int64_t at_ms;
   what event;
   verdict want = verdict::restart;  // for fail
-  int64_t backoff_ms = -1;          // checked when >= 0
+  int64_t backoff_ms = -1;  // checked when >= 0
 };
 
 std::string name(verdict v) {
@@ -54,7 +54,8 @@ void run(restart_intensity::options o, const std::vector<step>& steps) {
 }
 
 restart_intensity::options opts(int32_t max, int64_t window_ms, int64_t after_ms, int64_t max_after_ms) {
-  return {max, std::chrono::milliseconds(window_ms), std::chrono::milliseconds(after_ms), std::chrono::milliseconds(max_after_ms)};
+  return {max, std::chrono::milliseconds(window_ms), std::chrono::milliseconds(after_ms),
+          std::chrono::milliseconds(max_after_ms)};
 }
 
 }  // namespace

@@ -27,8 +27,10 @@ std::string show(const command& c) {
         else if constexpr (std::is_same_v<C, cmd::fail>) o << "fail r" << x.id << " " << to_string(x.code);
         else if constexpr (std::is_same_v<C, cmd::ask_resume>) o << "resume? r" << x.id;
         else if constexpr (std::is_same_v<C, cmd::ask_store>) o << "store? r" << x.id << " " << x.keys.size();
-        else if constexpr (std::is_same_v<C, cmd::prefill>) o << "prefill p" << x.worker << " r" << x.spec.id << " e" << x.spec.epoch;
-        else if constexpr (std::is_same_v<C, cmd::reserve>) o << "reserve d" << x.worker << " r" << x.id << " #" << x.ticket;
+        else if constexpr (std::is_same_v<C, cmd::prefill>)
+          o << "prefill p" << x.worker << " r" << x.spec.id << " e" << x.spec.epoch;
+        else if constexpr (std::is_same_v<C, cmd::reserve>)
+          o << "reserve d" << x.worker << " r" << x.id << " #" << x.ticket;
         else if constexpr (std::is_same_v<C, cmd::fetch>) o << "fetch d" << x.worker << " r" << x.spec.id;
         else if constexpr (std::is_same_v<C, cmd::ship>) o << "ship p" << x.p << "->d" << x.d << " r" << x.id;
         else if constexpr (std::is_same_v<C, cmd::cancel>) o << "cancel " << side(x.side) << x.worker << " r" << x.id;
@@ -127,13 +129,16 @@ TEST_F(RouterCore, AutoModePlacesShortPromptsOnTheirDecodeWorker) {
       {ev::submit{spec(40)}, {"admit r2 @0", "prefill p0 r2 e1", "reserve d0 r2 #2"}, {{2, prefilling_}}},
       {ev::reserve_answer{2, 0, 2, ev::reply::granted}, {"ship p0->d0 r2"}},
       {ev::decode_load{slack}, {}},
-      {ev::submit{spec(100)}, {"admit r3 @0", "prefill p0 r3 e1", "reserve d0 r3 #3"}, {{3, prefilling_}}},  // longer than the slack
+      {ev::submit{spec(100)},
+       {"admit r3 @0", "prefill p0 r3 e1", "reserve d0 r3 #3"},
+       {{3, prefilling_}}},  // longer than the slack
       {ev::reserve_answer{3, 0, 3, ev::reply::granted}, {"ship p0->d0 r3"}},
       {ev::worker_state{1, pool_side::decode, D(0), request_state::decoding}, {}, {{1, decoding_}}},
       {ev::submit{spec(30)}, {"admit r4 @0", "reserve d0 r4 #4"}, {{4, direct_}}},
       {ev::reserve_answer{4, 0, 4, ev::reply::granted}, {"fetch d0 r4"}},
       // The worker refused it after all (its slack was spent meanwhile): the prefill pool computes it.
-      {ev::fetch_answer{4, 1, false}, {"cancel d0 r4", "state r4 queued", "prefill p0 r4 e2", "reserve d0 r4 #5"},
+      {ev::fetch_answer{4, 1, false},
+       {"cancel d0 r4", "state r4 queued", "prefill p0 r4 e2", "reserve d0 r4 #5"},
        {{4, prefilling_}}},
   });
   EXPECT_EQ(counter("tandem_router_local_prefill_total"), 2);
@@ -146,7 +151,9 @@ TEST_F(RouterCore, ColocatedWorkerDiesWhileDecodingTheRequestMigrates) {
       {ev::worker_state{1, pool_side::prefill, P(0), request_state::decoding}, {}, {{1, decoding_}}},
       {ev::worker_down{pool_side::prefill, P(0)}, {"resume? r1"}, {{1, migrating_}}},
       // Prompt plus the three tokens it has, prefilled again elsewhere: a new attempt (epoch 2).
-      {ev::resume_answer{1, std::vector<token_id>{7, 8, 9}}, {"state r1 queued", "prefill p1 r1 e2"}, {{1, prefilling_}}},
+      {ev::resume_answer{1, std::vector<token_id>{7, 8, 9}},
+       {"state r1 queued", "prefill p1 r1 e2"},
+       {{1, prefilling_}}},
   });
   const entry* e = core->find(1);
   ASSERT_NE(e, nullptr);
@@ -354,7 +361,8 @@ TEST_F(RouterCore, StorePromptsGoStraightToDecodeAndFallBackToPrefill) {
       {ev::store_answer{1, 2}, {"reserve d0 r1 #1"}, {{1, direct_}}},
       {ev::reserve_answer{1, 0, 1, ev::reply::granted}, {"fetch d0 r1"}},
       // The blocks left the store: prefilled after all (and never sent direct again).
-      {ev::fetch_answer{1, 1, false}, {"cancel d0 r1", "state r1 queued", "prefill p0 r1 e2", "reserve d0 r1 #2"},
+      {ev::fetch_answer{1, 1, false},
+       {"cancel d0 r1", "state r1 queued", "prefill p0 r1 e2", "reserve d0 r1 #2"},
        {{1, prefilling_}}},
   });
   EXPECT_EQ(counter("tandem_router_direct_fallbacks_total"), 1);
@@ -387,9 +395,9 @@ TEST_F(RouterCore, StalledWorkersAreKilled) {
   now += 200ms;
   run({
       {ev::heartbeat{pool_side::prefill, P(0), true, 3}, {"kill p0"}},  // the same step for too long
-      {ev::heartbeat{pool_side::decode, D(0), false, 0}, {}},            // idle is not stalled
-      {ev::heartbeat_missed{pool_side::decode, D(0)}, {"kill d0"}},       // no answer at all
-      {ev::heartbeat_missed{pool_side::decode, {0, 99}}, {}},             // an incarnation long gone
+      {ev::heartbeat{pool_side::decode, D(0), false, 0}, {}},  // idle is not stalled
+      {ev::heartbeat_missed{pool_side::decode, D(0)}, {"kill d0"}},  // no answer at all
+      {ev::heartbeat_missed{pool_side::decode, {0, 99}}, {}},  // an incarnation long gone
   });
 }
 
@@ -468,7 +476,9 @@ TEST_F(RouterCore, PausedRequestsGiveUpTheirSlotWhileOthersWait) {
       // Its client caught up: its tokens are asked for, then it is prefilled again with them
       // (the first of the queue: its client has nothing in service).
       {ev::pause{1, false}, {"resume? r1"}, {{1, migrating_}}},
-      {ev::resume_answer{1, std::vector<token_id>{5, 6, 7}}, {"state r1 queued", "prefill p0 r1 e2"}, {{1, prefilling_}}},
+      {ev::resume_answer{1, std::vector<token_id>{5, 6, 7}},
+       {"state r1 queued", "prefill p0 r1 e2"},
+       {{1, prefilling_}}},
   });
   EXPECT_EQ(core->find(1)->spec.resumed, 3);
   EXPECT_EQ(core->find(1)->spec.prompt.size(), 43u);

@@ -68,7 +68,8 @@ TEST(RowSplit, WeightsFollowMeasuredSpeed) {
   for (const row& r : table) {
     row_split s(r.threads);
     for (const job& j : r.jobs) s.observe(j.rows, j.seconds);
-    for (int p = 0; p < r.threads; ++p) EXPECT_NEAR(s.weight(p), r.want[size_t(p)], 1e-5) << r.what << ", participant " << p;
+    for (int p = 0; p < r.threads; ++p)
+      EXPECT_NEAR(s.weight(p), r.want[size_t(p)], 1e-5) << r.what << ", participant " << p;
   }
 }
 

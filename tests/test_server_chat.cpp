@@ -17,7 +17,8 @@ TEST_F(ServerTest, ToolCallsAreForcedReadAndStreamed) {
   start({}, {}, small(), qwen3_template(small()->tok()));
   const json tools = json::parse(R"([
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
-      "properties": {"city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]}}},
+      "properties": {"city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["c", "f"]}}, "required": ["city",)"
+                                 R"( "unit"]}}},
     {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
       "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}])");
   const json msgs = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
@@ -46,7 +47,8 @@ TEST_F(ServerTest, ToolCallsAreForcedReadAndStreamed) {
       EXPECT_TRUE(args["a"].is_number_integer() && args["b"].is_number_integer()) << args.dump();
     }
   }
-  auto named = chat({{"tool_choice", {{"type", "function"}, {"function", {{"name", "add"}}}}}, {"seed", 1}, {"max_tokens", 120}});
+  auto named = chat(
+      {{"tool_choice", {{"type", "function"}, {"function", {{"name", "add"}}}}}, {"seed", 1}, {"max_tokens", 120}});
   ASSERT_EQ(named.status, 200) << named.body;
   EXPECT_EQ(json::parse(named.body)["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "add");
   auto free = chat({{"tool_choice", "auto"}, {"seed", 1}, {"max_tokens", 8}, {"ignore_eos", true}});
@@ -102,9 +104,12 @@ TEST_F(ServerTest, ToolCallsAreForcedReadAndStreamed) {
   EXPECT_TRUE(json::parse(args).is_object()) << args;
   // A second turn: the call and its result in the history.
   json turn = msgs;
-  turn.push_back({{"role", "assistant"}, {"content", nullptr},
-                  {"tool_calls", {{{"id", "c1"}, {"type", "function"},
-                                   {"function", {{"name", "get_weather"}, {"arguments", R"({"city":"Paris","unit":"c"})"}}}}}}});
+  turn.push_back({{"role", "assistant"},
+                  {"content", nullptr},
+                  {"tool_calls",
+                   {{{"id", "c1"},
+                     {"type", "function"},
+                     {"function", {{"name", "get_weather"}, {"arguments", R"({"city":"Paris","unit":"c"})"}}}}}}});
   turn.push_back({{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "sunny, 21 C"}});
   auto second = chat({{"messages", turn}, {"max_tokens", 4}});
   EXPECT_EQ(second.status, 200) << second.body;
@@ -127,8 +132,8 @@ TEST_F(ServerTest, ToolCallsAreForcedReadAndStreamed) {
           "tools");
   refused({{"model", "tiny"}, {"messages", msgs}, {"tool_choice", "required"}}, "/v1/chat/completions", "tool_choice");
   refused({{"model", "tiny"}, {"prompt", "x"}, {"tools", tools}}, "/v1/completions", "tools");
-  refused(with({{"tool_choice", "required"}, {"response_format", {{"type", "json_object"}}}}),
-          "/v1/chat/completions", "tool_choice");
+  refused(with({{"tool_choice", "required"}, {"response_format", {{"type", "json_object"}}}}), "/v1/chat/completions",
+          "tool_choice");
   expect_clean();
 }
 
@@ -145,8 +150,11 @@ TEST_F(ServerTest, ToolsNeedATemplateThatTakesThem) {
 
 TEST_F(ServerTest, ChatCompletionsStreamAndStopStrings) {
   start();
-  json body = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hello"}}}}, {"max_tokens", 10},
-               {"temperature", 0}, {"stream", true}};
+  json body = {{"model", "tiny"},
+               {"messages", {{{"role", "user"}, {"content", "Hello"}}}},
+               {"max_tokens", 10},
+               {"temperature", 0},
+               {"stream", true}};
   auto s = request(http::verb::post, "/v1/chat/completions", body.dump());
   ASSERT_EQ(s.status, 200) << s.body;
   bool done = false;

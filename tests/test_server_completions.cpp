@@ -17,15 +17,17 @@ TEST_F(ServerTest, CompletionsEqualThePipelineGreedyAndSeeded) {
   start();
   for (const auto& [temp, seed] : std::vector<std::pair<double, int>>{{0.0, 0}, {0.9, 1234}}) {
     // top_k and top_p left out: the one set of defaults (sampling_params'), as tandem generate.
-    json body = {{"model", "tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", temp},
-                 {"seed", seed}, {"ignore_eos", true}};
+    json body = {{"model", "tiny"},  {"prompt", "Once upon a time"},
+                 {"max_tokens", 12}, {"temperature", temp},
+                 {"seed", seed},     {"ignore_eos", true}};
     auto r = request(http::verb::post, "/v1/completions", body.dump());
     ASSERT_EQ(r.status, 200) << r.body;
     const json j = json::parse(r.body);
     sampling_params sp{.temperature = float(temp), .seed = uint64_t(seed)};
-    const std::string want = pipe->submit({.prompt = "Once upon a time", .max_tokens = 12, .sampling = sp, .ignore_eos = true})
-                                 .wait(30s)
-                                 .text;
+    const std::string want =
+        pipe->submit({.prompt = "Once upon a time", .max_tokens = 12, .sampling = sp, .ignore_eos = true})
+            .wait(30s)
+            .text;
     EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), want);
     EXPECT_EQ(j["object"], "text_completion");
     EXPECT_EQ(j["usage"]["completion_tokens"], 12);
@@ -65,8 +67,8 @@ TEST_F(ServerTest, NChoicesShareOnePrefill) {
     return at == std::string::npos ? -1.0 : std::stod(m.substr(at + 37));
   };
   const std::string prompt = "Once upon a time there was a little girl who loved to play in the park";
-  json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 10}, {"temperature", 2.0}, {"seed", 77},
-               {"ignore_eos", true}};
+  json body = {{"model", "tiny"},    {"prompt", prompt}, {"max_tokens", 10},
+               {"temperature", 2.0}, {"seed", 77},       {"ignore_eos", true}};
   auto one = request(http::verb::post, "/v1/completions", body.dump());
   ASSERT_EQ(one.status, 200) << one.body;
   const json j1 = json::parse(one.body);
@@ -84,7 +86,7 @@ TEST_F(ServerTest, NChoicesShareOnePrefill) {
     texts.insert(j3["choices"][i]["text"].get<std::string>());
   }
   EXPECT_EQ(j3["choices"][0]["text"], j1["choices"][0]["text"]);  // choice 0: the request's own seed
-  EXPECT_GE(texts.size(), 2u) << three.body;                       // the others: their own seeds
+  EXPECT_GE(texts.size(), 2u) << three.body;  // the others: their own seeds
   const int prompt_tokens = j1["usage"]["prompt_tokens"].get<int>();
   EXPECT_EQ(j3["usage"]["prompt_tokens"], prompt_tokens);
   EXPECT_EQ(j3["usage"]["completion_tokens"], 30);
@@ -123,7 +125,7 @@ TEST_F(ServerTest, NChoicesShareOnePrefill) {
 TEST_F(ServerTest, BestOfReturnsTheLikeliestChoices) {
   start();
   json body = {{"model", "tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 2.0},
-               {"seed", 5}, {"ignore_eos", true}, {"n", 4}, {"logprobs", 0}};
+               {"seed", 5},       {"ignore_eos", true},           {"n", 4},          {"logprobs", 0}};
   auto all = request(http::verb::post, "/v1/completions", body.dump());
   ASSERT_EQ(all.status, 200) << all.body;
   std::vector<std::pair<double, std::string>> ranked;
@@ -161,7 +163,8 @@ TEST_F(ServerTest, LogitBiasStopTokenIdsAndMinTokens) {
   const auto greedy = pipe->submit({.prompt = "Once upon a time", .max_tokens = 8, .ignore_eos = true}).wait(30s);
   ASSERT_EQ(greedy.tokens.size(), 8u);
   auto complete = [&](json extra) {
-    json b = {{"model", "tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}};
+    json b = {
+        {"model", "tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}};
     b.update(extra);
     auto r = request(http::verb::post, "/v1/completions", b.dump());
     EXPECT_EQ(r.status, 200) << r.body;
@@ -235,8 +238,12 @@ TEST_F(ServerTest, LogitBiasStopTokenIdsAndMinTokens) {
   // The WebSocket protocol takes the same fields (checked by the same parser): one frame.
   server::api_request ar;
   server::served_model sm{"tiny", tiny()->config().n_ctx, nullptr, tiny()->config().n_vocab};
-  EXPECT_FALSE(server::parse_ws_generate(json{{"type", "generate"}, {"id", "w"}, {"prompt", "x"},
-                                              {"logit_bias", {{"7", -100}}}, {"stop_token_ids", {3}}, {"min_tokens", 2}},
+  EXPECT_FALSE(server::parse_ws_generate(json{{"type", "generate"},
+                                              {"id", "w"},
+                                              {"prompt", "x"},
+                                              {"logit_bias", {{"7", -100}}},
+                                              {"stop_token_ids", {3}},
+                                              {"min_tokens", 2}},
                                          sm, ar));
   EXPECT_EQ(ar.gen.sampling.bias_tokens, std::vector<token_id>{7});
   EXPECT_EQ(ar.gen.sampling.stop_tokens, std::vector<token_id>{3});
@@ -260,8 +267,8 @@ TEST_F(ServerTest, LogprobsOnCompletionsChatAndWebSocket) {
   const token_id first = token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
   const double first_lp = double(logits[size_t(first)]) - mx - std::log(sum);
 
-  json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true},
-               {"logprobs", 3}};
+  json body = {{"model", "tiny"},  {"prompt", prompt},   {"max_tokens", 6},
+               {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 3}};
   auto r = request(http::verb::post, "/v1/completions", body.dump());
   ASSERT_EQ(r.status, 200) << r.body;
   const json lp = json::parse(r.body)["choices"][0]["logprobs"];
@@ -291,8 +298,8 @@ TEST_F(ServerTest, LogprobsOnCompletionsChatAndWebSocket) {
   EXPECT_EQ(streamed, lp["token_logprobs"]);
   // echo puts the prompt first (streamed: in the first chunk); with logprobs it is refused (the
   // prompt's log-probabilities are not computed).
-  json echo = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true},
-               {"echo", true}};
+  json echo = {{"model", "tiny"},  {"prompt", prompt},   {"max_tokens", 6},
+               {"temperature", 0}, {"ignore_eos", true}, {"echo", true}};
   auto er = request(http::verb::post, "/v1/completions", echo.dump());
   ASSERT_EQ(er.status, 200) << er.body;
   const std::string plain_text = json::parse(r.body)["choices"][0]["text"];
@@ -310,11 +317,14 @@ TEST_F(ServerTest, LogprobsOnCompletionsChatAndWebSocket) {
   // Without logprobs: null, as OpenAI's.
   body.erase("logprobs");
   body["stream"] = false;
-  EXPECT_TRUE(json::parse(request(http::verb::post, "/v1/completions", body.dump()).body)["choices"][0]["logprobs"].is_null());
+  EXPECT_TRUE(
+      json::parse(request(http::verb::post, "/v1/completions", body.dump()).body)["choices"][0]["logprobs"].is_null());
 
   // Chat: logprobs true, top_logprobs 2: content entries with bytes.
-  json chat = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4},
-               {"temperature", 0}, {"ignore_eos", true}, {"logprobs", true}, {"top_logprobs", 2}};
+  json chat = {{"model", "tiny"},    {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+               {"max_tokens", 4},    {"temperature", 0},
+               {"ignore_eos", true}, {"logprobs", true},
+               {"top_logprobs", 2}};
   auto c = request(http::verb::post, "/v1/chat/completions", chat.dump());
   ASSERT_EQ(c.status, 200) << c.body;
   const json content = json::parse(c.body)["choices"][0]["logprobs"]["content"];
@@ -328,7 +338,8 @@ TEST_F(ServerTest, LogprobsOnCompletionsChatAndWebSocket) {
   // WebSocket: each token frame carries them (parsed the same way as HTTP's).
   server::api_request ar;
   server::served_model sm{"tiny", tiny()->config().n_ctx, nullptr, tiny()->config().n_vocab};
-  EXPECT_FALSE(server::parse_ws_generate(json{{"type", "generate"}, {"id", "w"}, {"prompt", "x"}, {"logprobs", 5}}, sm, ar));
+  EXPECT_FALSE(
+      server::parse_ws_generate(json{{"type", "generate"}, {"id", "w"}, {"prompt", "x"}, {"logprobs", 5}}, sm, ar));
   EXPECT_EQ(ar.gen.sampling.logprobs, 5);
   json frame;
   server::add_ws_logprobs(frame, tiny()->tok(), logprobs_of(logits, first, 2));

@@ -47,9 +47,10 @@ TEST_F(ServerTest, WebSocketInterleavesCancelsAndFreesOnDisconnect) {
   EXPECT_EQ(tokens["a"], 8);
   EXPECT_EQ(tokens["7"], 5);
   const sampling_params greedy{.temperature = 0.0f};
-  EXPECT_EQ(text["a"], pipe->submit({.prompt = "Once upon a time", .max_tokens = 8, .sampling = greedy, .ignore_eos = true})
-                           .wait(30s)
-                           .text);
+  EXPECT_EQ(text["a"],
+            pipe->submit({.prompt = "Once upon a time", .max_tokens = 8, .sampling = greedy, .ignore_eos = true})
+                .wait(30s)
+                .text);
 
   // Bad frames get error frames; the connection stays usable.
   send({{"type", "dance"}, {"id", "x"}});
@@ -62,8 +63,7 @@ TEST_F(ServerTest, WebSocketInterleavesCancelsAndFreesOnDisconnect) {
   // Cancel: the request ends with done/cancelled. (As long as the tiny model's context allows:
   // 100 tokens could all be generated before the cancel arrived when the suite ran in parallel.)
   send({{"type", "generate"}, {"id", "long"}, {"prompt", "Once"}, {"max_tokens", 240}, {"ignore_eos", true}});
-  for (json f = recv(); f["type"] != "token"; f = recv()) {
-  }
+  for (json f = recv(); f["type"] != "token"; f = recv()) {}
   send({{"type", "cancel"}, {"id", "long"}});
   std::string reason;
   while (reason.empty()) {
@@ -75,8 +75,7 @@ TEST_F(ServerTest, WebSocketInterleavesCancelsAndFreesOnDisconnect) {
 
   // A client that vanishes mid-generation: its request is cancelled and its KV freed.
   send({{"type", "generate"}, {"id", "gone"}, {"prompt", "Once"}, {"max_tokens", 100}, {"ignore_eos", true}});
-  for (json f = recv(); f["type"] != "token"; f = recv()) {
-  }
+  for (json f = recv(); f["type"] != "token"; f = recv()) {}
   beast::get_lowest_layer(ws).socket().close();
   expect_clean();
 }
@@ -88,7 +87,10 @@ TEST_F(ServerTest, PipelinedPostsAreBothAnswered) {
   for (size_t pad : {100u, 600u, 3000u}) {
     SCOPED_TRACE("padding " + std::to_string(pad));
     auto post = [&](const std::string& prompt, int n) {
-      const std::string body = json({{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", n}, {"ignore_eos", true},
+      const std::string body = json({{"model", "tiny"},
+                                     {"prompt", prompt},
+                                     {"max_tokens", n},
+                                     {"ignore_eos", true},
                                      {"user", std::string(pad, 'u')}})
                                    .dump();
       return "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
@@ -136,7 +138,9 @@ TEST_F(ServerTest, SlowHeadersOversizedFramesAndBadUtf8AreClosed) {
     websocket::stream<beast::tcp_stream> ws(ioc);
     connect_ws(ws);
     for (const char* id : {"1", "2", "3"})
-      ws.write(net::buffer(json({{"type", "generate"}, {"id", id}, {"prompt", "Once"}, {"max_tokens", 60}, {"ignore_eos", true}}).dump()));
+      ws.write(net::buffer(
+          json({{"type", "generate"}, {"id", id}, {"prompt", "Once"}, {"max_tokens", 60}, {"ignore_eos", true}})
+              .dump()));
     int done = 0;
     bool refused = false;
     while (done < 2) {
@@ -173,6 +177,7 @@ TEST_F(ServerTest, SlowHeadersOversizedFramesAndBadUtf8AreClosed) {
     EXPECT_EQ(ws.reason().code, websocket::close_code::bad_payload);
   }
   // Everyone else is still served.
-  EXPECT_EQ(request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"ok","max_tokens":2})").status, 200);
+  EXPECT_EQ(request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"ok","max_tokens":2})").status,
+            200);
   expect_clean();
 }

@@ -34,7 +34,8 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
   EXPECT_EQ(request(http::verb::get, "/v1/completions").status, 405);
   EXPECT_EQ(request(http::verb::get, "/admin/state").status, 404);  // off without --admin-key
   // Still serving everyone else.
-  EXPECT_EQ(request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"ok","max_tokens":2})").status, 200);
+  EXPECT_EQ(request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"ok","max_tokens":2})").status,
+            200);
   expect_clean();
 }
 
@@ -52,15 +53,32 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
   const json comp = {{"model", "tiny"}, {"prompt", "Once"}, {"max_tokens", 3}};
   const json chat = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 3}};
   const std::vector<std::pair<std::string, json>> asks = {
-      {"logprobs", 21}, {"logprobs", true}, {"echo", 1}, {"suffix", "end"}, {"best_of", 0}, {"best_of", 17},
-      {"frequency_penalty", 2.5}, {"presence_penalty", -3}, {"repetition_penalty", 0}, {"repetition_penalty", 2.5},
-      {"n", 0}, {"n", 17}, {"n", 1.5}, {"n", "2"},
+      {"logprobs", 21},
+      {"logprobs", true},
+      {"echo", 1},
+      {"suffix", "end"},
+      {"best_of", 0},
+      {"best_of", 17},
+      {"frequency_penalty", 2.5},
+      {"presence_penalty", -3},
+      {"repetition_penalty", 0},
+      {"repetition_penalty", 2.5},
+      {"n", 0},
+      {"n", 17},
+      {"n", 1.5},
+      {"n", "2"},
       {"no_such_field", 1},
       // implemented, but checked: ids outside the vocabulary, biases outside [-100, 100]
-      {"logit_bias", {{"999999", 1}}}, {"logit_bias", {{"x", 1}}}, {"logit_bias", {{"5", 101}}},
-      {"stop_token_ids", {-1}}, {"min_tokens", -1}, {"min_tokens", 1.5},
+      {"logit_bias", {{"999999", 1}}},
+      {"logit_bias", {{"x", 1}}},
+      {"logit_bias", {{"5", 101}}},
+      {"stop_token_ids", {-1}},
+      {"min_tokens", -1},
+      {"min_tokens", 1.5},
       // the prompt's tokenization: booleans
-      {"parse_special", "no"}, {"add_special_tokens", 0}, {"return_token_ids", "yes"}};
+      {"parse_special", "no"},
+      {"add_special_tokens", 0},
+      {"return_token_ids", "yes"}};
   for (const auto& [k, v] : asks) {
     json b = comp;
     b[k] = v;
@@ -70,8 +88,9 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
            {"logprobs", 2},
            {"top_logprobs", 3},  // without logprobs: true
            // structured outputs: implemented, but what cannot be honoured is refused
-           {"response_format", {{"type", "json_schema"},
-                                {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}},
+           {"response_format",
+            {{"type", "json_schema"},
+             {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}},
            {"response_format", {{"type", "xml"}}},
            {"response_format", {{"type", "json_object"}, {"strict", true}}},
            {"grammar", "root ::= undefined-rule"},
@@ -82,7 +101,7 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
            {"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}})},
            {"tool_choice", "required"},
            {"add_special_tokens", true},  // vLLM's chat field: the template places BOS here
-           {"parse_special", false},      // a chat message's content is always text
+           {"parse_special", false},  // a chat message's content is always text
            {"max_tokens_typo", 4}}) {
     json b = chat;
     b[k] = v;
@@ -98,16 +117,24 @@ TEST_F(ServerTest, UnimplementedParametersAre400sNamingThem) {
 
   // The values that ask for nothing pass, as OpenAI's clients send them.
   json quiet = chat;
-  quiet.update({{"logprobs", false}, {"presence_penalty", 0}, {"frequency_penalty", 0}, {"logit_bias", json::object()},
-                {"response_format", {{"type", "text"}}}, {"tool_choice", "none"}, {"tools", json::array()},
-                {"n", 1}, {"user", "u-1"}, {"top_logprobs", nullptr}, {"add_special_tokens", false}});
+  quiet.update({{"logprobs", false},
+                {"presence_penalty", 0},
+                {"frequency_penalty", 0},
+                {"logit_bias", json::object()},
+                {"response_format", {{"type", "text"}}},
+                {"tool_choice", "none"},
+                {"tools", json::array()},
+                {"n", 1},
+                {"user", "u-1"},
+                {"top_logprobs", nullptr},
+                {"add_special_tokens", false}});
   auto ok = request(http::verb::post, "/v1/chat/completions", quiet.dump());
   EXPECT_EQ(ok.status, 200) << ok.body;
 
   // No model named: the served one. Chat without max_tokens runs to the end (EOS or context),
   // not to 16 tokens.
-  json nomodel = {{"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}}, {"ignore_eos", true},
-                  {"temperature", 0}};
+  json nomodel = {
+      {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}}, {"ignore_eos", true}, {"temperature", 0}};
   auto r = request(http::verb::post, "/v1/chat/completions", nomodel.dump());
   ASSERT_EQ(r.status, 200) << r.body;
   const json j = json::parse(r.body);
@@ -157,8 +184,8 @@ TEST_F(ServerTest, AdmissionRejectionsAre429WithRetryAfter) {
   auto streamed = request(http::verb::post, "/v1/completions",
                           R"({"model":"tiny","prompt":"x","max_tokens":2,"stream":true})");  // admitted (3rd)
   EXPECT_EQ(streamed.status, 200);
-  auto streamed_refused = request(http::verb::post, "/v1/completions",
-                                  R"({"model":"tiny","prompt":"x","max_tokens":2,"stream":true})");
+  auto streamed_refused =
+      request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"x","max_tokens":2,"stream":true})");
   EXPECT_EQ(streamed_refused.status, 429);
   expect_clean();
 }

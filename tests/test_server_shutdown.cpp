@@ -17,14 +17,15 @@ TEST_F(ServerTest, ShutdownDrainsInFlightRequests) {
   sc.grace = 20s;
   start(sc);
   std::thread client([&] {
-    auto r = request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"x","max_tokens":60,"ignore_eos":true})");
+    auto r = request(http::verb::post, "/v1/completions",
+                     R"({"model":"tiny","prompt":"x","max_tokens":60,"ignore_eos":true})");
     EXPECT_EQ(r.status, 200);
     EXPECT_EQ(json::parse(r.body)["usage"]["completion_tokens"], 60);
   });
   // (EXPECT: the client thread must be joined whatever happens.)
   EXPECT_TRUE(eventually([&] { return pipe->stats().live_requests > 0; })) << "the request never reached the pipeline";
-  srv->stop();           // no new requests; the one in flight finishes
-  runner.join();         // run() returns once it has
+  srv->stop();  // no new requests; the one in flight finishes
+  runner.join();  // run() returns once it has
   client.join();
 }
 
@@ -99,8 +100,11 @@ TEST_F(ServerTest, DrainsUnderLoadEndEveryStreamCleanlyEveryTime) {
         http::request<http::string_body> req(http::verb::post, "/v1/completions", 11);
         req.set(http::field::host, "localhost");
         req.set(http::field::content_type, "application/json");
-        req.body() = json({{"model", "tiny"}, {"prompt", "Once upon"}, {"max_tokens", 40 + 40 * int(i)},
-                           {"ignore_eos", true}, {"stream", true}})
+        req.body() = json({{"model", "tiny"},
+                           {"prompt", "Once upon"},
+                           {"max_tokens", 40 + 40 * int(i)},
+                           {"ignore_eos", true},
+                           {"stream", true}})
                          .dump();
         req.prepare_payload();
         if (!ec) http::write(s, req, ec);
@@ -123,7 +127,10 @@ TEST_F(ServerTest, DrainsUnderLoadEndEveryStreamCleanlyEveryTime) {
         ws.next_layer().connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port), ec);
         if (!ec) ws.handshake("localhost", "/ws", ec);
         if (ec) return void(ws_end[i] = "refused");  // the server was stopping already
-        ws.write(net::buffer(json({{"type", "generate"}, {"id", "g"}, {"prompt", "Once"}, {"max_tokens", 60 + 40 * int(i)},
+        ws.write(net::buffer(json({{"type", "generate"},
+                                   {"id", "g"},
+                                   {"prompt", "Once"},
+                                   {"max_tokens", 60 + 40 * int(i)},
                                    {"ignore_eos", true}})
                                  .dump()),
                  ec);
@@ -180,7 +187,8 @@ TEST_F(ServerTest, DrainsUnderLoadEndEveryStreamCleanlyEveryTime) {
       EXPECT_TRUE(done) << "stream " << i << " was cut: " << sse[i];
       if (done && !events.empty()) {
         const json& last = events.back();
-        const bool finished = last.contains("choices") && !last["choices"].empty() && last["choices"][0]["finish_reason"].is_string();
+        const bool finished =
+            last.contains("choices") && !last["choices"].empty() && last["choices"][0]["finish_reason"].is_string();
         const bool told = last.contains("error") && last["error"]["code"] == "shutting_down";
         EXPECT_TRUE(finished || told) << "stream " << i << " ends with " << last.dump();
       }

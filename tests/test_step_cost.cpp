@@ -32,11 +32,11 @@ TEST(StepCost, FitsAnExactLineAndSizesStepsToATarget) {
     double target;
     int32_t lo, hi, want;
   };
-  for (const row& r : {row{25, 4, 256, 11},   // floor((25 - 8) / 1.5)
+  for (const row& r : {row{25, 4, 256, 11},  // floor((25 - 8) / 1.5)
                        row{25, 20, 256, 20},  // what must run anyway runs, past the target
                        row{1000, 4, 256, 256},  // the cap
-                       row{5, 4, 256, 4},     // below the base: only what must run
-                       row{25, 4, 2, 4}}) {   // hi below lo: lo
+                       row{5, 4, 256, 4},  // below the base: only what must run
+                       row{25, 4, 2, 4}}) {  // hi below lo: lo
     SCOPED_TRACE(r.target);
     EXPECT_EQ(m.tokens_within(r.target, r.lo, r.hi), r.want);
   }
@@ -81,16 +81,20 @@ namespace {
 TEST(TpotSlack, DecodesFasterThanTheTargetSaveAndAPromptSpends) {
   tpot_slack s(25, 10);  // 25 ms target; at most 250 ms of slack (one prompt's stall)
   EXPECT_DOUBLE_EQ(s.slack_ms(), 250);  // nothing decodes yet: full
-  EXPECT_EQ(s.tokens(2.0), 125);        // 250 ms at 2 ms per prompt token
-  struct row { int32_t decodes; double ms; double slack; };
+  EXPECT_EQ(s.tokens(2.0), 125);  // 250 ms at 2 ms per prompt token
+  struct row {
+    int32_t decodes;
+    double ms;
+    double slack;
+  };
   for (const row& r : std::vector<row>{
-           {4, 210, 65},     // a step slowed by a prompt spends what the batch had saved
-           {4, 15, 75},      // decoding in 15 ms with a 25 ms target saves 10 ms a step
-           {4, 200, -100},   // another prompt: in debt
-           {4, 400, -250},   // debt is capped too
-           {4, 5, -230},     // paid back by the steps after
-           {0, 100, 250},    // nothing decodes: nobody waits, full again
-           {2, 30, 245},     // a step slower than the target spends a little
+           {4, 210, 65},  // a step slowed by a prompt spends what the batch had saved
+           {4, 15, 75},  // decoding in 15 ms with a 25 ms target saves 10 ms a step
+           {4, 200, -100},  // another prompt: in debt
+           {4, 400, -250},  // debt is capped too
+           {4, 5, -230},  // paid back by the steps after
+           {0, 100, 250},  // nothing decodes: nobody waits, full again
+           {2, 30, 245},  // a step slower than the target spends a little
        }) {
     s.step(r.decodes, r.ms);
     EXPECT_DOUBLE_EQ(s.slack_ms(), r.slack) << r.decodes << " decodes, " << r.ms << " ms";

@@ -28,7 +28,10 @@ std::vector<token_id> parse_ids(const std::string& s) {
   std::string num;
   for (char ch : s) {
     if (std::isdigit(static_cast<unsigned char>(ch))) num += ch;
-    else if (!num.empty()) { out.push_back(std::stoi(num)); num.clear(); }
+    else if (!num.empty()) {
+      out.push_back(std::stoi(num));
+      num.clear();
+    }
   }
   if (!num.empty()) out.push_back(std::stoi(num));
   return out;
@@ -68,9 +71,7 @@ class Stories : public ::testing::Test {
 
 }  // namespace
 
-TEST_F(Stories, PromptTokenizesToReferenceIds) {
-  EXPECT_EQ(m->tok().encode(ref.prompt, true), ref.prompt_ids);
-}
+TEST_F(Stories, PromptTokenizesToReferenceIds) { EXPECT_EQ(m->tok().encode(ref.prompt, true), ref.prompt_ids); }
 
 TEST_F(Stories, Greedy64TokensEqualReference) {
   for (int threads : {1, 2}) {

@@ -33,9 +33,7 @@ TEST(thread_pool, parallel_for_covers_range_exactly_once) {
         std::set<int> used;
         pool.parallel_for(n, grain, [&](int64_t b, int64_t e, int t) {
           const int64_t g = std::max<int64_t>(1, grain);
-          if (b < 0 || e > n || b >= e || t < 0 || t >= threads || b % g != 0 ||
-              (e != n && e % g != 0))
-            ++bad_slice;
+          if (b < 0 || e > n || b >= e || t < 0 || t >= threads || b % g != 0 || (e != n && e % g != 0)) ++bad_slice;
           for (int64_t i = b; i < e; ++i) ++hits[size_t(i)];
           std::lock_guard<std::mutex> lk(mu);
           if (!used.insert(t).second) ++bad_slice;  // one slice per thread
@@ -162,8 +160,8 @@ TEST(core_share, busy_members_keep_their_floors_and_share_the_rest) {
     bool prefill_busy, decode_busy;
     int prefill_allowed, decode_allowed;
   };
-  for (const row& r : {row{false, false, 4, 4}, row{true, false, 4, 3}, row{false, true, 2, 4},
-                       row{true, true, 2, 3}, row{false, false, 4, 4}}) {
+  for (const row& r : {row{false, false, 4, 4}, row{true, false, 4, 3}, row{false, true, 2, 4}, row{true, true, 2, 3},
+                       row{false, false, 4, 4}}) {
     share.set_busy(prefill, r.prefill_busy);
     share.set_busy(decode, r.decode_busy);
     share.set_busy(decode, r.decode_busy);  // saying it twice changes nothing

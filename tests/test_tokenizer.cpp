@@ -94,8 +94,8 @@ reference load_reference() {
     }
   }
   const size_t begin = text.find("BEGIN>>>"), end = text.find("<<<END");
-  if (r.prompt.empty() || r.prompt_ids.empty() || r.greedy_ids.empty() ||
-      begin == std::string::npos || end == std::string::npos || end < begin) {
+  if (r.prompt.empty() || r.prompt_ids.empty() || r.greedy_ids.empty() || begin == std::string::npos ||
+      end == std::string::npos || end < begin) {
     throw std::runtime_error("cannot parse the reference file '" + kReferencePath + "'");
   }
   r.continuation = text.substr(begin + 8, end - begin - 8);
@@ -109,11 +109,20 @@ bool valid_utf8(const std::string& s) {
     const auto c = static_cast<unsigned char>(s[i]);
     int n = 0;
     uint32_t cp = 0;
-    if (c < 0x80) { ++i; continue; }
-    if ((c & 0xE0) == 0xC0) { n = 1; cp = c & 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { n = 2; cp = c & 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { n = 3; cp = c & 0x07; }
-    else return false;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else return false;
     if (i + static_cast<size_t>(n) >= s.size()) return false;  // truncated
     for (int k = 1; k <= n; ++k) {
       const auto b = static_cast<unsigned char>(s[i + k]);
@@ -204,8 +213,8 @@ TEST(StoriesTokenizer, BosAndEmpty) {
 TEST(StoriesTokenizer, LeadingSpace) {
   const tokenizer& tok = stories();
   const auto ids = tok.encode(" hi", false);
-  EXPECT_EQ(tok.decode(ids), "  hi");        // the space prefix plus the text's own
-  EXPECT_EQ(tok.decode(ids, true), " hi");   // exactly one removed
+  EXPECT_EQ(tok.decode(ids), "  hi");  // the space prefix plus the text's own
+  EXPECT_EQ(tok.decode(ids, true), " hi");  // exactly one removed
   EXPECT_EQ(tok.decode(tok.encode("hi", true), true), "hi");
 }
 
@@ -262,7 +271,7 @@ TEST(ByteLevelVocab, ShapeAndSpecialTokens) {
   EXPECT_TRUE(s.add_bos);
   EXPECT_TRUE(s.scores.empty() || s.scores.size() == s.tokens.size());
   EXPECT_EQ(s.tokens[3 + 'A'], "A");
-  EXPECT_EQ(s.tokens[3 + ' '], "\xC4\xA0");   // "Ġ"
+  EXPECT_EQ(s.tokens[3 + ' '], "\xC4\xA0");  // "Ġ"
   EXPECT_EQ(s.tokens[3 + '\n'], "\xC4\x8A");  // "Ċ"
   for (int i = 3; i < 259; ++i) EXPECT_EQ(s.token_types[i], 1);
   std::set<std::string> unique(s.tokens.begin(), s.tokens.end());
@@ -305,8 +314,7 @@ TEST(ByteLevelVocab, DeterministicAndExactSize) {
 TEST(ByteLevelVocab, Fast) {
   const auto t0 = std::chrono::steady_clock::now();
   const vocab_spec s = make_byte_level_vocab(512);
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(s.tokens.size(), 512u);
   EXPECT_LT(ms, 500.0);  // typically a few ms; generous for loaded debug builds
   std::printf("make_byte_level_vocab(512): %.1f ms\n", ms);
@@ -477,8 +485,7 @@ TEST(SpmMerges, HighestScoreFirstTiesLeftmost) {
   }
   {
     // Merging continues while a concatenation is a token: a + bc -> abc.
-    const tokenizer tok(spm_spec({{"a", -1}, {"b", -1}, {"c", -1}, {"ab", -5}, {"bc", -2},
-                                  {"abc", -9}}));
+    const tokenizer tok(spm_spec({{"a", -1}, {"b", -1}, {"c", -1}, {"ab", -5}, {"bc", -2}, {"abc", -9}}));
     EXPECT_EQ(texts(tok, tok.encode("abc", false)), (strings{"abc"}));
     EXPECT_EQ(texts(tok, tok.encode("abcab", false)), (strings{"abc", "ab"}));
   }
@@ -491,12 +498,10 @@ TEST(SpmMerges, HighestScoreFirstTiesLeftmost) {
 }
 
 TEST(SpmMerges, SpacePrefixAndUnknownWithoutByteTokens) {
-  vocab_spec s = spm_spec({{"\xE2\x96\x81", -1}, {"h", -1}, {"i", -1}, {"\xE2\x96\x81h", -2},
-                           {"\xE2\x96\x81hi", -3}});
+  vocab_spec s = spm_spec({{"\xE2\x96\x81", -1}, {"h", -1}, {"i", -1}, {"\xE2\x96\x81h", -2}, {"\xE2\x96\x81hi", -3}});
   s.add_space_prefix = true;
   const tokenizer tok(s);
-  EXPECT_EQ(texts(tok, tok.encode("hi hi", true)),
-            (strings{"<s>", "\xE2\x96\x81hi", "\xE2\x96\x81hi"}));
+  EXPECT_EQ(texts(tok, tok.encode("hi hi", true)), (strings{"<s>", "\xE2\x96\x81hi", "\xE2\x96\x81hi"}));
   // No byte tokens: an unknown character is one <unk>.
   EXPECT_EQ(tok.encode("hé", false), (std::vector<token_id>{tok.encode("h", false)[0], 0}));
   EXPECT_EQ(tok.decode(tok.encode("hi hi", true), true), "hi hi");
@@ -507,7 +512,7 @@ TEST(SpmMerges, TypesMayBeAbsent) {
   s.token_types.clear();
   const tokenizer tok(s);
   EXPECT_EQ(tok.token_bytes(4), "A");  // "<0x41>" inferred as a byte token
-  EXPECT_EQ(tok.token_bytes(1), "");   // bos inferred as control
+  EXPECT_EQ(tok.token_bytes(1), "");  // bos inferred as control
   EXPECT_EQ(texts(tok, tok.encode("aAB", false)), (strings{"a", "<0x41>", "<0x42>"}));
 }
 
@@ -535,20 +540,24 @@ TEST(BpeMerges, LowestRankFirst) {
   }
   {
     // Pieces never merge across the pre-tokenizer's boundaries: "a" and "Ġb" are separate.
-    const tokenizer tok(bpe_spec({"a", "b", "\xC4\xA0", "a\xC4\xA0", "\xC4\xA0" "b"},
+    const tokenizer tok(bpe_spec({"a", "b", "\xC4\xA0", "a\xC4\xA0",
+                                  "\xC4\xA0"
+                                  "b"},
                                  {"a \xC4\xA0", "\xC4\xA0 b"}));
-    EXPECT_EQ(texts(tok, tok.encode("a b", false)), (strings{"a", "\xC4\xA0" "b"}));
+    EXPECT_EQ(texts(tok, tok.encode("a b", false)), (strings{"a",
+                                                             "\xC4\xA0"
+                                                             "b"}));
   }
 }
 
 TEST(BpeMerges, EogTokens) {
-  vocab_spec s = bpe_spec({"a", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>",
-                           "<end_of_turn>", "<|im_start|>", "<|eot_id|>x"},
-                          {});
+  vocab_spec s = bpe_spec(
+      {"a", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|im_start|>", "<|eot_id|>x"},
+      {});
   s.token_types = {1, 3, 3, 3, 1, 3, 3, 3};
   s.eos_id = 0;
   const tokenizer tok(s);
-  EXPECT_TRUE(tok.is_eog(0));   // eos, whatever its text
+  EXPECT_TRUE(tok.is_eog(0));  // eos, whatever its text
   EXPECT_TRUE(tok.is_eog(1));
   EXPECT_TRUE(tok.is_eog(2));
   EXPECT_TRUE(tok.is_eog(3));
@@ -644,9 +653,9 @@ TEST(VocabFromGguf, RoundTripsThroughAFile) {
   w.set_u32("tokenizer.ggml.unknown_token_id", 0);
   w.set_u32("tokenizer.ggml.padding_token_id", 0xFFFFFFFFu);
   w.set_bool("tokenizer.ggml.add_bos_token", true);
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("tandem_test_tokenizer_" + std::to_string(::getpid()) + ".gguf"))
-                               .string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("tandem_test_tokenizer_" + std::to_string(::getpid()) + ".gguf"))
+          .string();
   w.write(path);
   const vocab_spec got = vocab_from_gguf(gguf::file::open(path));
   std::filesystem::remove(path);
@@ -757,7 +766,8 @@ TEST(SpecialTokens, ParsedInTextOnlyWhenAskedAsLlamaCpp) {
     const bool parse = c.at("parse_special");
     const tokenizer& t = c.at("model") == "stories260K" ? spm : bpe;
     const auto want = c.at("ids").get<std::vector<token_id>>();
-    EXPECT_EQ(t.encode(text, false, parse), want) << c.at("model") << " parse_special=" << parse << " \"" << text << "\"";
+    EXPECT_EQ(t.encode(text, false, parse), want)
+        << c.at("model") << " parse_special=" << parse << " \"" << text << "\"";
     parsed += parse && std::find(want.begin(), want.end(), t.bos()) != want.end();
   }
   EXPECT_GE(parsed, 6) << "the fixture has <s> parsed as BOS";
@@ -878,8 +888,10 @@ TEST(Tokenizer, FileSpecialsAddEosAndTemplatesDropTheirCopies) {
   // A vocabulary that adds neither keeps the template's texts, which are then the tokens.
   v.add_bos = v.add_eos = false;
   const tokenizer bare(v);
-  ASSERT_TRUE(chat_template::for_vocab("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}{{ eos_token }}",
-                                       bare).render({{"user", "hi"}}, prompt).ok());
+  ASSERT_TRUE(chat_template::for_vocab(
+                  "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}{{ eos_token }}", bare)
+                  .render({{"user", "hi"}}, prompt)
+                  .ok());
   EXPECT_EQ(bare.encode(prompt, true, true), both);
 }
 }  // namespace tandem

@@ -166,7 +166,8 @@ TEST_F(WireFixture, KvSetsKeepNullEmptyAndPayloads) {
 }
 
 TEST_F(WireFixture, TandemErrorsKeepCodeAndMessage) {
-  auto out = round_trip(caf::make_message(to_caf_error({errc::unsupported, "wire version 9 is not this router's (1)"})));
+  auto out =
+      round_trip(caf::make_message(to_caf_error({errc::unsupported, "wire version 9 is not this router's (1)"})));
   ASSERT_TRUE(out.match_elements<caf::error>());
   const status s = from_caf_error(out.get_as<caf::error>(0));
   EXPECT_EQ(s.code(), errc::unsupported);
@@ -176,8 +177,9 @@ TEST_F(WireFixture, TandemErrorsKeepCodeAndMessage) {
 // The join: what a node announces and what the router answers, every field (a setting lost on
 // the way would make the node's workers compute differently from the router's expectation).
 TEST_F(WireFixture, JoinHelloAndWelcomeKeepEveryField) {
-  node_hello h{node_role::decode, "n1", "host-a", "cpu (avx2, 2 threads per worker)", "tcp://10.0.0.2:9;host=a", 3, 2,
-               777, 0xfeedbeefull};
+  node_hello h{
+      node_role::decode, "n1", "host-a", "cpu (avx2, 2 threads per worker)", "tcp://10.0.0.2:9;host=a", 3, 2, 777,
+      0xfeedbeefull};
   auto out = round_trip(caf::make_message(join_atom::value, h));
   ASSERT_TRUE((out.match_elements<join_atom, node_hello>()));
   const auto& hr = out.get_as<node_hello>(1);

@@ -87,16 +87,19 @@ std::string show(const wk::command& c) {
           for (const auto& d : x.work.decodes) o << " r" << d.id << "@" << d.index;
           for (const auto& c : x.work.chunks) o << " p" << c.id << ":" << c.tokens.size() << (c.last ? "!" : "");
           for (auto [id, link] : x.streams) o << " ~r" << id << ">l" << link;
-        } else if constexpr (std::is_same_v<C, wk::cmd::token>) o << "token r" << x.id << " #" << x.index << " " << x.tok;
+        } else if constexpr (std::is_same_v<C, wk::cmd::token>)
+          o << "token r" << x.id << " #" << x.index << " " << x.tok;
         else if constexpr (std::is_same_v<C, wk::cmd::done>) o << "done r" << x.id << " " << to_string(x.reason);
         else if constexpr (std::is_same_v<C, wk::cmd::fail>) o << "fail r" << x.id << " " << to_string(x.code);
         else if constexpr (std::is_same_v<C, wk::cmd::tell_request>)
           o << "request r" << x.id << " " << to_string(x.state) << " " << x.cached_tokens;
-        else if constexpr (std::is_same_v<C, wk::cmd::tell_router>) o << "router r" << x.id << " " << to_string(x.state);
+        else if constexpr (std::is_same_v<C, wk::cmd::tell_router>)
+          o << "router r" << x.id << " " << to_string(x.state);
         else if constexpr (std::is_same_v<C, wk::cmd::publish>) o << "publish s" << x.seq << " from " << x.from_block;
         else if constexpr (std::is_same_v<C, wk::cmd::report_load>) o << "load";
         else if constexpr (std::is_same_v<C, wk::cmd::forget>) o << "forget r" << x.id;
-        else if constexpr (std::is_same_v<C, wk::cmd::prefilled>) o << "prefilled r" << x.id << (x.finished ? " finished" : "");
+        else if constexpr (std::is_same_v<C, wk::cmd::prefilled>)
+          o << "prefilled r" << x.id << (x.finished ? " finished" : "");
         else if constexpr (std::is_same_v<C, wk::cmd::ship_started>) o << "ship r" << x.id;
         else if constexpr (std::is_same_v<C, wk::cmd::transfer>)
           o << "transfer r" << x.id << " l" << x.link << " kv " << x.kv->size() << " +" << x.generated.size();
@@ -130,13 +133,13 @@ using trow = testing::trace_row<wk::event, wk::phase>;
 // An engine as the core sees it: blocks by count, prefix reuse by what a test sets.
 struct fake_engine : engine_port {
   bool prefix = false;
-  int32_t free = 100;               // available blocks
-  int32_t cached = 0;               // prompt tokens its cache holds of any prompt
-  std::set<request_id> blocked;     // prompts that wait for another's next block
-  int32_t blocked_reuse = 0;        // ... and what they will find then
+  int32_t free = 100;  // available blocks
+  int32_t cached = 0;  // prompt tokens its cache holds of any prompt
+  std::set<request_id> blocked;  // prompts that wait for another's next block
+  int32_t blocked_reuse = 0;  // ... and what they will find then
   seq_id next_seq = 1;
-  mutable int exports = 0;          // whole sets exported again
-  int cached_blocks = 0;            // blocks from the store it was given
+  mutable int exports = 0;  // whole sets exported again
+  int cached_blocks = 0;  // blocks from the store it was given
 
   bool prefix_cache() const override { return prefix; }
   int32_t cached_prefix_tokens(std::span<const token_id>) const override { return cached; }
@@ -205,7 +208,8 @@ class WorkerCoreTable : public ::testing::Test {
         {wk::ev::prompt{attempt(1, 40)}, {}},
         {wk::ev::ship{1, 1}, {}},
         {wk::ev::plan{}, {"request r1 prefilling 0", "step p1:40! ~r1>l1"}},
-        {returned_prompts({{1, 5}}, {{1, 42}}), {"token r1 #0 42", "prefilled r1", "ship r1", "transfer r1 l1 kv 0 +1"}},
+        {returned_prompts({{1, 5}}, {{1, 42}}),
+         {"token r1 #0 42", "prefilled r1", "ship r1", "transfer r1 l1 kv 0 +1"}},
     };
   }
   void run(const std::vector<trow>& rows) {
@@ -260,7 +264,9 @@ TEST_F(WorkerCoreTable, ReservationsAreRefusedWithWhy) {
   make(8, 2);
   run({
       {wk::ev::reserve{1, 1, 64}, {"load", "answer #1 ok"}, {{1, reserved_}}},
-      {wk::ev::reserve{2, 2, 80}, {"load", "answer #2 refused: not enough free KV blocks: 5 needed, 4 free"}, {{2, gone}}},
+      {wk::ev::reserve{2, 2, 80},
+       {"load", "answer #2 refused: not enough free KV blocks: 5 needed, 4 free"},
+       {{2, gone}}},
       {wk::ev::reserve{3, 3, 16}, {"load", "answer #3 ok"}},
       {wk::ev::reserve{4, 4, 16}, {"answer #4 refused: the decode batch is full (2 sequences)"}, {{4, gone}}},
       {wk::ev::reserve{5, 1, 64}, {"load", "answer #5 ok"}},  // held already: a redelivery
@@ -305,7 +311,8 @@ TEST_F(WorkerCoreTable, RefusedImportKeepsTheReservationForTheRetry) {
       {returned({}, {}), {"answer #2 incompatible_kv: the KV block set of request 1 was incomplete"}, {{1, reserved_}}},
       {wk::ev::transfer{3, attempt(1, 40), blocks(1, 1, 3), {42}}, {}, {{1, arriving_}}},
       {wk::ev::plan{}, {"step +r1@1"}},
-      {returned({{1, 0, {errc::checksum_mismatch, "block 2"}}}, {}), {"answer #3 checksum_mismatch: block 2"},
+      {returned({{1, 0, {errc::checksum_mismatch, "block 2"}}}, {}),
+       {"answer #3 checksum_mismatch: block 2"},
        {{1, reserved_}}},
       {wk::ev::transfer{4, attempt(1, 40), blocks(1, 1, 3), {42}}, {}, {{1, arriving_}}},
       {wk::ev::plan{}, {"step +r1@1"}},
@@ -363,7 +370,8 @@ TEST_F(WorkerCoreTable, CancellationInEveryPhase) {
       {wk::ev::cancel{1}, {"load"}},  // unknown: nothing to do
       {wk::ev::reserve{2, 2, 48}, {"load", "answer #2 ok"}},
       {wk::ev::transfer{3, attempt(2, 40), blocks(2, 1, 3), {42}}, {}},
-      {wk::ev::cancel{2}, {"answer #3 refused: request 2 was cancelled while its KV arrived", "forget r2", "load"},
+      {wk::ev::cancel{2},
+       {"answer #3 refused: request 2 was cancelled while its KV arrived", "forget r2", "load"},
        {{2, gone}}},
       {wk::ev::reserve{4, 3, 48}, {"load", "answer #4 ok"}},
       {wk::ev::transfer{5, attempt(3, 40), blocks(3, 1, 3), {42}}, {}},
@@ -373,14 +381,16 @@ TEST_F(WorkerCoreTable, CancellationInEveryPhase) {
       {wk::ev::reserve{6, 4, 48}, {"load", "answer #6 ok"}},
       {wk::ev::transfer{7, attempt(4, 40), blocks(4, 1, 3), {42}}, {}},
       {wk::ev::plan{}, {"step -s7 +r4@1"}},
-      {returned({{4, 8, {}}}, {{4, 50}}), {"answer #7 ok", "request r4 decoding 0", "router r4 decoding", "token r4 #1 50"}},
+      {returned({{4, 8, {}}}, {{4, 50}}),
+       {"answer #7 ok", "request r4 decoding 0", "router r4 decoding", "token r4 #1 50"}},
       {wk::ev::pause{4, true}, {}},
       {wk::ev::plan{}, {}},  // paused: skipped
       {wk::ev::cancel{4}, {"publish s8 from 2", "forget r4", "load"}, {{4, gone}}},
       {wk::ev::reserve{8, 5, 48}, {"load", "answer #8 ok"}},
       {wk::ev::transfer{9, attempt(5, 40), blocks(5, 1, 3), {42}}, {}},
       {wk::ev::plan{}, {"step -s8 +r5@1"}},
-      {returned({{5, 9, {}}}, {{5, 50}}), {"answer #9 ok", "request r5 decoding 0", "router r5 decoding", "token r5 #1 50"}},
+      {returned({{5, 9, {}}}, {{5, 50}}),
+       {"answer #9 ok", "request r5 decoding 0", "router r5 decoding", "token r5 #1 50"}},
       {wk::ev::plan{}, {"step r5@2"}},
       {wk::ev::cancel{5}, {"load"}, {{5, decoding_}}},  // in the step: dropped when it returns
       {returned({}, {{5, 51}}), {"publish s9 from 2", "forget r5"}, {{5, gone}}},
@@ -397,9 +407,11 @@ TEST_F(WorkerCoreTable, FailedStepEndsItsRequests) {
       {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
       {wk::ev::transfer{2, attempt(1, 40), blocks(1, 1, 3), {42}}, {}},
       {wk::ev::plan{}, {"step +r1@1"}},
-      {returned({{1, 5, {}}}, {{1, 50}}), {"answer #2 ok", "request r1 decoding 0", "router r1 decoding", "token r1 #1 50"}},
+      {returned({{1, 5, {}}}, {{1, 50}}),
+       {"answer #2 ok", "request r1 decoding 0", "router r1 decoding", "token r1 #1 50"}},
       {wk::ev::plan{}, {"step r1@2"}},
-      {returned({}, {}, {errc::out_of_kv_blocks, "no room"}), {"fail r1 out_of_kv_blocks", "publish s5 from 2", "forget r1"},
+      {returned({}, {}, {errc::out_of_kv_blocks, "no room"}),
+       {"fail r1 out_of_kv_blocks", "publish s5 from 2", "forget r1"},
        {{1, gone}}},
   });
 }
@@ -415,21 +427,25 @@ TEST_F(WorkerCoreTable, PromptsStraightFromTheStore) {
       {wk::ev::store_answer{1, blocks(0, 0, 2)}, {"request r1 prefilling 32"}, {{1, arriving_}}},
       {wk::ev::fetch{3, attempt(1, 40)}, {"answer #3 ok"}},  // here already
       {wk::ev::plan{}, {"step +r1@0 feed 8"}},
-      {returned({{1, 4, {}}}, {{1, 60}}), {"answer #2 ok", "request r1 decoding 0", "router r1 decoding", "token r1 #0 60"},
+      {returned({{1, 4, {}}}, {{1, 60}}),
+       {"answer #2 ok", "request r1 decoding 0", "router r1 decoding", "token r1 #0 60"},
        {{1, decoding_}}},
       {wk::ev::reserve{4, 2, 96}, {"load", "answer #4 ok"}},
       {wk::ev::fetch{5, attempt(2, 80)}, {"store? #2 4"}},
       {wk::ev::fetch{6, attempt(2, 80)}, {}},  // asked already: answered alike
       {wk::ev::store_answer{2, blocks(0, 0, 1)},
-       {"answer #5 refused: the store holds 1 of the prompt's 4 blocks; 64 tokens are more than this worker computes now (32)",
-        "answer #6 refused: the store holds 1 of the prompt's 4 blocks; 64 tokens are more than this worker computes now (32)"},
+       {"answer #5 refused: the store holds 1 of the prompt's 4 blocks; 64 tokens are more than this worker computes "
+        "now (32)",
+        "answer #6 refused: the store holds 1 of the prompt's 4 blocks; 64 tokens are more than this worker computes "
+        "now (32)"},
        {{2, reserved_}}},
       {wk::ev::fetch{7, attempt(3, 40)}, {"answer #7 refused: no reservation for request 3"}, {{3, gone}}},
       {wk::ev::reserve{8, 4, 48}, {"load", "answer #8 ok"}},
       {wk::ev::fetch{9, attempt(4, 1)}, {"answer #9 invalid_argument: a fetched prompt has two tokens or more"}},
       {wk::ev::fetch{10, attempt(4, 40)}, {"store? #3 2"}},
       {wk::ev::cancel{4}, {"forget r4", "load"}},
-      {wk::ev::store_answer{3, blocks(0, 0, 2)}, {"answer #10 refused: request 4 was cancelled while the store was asked"}},
+      {wk::ev::store_answer{3, blocks(0, 0, 2)},
+       {"answer #10 refused: request 4 was cancelled while the store was asked"}},
       {wk::ev::store_answer{3, blocks(0, 0, 2)}, {}},  // answered once
   });
   EXPECT_EQ(counter("tandem_prefix_cache_hit_tokens_total"), 32);
@@ -444,8 +460,9 @@ TEST_F(WorkerCoreTable, AutoModeReportsAfterComputingAPrompt) {
   run({
       {wk::ev::reserve{1, 1, 48}, {"load", "answer #1 ok"}},
       {wk::ev::fetch{2, attempt(1, 40)}, {"store? #1 2"}},
-      {wk::ev::store_answer{1, nullptr}, {"answer #2 refused: the store holds 0 of the prompt's 2 blocks; 40 tokens are "
-                                          "more than this worker computes now (32)"}},
+      {wk::ev::store_answer{1, nullptr},
+       {"answer #2 refused: the store holds 0 of the prompt's 2 blocks; 40 tokens are "
+        "more than this worker computes now (32)"}},
       {wk::ev::fetch{3, attempt(1, 40)}, {"store? #2 2"}},
       {wk::ev::store_answer{2, blocks(0, 0, 1)}, {"request r1 prefilling 16"}},
       {wk::ev::plan{}, {"step +r1@0 feed 24"}},
@@ -465,7 +482,8 @@ TEST_F(WorkerCoreTable, PrefillLeaseLifecycle) {
       {wk::ev::prompt{attempt(1, 40)}, {}, {{1, waiting_}}},
       {wk::ev::ship{1, 1}, {}, {{1, waiting_}}},  // its decode worker is reserved already
       {wk::ev::plan{}, {"request r1 prefilling 0", "step p1:40! ~r1>l1"}, {{1, prefilling_}}},
-      {returned_prompts({{1, 5}}, {{1, 42}}), {"token r1 #0 42", "prefilled r1", "ship r1", "transfer r1 l1 kv 0 +1"},
+      {returned_prompts({{1, 5}}, {{1, 42}}),
+       {"token r1 #0 42", "prefilled r1", "ship r1", "transfer r1 l1 kv 0 +1"},
        {{1, shipping_}}},
       {wk::ev::transfer_answer{1, 9, {}}, {}, {{1, shipping_}}},  // over another link: stale
       {wk::ev::transfer_answer{1, 1, {}}, {"forget r1"}, {{1, gone}}},
@@ -475,9 +493,15 @@ TEST_F(WorkerCoreTable, PrefillLeaseLifecycle) {
       {wk::ev::ship{2, 3}, {"ship r2", "transfer r2 l3 kv 3 +1"}, {{2, shipping_}}},
       {wk::ev::release{2, 2}, {}, {{2, shipping_}}},  // of another attempt
       {wk::ev::release{2, 1}, {"forget r2"}, {{2, gone}}},
-      {wk::ev::prompt{[] { auto s = attempt(3, 40); s.max_tokens = 1; return s; }()}, {}},
+      {wk::ev::prompt{[] {
+         auto s = attempt(3, 40);
+         s.max_tokens = 1;
+         return s;
+       }()},
+       {}},
       {wk::ev::plan{}, {"request r3 prefilling 0", "step -s6 p3:40!"}},
-      {returned_prompts({{3, 7}}, {{3, 42}}, {3}), {"token r3 #0 42", "done r3 length", "prefilled r3 finished", "forget r3"},
+      {returned_prompts({{3, 7}}, {{3, 42}}, {3}),
+       {"token r3 #0 42", "done r3 length", "prefilled r3 finished", "forget r3"},
        {{3, gone}}},
       {wk::ev::prompt{attempt(4, 40)}, {}},
       {wk::ev::plan{}, {"request r4 prefilling 0", "step -s7 p4:40!"}},
@@ -496,7 +520,8 @@ TEST_F(WorkerCoreTable, PrefillLeaseSurvivesFailedTransfers) {
   make(64, 4, 0, worker_kind::prefill);
   run(streamed_and_shipped());
   run({
-      {wk::ev::transfer_answer{1, 1, {errc::checksum_mismatch, "block 1"}}, {"transfer failed r1 e1 l1"},
+      {wk::ev::transfer_answer{1, 1, {errc::checksum_mismatch, "block 1"}},
+       {"transfer failed r1 e1 l1"},
        {{1, leased_}}},
       {wk::ev::ship{1, 1}, {"ship r1", "transfer r1 l1 kv 3 +1"}, {{1, shipping_}}},
       {wk::ev::link_down{2}, {}, {{1, shipping_}}},
@@ -638,7 +663,8 @@ TEST_F(WorkerCoreTable, ColocatedLifecycle) {
   EXPECT_EQ(core->waiting_load().tokens, 32);
   EXPECT_EQ(core->waiting_load().requests, 3);
   run({
-      {wk::ev::plan{}, {"request r1 prefilling 0", "request r2 prefilling 0", "step p1:16 p2:6!"},
+      {wk::ev::plan{},
+       {"request r1 prefilling 0", "request r2 prefilling 0", "step p1:16 p2:6!"},
        {{1, prefilling_}, {2, prefilling_}, {3, waiting_}}},
       {wk::ev::cancel{1}, {}, {{1, prefilling_}}},  // in the step: dropped when it returns
       {wk::ev::cancel{3}, {"forget r3"}, {{3, gone}}},

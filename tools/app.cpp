@@ -35,9 +35,9 @@ void add_external(CLI::App& app, std::string_view name, std::string_view descrip
   cmd->callback([name = std::string(name), binary = std::string(binary), argv] {
     const auto path = sibling_binary(binary);
     if (!std::filesystem::exists(path))
-      throw failure(errc::unsupported,
-                    "tandem " + name + " is in " + binary + ", which is not built beside this binary (" + path.string() +
-                        "); build it with: cmake --build build --target " + binary);
+      throw failure(errc::unsupported, "tandem " + name + " is in " + binary +
+                                           ", which is not built beside this binary (" + path.string() +
+                                           "); build it with: cmake --build build --target " + binary);
     // The same argv (global flags, --config, the subcommand and its flags): the other binary
     // parses it exactly as this one would have.
     ::execv(path.c_str(), argv);
@@ -78,7 +78,8 @@ int run_app(int argc, char** argv, const std::function<void(CLI::App&)>& add_com
   app.set_config("--config", "", "Read flags from a TOML/INI file ([serve] section: port = 8080, ...)")
       ->check(CLI::ExistingFile);
   std::string log_format = "text";
-  app.add_option("--log-format", log_format, "Logs as text lines or one JSON object per line (for Loki, Elasticsearch, jq)")
+  app.add_option("--log-format", log_format,
+                 "Logs as text lines or one JSON object per line (for Loki, Elasticsearch, jq)")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
   app.parse_complete_callback([&] {

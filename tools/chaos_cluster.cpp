@@ -55,10 +55,10 @@ chaos_cluster::chaos_cluster(chaos_cluster_options o) : o_(std::move(o)), tag_(s
     try {
       const auto r = bench::http_call(ep, "GET", "/health", o_.admin_key);
       const auto h = nlohmann::json::parse(r.body, nullptr, false);
-      if (h.is_object() && h.value("status", "") == "ok" && h.contains("nodes") && int(h["nodes"].size()) == o_.prefill + o_.decode)
+      if (h.is_object() && h.value("status", "") == "ok" && h.contains("nodes") &&
+          int(h["nodes"].size()) == o_.prefill + o_.decode)
         return;
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
     std::this_thread::sleep_for(100ms);
   }
   throw std::runtime_error("the nodes did not all join within a minute; logs in " + o_.log_dir.string());
@@ -72,15 +72,27 @@ chaos_cluster::~chaos_cluster() {
   lan_.reset();
 }
 
-std::string chaos_cluster::join_address() const { return (lan_ ? lan_->here() : std::string("127.0.0.1")) + ":" + cluster_port_; }
+std::string chaos_cluster::join_address() const {
+  return (lan_ ? lan_->here() : std::string("127.0.0.1")) + ":" + cluster_port_;
+}
 
 void chaos_cluster::start_router() {
-  std::vector<std::string> args = {"serve", "--role", "router", "--model", o_.model, "--port", http_port_, "--cluster-port",
-                                   cluster_port_, "--admin-key", o_.admin_key, "--heartbeat-timeout-ms",
+  std::vector<std::string> args = {"serve",
+                                   "--role",
+                                   "router",
+                                   "--model",
+                                   o_.model,
+                                   "--port",
+                                   http_port_,
+                                   "--cluster-port",
+                                   cluster_port_,
+                                   "--admin-key",
+                                   o_.admin_key,
+                                   "--heartbeat-timeout-ms",
                                    std::to_string(o_.heartbeat_timeout_ms)};
   if (lan_) args.insert(args.end(), {"--cluster-host", lan_->here(), "--node-transport", "tcp"});
-  router_ = std::make_unique<bench::child_process>(o_.tandem_binary, args,
-                                                   o_.log_dir / ("router." + std::to_string(router_starts_++) + ".log"));
+  router_ = std::make_unique<bench::child_process>(
+      o_.tandem_binary, args, o_.log_dir / ("router." + std::to_string(router_starts_++) + ".log"));
 }
 
 void chaos_cluster::start(member& m) {
@@ -186,7 +198,8 @@ std::string chaos_cluster::troubles() {
     std::stringstream ss;
     ss << in.rdbuf();
     const std::string text = ss.str();
-    for (const char* bad : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "Segmentation fault", "terminate called"})
+    for (const char* bad : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "Segmentation fault",
+                            "terminate called"})
       if (text.find(bad) != std::string::npos) {
         out += e.path().string() + ": " + bad + "\n";
         break;

@@ -48,9 +48,9 @@ double seconds_since(clock_type::time_point t0) {
 
 // FLOPs and bytes of one token's matmuls (weights of all layers, plus the output head).
 struct token_cost {
-  double matmul_flops = 0;      // excluding the output head
+  double matmul_flops = 0;  // excluding the output head
   double head_flops = 0;
-  double weight_bytes = 0;      // excluding the output head
+  double weight_bytes = 0;  // excluding the output head
   double head_bytes = 0;
 };
 
@@ -197,12 +197,20 @@ int run_against_llama(const bench_opts& o) {
   };
   nlohmann::json results = nlohmann::json::array();
   for (const auto& w : rows) {
-    results.push_back({{"dtype", w.dtype}, {"threads", w.threads}, {"context", w.context}, {"matmul", w.mode},
-                       {"prompt_tokens", o.prompt_tokens}, {"decode_tokens", o.decode_tokens}, {"rounds", o.rounds},
-                       {"tandem_prefill_tps", median(w.ours_pp)}, {"llama_prefill_tps", median(w.ref_pp)},
+    results.push_back({{"dtype", w.dtype},
+                       {"threads", w.threads},
+                       {"context", w.context},
+                       {"matmul", w.mode},
+                       {"prompt_tokens", o.prompt_tokens},
+                       {"decode_tokens", o.decode_tokens},
+                       {"rounds", o.rounds},
+                       {"tandem_prefill_tps", median(w.ours_pp)},
+                       {"llama_prefill_tps", median(w.ref_pp)},
                        {"prefill_ratio", median(w.ours_pp) / median(w.ref_pp)},
-                       {"tandem_decode_tps", median(w.ours_tg)}, {"llama_decode_tps", median(w.ref_tg)},
-                       {"decode_ratio", median(w.ours_tg) / median(w.ref_tg)}, {"isa", kernels::cpu::isa_name()}});
+                       {"tandem_decode_tps", median(w.ours_tg)},
+                       {"llama_decode_tps", median(w.ref_tg)},
+                       {"decode_ratio", median(w.ours_tg) / median(w.ref_tg)},
+                       {"isa", kernels::cpu::isa_name()}});
     if (const auto ours = scaling(w, &row::ours_pp), ref = scaling(w, &row::ref_pp); ours && ref) {
       results.back()["tandem_prefill_scaling"] = *ours;
       results.back()["llama_prefill_scaling"] = *ref;
@@ -225,8 +233,10 @@ int run_against_llama(const bench_opts& o) {
   for (const auto& r : results) {
     if (!r.contains("tandem_prefill_scaling")) continue;
     if (!scaled)
-      std::printf("\nprefill at N threads / at 1 thread: median over rounds of each round's pair\n%-6s %3s %5s %-15s | %7s %7s\n",
-                  "dtype", "thr", "ctx", "matmul", "tandem", "llama");
+      std::printf(
+          "\nprefill at N threads / at 1 thread: median over rounds of each round's pair\n%-6s %3s %5s %-15s | %7s "
+          "%7s\n",
+          "dtype", "thr", "ctx", "matmul", "tandem", "llama");
     scaled = true;
     std::printf("%-6s %3d %5d %-15s | %6.2fx %6.2fx\n", std::string(r["dtype"]).c_str(), int(r["threads"]),
                 int(r["context"]), std::string(r["matmul"]).c_str(), double(r["tandem_prefill_scaling"]),
@@ -240,7 +250,7 @@ int run_bench(const bench_opts& o) {
   nlohmann::json results = nlohmann::json::array();
   nlohmann::json peaks = nlohmann::json::object();
   std::map<int, std::pair<double, double>> peak;  // threads -> (GFLOP/s, GB/s)
-  std::map<int, double> dispatch;                 // threads -> us per pool dispatch
+  std::map<int, double> dispatch;  // threads -> us per pool dispatch
   for (int t : o.threads) {
     kernels::thread_pool pool(t);
     const double gf = kernels::cpu::measure_fma_gflops(pool);
@@ -248,8 +258,8 @@ int run_bench(const bench_opts& o) {
     peak[t] = {gf, bw};
     dispatch[t] = dispatch_us(pool);
     peaks[std::to_string(t)] = {{"fma_gflops", gf}, {"read_gbs", bw}, {"dispatch_us", dispatch[t]}};
-    spdlog::info("peak with {} thread(s): {:.1f} GFLOP/s FMA ({}), {:.1f} GB/s read; pool dispatch {:.2f} us", t,
-                 gf, kernels::cpu::isa_name(), bw, dispatch[t]);
+    spdlog::info("peak with {} thread(s): {:.1f} GFLOP/s FMA ({}), {:.1f} GB/s read; pool dispatch {:.2f} us", t, gf,
+                 kernels::cpu::isa_name(), bw, dispatch[t]);
   }
 
   for (const auto& [dt_name, path] : bench_targets(o)) {
@@ -262,61 +272,66 @@ int run_bench(const bench_opts& o) {
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = token_id((i * 7919 + 13) % size_t(c.n_vocab));
 
     for (int t : o.threads)
-    for (const auto& mode : o.matmul) {
-      engine_options eo;
-      eo.n_threads = t;
-      eo.matmul = parse_matmul_mode(mode);
-      eo.kv_dtype = parse_kv_dtype(o.kv_dtype);
-      eo.n_kv_blocks = (o.prompt_tokens + o.decode_tokens) / eo.block_size + 2;
-      engine eng(m, eo);
-      double best_prefill = 1e30, best_decode = 1e30;
-      std::vector<float> logits;
-      for (int r = 0; r < o.repeats; ++r) {
-        const seq_id s = eng.create_sequence();
-        const auto t0 = clock_type::now();
-        check(eng.prefill(s, prompt, logits));
-        best_prefill = std::min(best_prefill, seconds_since(t0));
-        token_id tok = token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
-        const auto t1 = clock_type::now();
-        for (int i = 0; i < o.decode_tokens; ++i) {
-          check(eng.decode(std::span(&s, 1), std::span(&tok, 1), logits));
-          tok = token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      for (const auto& mode : o.matmul) {
+        engine_options eo;
+        eo.n_threads = t;
+        eo.matmul = parse_matmul_mode(mode);
+        eo.kv_dtype = parse_kv_dtype(o.kv_dtype);
+        eo.n_kv_blocks = (o.prompt_tokens + o.decode_tokens) / eo.block_size + 2;
+        engine eng(m, eo);
+        double best_prefill = 1e30, best_decode = 1e30;
+        std::vector<float> logits;
+        for (int r = 0; r < o.repeats; ++r) {
+          const seq_id s = eng.create_sequence();
+          const auto t0 = clock_type::now();
+          check(eng.prefill(s, prompt, logits));
+          best_prefill = std::min(best_prefill, seconds_since(t0));
+          token_id tok = token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          const auto t1 = clock_type::now();
+          for (int i = 0; i < o.decode_tokens; ++i) {
+            check(eng.decode(std::span(&s, 1), std::span(&tok, 1), logits));
+            tok = token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          }
+          best_decode = std::min(best_decode, seconds_since(t1));
+          check(eng.free_sequence(s));
         }
-        best_decode = std::min(best_decode, seconds_since(t1));
-        check(eng.free_sequence(s));
+        const double P = o.prompt_tokens, D = o.decode_tokens;
+        const double kv_token_bytes =
+            double(c.n_layer) * 2 * c.n_kv_head * double(kernels::row_bytes(eo.kv_dtype, c.head_dim));
+        const double prefill_flops = P * tc.matmul_flops + tc.head_flops + attn_flops(c, (P + 1) / 2) * P;
+        const double mean_ctx = P + (D + 1) / 2;
+        const double decode_flops = D * (tc.matmul_flops + tc.head_flops + attn_flops(c, mean_ctx));
+        const double decode_bytes = D * (tc.weight_bytes + tc.head_bytes + kv_token_bytes * mean_ctx);
+        nlohmann::json r = {{"model", c.name},
+                            {"dtype", dt_name},
+                            {"threads", t},
+                            {"matmul", mode},
+                            {"isa", kernels::cpu::isa_name()},
+                            {"prompt_tokens", o.prompt_tokens},
+                            {"decode_tokens", o.decode_tokens},
+                            {"prefill_tokens_per_s", P / best_prefill},
+                            {"prefill_gflops", prefill_flops / best_prefill / 1e9},
+                            {"prefill_pct_of_fma_peak", 100.0 * prefill_flops / best_prefill / 1e9 / peak[t].first},
+                            {"decode_tokens_per_s", D / best_decode},
+                            {"decode_gflops", decode_flops / best_decode / 1e9},
+                            {"decode_gbs", decode_bytes / best_decode / 1e9},
+                            {"decode_pct_of_read_bw", 100.0 * decode_bytes / best_decode / 1e9 / peak[t].second},
+                            {"weight_bytes", m->weight_bytes()}};
+        results.push_back(r);
+        spdlog::info("{} x{} {}: prefill {:.0f} tok/s ({:.1f} GFLOP/s), decode {:.1f} tok/s ({:.1f} GB/s)", dt_name, t,
+                     mode, double(r["prefill_tokens_per_s"]), double(r["prefill_gflops"]),
+                     double(r["decode_tokens_per_s"]), double(r["decode_gbs"]));
       }
-      const double P = o.prompt_tokens, D = o.decode_tokens;
-      const double kv_token_bytes =
-          double(c.n_layer) * 2 * c.n_kv_head * double(kernels::row_bytes(eo.kv_dtype, c.head_dim));
-      const double prefill_flops = P * tc.matmul_flops + tc.head_flops + attn_flops(c, (P + 1) / 2) * P;
-      const double mean_ctx = P + (D + 1) / 2;
-      const double decode_flops = D * (tc.matmul_flops + tc.head_flops + attn_flops(c, mean_ctx));
-      const double decode_bytes = D * (tc.weight_bytes + tc.head_bytes + kv_token_bytes * mean_ctx);
-      nlohmann::json r = {
-          {"model", c.name}, {"dtype", dt_name}, {"threads", t}, {"matmul", mode}, {"isa", kernels::cpu::isa_name()},
-          {"prompt_tokens", o.prompt_tokens}, {"decode_tokens", o.decode_tokens},
-          {"prefill_tokens_per_s", P / best_prefill}, {"prefill_gflops", prefill_flops / best_prefill / 1e9},
-          {"prefill_pct_of_fma_peak", 100.0 * prefill_flops / best_prefill / 1e9 / peak[t].first},
-          {"decode_tokens_per_s", D / best_decode}, {"decode_gflops", decode_flops / best_decode / 1e9},
-          {"decode_gbs", decode_bytes / best_decode / 1e9},
-          {"decode_pct_of_read_bw", 100.0 * decode_bytes / best_decode / 1e9 / peak[t].second},
-          {"weight_bytes", m->weight_bytes()}};
-      results.push_back(r);
-      spdlog::info("{} x{} {}: prefill {:.0f} tok/s ({:.1f} GFLOP/s), decode {:.1f} tok/s ({:.1f} GB/s)", dt_name, t, mode,
-                   double(r["prefill_tokens_per_s"]), double(r["prefill_gflops"]), double(r["decode_tokens_per_s"]),
-                   double(r["decode_gbs"]));
-    }
   }
   if (o.json) {
     std::cout << nlohmann::json{{"peaks", peaks}, {"results", results}}.dump(2) << "\n";
     return 0;
   }
-  std::printf("\n%-6s %3s %-15s | %12s %9s %7s | %11s %9s %8s %7s\n", "dtype", "thr", "matmul", "prefill t/s", "GFLOP/s",
-              "%peak", "decode t/s", "GFLOP/s", "GB/s", "%bw");
+  std::printf("\n%-6s %3s %-15s | %12s %9s %7s | %11s %9s %8s %7s\n", "dtype", "thr", "matmul", "prefill t/s",
+              "GFLOP/s", "%peak", "decode t/s", "GFLOP/s", "GB/s", "%bw");
   for (const auto& r : results)
-    std::printf("%-6s %3d %-15s | %12.1f %9.1f %6.1f%% | %11.1f %9.2f %8.2f %6.1f%%\n",
-                std::string(r["dtype"]).c_str(), int(r["threads"]), std::string(r["matmul"]).c_str(),
-                double(r["prefill_tokens_per_s"]),
+    std::printf("%-6s %3d %-15s | %12.1f %9.1f %6.1f%% | %11.1f %9.2f %8.2f %6.1f%%\n", std::string(r["dtype"]).c_str(),
+                int(r["threads"]), std::string(r["matmul"]).c_str(), double(r["prefill_tokens_per_s"]),
                 double(r["prefill_gflops"]), double(r["prefill_pct_of_fma_peak"]), double(r["decode_tokens_per_s"]),
                 double(r["decode_gflops"]), double(r["decode_gbs"]), double(r["decode_pct_of_read_bw"]));
   for (auto& [t, p] : peak)
@@ -335,16 +350,17 @@ void add_bench(CLI::App& app) {
   add_bench_transport(bench);
   add_bench_grammar(bench);
   auto o = std::make_shared<bench_opts>();
-  auto* k = bench->add_subcommand(
-      "kernels", "Prefill and decode throughput of the engine on a synthetic model, with this machine's "
-                 "measured FMA peak and read bandwidth");
+  auto* k =
+      bench->add_subcommand("kernels",
+                            "Prefill and decode throughput of the engine on a synthetic model, with this machine's "
+                            "measured FMA peak and read bandwidth");
   k->add_option("--preset", o->preset, "Synthetic model preset")->check(CLI::IsMember([] {
     std::vector<std::string> n;
     for (const auto& p : synth_presets()) n.push_back(p.name);
     return n;
   }()));
-  auto* model_opt = k->add_option("--model", o->model,
-                                  "Use this GGUF file instead of a synthetic preset (rows labelled by its weight type)");
+  auto* model_opt = k->add_option(
+      "--model", o->model, "Use this GGUF file instead of a synthetic preset (rows labelled by its weight type)");
   k->add_option("--dtypes", o->dtypes, "Weight types to run (synthetic models of --preset)")
       ->excludes(model_opt)
       ->delimiter(',')

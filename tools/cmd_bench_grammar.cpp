@@ -75,18 +75,20 @@ void run(const options& o) {
     mdl = model::load(o.model.empty() ? bench_model_path() : resolve_model_path(o.model));
     tok = &mdl->tok();
   }
-  const std::string gbnf = !o.grammar.empty() ? read_file(o.grammar)
-                           : json_schema_to_gbnf(nlohmann::ordered_json::parse(
-                                 o.schema.empty() ? std::string(default_schema) : read_file(o.schema)));
+  const std::string gbnf = !o.grammar.empty()
+                               ? read_file(o.grammar)
+                               : json_schema_to_gbnf(nlohmann::ordered_json::parse(
+                                     o.schema.empty() ? std::string(default_schema) : read_file(o.schema)));
   auto t = clk::now();
   const auto trie = tok->vocab_trie();
   const double trie_ms = ms_since(t);
   t = clk::now();
   const auto g = grammar::compile(gbnf);
   const double compile_ms = ms_since(t);
-  spdlog::info("vocabulary {} tokens: trie of {} nodes built in {:.1f} ms; grammar of {} rules, {} elements compiled in "
-               "{:.2f} ms",
-               tok->n_vocab(), trie->nodes.size(), trie_ms, g->rules(), g->elements(), compile_ms);
+  spdlog::info(
+      "vocabulary {} tokens: trie of {} nodes built in {:.1f} ms; grammar of {} rules, {} elements compiled in "
+      "{:.2f} ms",
+      tok->n_vocab(), trie->nodes.size(), trie_ms, g->rules(), g->elements(), compile_ms);
   for (int pass = 0; pass < 2; ++pass) {
     std::vector<double> mask_ms, accept_us;
     int finished = 0;
@@ -110,11 +112,11 @@ void run(const options& o) {
         accept_us.push_back(ms_since(t) * 1000.0);
       }
     }
-    spdlog::info("{} pass: {} steps over {} walks ({} ended); mask {:.4f} ms mean, p50 {:.4f}, p99 {:.3f}, max {:.3f}; "
-                 "accept {:.2f} us mean",
-                 pass == 0 ? "cold" : "warm", mask_ms.size(), o.walks, finished, mean(mask_ms),
-                 percentile(mask_ms, 0.5), percentile(mask_ms, 0.99), percentile(mask_ms, 1.0),
-                 mean(accept_us));
+    spdlog::info(
+        "{} pass: {} steps over {} walks ({} ended); mask {:.4f} ms mean, p50 {:.4f}, p99 {:.3f}, max {:.3f}; "
+        "accept {:.2f} us mean",
+        pass == 0 ? "cold" : "warm", mask_ms.size(), o.walks, finished, mean(mask_ms), percentile(mask_ms, 0.5),
+        percentile(mask_ms, 0.99), percentile(mask_ms, 1.0), mean(accept_us));
   }
 }
 
@@ -122,8 +124,10 @@ void run(const options& o) {
 
 void add_bench_grammar(CLI::App* bench) {
   auto o = std::make_shared<options>();
-  auto* c = bench->add_subcommand("grammar", "Constrained decoding's cost per step for a vocabulary (masks, cold and warm)");
-  c->add_option("-m,--model", o->model, "GGUF model whose vocabulary to use, or synth:PRESET[:DTYPE] (default: synth:bench-76m)");
+  auto* c =
+      bench->add_subcommand("grammar", "Constrained decoding's cost per step for a vocabulary (masks, cold and warm)");
+  c->add_option("-m,--model", o->model,
+                "GGUF model whose vocabulary to use, or synth:PRESET[:DTYPE] (default: synth:bench-76m)");
   c->add_option("--tokenizer-json", o->tokenizer_json, "A Hugging Face tokenizer.json instead of a model");
   c->add_option("--schema", o->schema, "JSON Schema file (default: a built-in nested schema)");
   c->add_option("--grammar", o->grammar, "GBNF grammar file instead of a schema");

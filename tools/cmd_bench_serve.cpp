@@ -27,10 +27,10 @@ struct serve_bench_opts {
   double rate = 1.0, burstiness = 1.0, slo_ttft_ms = 0, slo_tpot_ms = 0;
   bool json = false, no_progress = false;
   CLI::Option* rate_given = nullptr;  // a file trace is rescaled to --rate only when it is given
-  bench::trace_options shape;         // --prefix-tokens, --prefix-groups, --conversations, --turns
+  bench::trace_options shape;  // --prefix-tokens, --prefix-groups, --conversations, --turns
   std::vector<std::string> trace_args = {"short"};  // --trace KIND, or --trace mooncake FILE
-  bench::mooncake_options mooncake;   // --scale-tokens, --speedup, --from, --count
-  std::string scaling;                // what was done to a Mooncake trace, for the report
+  bench::mooncake_options mooncake;  // --scale-tokens, --speedup, --from, --count
+  std::string scaling;  // what was done to a Mooncake trace, for the report
   CLI::Option *scale_given = nullptr, *speedup_given = nullptr, *from_given = nullptr, *count_given = nullptr;
   CLI::Option *requests_given = nullptr, *prefix_tokens_given = nullptr, *prefix_groups_given = nullptr,
               *conversations_given = nullptr, *turns_given = nullptr;
@@ -48,23 +48,27 @@ void check_trace_flags(serve_bench_opts& o) {
   if (!mooncake && (given(o.scale_given) || given(o.speedup_given) || given(o.from_given) || given(o.count_given)))
     throw failure(errc::invalid_argument, "--scale-tokens, --speedup, --from and --count shape --trace mooncake only");
   if (mooncake && given(o.requests_given))
-    throw failure(errc::invalid_argument, "--trace mooncake replays --count entries from --from; --requests does not apply");
+    throw failure(errc::invalid_argument,
+                  "--trace mooncake replays --count entries from --from; --requests does not apply");
   if (mooncake && given(o.speedup_given) && given(o.rate_given))
     throw failure(errc::invalid_argument, "--speedup and --rate both set the replay's pace: give one");
   bench::workload w;
   const bool generated = bench::parse_workload(o.trace, w);
-  const bool prefix = generated && w == bench::workload::shared_prefix, multiturn = generated && w == bench::workload::multiturn;
+  const bool prefix = generated && w == bench::workload::shared_prefix,
+             multiturn = generated && w == bench::workload::multiturn;
   if (!prefix && (given(o.prefix_tokens_given) || given(o.prefix_groups_given)))
     throw failure(errc::invalid_argument, "--prefix-tokens and --prefix-groups shape --trace system-prompt only");
   if (!multiturn && (given(o.conversations_given) || given(o.turns_given)))
     throw failure(errc::invalid_argument, "--conversations and --turns shape --trace multiturn only");
   if (multiturn && given(o.requests_given))
-    throw failure(errc::invalid_argument, "--trace multiturn sends --conversations x --turns requests; --requests does not apply");
+    throw failure(errc::invalid_argument,
+                  "--trace multiturn sends --conversations x --turns requests; --requests does not apply");
   // The OpenAI API streams text: the next turn could not resend the exact tokens produced.
   if (multiturn && o.so.api != "ws")
-    throw failure(errc::invalid_argument,
-                  "multiturn needs --api ws: the OpenAI streaming API returns text, not token ids, and each turn's prompt "
-                  "must carry the exact tokens the previous turn produced");
+    throw failure(
+        errc::invalid_argument,
+        "multiturn needs --api ws: the OpenAI streaming API returns text, not token ids, and each turn's prompt "
+        "must carry the exact tokens the previous turn produced");
 }
 
 // The trace: generated (short, long, mixed, system-prompt, multiturn) for the server's context,
@@ -117,13 +121,21 @@ int run(serve_bench_opts o) {
   if (!o.save_trace.empty()) bench::save_trace(trace, o.save_trace);
   if (trace.empty()) throw failure(errc::invalid_argument, "the trace has no request");
   spdlog::info("{} requests ({} trace, {}) against {} ({}, model '{}', context {})", trace.size(), o.trace,
-               o.arrival == "gamma" ? "gamma arrivals, burstiness " + std::to_string(o.burstiness) : std::string("Poisson arrivals"),
+               o.arrival == "gamma" ? "gamma arrivals, burstiness " + std::to_string(o.burstiness)
+                                    : std::string("Poisson arrivals"),
                o.so.url, o.so.api, o.so.model, info.context_length);
   const auto rep = bench::run_serve_bench(o.so, trace);
   nlohmann::json j = rep.to_json();
-  j["config"] = {{"url", o.so.url},   {"api", o.so.api},         {"model", o.so.model},   {"trace", o.trace},
-                 {"rate", o.rate},    {"arrival", o.arrival},    {"burstiness", o.burstiness},
-                 {"seed", o.so.seed}, {"slo_ttft_ms", o.slo_ttft_ms}, {"slo_tpot_ms", o.slo_tpot_ms}};
+  j["config"] = {{"url", o.so.url},
+                 {"api", o.so.api},
+                 {"model", o.so.model},
+                 {"trace", o.trace},
+                 {"rate", o.rate},
+                 {"arrival", o.arrival},
+                 {"burstiness", o.burstiness},
+                 {"seed", o.so.seed},
+                 {"slo_ttft_ms", o.slo_ttft_ms},
+                 {"slo_tpot_ms", o.slo_tpot_ms}};
   if (!o.scaling.empty()) {
     j["config"]["trace_file"] = o.trace_args[1];
     j["config"]["scaling"] = o.scaling;
@@ -165,7 +177,8 @@ int run_compare_cmd(compare_opts o) {
   o.co.tandem_binary = sibling_binary("tandem").string();
   if (o.slo_ttft_ms > 0) o.co.slos.ttft_s = o.slo_ttft_ms / 1e3;
   if (o.slo_tpot_ms > 0) o.co.slos.tpot_s = o.slo_tpot_ms / 1e3;
-  if (!o.co.slos.ttft_s && !o.co.slos.tpot_s) throw failure(errc::invalid_argument, "give --slo-ttft and/or --slo-tpot");
+  if (!o.co.slos.ttft_s && !o.co.slos.tpot_s)
+    throw failure(errc::invalid_argument, "give --slo-ttft and/or --slo-tpot");
   if (!o.matmul.empty()) o.co.extra_serve_args = {"--matmul", o.matmul};
   o.co.progress = !o.no_progress;
   for (const auto& u : o.against_urls) o.co.against.push_back({"", u, ""});
@@ -174,8 +187,10 @@ int run_compare_cmd(compare_opts o) {
     throw failure(errc::invalid_argument, "--against-name: more names than --against/--against-cmd servers");
   for (size_t i = 0; i < o.against_names.size(); ++i) o.co.against[i].name = o.against_names[i];
   if (o.co.modes.empty() && o.co.against.empty()) throw failure(errc::invalid_argument, "--modes: nothing to run");
-  if (o.co.rounds > 1 && o.co.rates.empty()) throw failure(errc::invalid_argument, "--rounds needs --rates (the same rates every round)");
-  if (o.co.rounds > 1 && o.co.with_chaos) throw failure(errc::invalid_argument, "--rounds and --with-chaos: run them apart");
+  if (o.co.rounds > 1 && o.co.rates.empty())
+    throw failure(errc::invalid_argument, "--rounds needs --rates (the same rates every round)");
+  if (o.co.rounds > 1 && o.co.with_chaos)
+    throw failure(errc::invalid_argument, "--rounds and --with-chaos: run them apart");
   {
     auto names = bench::contender_names(o.co);
     std::sort(names.begin(), names.end());
@@ -191,7 +206,8 @@ int run_compare_cmd(compare_opts o) {
   // A bad file fails before any server starts.
   if (mooncake) {
     o.co.mooncake_file = o.trace_args[1];
-    if (o.co.mooncake.count == 0) throw failure(errc::invalid_argument, "--trace mooncake in compare needs --count (requests per run)");
+    if (o.co.mooncake.count == 0)
+      throw failure(errc::invalid_argument, "--trace mooncake in compare needs --count (requests per run)");
     (void)bench::load_mooncake_trace(o.co.mooncake_file, o.co.mooncake);
   } else if (!bench::parse_workload(o.co.trace, w)) {
     (void)bench::load_trace(o.co.trace);
@@ -201,7 +217,8 @@ int run_compare_cmd(compare_opts o) {
   o.co.model = o.co.model.empty() ? bench_model_path() : resolve_model_path(o.co.model);
   const auto r = bench::run_compare(o.co);
   bench::print_compare(r, o.co);
-  const std::string html = o.html.empty() ? "bench-compare-" + std::filesystem::path(o.co.trace).stem().string() + ".html" : o.html;
+  const std::string html =
+      o.html.empty() ? "bench-compare-" + std::filesystem::path(o.co.trace).stem().string() + ".html" : o.html;
   std::ofstream(html) << bench::html_report(r, o.co);
   std::printf("report: %s\n", html.c_str());
   if (!o.json_out.empty()) std::ofstream(o.json_out) << r.to_json(o.co).dump(2) << "\n";
@@ -213,14 +230,17 @@ int run_compare_cmd(compare_opts o) {
 void add_bench_compare(CLI::App* bench) {
   auto o = std::make_shared<compare_opts>();
   auto* c = bench->add_subcommand(
-      "compare", "Run one trace against tandem serve in several modes (colocated, disaggregated, shared cores) on the same "
-                 "cores, and against other OpenAI-compatible servers (--against), sweep the rate, find each one's highest "
-                 "rate holding the SLOs, write an HTML report and print a verdict");
-  c->add_option("--trace", o->trace_args,
-                "short, long, mixed (generated), a JSON Lines trace file, or mooncake FILE (with --count; see bench serve)")
+      "compare",
+      "Run one trace against tandem serve in several modes (colocated, disaggregated, shared cores) on the same "
+      "cores, and against other OpenAI-compatible servers (--against), sweep the rate, find each one's highest "
+      "rate holding the SLOs, write an HTML report and print a verdict");
+  c->add_option(
+       "--trace", o->trace_args,
+       "short, long, mixed (generated), a JSON Lines trace file, or mooncake FILE (with --count; see bench serve)")
       ->expected(1, 2)
       ->capture_default_str();
-  c->add_option("--scale-tokens", o->co.mooncake.scale_tokens, "mooncake: divide lengths and the 512-token block by this")
+  c->add_option("--scale-tokens", o->co.mooncake.scale_tokens,
+                "mooncake: divide lengths and the 512-token block by this")
       ->check(CLI::Range(1, 512))
       ->capture_default_str();
   c->add_option("--from", o->co.mooncake.from, "mooncake: first entry of the window")->capture_default_str();
@@ -232,11 +252,12 @@ void add_bench_compare(CLI::App* bench) {
   c->add_option("--threads", o->co.total_threads, "Compute threads in all, the same for every mode")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  c->add_option("--modes", o->co.modes,
-                "tandem's modes to run: colocated (one worker, all threads), colocated-slo (the same, steps sized to "
-                "the TPOT SLO: --tpot-target-ms), disaggregated (a prefill and a decode worker, half each), shared "
-                "(those two sharing the cores: --share-cores, decode paced under the TPOT SLO), auto (tandem serve --mode auto: "
-                "shared cores, short prompts computed by their decode worker within the TPOT SLO's slack)")
+  c->add_option(
+       "--modes", o->co.modes,
+       "tandem's modes to run: colocated (one worker, all threads), colocated-slo (the same, steps sized to "
+       "the TPOT SLO: --tpot-target-ms), disaggregated (a prefill and a decode worker, half each), shared "
+       "(those two sharing the cores: --share-cores, decode paced under the TPOT SLO), auto (tandem serve --mode auto: "
+       "shared cores, short prompts computed by their decode worker within the TPOT SLO's slack)")
       ->delimiter(',')
       ->check(CLI::IsMember({"colocated", "colocated-slo", "disaggregated", "shared", "auto"}))
       ->capture_default_str();
@@ -255,9 +276,12 @@ void add_bench_compare(CLI::App* bench) {
   c->add_option("--attainment", o->co.attainment, "Fraction of requests that must meet the SLOs")
       ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
-  c->add_option("--model", o->co.model, "Model file for both servers, or synth:PRESET[:DTYPE] (default: synth:bench-76m, Q8_0, made once in the cache directory)");
+  c->add_option("--model", o->co.model,
+                "Model file for both servers, or synth:PRESET[:DTYPE] (default: synth:bench-76m, Q8_0, made once in "
+                "the cache directory)");
   c->add_option("--seed", o->co.seed, "Trace seed")->capture_default_str();
-  c->add_option("--matmul", o->matmul, "Passed to both servers' --matmul")->check(CLI::IsMember({"batch-invariant", "fastest"}));
+  c->add_option("--matmul", o->matmul, "Passed to both servers' --matmul")
+      ->check(CLI::IsMember({"batch-invariant", "fastest"}));
   c->add_flag("--with-chaos", o->co.with_chaos, "Repeat each mode's best rate while killing a worker every 3 s");
   c->add_option("--rounds", o->co.rounds,
                 "Interleaved rounds (every contender at every rate, then again): the table gives each figure's median "
@@ -275,18 +299,20 @@ void add_bench_compare(CLI::App* bench) {
 void add_bench_serve(CLI::App* bench) {
   auto o = std::make_shared<serve_bench_opts>();
   auto* c = bench->add_subcommand(
-      "serve", "Replay an arrival trace against a streaming endpoint (OpenAI-compatible or tandem's WebSocket) and "
-               "report throughput, TTFT/TPOT/ITL/E2E, goodput under SLOs, KV movement and energy");
+      "serve",
+      "Replay an arrival trace against a streaming endpoint (OpenAI-compatible or tandem's WebSocket) and "
+      "report throughput, TTFT/TPOT/ITL/E2E, goodput under SLOs, KV movement and energy");
   c->add_option("--url", o->so.url, "Server base URL")->capture_default_str();
   c->add_option("--api", o->so.api, "openai (POST /v1/completions, streamed) or ws (tandem's /ws)")
       ->check(CLI::IsMember({"openai", "ws"}))
       ->capture_default_str();
   c->add_option("--model", o->so.model, "Model id to ask for (default: the first /v1/models lists)");
   c->add_option("--api-key", o->so.api_key, "Bearer token, if the server wants one");
-  c->add_option("--trace", o->trace_args,
-                "short, long, mixed, system-prompt (a shared prefix), multiturn (conversations resending their history; "
-                "--api ws) (generated), a JSON Lines trace file, or mooncake FILE (Moonshot AI's trace format: equal hash "
-                "ids send equal token blocks)")
+  c->add_option(
+       "--trace", o->trace_args,
+       "short, long, mixed, system-prompt (a shared prefix), multiturn (conversations resending their history; "
+       "--api ws) (generated), a JSON Lines trace file, or mooncake FILE (Moonshot AI's trace format: equal hash "
+       "ids send equal token blocks)")
       ->expected(1, 2)
       ->capture_default_str();
   o->scale_given = c->add_option("--scale-tokens", o->mooncake.scale_tokens,
@@ -296,7 +322,8 @@ void add_bench_serve(CLI::App* bench) {
   o->speedup_given = c->add_option("--speedup", o->mooncake.speedup, "mooncake: divide arrival times by this")
                          ->check(CLI::PositiveNumber)
                          ->capture_default_str();
-  o->from_given = c->add_option("--from", o->mooncake.from, "mooncake: first entry of the window (file order)")->capture_default_str();
+  o->from_given = c->add_option("--from", o->mooncake.from, "mooncake: first entry of the window (file order)")
+                      ->capture_default_str();
   o->count_given = c->add_option("--count", o->mooncake.count, "mooncake: entries in the window (0: to the end)")
                        ->capture_default_str();
   o->requests_given = c->add_option("--requests", o->requests, "Requests in a generated trace")
@@ -311,30 +338,37 @@ void add_bench_serve(CLI::App* bench) {
                                          "system-prompt: distinct shared prefixes, each request picks one")
                                ->check(CLI::Range(1, 1 << 20))
                                ->capture_default_str();
-  o->conversations_given =
-      c->add_option("--conversations", o->shape.conversations, "multiturn: conversations (first turns arrive at --rate)")
-          ->check(CLI::Range(1, 100000))
-          ->capture_default_str();
+  o->conversations_given = c->add_option("--conversations", o->shape.conversations,
+                                         "multiturn: conversations (first turns arrive at --rate)")
+                               ->check(CLI::Range(1, 100000))
+                               ->capture_default_str();
   o->turns_given = c->add_option("--turns", o->shape.turns, "multiturn: turns per conversation")
                        ->check(CLI::Range(1, 1000))
                        ->capture_default_str();
-  o->rate_given = c->add_option("--rate", o->rate, "Mean arrival rate, requests per second (a trace file: rescaled to it)")
-                      ->check(CLI::PositiveNumber)
-                      ->capture_default_str();
+  o->rate_given =
+      c->add_option("--rate", o->rate, "Mean arrival rate, requests per second (a trace file: rescaled to it)")
+          ->check(CLI::PositiveNumber)
+          ->capture_default_str();
   c->add_option("--arrival", o->arrival, "poisson, or gamma (with --burstiness)")
       ->check(CLI::IsMember({"poisson", "gamma"}))
       ->capture_default_str();
-  c->add_option("--burstiness", o->burstiness, "Gamma shape: < 1 burstier than Poisson")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--burstiness", o->burstiness, "Gamma shape: < 1 burstier than Poisson")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   c->add_option("--seed", o->so.seed, "Trace and prompt seed")->capture_default_str();
   c->add_option("--max-context", o->max_context, "Keep prompt + output within this (default: the server's context)")
       ->check(CLI::Range(0, 1 << 24));
-  c->add_option("--vocab", o->so.vocab, "Synthetic prompts use token ids 3 .. 3+N-1")->check(CLI::Range(1, 1 << 24))->capture_default_str();
+  c->add_option("--vocab", o->so.vocab, "Synthetic prompts use token ids 3 .. 3+N-1")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
   c->add_option("--slo-ttft", o->slo_ttft_ms, "TTFT SLO in ms (0: none)")->check(CLI::NonNegativeNumber);
   c->add_option("--slo-tpot", o->slo_tpot_ms, "TPOT SLO in ms (0: none)")->check(CLI::NonNegativeNumber);
   c->add_option("--max-concurrency", o->so.max_concurrency, "OpenAI clients at once (later arrivals wait, counted)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  c->add_option("--timeout", o->so.request_timeout_s, "Per-request timeout, seconds")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--timeout", o->so.request_timeout_s, "Per-request timeout, seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   c->add_option("--out", o->out, "Also write the JSON results to this file");
   c->add_option("--save-trace", o->save_trace, "Write the trace used as JSON Lines (replay it with --trace FILE)");
   c->add_flag("--json", o->json, "Print the results as JSON instead of a table");

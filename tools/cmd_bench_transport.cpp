@@ -137,8 +137,8 @@ void check(const transport::transfer_status& st) {
     throw failure(st.error.code(), "transfer failed: " + st.error.to_string());
 }
 
-void run_channel(const std::string& address, const std::string& mode, std::shared_ptr<const kv_frame> f,
-                 double seconds, result& r) {
+void run_channel(const std::string& address, const std::string& mode, std::shared_ptr<const kv_frame> f, double seconds,
+                 result& r) {
   const auto cm = parse_channel_mode(mode);
   if (!cm) throw failure(errc::invalid_argument, "unknown channel mode '" + mode + "' (auto, tcp or shm)");
   transport::kv_sender s({.address = address, .mode = *cm, .timeout = std::chrono::milliseconds(30000)});
@@ -181,8 +181,8 @@ transport::receiver_options receiver_opts() {
 
 int run_bench(const opts& o) {
   const auto& preset = find_synth_preset(o.preset);
-  const bool need_channel = std::any_of(o.transports.begin(), o.transports.end(),
-                                        [](const std::string& t) { return t != "local"; });
+  const bool need_channel =
+      std::any_of(o.transports.begin(), o.transports.end(), [](const std::string& t) { return t != "local"; });
   // The child is forked before this process starts any thread.
   pid_t child = -1;
   int to_child = -1;
@@ -204,8 +204,7 @@ int run_bench(const opts& o) {
         (void)!::write(b[1], &n, sizeof n);
         (void)!::write(b[1], addr.data(), n);
         char c;
-        while (::read(a[0], &c, 1) > 0) {
-        }
+        while (::read(a[0], &c, 1) > 0) {}
       } catch (const std::exception& e) {
         std::fprintf(stderr, "bench transport receiver: %s\n", e.what());
         rc = 1;
@@ -236,13 +235,10 @@ int run_bench(const opts& o) {
       r.blocks = nb;
       r.frame_bytes = double(frame_bytes(*f));
       r.memcpy_mb_s = mc;
-      if (t == "local")
-        run_local(*f, o.seconds, r);
-      else
-        run_channel(address, t, f, o.seconds, r);
+      if (t == "local") run_local(*f, o.seconds, r);
+      else run_channel(address, t, f, o.seconds, r);
       results.push_back(r);
-      if (!o.json)
-        spdlog::debug("{} x{}: {:.0f} MB/s", t, nb, r.mb_s);
+      if (!o.json) spdlog::debug("{} x{}: {:.0f} MB/s", t, nb, r.mb_s);
     }
   }
   if (child > 0) {
@@ -289,8 +285,9 @@ int run_bench(const opts& o) {
 void add_bench_transport(CLI::App* bench) {
   auto o = std::make_shared<opts>();
   auto* t = bench->add_subcommand(
-      "transport", "KV transfer throughput and latency: in-process, shared memory and TCP loopback (receiver in a "
-                   "child process), next to memcpy of the same bytes");
+      "transport",
+      "KV transfer throughput and latency: in-process, shared memory and TCP loopback (receiver in a "
+      "child process), next to memcpy of the same bytes");
   t->add_option("--blocks", o->blocks, "Blocks per frame")->delimiter(',')->check(CLI::Range(1, 4096));
   t->add_option("--transports", o->transports, "Transports to run")
       ->delimiter(',')

@@ -64,7 +64,8 @@ struct chaos_opts {
 
 // A --kill value that names a cluster fault rather than an actor kind.
 std::optional<cluster_fault> cluster_fault_of(const std::string& k) {
-  for (auto f : {cluster_fault::prefill_process, cluster_fault::decode_process, cluster_fault::router_process, cluster_fault::partition})
+  for (auto f : {cluster_fault::prefill_process, cluster_fault::decode_process, cluster_fault::router_process,
+                 cluster_fault::partition})
     if (k == to_string(f)) return f;
   return std::nullopt;
 }
@@ -201,8 +202,9 @@ class soak {
   std::string strike() {
     std::string kind = o_.kill;
     if (cluster_ && kind == "random") {
-      static const char* kinds[] = {"prefill_process", "decode_process", "partition", "random", "prefill_process",
-                                    "decode_process",  "partition",      "random",    "decode_process",  "router_process"};
+      static const char* kinds[] = {"prefill_process", "decode_process", "partition", "random",
+                                    "prefill_process", "decode_process", "partition", "random",
+                                    "decode_process",  "router_process"};
       kind = kinds[kill_rng_() % 10];
     }
     if (auto f = cluster_fault_of(kind)) {
@@ -248,13 +250,16 @@ class soak {
 
   void submit() {
     if (!submitting_) return;
-    static const char* words[] = {"Once", "upon", "a", "time", "there", "was", "a", "little", "girl", "who",
-                                  "loved", "the", "sun", "and", "the", "big", "tree", "in", "the", "park"};
+    static const char* words[] = {"Once",  "upon", "a",   "time", "there", "was", "a",    "little", "girl", "who",
+                                  "loved", "the",  "sun", "and",  "the",   "big", "tree", "in",     "the",  "park"};
     std::string prompt;
     const int n = 2 + int(rng_() % 40);
     for (int i = 0; i < n; ++i) prompt += (i ? " " : "") + std::string(words[rng_() % 20]);
     const std::string id = "c" + std::to_string(next_id_++);
-    json msg = {{"type", "generate"}, {"id", id}, {"prompt", prompt}, {"max_tokens", 4 + int(rng_() % uint64_t(o_.max_tokens))},
+    json msg = {{"type", "generate"},
+                {"id", id},
+                {"prompt", prompt},
+                {"max_tokens", 4 + int(rng_() % uint64_t(o_.max_tokens))},
                 {"temperature", 0}};
     streams_[id];
     ++t_.sent;
@@ -320,7 +325,8 @@ class soak {
       check_drained();
       if (retry_after_ms <= 0) return submit();
       // As a well-behaved client does: the next request after the server's hint (at most 1 s).
-      auto t = std::make_shared<asio::steady_timer>(ioc_, std::chrono::milliseconds(int64_t(std::min(retry_after_ms, 1000.0))));
+      auto t = std::make_shared<asio::steady_timer>(
+          ioc_, std::chrono::milliseconds(int64_t(std::min(retry_after_ms, 1000.0))));
       t->async_wait([this, t, c = c_.get()](beast::error_code ec) {
         if (!ec && c == c_.get() && !done_) submit();  // (a reconnect submits afresh)
       });
@@ -410,26 +416,23 @@ class soak {
     sample(true);  // settled: every request ended (leaked_blocks waited for it)
     const double secs = std::chrono::duration<double>(clock_type::now() - start_).count();
     const bench::summary rec = bench::summarize(t_.recovery_ms);
-    json j = {{"seconds", secs},
-              {"kills", t_.killed.size()},
-              {"kills_by_kind", kills_by_kind()},
-              {"requests_sent", t_.sent},
-              {"finished", t_.finished},
-              {"failed_with_error", t_.failed},
-              {"errors", t_.errors},
-              {"lost", lost},
-              {"duplicated_tokens", t_.duplicated},
-              {"skipped_tokens", t_.skipped},
-              {"events_after_end", t_.after_end},
-              {"leaked_blocks", leaked},
-              {"server_resident_bytes", rss_.to_json()},
-              {"server_open_fds", fds_.to_json()},
-              {"recovery_ms",
-               {{"count", t_.recovery_ms.size()},
-                {"p50", rec.p50},
-                {"p90", rec.p90},
-                {"p99", rec.p99},
-                {"max", rec.max}}}};
+    json j = {
+        {"seconds", secs},
+        {"kills", t_.killed.size()},
+        {"kills_by_kind", kills_by_kind()},
+        {"requests_sent", t_.sent},
+        {"finished", t_.finished},
+        {"failed_with_error", t_.failed},
+        {"errors", t_.errors},
+        {"lost", lost},
+        {"duplicated_tokens", t_.duplicated},
+        {"skipped_tokens", t_.skipped},
+        {"events_after_end", t_.after_end},
+        {"leaked_blocks", leaked},
+        {"server_resident_bytes", rss_.to_json()},
+        {"server_open_fds", fds_.to_json()},
+        {"recovery_ms",
+         {{"count", t_.recovery_ms.size()}, {"p50", rec.p50}, {"p90", rec.p90}, {"p99", rec.p99}, {"max", rec.max}}}};
     std::string troubles;
     if (cluster_) {
       j["cut_by_router_process_death"] = t_.cut;
@@ -440,8 +443,8 @@ class soak {
       troubles = cluster_->troubles();
       j["process_troubles"] = troubles;
     }
-    const bool ok = lost == 0 && t_.duplicated == 0 && t_.skipped == 0 && t_.after_end == 0 && leaked == 0 && t_.sent > 0 &&
-                    troubles.empty();
+    const bool ok = lost == 0 && t_.duplicated == 0 && t_.skipped == 0 && t_.after_end == 0 && leaked == 0 &&
+                    t_.sent > 0 && troubles.empty();
     j["ok"] = ok;
     if (o_.json_out) {
       std::printf("%s\n", j.dump().c_str());
@@ -449,15 +452,18 @@ class soak {
       const std::string against = cluster_ ? "a router with " + std::to_string(o_.prefill_nodes) + " prefill and " +
                                                  std::to_string(o_.decode_nodes) + " decode processes"
                                            : o_.url;
-      std::printf("tandem chaos: %.1f s against %s, killing %s every %s\n", secs, against.c_str(), o_.kill.c_str(), o_.every.c_str());
+      std::printf("tandem chaos: %.1f s against %s, killing %s every %s\n", secs, against.c_str(), o_.kill.c_str(),
+                  o_.every.c_str());
       std::printf("  kills            %zu", t_.killed.size());
       for (auto& [k, n] : kills_by_kind()) std::printf("  %s:%d", k.c_str(), n);
       std::printf("\n  requests sent    %lld\n  finished         %lld\n  failed (error)   %lld", (long long)t_.sent,
                   (long long)t_.finished, (long long)t_.failed);
       for (auto& [c, n] : t_.errors) std::printf("  %s:%lld", c.c_str(), (long long)n);
-      std::printf("\n  lost             %lld   (must be 0)\n  duplicated tokens %lld  (must be 0)\n  skipped tokens   %lld   (must be 0)\n"
-                  "  events after end %lld   (must be 0)\n  leaked blocks    %lld   (must be 0)\n",
-                  (long long)lost, (long long)t_.duplicated, (long long)t_.skipped, (long long)t_.after_end, (long long)leaked);
+      std::printf(
+          "\n  lost             %lld   (must be 0)\n  duplicated tokens %lld  (must be 0)\n  skipped tokens   %lld   "
+          "(must be 0)\n"
+          "  events after end %lld   (must be 0)\n  leaked blocks    %lld   (must be 0)\n",
+          (long long)lost, (long long)t_.duplicated, (long long)t_.skipped, (long long)t_.after_end, (long long)leaked);
       std::printf("  recovery ms      p50 %.1f  p90 %.1f  p99 %.1f  max %.1f  (%zu kills with streams in flight)\n",
                   rec.p50, rec.p90, rec.p99, rec.max, t_.recovery_ms.size());
       const double mib = 1024.0 * 1024.0;
@@ -468,10 +474,11 @@ class soak {
       if (cluster_) {
         std::printf("  nodes memory     start %.1f MiB  peak %.1f MiB  end %.1f MiB  (all nodes together)\n",
                     double(node_rss_.start) / mib, double(node_rss_.peak) / mib, double(node_rss_.end) / mib);
-        std::printf("  nodes open fds   start %lld  peak %lld  end %lld\n", (long long)node_fds_.start, (long long)node_fds_.peak,
-                    (long long)node_fds_.end);
-        std::printf("  processes started again %d; streams cut by a router process's death %lld (reconnected %lld times)\n",
-                    cluster_->restarts(), (long long)t_.cut, (long long)t_.reconnects);
+        std::printf("  nodes open fds   start %lld  peak %lld  end %lld\n", (long long)node_fds_.start,
+                    (long long)node_fds_.peak, (long long)node_fds_.end);
+        std::printf(
+            "  processes started again %d; streams cut by a router process's death %lld (reconnected %lld times)\n",
+            cluster_->restarts(), (long long)t_.cut, (long long)t_.reconnects);
         if (!troubles.empty()) std::printf("  process logs with a crash or sanitizer report:\n%s", troubles.c_str());
       }
       std::printf("  %s\n", ok ? "OK" : "FAILED");
@@ -504,17 +511,23 @@ void add_chaos(CLI::App& app) {
   auto o = std::make_shared<chaos_opts>();
   auto* cmd = app.add_subcommand("chaos", std::string(chaos_description));
   cmd->add_option("--url", o->url, "The server (http://HOST:PORT)")->capture_default_str();
-  cmd->add_option("--kill", o->kill,
-                  "What to kill: an actor kind (through /admin/kill) or, with --cluster, prefill_process, decode_process, "
-                  "router_process (SIGKILL) or partition")
+  cmd->add_option(
+         "--kill", o->kill,
+         "What to kill: an actor kind (through /admin/kill) or, with --cluster, prefill_process, decode_process, "
+         "router_process (SIGKILL) or partition")
       ->check(CLI::IsMember({"prefill", "decode", "colocated", "kv_link", "request", "router", "kv_store", "random",
                              "prefill_process", "decode_process", "router_process", "partition"}))
       ->capture_default_str();
   cmd->add_option("--every", o->every, "Time between kills (250ms, 2s, 1m)")->capture_default_str();
   cmd->add_option("--for", o->duration, "How long to send requests and kill")->capture_default_str();
-  cmd->add_option("--drain", o->drain, "After that, how long to wait for the requests in flight")->capture_default_str();
-  cmd->add_option("--concurrency", o->concurrency, "Requests kept in flight")->check(CLI::Range(1, 4096))->capture_default_str();
-  cmd->add_option("--max-tokens", o->max_tokens, "Largest max_tokens of a request")->check(CLI::Range(1, 100000))->capture_default_str();
+  cmd->add_option("--drain", o->drain, "After that, how long to wait for the requests in flight")
+      ->capture_default_str();
+  cmd->add_option("--concurrency", o->concurrency, "Requests kept in flight")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--max-tokens", o->max_tokens, "Largest max_tokens of a request")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   cmd->add_option("--admin-key", o->admin_key, "The server's --admin-key (required without --cluster)");
   cmd->add_option("--api-key", o->api_key, "The server's --api-key, if it has one");
   cmd->add_option("--seed", o->seed, "Prompts and lengths are drawn from this seed")->capture_default_str();
@@ -522,11 +535,16 @@ void add_chaos(CLI::App& app) {
   cmd->add_flag("--cluster", o->cluster,
                 "Start the server as processes (a router, prefill and decode nodes) and kill and partition them too");
   cmd->add_option("--model", o->model, "--cluster: the model the processes serve")->capture_default_str();
-  cmd->add_option("--prefill-nodes", o->prefill_nodes, "--cluster: prefill processes")->check(CLI::Range(1, 16))->capture_default_str();
-  cmd->add_option("--decode-nodes", o->decode_nodes, "--cluster: decode processes")->check(CLI::Range(1, 16))->capture_default_str();
-  cmd->add_flag("--netns", o->netns,
-                "--cluster: each node in its own network namespace on a bridge, a partition cuts its link (needs root); "
-                "without it a partition stops the process (SIGSTOP)");
+  cmd->add_option("--prefill-nodes", o->prefill_nodes, "--cluster: prefill processes")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  cmd->add_option("--decode-nodes", o->decode_nodes, "--cluster: decode processes")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  cmd->add_flag(
+      "--netns", o->netns,
+      "--cluster: each node in its own network namespace on a bridge, a partition cuts its link (needs root); "
+      "without it a partition stops the process (SIGSTOP)");
   cmd->add_option("--partition-for", o->partition_for, "--cluster: how long a partition lasts")->capture_default_str();
   cmd->add_option("--restart-after", o->restart_after, "--cluster: a dead process is started again after this")
       ->capture_default_str();
@@ -538,7 +556,8 @@ void add_chaos(CLI::App& app) {
     const bool cluster_kill = cluster_fault_of(o->kill).has_value();
     if (cluster_kill && !o->cluster) throw CLI::ValidationError("--kill", "'" + o->kill + "' needs --cluster");
     if (!o->cluster) {
-      for (const char* f : {"--netns", "--partition-for", "--restart-after", "--log-dir", "--prefill-nodes", "--decode-nodes", "--model"})
+      for (const char* f : {"--netns", "--partition-for", "--restart-after", "--log-dir", "--prefill-nodes",
+                            "--decode-nodes", "--model"})
         if (cmd->count(f) > 0) throw CLI::ValidationError(f, "is for --cluster");
     }
     std::unique_ptr<chaos_cluster> cluster;
@@ -554,15 +573,16 @@ void add_chaos(CLI::App& app) {
       co.restart_after = parse_duration(o->restart_after, "--restart-after");
       if (o->admin_key.empty()) o->admin_key = "chaos-" + std::to_string(::getpid());
       co.admin_key = o->admin_key;
-      co.log_dir = o->log_dir.empty() ? std::filesystem::temp_directory_path() / ("tandem-chaos-" + std::to_string(::getpid()))
-                                      : std::filesystem::path(o->log_dir);
+      co.log_dir = o->log_dir.empty()
+                       ? std::filesystem::temp_directory_path() / ("tandem-chaos-" + std::to_string(::getpid()))
+                       : std::filesystem::path(o->log_dir);
       try {
         cluster = std::make_unique<chaos_cluster>(co);
       } catch (const std::runtime_error& e) {
         throw CLI::RuntimeError(std::string("tandem chaos --cluster: ") + e.what(), 2);
       }
-      spdlog::info("cluster up: router on 127.0.0.1:{}, {} prefill and {} decode processes; logs in {}", cluster->http_port(),
-                   co.prefill, co.decode, co.log_dir.string());
+      spdlog::info("cluster up: router on 127.0.0.1:{}, {} prefill and {} decode processes; logs in {}",
+                   cluster->http_port(), co.prefill, co.decode, co.log_dir.string());
       ep = {"127.0.0.1", cluster->http_port()};
     } else {
       if (o->admin_key.empty()) throw CLI::RequiredError("--admin-key");

@@ -29,7 +29,7 @@ struct generate_opts {
   int chunk = 256;
   bool json = false, ignore_eos = false, no_bos = false, no_parse_special = false;
   // Through the actor runtime instead of one engine:
-  std::string mode;            // "", "disaggregated" or "colocated"
+  std::string mode;  // "", "disaggregated" or "colocated"
   int prefill_workers = 1, decode_workers = 1, colocated_workers = 1;
   int concurrency = 1;
   std::string prompts_file;
@@ -160,19 +160,25 @@ int run_generate(const generate_opts& o) {
   } else {
     std::cout << tail << std::endl;
   }
-  spdlog::info("prompt {} tokens in {:.1f} ms ({:.0f} tok/s); {} tokens generated, {:.2f} ms/token ({:.1f} tok/s); finish: {}",
-               prompt.size(), prefill_ms, double(prompt.size()) / (prefill_ms / 1000.0), out.size(), per_token,
-               per_token > 0 ? 1000.0 / per_token : 0.0, to_string(finish));
+  spdlog::info(
+      "prompt {} tokens in {:.1f} ms ({:.0f} tok/s); {} tokens generated, {:.2f} ms/token ({:.1f} tok/s); finish: {}",
+      prompt.size(), prefill_ms, double(prompt.size()) / (prefill_ms / 1000.0), out.size(), per_token,
+      per_token > 0 ? 1000.0 / per_token : 0.0, to_string(finish));
   return 0;
 }
 
 nlohmann::json timings_json(const metrics::request_timings& t) {
-  return {{"queue_prefill_ms", t.queue_prefill_ms}, {"queue_decode_ms", t.queue_decode_ms},
-          {"prefill_ms", t.prefill_ms},           {"ttft_ms", t.ttft_ms},
-          {"tpot_ms", t.tpot_ms},                 {"decode_ms", t.decode_ms},
-          {"kv_bytes", t.kv_bytes},               {"kv_transfer_ms", t.kv_transfer_ms},
+  return {{"queue_prefill_ms", t.queue_prefill_ms},
+          {"queue_decode_ms", t.queue_decode_ms},
+          {"prefill_ms", t.prefill_ms},
+          {"ttft_ms", t.ttft_ms},
+          {"tpot_ms", t.tpot_ms},
+          {"decode_ms", t.decode_ms},
+          {"kv_bytes", t.kv_bytes},
+          {"kv_transfer_ms", t.kv_transfer_ms},
           {"handoff_ms", t.handoff_ms},
-          {"e2e_ms", t.e2e_ms},                   {"prompt_tokens", t.prompt_tokens},
+          {"e2e_ms", t.e2e_ms},
+          {"prompt_tokens", t.prompt_tokens},
           {"output_tokens", t.output_tokens}};
 }
 
@@ -208,8 +214,9 @@ int run_pipeline(const generate_opts& o) {
   const auto t0 = clock_type::now();
   pipeline p(cfg);
   spdlog::info("{} pipeline: {} workers x {} thread(s); {} requests", o.mode,
-               cfg.pools.mode == serving_mode::colocated ? std::to_string(cfg.pools.colocated_workers)
-                                                   : fmt::format("{} prefill + {} decode", cfg.pools.prefill_workers, cfg.pools.decode_workers),
+               cfg.pools.mode == serving_mode::colocated
+                   ? std::to_string(cfg.pools.colocated_workers)
+                   : fmt::format("{} prefill + {} decode", cfg.pools.prefill_workers, cfg.pools.decode_workers),
                cfg.pools.threads_per_worker, prompts.size());
   std::vector<request_handle> hs;
   for (const auto& pr : prompts) {
@@ -223,24 +230,32 @@ int run_pipeline(const generate_opts& o) {
     const auto r = hs[i].wait();
     failed += r.error != errc::ok;
     if (o.json) {
-      nlohmann::json j = {{"prompt", prompts[i]}, {"token_ids", r.tokens}, {"text", r.text},
-                          {"finish_reason", std::string(to_string(r.finish_reason))}, {"timings", timings_json(r.timings)}};
+      nlohmann::json j = {{"prompt", prompts[i]},
+                          {"token_ids", r.tokens},
+                          {"text", r.text},
+                          {"finish_reason", std::string(to_string(r.finish_reason))},
+                          {"timings", timings_json(r.timings)}};
       if (r.error != errc::ok) j["error"] = {{"code", std::string(to_string(r.error))}, {"message", r.message}};
       results.push_back(std::move(j));
       continue;
     }
     const auto& t = r.timings;
-    std::cout << "--- request " << i << (r.error != errc::ok ? " failed: " + r.message : "") << "\n"
-              << r.text << "\n"
-              << fmt::format("[queue {:.1f}+{:.1f} ms, prefill {:.1f} ms, ttft {:.1f} ms, tpot {:.2f} ms, kv {} B in {:.2f} ms, "
-                             "{} tokens, {}]",
-                             t.queue_prefill_ms, t.queue_decode_ms, t.prefill_ms, t.ttft_ms, t.tpot_ms, t.kv_bytes,
-                             t.kv_transfer_ms, t.output_tokens, r.finish_reason == finish_reason::none ? std::string("error") : std::string(to_string(r.finish_reason)))
-              << std::endl;
+    std::cout
+        << "--- request " << i << (r.error != errc::ok ? " failed: " + r.message : "") << "\n"
+        << r.text << "\n"
+        << fmt::format(
+               "[queue {:.1f}+{:.1f} ms, prefill {:.1f} ms, ttft {:.1f} ms, tpot {:.2f} ms, kv {} B in {:.2f} ms, "
+               "{} tokens, {}]",
+               t.queue_prefill_ms, t.queue_decode_ms, t.prefill_ms, t.ttft_ms, t.tpot_ms, t.kv_bytes, t.kv_transfer_ms,
+               t.output_tokens,
+               r.finish_reason == finish_reason::none ? std::string("error") : std::string(to_string(r.finish_reason)))
+        << std::endl;
   }
   const double wall = ms_since(t0);
   if (o.json)
-    std::cout << nlohmann::json{{"mode", o.mode}, {"results", results}, {"wall_ms", wall},
+    std::cout << nlohmann::json{{"mode", o.mode},
+                                {"results", results},
+                                {"wall_ms", wall},
                                 {"metrics", nlohmann::json::parse(p.metrics().to_json())}}
                      .dump()
               << "\n";
@@ -253,10 +268,14 @@ int run_pipeline(const generate_opts& o) {
 void add_generate(CLI::App& app) {
   auto o = std::make_shared<generate_opts>();
   auto* cmd = app.add_subcommand("generate", "Generate a continuation of a prompt; text streams to stdout");
-  cmd->add_option("-m,--model", o->model, "GGUF model file, hf:OWNER/NAME[:QUANT] for a GGUF from Hugging Face (pulled into the cache on first use: tandem model pull), or synth:PRESET[:DTYPE] for a synthetic one (synth:bench-76m, the benchmarks' model) (default: the built-in stories260K)");
+  cmd->add_option("-m,--model", o->model,
+                  "GGUF model file, hf:OWNER/NAME[:QUANT] for a GGUF from Hugging Face (pulled into the cache on first "
+                  "use: tandem model pull), or synth:PRESET[:DTYPE] for a synthetic one (synth:bench-76m, the "
+                  "benchmarks' model) (default: the built-in stories260K)");
   auto* prompt_opt = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
   cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--temperature,--temp", o->temperature, "Sampling temperature; 0 is greedy (the server's default too)")
+  cmd->add_option("--temperature,--temp", o->temperature,
+                  "Sampling temperature; 0 is greedy (the server's default too)")
       ->check(CLI::Range(0.0f, 100.0f))
       ->capture_default_str();
   cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens; 0 disables (the server's default too)")
@@ -282,15 +301,18 @@ void add_generate(CLI::App& app) {
                 "as llama.cpp reads a prompt)");
   cmd->add_option("--mode", o->mode, "Run through the actor runtime: disaggregated or colocated")
       ->check(CLI::IsMember({"disaggregated", "colocated"}));
-  cmd->add_option("--prefill-workers", o->prefill_workers, "Prefill workers (disaggregated)")->check(CLI::Range(1, 256));
+  cmd->add_option("--prefill-workers", o->prefill_workers, "Prefill workers (disaggregated)")
+      ->check(CLI::Range(1, 256));
   cmd->add_option("--decode-workers", o->decode_workers, "Decode workers (disaggregated)")->check(CLI::Range(1, 256));
   cmd->add_option("--colocated-workers", o->colocated_workers, "Workers (colocated)")->check(CLI::Range(1, 256));
   cmd->add_option("--concurrency", o->concurrency, "Copies of the prompt run at once (with --mode)")
       ->check(CLI::Range(1, 100000));
-  auto* file_opt = cmd->add_option("--prompts-file", o->prompts_file, "One prompt per line, all run at once (with --mode)");
+  auto* file_opt =
+      cmd->add_option("--prompts-file", o->prompts_file, "One prompt per line, all run at once (with --mode)");
   cmd->add_option("--kv-blocks", o->kv_blocks, "KV blocks per worker (with --mode; default: 256 MiB worth)")
       ->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("--token-budget", o->token_budget, "Tokens per worker step (with --mode)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--token-budget", o->token_budget, "Tokens per worker step (with --mode)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
                 "Compute every prompt in full (with --mode; default: reuse blocks of prompts that start alike)");
   cmd->add_flag("--no-stream-kv", o->no_stream_kv,

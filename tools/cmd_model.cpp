@@ -95,7 +95,8 @@ support_report check_support(const std::string& path) {
     ++e.first;
     e.second += t.size_bytes;
   }
-  for (auto& [t, e] : by_type) r.j["tensor_types"][t] = {{"tensors", e.first}, {"bytes", e.second}, {"supported", true}};
+  for (auto& [t, e] : by_type)
+    r.j["tensor_types"][t] = {{"tensors", e.first}, {"bytes", e.second}, {"supported", true}};
   for (const auto& u : f.unsupported_tensors()) {
     r.j["unsupported_tensors"].push_back(u);
     if (r.lacks.size() < 20) r.lacks.push_back("tensor " + u);
@@ -181,8 +182,8 @@ void inspect(const std::string& path, bool json) {
   std::printf("model          %s (%s)\n", c.name.c_str(), path.c_str());
   std::printf("architecture   %s, %.2f M parameters (supported)\n", std::string(to_string(c.arch)).c_str(),
               double(c.n_params) / 1e6);
-  std::printf("shape          dim %d, %d layers, %d heads (%d KV, head %d), FFN %d\n", c.dim, c.n_layer,
-              c.n_head, c.n_kv_head, c.head_dim, c.ffn_dim);
+  std::printf("shape          dim %d, %d layers, %d heads (%d KV, head %d), FFN %d\n", c.dim, c.n_layer, c.n_head,
+              c.n_kv_head, c.head_dim, c.ffn_dim);
   std::printf("vocab          %d (%s tokenizer, pre %s), context %d, output head %s\n", c.n_vocab,
               m->tok().spec().model.c_str(), j["tokenizer"]["pre"].get<std::string>().c_str(), c.n_ctx,
               c.tied_output ? "tied" : "separate");
@@ -206,8 +207,8 @@ void add_model(CLI::App& app) {
   std::string presets;
   for (const auto& p : synth_presets()) presets += "\n  " + p.name + ": " + p.description;
   auto* synth = model_cmd->add_subcommand(
-      "synth", "Write a random-weight GGUF (standard keys, byte-level vocab) of any supported architecture. Presets:" +
-                   presets);
+      "synth",
+      "Write a random-weight GGUF (standard keys, byte-level vocab) of any supported architecture. Presets:" + presets);
   struct synth_opts {
     std::string preset = "tiny", dtype = "f32", out, arch = "llama", vocab_from, pre, name;
     bool printable = false;
@@ -220,7 +221,8 @@ void add_model(CLI::App& app) {
     for (const auto& p : synth_presets()) n.push_back(p.name);
     return n;
   }()));
-  synth->add_option("--dtype", so->dtype, "Weight type")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}));
+  synth->add_option("--dtype", so->dtype, "Weight type")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}));
   synth->add_option("--out", so->out, "Output .gguf path")->required();
   synth->add_option("--seed", so->seed, "Random seed for the weights");
   synth->add_option("--arch", so->arch, "Architecture (general.architecture)")->check(CLI::IsMember([] {
@@ -228,16 +230,20 @@ void add_model(CLI::App& app) {
     for (const auto& a : architectures()) n.emplace_back(a.name);
     return n;
   }()));
-  synth->add_option("--output-scale", so->output_scale,
-                    "Gain of the output head's weights: > 1 makes the model's choices peaky (large top-2 margins)")
+  synth
+      ->add_option("--output-scale", so->output_scale,
+                   "Gain of the output head's weights: > 1 makes the model's choices peaky (large top-2 margins)")
       ->check(CLI::PositiveNumber);
-  synth->add_option("--vocab-from", so->vocab_from,
-                    "A Hugging Face tokenizer.json (byte-level BPE: Llama 3, Qwen 2/3, ...) whose vocabulary the model "
-                    "gets instead of the built-in one (tokenizer_config.json beside it gives BOS/EOS, add_bos_token, add_eos_token "
-                    "and the chat template, as convert_hf_to_gguf.py reads them)")
+  synth
+      ->add_option("--vocab-from", so->vocab_from,
+                   "A Hugging Face tokenizer.json (byte-level BPE: Llama 3, Qwen 2/3, ...) whose vocabulary the model "
+                   "gets instead of the built-in one (tokenizer_config.json beside it gives BOS/EOS, add_bos_token, "
+                   "add_eos_token "
+                   "and the chat template, as convert_hf_to_gguf.py reads them)")
       ->check(CLI::ExistingFile);
-  synth->add_option("--pre", so->pre,
-                    "tokenizer.ggml.pre for --vocab-from when its pre-tokenizer is not recognised (llama-bpe, qwen2, gpt-2)");
+  synth->add_option(
+      "--pre", so->pre,
+      "tokenizer.ggml.pre for --vocab-from when its pre-tokenizer is not recognised (llama-bpe, qwen2, gpt-2)");
   synth->add_option("--name", so->name,
                     "general.name (llama.cpp reads some of a file's tokenizer rules from it: Phi-3's)");
   synth->add_flag("--printable", so->printable,
@@ -247,20 +253,21 @@ void add_model(CLI::App& app) {
   synth->callback([so] {
     const auto t0 = std::chrono::steady_clock::now();
     synth_options opts{*find_architecture(so->arch), so->output_scale, std::nullopt, "", so->name, so->printable};
-    if (so->printable && !so->vocab_from.empty()) throw CLI::ValidationError("--printable", "is for the built-in vocabulary");
+    if (so->printable && !so->vocab_from.empty())
+      throw CLI::ValidationError("--printable", "is for the built-in vocabulary");
     if (!so->vocab_from.empty()) {
       opts.vocab = vocab_from_tokenizer_json(so->vocab_from, so->pre);
       opts.chat_template = chat_template_beside(so->vocab_from);
-    }
-    else if (!so->pre.empty()) throw CLI::ValidationError("--pre", "needs --vocab-from");
+    } else if (!so->pre.empty()) throw CLI::ValidationError("--pre", "needs --vocab-from");
     synthesize_model(find_synth_preset(so->preset), *kernels::dtype_from_name(so->dtype), so->out, so->seed, opts);
     spdlog::info("wrote {} ({} {}) in {:.2f} s", so->out, so->preset, so->dtype,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   });
 
   auto* insp = model_cmd->add_subcommand(
-      "inspect", "What tandem supports of any GGUF file (architecture, each tensor type, tokenizer, template) and what "
-                 "it lacks; for a file it serves also the shape, parameter count and memory");
+      "inspect",
+      "What tandem supports of any GGUF file (architecture, each tensor type, tokenizer, template) and what "
+      "it lacks; for a file it serves also the shape, parameter count and memory");
   auto path = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
   insp->add_option("file", *path, "GGUF model file (default: the built-in default model)");

@@ -27,9 +27,11 @@ void add_model_hub(CLI::App* model_cmd) {
       "HF_HUB_OFFLINE=1 to use the cache alone, HTTPS_PROXY / NO_PROXY; files are cached in "
       "$TANDEM_CACHE_DIR/hub/OWNER--NAME/.";
   auto* pull = model_cmd->add_subcommand(
-      "pull", "Download a GGUF from a Hugging Face repository into the cache (resumable, sha256-checked) and print "
-              "its path; QUANT picks the file whose name contains it (default Q4_K_M, else the only GGUF). "
-              "Serve it with --model hf:REPO[:QUANT]." + env_help);
+      "pull",
+      "Download a GGUF from a Hugging Face repository into the cache (resumable, sha256-checked) and print "
+      "its path; QUANT picks the file whose name contains it (default Q4_K_M, else the only GGUF). "
+      "Serve it with --model hf:REPO[:QUANT]." +
+          env_help);
   auto ref = std::make_shared<std::string>();
   pull->add_option("model", *ref, "OWNER/NAME[:QUANT], e.g. bartowski/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M")->required();
   pull->callback([ref] {
@@ -46,8 +48,12 @@ void add_model_hub(CLI::App* model_cmd) {
     if (*json) {
       nlohmann::json a = nlohmann::json::array();
       for (const auto& f : files)
-        a.push_back({{"repo", f.repo}, {"file", f.file}, {"size", f.size}, {"sha256", f.sha256},
-                     {"commit", f.commit}, {"path", f.path}});
+        a.push_back({{"repo", f.repo},
+                     {"file", f.file},
+                     {"size", f.size},
+                     {"sha256", f.sha256},
+                     {"commit", f.commit},
+                     {"path", f.path}});
       std::cout << a.dump() << "\n";
       return;
     }
@@ -63,8 +69,9 @@ void add_model_hub(CLI::App* model_cmd) {
                                double(f.size) / (1024.0 * 1024.0), f.path);
   });
 
-  auto* rm = model_cmd->add_subcommand("rm", "Remove a pulled model from the cache: REPO:QUANT one file, REPO all of "
-                                             "the repository's (partial downloads included)");
+  auto* rm = model_cmd->add_subcommand("rm",
+                                       "Remove a pulled model from the cache: REPO:QUANT one file, REPO all of "
+                                       "the repository's (partial downloads included)");
   auto rm_ref = std::make_shared<std::string>();
   rm->add_option("model", *rm_ref, "OWNER/NAME[:QUANT]")->required();
   rm->callback([rm_ref] {
@@ -79,7 +86,8 @@ void add_model_hub(CLI::App* model_cmd) {
       if (ec) throw failure(errc::io_error, "cannot remove '" + dir + "': " + ec.message());
       return;
     }
-    if (files.empty()) throw failure(errc::invalid_argument, "'" + r.str() + "' is not in the cache (" + s.cache_root + ")");
+    if (files.empty())
+      throw failure(errc::invalid_argument, "'" + r.str() + "' is not in the cache (" + s.cache_root + ")");
     for (const auto& f : files) {
       spdlog::info("removing {}", f.path);
       hub::remove_cached(f);

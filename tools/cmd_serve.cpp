@@ -27,14 +27,15 @@ namespace tandem::cli {
 namespace {
 
 struct serve_options {
-  std::string model, model_name, chat_template_file, mode = "auto", host = "127.0.0.1", api_key, admin_key, kv_transport = "local",
-              matmul = "batch-invariant", kv_dtype = "f16";
+  std::string model, model_name, chat_template_file, mode = "auto", host = "127.0.0.1", api_key, admin_key,
+                                                     kv_transport = "local", matmul = "batch-invariant",
+                                                     kv_dtype = "f16";
   int port = 8080, prefill_workers = 1, decode_workers = 1, colocated_workers = 1, threads = 1, io_threads = 2,
       max_worker_restarts = 5;
   int32_t kv_blocks = 0, chunk = 256, token_budget = 512, max_batch = 64;
   int32_t max_queue = 256, max_requests_per_connection = 32;
-  double ttft_budget_ms = 0, tpot_budget_ms = 0, grace_s = 10, decode_pace_ms = 0, tpot_target_ms = 0, recover_after_s = 30,
-         stats_interval_s = 10;
+  double ttft_budget_ms = 0, tpot_budget_ms = 0, grace_s = 10, decode_pace_ms = 0, tpot_target_ms = 0,
+         recover_after_s = 30, stats_interval_s = 10;
   size_t max_body = 1 << 20, max_frame = 1 << 20;
   bool no_prefix_cache = false, share_cores = false;
   sampling_params defaults;  // where an HTTP request leaves temperature, top_k or top_p out
@@ -119,7 +120,8 @@ void log_banner(const serve_options& o, const serving_config& cfg, pipeline& p, 
   for (const auto& [t, n] : types) type_list += (type_list.empty() ? "" : ",") + t + ":" + std::to_string(n);
   const bool cluster = o.role == "router";
   auto snap = p.snapshot();  // the workers' pools (a moment after start, they may not have joined yet)
-  for (int i = 0; i < 100 && !cluster && snap && (snap->workers.empty() || snap->workers.front().kv_total_blocks == 0); ++i) {
+  for (int i = 0; i < 100 && !cluster && snap && (snap->workers.empty() || snap->workers.front().kv_total_blocks == 0);
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     snap = p.snapshot();
   }
@@ -171,7 +173,8 @@ class stats_logger {
         int64_t running = 0;
         for (const auto& [state, n] : s->requests_by_state)
           if (state != "queued") running += n;
-        const bool idle = prompt == prompt0 && out == out0 && running == 0 && s->prefill_queue == 0 && s->decode_queue == 0;
+        const bool idle =
+            prompt == prompt0 && out == out0 && running == 0 && s->prefill_queue == 0 && s->decode_queue == 0;
         if (!idle) {
           std::string kv;
           for (const auto& w : s->workers)
@@ -223,7 +226,8 @@ std::shared_ptr<const chat_template> load_chat_template(const model& m, const st
   auto t = std::make_shared<const chat_template>(chat_template::for_vocab(source, m.tok()));
   if (!file.empty() && !t->uses_jinja())
     throw failure(errc::invalid_argument, "--chat-template '" + file + "': " + t->fallback_reason());
-  if (!source.empty() && !t->uses_jinja()) spdlog::warn("chat template: {}; using {}", t->fallback_reason(), t->describe());
+  if (!source.empty() && !t->uses_jinja())
+    spdlog::warn("chat template: {}; using {}", t->fallback_reason(), t->describe());
   return t;
 }
 
@@ -235,13 +239,15 @@ int run_serve(const serve_options& o) {
     // A cluster's nodes own their cores and compute no prompt on the decode side yet: auto (the
     // default) is disaggregated there.
     if (o.mode == "colocated") throw CLI::ValidationError("--role router", "serves disaggregated mode only");
-    cfg.cluster = {o.cluster_port, o.cluster_host, enum_flag("--node-transport", parse_channel_mode(o.node_transport), o.node_transport),
+    cfg.cluster = {o.cluster_port, o.cluster_host,
+                   enum_flag("--node-transport", parse_channel_mode(o.node_transport), o.node_transport),
                    std::chrono::milliseconds(o.heartbeat_timeout_ms)};
   }
   if (!o.kv_store_disk.empty() && o.kv_store_disk_mib <= 0)
     throw CLI::ValidationError("--kv-store-disk", "needs --kv-store-disk-mib > 0 (the size of the disk tier)");
   cfg.model.path = resolve_model_path(o.model);
-  cfg.pools.mode = o.role == "router" ? serving_mode::disaggregated : enum_flag("--mode", parse_serving_mode(o.mode), o.mode);
+  cfg.pools.mode =
+      o.role == "router" ? serving_mode::disaggregated : enum_flag("--mode", parse_serving_mode(o.mode), o.mode);
   cfg.pools.prefill_workers = o.prefill_workers;
   cfg.pools.decode_workers = o.decode_workers;
   cfg.pools.colocated_workers = o.colocated_workers;
@@ -258,8 +264,13 @@ int run_serve(const serve_options& o) {
   cfg.kv.store_disk_path = o.kv_store_disk;
   cfg.kv.store_disk_bytes = o.kv_store_disk_mib << 20;
   cfg.kv.transport = enum_flag("--kv-transport", parse_kv_transport_kind(o.kv_transport), o.kv_transport);
-  cfg.steps = {parse_matmul_mode(o.matmul), o.chunk,          o.token_budget, o.token_budget,
-               o.max_batch,                 o.tpot_target_ms, o.decode_pace_ms};
+  cfg.steps = {parse_matmul_mode(o.matmul),
+               o.chunk,
+               o.token_budget,
+               o.token_budget,
+               o.max_batch,
+               o.tpot_target_ms,
+               o.decode_pace_ms};
   if (o.decode_pace_ms > 0 && !o.share_cores) throw CLI::ValidationError("--decode-pace-ms", "needs --share-cores");
   cfg.scheduling.route_overlap_weight = o.route_overlap_weight;
   cfg.scheduling.route_load_weight = o.route_load_weight;
@@ -316,7 +327,8 @@ std::string effective_config(const CLI::App& serve) {
     }
     const std::string key = line.substr(0, line.find('='));
     if (key != "print-config" && key != "announce-wire-version")
-      out += comment + (line.size() > key.size() + 1 && line.substr(key.size() + 1) == "\"\"" ? "# " : "") + line + "\n";
+      out +=
+          comment + (line.size() > key.size() + 1 && line.substr(key.size() + 1) == "\"\"" ? "# " : "") + line + "\n";
     comment.clear();
   }
   return out;
@@ -326,7 +338,10 @@ void add_serve(CLI::App& app) {
   auto o = std::make_shared<serve_options>();
   auto* cmd = app.add_subcommand("serve", "Serve the model over HTTP (OpenAI-compatible, SSE) and WebSocket");
   cmd->fallthrough();  // --config belongs to the top-level app (CLI11 reads config files there)
-  cmd->add_option("-m,--model", o->model, "GGUF model file, hf:OWNER/NAME[:QUANT] for a GGUF from Hugging Face (pulled into the cache on first use: tandem model pull), or synth:PRESET[:DTYPE] for a synthetic one (synth:bench-76m, the benchmarks' model) (default: the built-in stories260K)");
+  cmd->add_option("-m,--model", o->model,
+                  "GGUF model file, hf:OWNER/NAME[:QUANT] for a GGUF from Hugging Face (pulled into the cache on first "
+                  "use: tandem model pull), or synth:PRESET[:DTYPE] for a synthetic one (synth:bench-76m, the "
+                  "benchmarks' model) (default: the built-in stories260K)");
   cmd->add_option("--model-name", o->model_name, "Model id clients send in 'model' (default: the file's name)");
   cmd->add_option("--temperature", o->defaults.temperature,
                   "Sampling temperature of HTTP requests that leave it out (tandem generate's default too)")
@@ -349,8 +364,10 @@ void add_serve(CLI::App& app) {
                   "disaggregated (the two pools, each owning its --threads), or colocated (workers that do both)")
       ->check(CLI::IsMember({"disaggregated", "colocated", "auto"}))
       ->capture_default_str();
-  cmd->add_option("--prefill-workers", o->prefill_workers, "Prefill workers (auto, disaggregated)")->check(CLI::Range(1, 256));
-  cmd->add_option("--decode-workers", o->decode_workers, "Decode workers (auto, disaggregated)")->check(CLI::Range(1, 256));
+  cmd->add_option("--prefill-workers", o->prefill_workers, "Prefill workers (auto, disaggregated)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--decode-workers", o->decode_workers, "Decode workers (auto, disaggregated)")
+      ->check(CLI::Range(1, 256));
   cmd->add_option("--colocated-workers", o->colocated_workers, "Workers (colocated)")->check(CLI::Range(1, 256));
   cmd->add_option("-t,--threads", o->threads, "Compute threads per worker")->check(CLI::Range(1, 1024));
   cmd->add_flag("--share-cores,!--no-share-cores", o->share_cores,
@@ -376,12 +393,14 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--kv-store-mib", o->kv_store_mib,
                   "Host KV store memory for published prefix blocks, MiB (0: no store)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
-  cmd->add_option("--kv-store-disk", o->kv_store_disk, "Disk tier file for the KV store (made at start, removed at exit)");
+  cmd->add_option("--kv-store-disk", o->kv_store_disk,
+                  "Disk tier file for the KV store (made at start, removed at exit)");
   cmd->add_option("--kv-store-disk-mib", o->kv_store_disk_mib, "Size of the KV store's disk tier, MiB")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   cmd->add_option("--route-load-weight", o->route_load_weight, "Prefill placement: weight of a worker's queued tokens")
       ->check(CLI::Range(0.0, 1e6));
-  cmd->add_option("--kv-blocks", o->kv_blocks, "KV blocks per worker (default: 256 MiB worth)")->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--kv-blocks", o->kv_blocks, "KV blocks per worker (default: 256 MiB worth)")
+      ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--token-budget", o->token_budget, "Tokens per worker step")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-batch", o->max_batch, "Sequences decoding at once per worker")->check(CLI::Range(1, 4096));
@@ -390,14 +409,16 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--max-worker-restarts", o->max_worker_restarts,
                   "Restarts a pool allows per 10 s before it is degraded (docs/fault-tolerance.md)")
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--stats-interval-s", o->stats_interval_s,
-                  "Log a stats line (queues, tokens/s, KV use, prefix hits) this often while anything happens; 0: never")
+  cmd->add_option(
+         "--stats-interval-s", o->stats_interval_s,
+         "Log a stats line (queues, tokens/s, KV use, prefix hits) this often while anything happens; 0: never")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   cmd->add_option("--recover-after-s", o->recover_after_s,
                   "A degraded pool (or router) starts again after this, doubling while it keeps failing, up to 5 min")
       ->check(CLI::Range(0.01, 3600.0));
-  cmd->add_option("--max-queue", o->max_queue, "Requests waiting per queue before 429 (0: unbounded)")->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--max-queue", o->max_queue, "Requests waiting per queue before 429 (0: unbounded)")
+      ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--ttft-budget-ms", o->ttft_budget_ms, "Reject (429) when the predicted TTFT exceeds this (0: off)")
       ->check(CLI::Range(0.0, 1e9));
   cmd->add_option("--tpot-budget-ms", o->tpot_budget_ms, "Reject (429) when the measured TPOT exceeds this (0: off)")
@@ -406,10 +427,12 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--port", o->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on /v1/* and /ws");
   cmd->add_option("--admin-key", o->admin_key, "Enable /admin/* behind this key (off without it)");
-  cmd->add_option("--max-body-bytes", o->max_body, "Largest HTTP body (413 above)")->check(CLI::Range(size_t(1), size_t(1) << 30));
+  cmd->add_option("--max-body-bytes", o->max_body, "Largest HTTP body (413 above)")
+      ->check(CLI::Range(size_t(1), size_t(1) << 30));
   cmd->add_option("--max-frame-bytes", o->max_frame, "Largest WebSocket message (closes with 1009 above)")
       ->check(CLI::Range(size_t(1), size_t(1) << 30));
-  cmd->add_option("--max-requests-per-connection", o->max_requests_per_connection, "Requests in flight on one WebSocket")
+  cmd->add_option("--max-requests-per-connection", o->max_requests_per_connection,
+                  "Requests in flight on one WebSocket")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--io-threads", o->io_threads, "Network threads")->check(CLI::Range(1, 256));
   cmd->add_option("--grace-seconds", o->grace_s, "On SIGINT/SIGTERM, how long in-flight requests may finish")
@@ -431,7 +454,8 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--workers", o->workers, "prefill/decode: workers in this process")->check(CLI::Range(1, 256));
   cmd->add_option("--kv-listen", o->kv_listen, "decode: address the KV receiver binds (default loopback)");
   cmd->add_option("--kv-port", o->kv_port, "decode: KV receiver port (0: any free port)")->check(CLI::Range(0, 65535));
-  cmd->add_option("--kv-advertise", o->kv_advertise, "decode: address senders reach the KV receiver at (default --kv-listen)");
+  cmd->add_option("--kv-advertise", o->kv_advertise,
+                  "decode: address senders reach the KV receiver at (default --kv-listen)");
   cmd->add_flag("--no-shm", o->no_shm, "decode: never offer shared memory to senders (TCP only)");
   cmd->add_option("--announce-wire-version", o->announce_wire_version, "tests: join announcing this wire version")
       ->group("");

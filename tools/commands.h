@@ -37,11 +37,11 @@ void add_model(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_chaos(CLI::App& app);
-void add_bench_serve(CLI::App* bench);    // `tandem bench serve` (cmd_bench_serve.cpp)
+void add_bench_serve(CLI::App* bench);  // `tandem bench serve` (cmd_bench_serve.cpp)
 void add_bench_compare(CLI::App* bench);  // `tandem bench compare` (cmd_bench_serve.cpp)
 void add_bench_transport(CLI::App* bench);  // `tandem bench transport` (cmd_bench_transport.cpp)
 void add_bench_grammar(CLI::App* bench);  // `tandem bench grammar` (cmd_bench_grammar.cpp)
-void add_model_hub(CLI::App* model);      // `tandem model pull|list|rm` (cmd_model_pull.cpp)
+void add_model_hub(CLI::App* model);  // `tandem model pull|list|rm` (cmd_model_pull.cpp)
 
 // Resolves --model: a path; synth:PRESET[:DTYPE], a synthetic model made once in the cache
 // directory; hf:REPO[:QUANT], a Hugging Face GGUF (cached, else pulled); "stories260K" or

@@ -32,9 +32,9 @@ constexpr uint32_t kv_channel_version = 1;
 
 // One frame: blocks of one request's prefill attempt for one decode worker of the receiver.
 struct kv_frame {
-  int32_t target = 0;      // decode worker index, as the receiving process knows it
-  uint64_t request = 0;    // request id
-  uint32_t epoch = 0;      // prefill attempt
+  int32_t target = 0;  // decode worker index, as the receiving process knows it
+  uint64_t request = 0;  // request id
+  uint32_t epoch = 0;  // prefill attempt
   // Whole blocks, payloads included. Shared, not copied: a KV link sends the very set the
   // prefill worker exported (actors' kv_blocks_ptr); the receiver hands over a fresh one.
   std::shared_ptr<const std::vector<kv_block_export>> blocks;
@@ -46,10 +46,10 @@ std::string host_identity();
 
 struct receiver_options {
   std::string bind_host = "127.0.0.1";
-  uint16_t port = 0;                       // 0: an ephemeral port (see port())
-  bool allow_shm = true;                   // offer a shared-memory ring to same-host senders
-  size_t shm_ring_bytes = 64u << 20;        // per sender connection
-  size_t credit_bytes = 256u << 20;        // payload bytes a sender may have unacknowledged
+  uint16_t port = 0;  // 0: an ephemeral port (see port())
+  bool allow_shm = true;  // offer a shared-memory ring to same-host senders
+  size_t shm_ring_bytes = 64u << 20;  // per sender connection
+  size_t credit_bytes = 256u << 20;  // payload bytes a sender may have unacknowledged
 };
 
 // Runs the frame handler on the receiver's own thread, one frame at a time per connection, in
@@ -78,7 +78,7 @@ class kv_receiver {
 };
 
 struct sender_options {
-  std::string address;     // as kv_receiver::address() gives it
+  std::string address;  // as kv_receiver::address() gives it
   channel_mode mode = channel_mode::automatic;  // shm is refused when the hosts differ
   std::chrono::milliseconds timeout{5000};  // connect, and each frame's acknowledgement
 };

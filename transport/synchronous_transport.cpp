@@ -22,8 +22,8 @@ status synchronous_transport::check(const copy_op& op) const {
     auto it = regions_.find(id);
     if (it == regions_.end()) return {errc::invalid_argument, "region " + std::to_string(id) + " is not registered"};
     if (off > it->second.size || op.size > it->second.size - off)
-      return {errc::invalid_argument, "copy of " + std::to_string(op.size) + " bytes at offset " +
-                                          std::to_string(off) + " overruns region " + std::to_string(id) + " (" +
+      return {errc::invalid_argument, "copy of " + std::to_string(op.size) + " bytes at offset " + std::to_string(off) +
+                                          " overruns region " + std::to_string(id) + " (" +
                                           std::to_string(it->second.size) + " bytes)"};
   }
   return {};

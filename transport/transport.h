@@ -1,8 +1,9 @@
 #pragma once
 // The KV data path: one interface, one folder per kind: local/ (in-process memcpy, the reference),
 // shm/ (a shared-memory arena); tcp/ and shm/shm_channel carry KV blocks between processes
-// (channel.h). A device kind (CUDA IPC, NCCL, UCX) would be one more folder. As in Mooncake's transfer engine, a transport only moves bytes between memory
-// regions registered with it: register memory, submit a batch of copies, poll for completion.
+// (channel.h). A device kind (CUDA IPC, NCCL, UCX) would be one more folder. As in Mooncake's transfer engine, a
+// transport only moves bytes between memory regions registered with it: register memory, submit a batch of copies, poll
+// for completion.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -26,8 +27,8 @@ struct copy_op {
 
 enum class transfer_state : uint8_t {
   pending,  // submitted, not finished
-  done,     // every copy of the batch landed
-  failed,   // at least one copy failed; the status says why; landed bytes are unspecified
+  done,  // every copy of the batch landed
+  failed,  // at least one copy failed; the status says why; landed bytes are unspecified
 };
 
 constexpr const char* to_string(transfer_state s) {
@@ -41,7 +42,7 @@ constexpr const char* to_string(transfer_state s) {
 
 struct transfer_status {
   transfer_state state = transfer_state::pending;
-  status error;              // set when failed
+  status error;  // set when failed
   uint64_t bytes_moved = 0;  // of the whole batch, when done
 };
 

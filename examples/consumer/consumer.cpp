@@ -13,8 +13,9 @@ static_assert(TANDEM_VERSION_MAJOR == 0 && TANDEM_VERSION_MINOR >= 2, "built aga
 int main(int argc, char** argv) {
   try {
     std::printf("tandem %s (headers %s)\n", tandem::version(), TANDEM_VERSION);
-    tandem::pipeline p({.model = {.path = argc > 1 ? argv[1] : ""},
-                        .pools = {.mode = tandem::serving_mode::disaggregated, .prefill_workers = 1, .decode_workers = 2}});
+    tandem::pipeline p(
+        {.model = {.path = argc > 1 ? argv[1] : ""},
+         .pools = {.mode = tandem::serving_mode::disaggregated, .prefill_workers = 1, .decode_workers = 2}});
     const tandem::generation_request req{.prompt = "Once upon a time", .max_tokens = 24, .ignore_eos = true};
     const auto first = p.submit(req).wait();
     if (first.error != tandem::errc::ok) {

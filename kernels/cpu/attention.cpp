@@ -13,7 +13,6 @@
 #include <stdexcept>
 #include <vector>
 
-
 namespace tandem::kernels::cpu {
 namespace {
 
@@ -56,9 +55,9 @@ constexpr int32_t kMaxFastHeadDim = 256;
 
 }  // namespace
 
-void attention_paged(const float* q, int32_t n_q, const float* const* k_blocks,
-                     const float* const* v_blocks, int32_t block_size, int32_t n_tokens,
-                     int32_t head_dim, float scale, float* scores, float* out, int32_t first) {
+void attention_paged(const float* q, int32_t n_q, const float* const* k_blocks, const float* const* v_blocks,
+                     int32_t block_size, int32_t n_tokens, int32_t head_dim, float scale, float* scores, float* out,
+                     int32_t first) {
   // scores[h][t - first] = q_h · k_t * scale, for the keys t in [first, n_tokens)
   const int32_t n = n_tokens - first;
   for (int32_t t = first; t < n_tokens; ++t) {
@@ -80,15 +79,14 @@ void attention_paged(const float* q, int32_t n_q, const float* const* k_blocks,
   std::memset(out, 0, sizeof(float) * size_t(n_q) * size_t(head_dim));
   for (int32_t t = first; t < n_tokens; ++t) {
     const float* v = v_blocks[t / block_size] + int64_t(t % block_size) * head_dim;
-    for (int32_t h = 0; h < n_q; ++h) axpy(scores[int64_t(h) * n + t - first], v, out + int64_t(h) * head_dim, head_dim);
+    for (int32_t h = 0; h < n_q; ++h)
+      axpy(scores[int64_t(h) * n + t - first], v, out + int64_t(h) * head_dim, head_dim);
   }
 }
 
-void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
-                                int32_t pos0, const float* const* k_blocks,
-                                const float* const* v_blocks, int32_t block_size,
-                                int32_t head_dim, float scale, float* out, int64_t out_stride,
-                                int32_t window) {
+void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
+                                const float* const* k_blocks, const float* const* v_blocks, int32_t block_size,
+                                int32_t head_dim, float scale, float* out, int64_t out_stride, int32_t window) {
   if (n_tok <= 0) return;
   float* scores = thread_buffer(sizeof(float) * size_t(n_rep) * size_t(pos0 + n_tok));
   for (int32_t i = 0; i < n_tok; ++i) {
@@ -114,8 +112,7 @@ uint8_t* row_scratch(int32_t head_dim) {
 }
 }  // namespace
 
-void store_k_row(dtype t, k_order o, const float* k, void* block, int32_t slot, int32_t block_size,
-                 int32_t head_dim) {
+void store_k_row(dtype t, k_order o, const float* k, void* block, int32_t slot, int32_t block_size, int32_t head_dim) {
   auto* base = static_cast<uint8_t*>(block);
   if (o == k_order::position_major) {
     quantize_row(t, k, base + int64_t(slot) * row_bytes(t, head_dim), head_dim);
@@ -128,8 +125,8 @@ void store_k_row(dtype t, k_order o, const float* k, void* block, int32_t slot, 
     std::memcpy(base + (int64_t(d) * block_size + slot) * es, row + d * es, size_t(es));
 }
 
-void store_k_row_roped(dtype t, k_order o, rope_style style, const float* k, const float* cs, void* block,
-                       int32_t slot, int32_t block_size, int32_t head_dim) {
+void store_k_row_roped(dtype t, k_order o, rope_style style, const float* k, const float* cs, void* block, int32_t slot,
+                       int32_t block_size, int32_t head_dim) {
   thread_local std::vector<float> buf;
   if (buf.size() < size_t(head_dim)) buf.resize(size_t(head_dim));
   std::copy(k, k + head_dim, buf.data());
@@ -140,8 +137,7 @@ void store_k_row_roped(dtype t, k_order o, rope_style style, const float* k, con
   store_k_row(t, o, buf.data(), block, slot, block_size, head_dim);
 }
 
-void load_k_row(dtype t, k_order o, const void* block, int32_t slot, int32_t block_size, int32_t head_dim,
-                float* k) {
+void load_k_row(dtype t, k_order o, const void* block, int32_t slot, int32_t block_size, int32_t head_dim, float* k) {
   const auto* base = static_cast<const uint8_t*>(block);
   if (o == k_order::position_major) {
     dequantize_row(t, base + int64_t(slot) * row_bytes(t, head_dim), k, head_dim);
@@ -154,10 +150,10 @@ void load_k_row(dtype t, k_order o, const void* block, int32_t slot, int32_t blo
   dequantize_row(t, row, k, head_dim);
 }
 
-void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
-                                int32_t pos0, const void* const* k_blocks, const void* const* v_blocks,
-                                dtype kv_type, k_order ko, int32_t block_size, int32_t head_dim, float scale,
-                                float* out, int64_t out_stride, int32_t window) {
+void attention_causal_reference(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
+                                const void* const* k_blocks, const void* const* v_blocks, dtype kv_type, k_order ko,
+                                int32_t block_size, int32_t head_dim, float scale, float* out, int64_t out_stride,
+                                int32_t window) {
   if (n_tok <= 0) return;
   // Every block widened to f32 rows ([block_size][head_dim]), then the f32 reference.
   const int32_t nb = (pos0 + n_tok + block_size - 1) / block_size;
@@ -197,7 +193,8 @@ inline __m512 load16(const void* row, int64_t e) {
     return _mm512_loadu_ps(static_cast<const float*>(row) + e);
   } else if constexpr (T == dtype::q8_0) {
     const auto* b = static_cast<const block_q8_0*>(row) + e / 32;
-    const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + e % 32))));
+    const __m512 q =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + e % 32))));
     return _mm512_mul_ps(q, _mm512_set1_ps(_cvtsh_ss(b->d)));
   } else {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + e));
@@ -269,8 +266,7 @@ inline void qk_block_dim_major(const float* qs, int32_t D, const void* const* kg
     for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_setzero_ps();
   for (int32_t d = 0; d < D; ++d) {
     const int64_t e = int64_t(d) * ld;
-    const __m512 k0 = load16<T>(kg[0], e), k1 = load16<T>(kg[1], e), k2 = load16<T>(kg[2], e),
-                 k3 = load16<T>(kg[3], e);
+    const __m512 k0 = load16<T>(kg[0], e), k1 = load16<T>(kg[1], e), k2 = load16<T>(kg[2], e), k3 = load16<T>(kg[3], e);
     for (int i = 0; i < RR; ++i) {
       const __m512 b = _mm512_set1_ps(qs[int64_t(i) * D + d]);
       acc[i][0] = _mm512_fmadd_ps(b, k0, acc[i][0]);
@@ -304,13 +300,12 @@ inline float load1(const void* row, int64_t e) {
 
 // o[RR][col0 .. col0 + 16 CV) = alpha[i] * o + p[RR][0..n) · V rows vp[0..n) (of type T)
 template <dtype T, int RR, int CV>
-inline void pv_block(const float* p, int32_t n, const void* const* vp, int32_t col0,
-                     const float* alpha, float* o, int32_t D) {
+inline void pv_block(const float* p, int32_t n, const void* const* vp, int32_t col0, const float* alpha, float* o,
+                     int32_t D) {
   __m512 acc[RR][CV];
   for (int i = 0; i < RR; ++i) {
     const __m512 a = _mm512_set1_ps(alpha[i]);
-    for (int v = 0; v < CV; ++v)
-      acc[i][v] = _mm512_mul_ps(a, _mm512_load_ps(o + int64_t(i) * D + col0 + 16 * v));
+    for (int v = 0; v < CV; ++v) acc[i][v] = _mm512_mul_ps(a, _mm512_load_ps(o + int64_t(i) * D + col0 + 16 * v));
   }
   for (int32_t j = 0; j < n; ++j) {
     __m512 vv[CV];
@@ -325,8 +320,7 @@ inline void pv_block(const float* p, int32_t n, const void* const* vp, int32_t c
 }
 
 template <dtype T, int RR>
-inline void pv_rows(const float* p, int32_t n, const void* const* vp, const float* alpha,
-                    float* o, int32_t D) {
+inline void pv_rows(const float* p, int32_t n, const void* const* vp, const float* alpha, float* o, int32_t D) {
   for (int32_t col = 0; col < D; col += 64) {
     switch (std::min<int32_t>(4, (D - col) / 16)) {
       case 1: pv_block<T, RR, 1>(p, n, vp, col, alpha, o, D); break;
@@ -354,9 +348,9 @@ constexpr int32_t MR = 6;  // query rows per microkernel call
 // One tile: R = n_tok * n_rep query rows (row r: token r / n_rep, head r % n_rep); K/V of
 // type T, K in order KO.
 template <dtype T, k_order KO>
-void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep,
-                        int32_t pos0, const void* const* k_blocks, const void* const* v_blocks,
-                        int32_t bs, int32_t D, float scale, float* out, int64_t out_stride, int32_t window) {
+void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
+                        const void* const* k_blocks, const void* const* v_blocks, int32_t bs, int32_t D, float scale,
+                        float* out, int64_t out_stride, int32_t window) {
   const int32_t R = n_tok * n_rep;
   // Scratch: qs [R][D], o [R][D], p [R][KC], kt [D][KC], then per-row m, l, alpha.
   const size_t floats = size_t(R) * D * 2 + size_t(R) * KC + size_t(D) * KC + size_t(R) * 3;
@@ -414,9 +408,8 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
           for (int32_t d = 0; d < D; ++d) kt[int64_t(d) * KC + j] = load1<T>(blk, int64_t(d) * bs + pos % bs);
         }
         for (int32_t r0 = 0; r0 < R; r0 += MR)
-          with_rows(std::min(MR, R - r0), [&](auto rr) {
-            qk_block<decltype(rr)::value>(qs + int64_t(r0) * D, D, kt, p + int64_t(r0) * KC);
-          });
+          with_rows(std::min(MR, R - r0),
+                    [&](auto rr) { qk_block<decltype(rr)::value>(qs + int64_t(r0) * D, D, kt, p + int64_t(r0) * KC); });
       }
     } else {
       for (int32_t j = 0; j < KC; ++j) {
@@ -432,9 +425,8 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
           transpose16x16<T>(rows, dg, kt + int64_t(dg) * KC + jg, KC);
         }
       for (int32_t r0 = 0; r0 < R; r0 += MR)
-        with_rows(std::min(MR, R - r0), [&](auto rr) {
-          qk_block<decltype(rr)::value>(qs + int64_t(r0) * D, D, kt, p + int64_t(r0) * KC);
-        });
+        with_rows(std::min(MR, R - r0),
+                  [&](auto rr) { qk_block<decltype(rr)::value>(qs + int64_t(r0) * D, D, kt, p + int64_t(r0) * KC); });
     }
     // Online softmax: rescale each row's running sum and output by 2^(m_old - m_new).
     for (int32_t r = 0; r < R; ++r) {
@@ -485,8 +477,8 @@ void causal_tile_avx512(const float* q, int64_t q_stride, int32_t n_tok, int32_t
 
 void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
                       const void* const* k_blocks, const void* const* v_blocks, dtype kv_type, k_order ko,
-                      int32_t block_size, int32_t head_dim, float scale, float* out,
-                      int64_t out_stride, int32_t window) {
+                      int32_t block_size, int32_t head_dim, float scale, float* out, int64_t out_stride,
+                      int32_t window) {
   if (n_tok <= 0 || n_rep <= 0) return;
   if (kv_type != dtype::f32 && kv_type != dtype::f16 && kv_type != dtype::bf16 && kv_type != dtype::q8_0)
     throw std::invalid_argument("attention: K/V must be f32, f16, bf16 or q8_0");
@@ -494,12 +486,12 @@ void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n
   if (ko == k_order::dim_major && kv_type == dtype::q8_0)
     throw std::invalid_argument("attention: a q8_0 K is kept position-major");
   if (!have_avx512() || head_dim % 16 != 0 || head_dim <= 0 || head_dim > kMaxFastHeadDim) {
-    attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, k_blocks, v_blocks, kv_type, ko, block_size,
-                               head_dim, scale, out, out_stride, window);
+    attention_causal_reference(q, q_stride, n_tok, n_rep, pos0, k_blocks, v_blocks, kv_type, ko, block_size, head_dim,
+                               scale, out, out_stride, window);
     return;
   }
-  using tile_kernel = void (*)(const float*, int64_t, int32_t, int32_t, int32_t, const void* const*,
-                               const void* const*, int32_t, int32_t, float, float*, int64_t, int32_t);
+  using tile_kernel = void (*)(const float*, int64_t, int32_t, int32_t, int32_t, const void* const*, const void* const*,
+                               int32_t, int32_t, float, float*, int64_t, int32_t);
   tile_kernel tile_fn = nullptr;
   const bool dm = ko == k_order::dim_major;
   switch (kv_type) {
@@ -524,9 +516,8 @@ void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n
 }
 
 void attention_causal(const float* q, int64_t q_stride, int32_t n_tok, int32_t n_rep, int32_t pos0,
-                      const float* const* k_blocks, const float* const* v_blocks,
-                      int32_t block_size, int32_t head_dim, float scale, float* out,
-                      int64_t out_stride, int32_t window) {
+                      const float* const* k_blocks, const float* const* v_blocks, int32_t block_size, int32_t head_dim,
+                      float scale, float* out, int64_t out_stride, int32_t window) {
   attention_causal(q, q_stride, n_tok, n_rep, pos0, reinterpret_cast<const void* const*>(k_blocks),
                    reinterpret_cast<const void* const*>(v_blocks), dtype::f32, k_order::position_major, block_size,
                    head_dim, scale, out, out_stride, window);

@@ -6,10 +6,10 @@ namespace tandem::kernels::cpu::detail {
 
 // Ordered: a level needs everything the ones before it need.
 enum class isa {
-  scalar,          // portable C++ (prefill still goes through OpenBLAS)
-  avx2,            // AVX2 + FMA + F16C
-  avx512,          // AVX-512 F/BW/VL/DQ (+ FMA/F16C); q8_0 decode borrows the AVX2 kernel
-  avx512_bf16,     // avx512 + AVX512-VNNI + AVX512-BF16
+  scalar,  // portable C++ (prefill still goes through OpenBLAS)
+  avx2,  // AVX2 + FMA + F16C
+  avx512,  // AVX-512 F/BW/VL/DQ (+ FMA/F16C); q8_0 decode borrows the AVX2 kernel
+  avx512_bf16,  // avx512 + AVX512-VNNI + AVX512-BF16
 };
 
 const char* isa_label(isa level);

@@ -24,8 +24,8 @@ namespace {
 // ---- scalar path ----
 
 // x: [m, k] f32 and (for q8_0 weights) xq: [m, k/32] blocks; y: [m, w.rows]; rows [r0, r1).
-void decode_rows_scalar(const weight_view& w, const float* x, const block_q8_0* xq, int64_t m,
-                        float* y, int64_t r0, int64_t r1) {
+void decode_rows_scalar(const weight_view& w, const float* x, const block_q8_0* xq, int64_t m, float* y, int64_t r0,
+                        int64_t r1) {
   const int64_t k = w.cols, n = w.rows;
   if (w.type == dtype::q8_0) {
     const int64_t nb = k / q8_0_block;
@@ -54,8 +54,7 @@ void decode_rows_scalar(const weight_view& w, const float* x, const block_q8_0* 
       for (; c + 8 <= k; c += 8)
         for (int j = 0; j < 8; ++j) part[j] += row[c + j] * xi[c + j];
       for (; c < k; ++c) part[0] += row[c] * xi[c];
-      y[i * n + r] = ((part[0] + part[1]) + (part[2] + part[3])) +
-                     ((part[4] + part[5]) + (part[6] + part[7]));
+      y[i * n + r] = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
     }
   }
 }
@@ -67,12 +66,11 @@ void init_blas_threads() {
 }
 
 // Rows [r0, r1) of W against all m rows of x through cblas_sgemm. y: [m, w.rows].
-void blas_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_t r0, int64_t r1,
-               dequant_fn dequant) {
+void blas_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_t r0, int64_t r1, dequant_fn dequant) {
   const int64_t k = w.cols, n = w.rows;
   auto sgemm = [&](const float* wp, int64_t rows, float* yp) {  // yp[m, rows] = x · wpᵀ
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(rows), int(k), 1.0f, x,
-                int(k), wp, int(k), 0.0f, yp, int(n));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(rows), int(k), 1.0f, x, int(k), wp, int(k), 0.0f,
+                yp, int(n));
   };
   if (w.type == dtype::f32) {
     sgemm(reinterpret_cast<const float*>(row_ptr(w, r0)), r1 - r0, y + r0);
@@ -89,7 +87,6 @@ void blas_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_
 }
 
 }  // namespace
-
 
 namespace {
 struct scratch_set {
@@ -143,14 +140,12 @@ int64_t decode_max_m(isa level, dtype t) {
   // on avx512_bf16, weights with panels never get here (matmul_panels), so its figures are for
   // views without them, which take the f32 GEMM as on avx512.
   switch (level) {
-    case isa::avx512_bf16:
-      return t == dtype::q8_0 ? 16 : t == dtype::f16 ? 12 : t == dtype::f32 ? 4 : 8;
+    case isa::avx512_bf16: return t == dtype::q8_0 ? 16 : t == dtype::f16 ? 12 : t == dtype::f32 ? 4 : 8;
     case isa::avx512:  // q8_0 decode runs the AVX2 kernel: keep the AVX2 crossover
       return t == dtype::q8_0 ? decode_max_m(isa::avx2, t) : t == dtype::f32 ? 4 : 8;
     case isa::avx2:  // prefill is OpenBLAS with dequantized panels
       return t == dtype::q8_0 ? 16 : 8;
-    case isa::scalar:
-      return 2;
+    case isa::scalar: return 2;
   }
   return 1;
 }
@@ -166,18 +161,14 @@ int64_t decode_grain(const weight_view& w, int threads) {
   return (w.rows + parts - 1) / parts;
 }
 
-void prefill_blas(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
-                  dequant_fn dequant) {
+void prefill_blas(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool, dequant_fn dequant) {
   init_blas_threads();
   const int64_t k = w.cols, n = w.rows;
   if (n >= 64 * pool.size()) {  // split weight rows: each is dequantized once
-    pool.parallel_for(n, 16, [&](int64_t r0, int64_t r1, int) {
-      blas_rows(w, x, m, y, r0, r1, dequant);
-    });
+    pool.parallel_for(n, 16, [&](int64_t r0, int64_t r1, int) { blas_rows(w, x, m, y, r0, r1, dequant); });
   } else {  // few weight rows: split the input rows instead
-    pool.parallel_for(m, 16, [&](int64_t i0, int64_t i1, int) {
-      blas_rows(w, x + i0 * k, i1 - i0, y + i0 * n, 0, n, dequant);
-    });
+    pool.parallel_for(
+        m, 16, [&](int64_t i0, int64_t i1, int) { blas_rows(w, x + i0 * k, i1 - i0, y + i0 * n, 0, n, dequant); });
   }
 }
 
@@ -189,8 +180,7 @@ void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, th
   const block_q8_0* xq = nullptr;
   if (w.type == dtype::q8_0) {  // quantize x once per call, like ggml's vec_dot_q8_0_q8_0
     const int64_t nb = w.cols / q8_0_block;
-    auto* q = static_cast<block_q8_0*>(
-        thread_scratch(scratch_x, size_t(m * nb) * sizeof(block_q8_0)));
+    auto* q = static_cast<block_q8_0*>(thread_scratch(scratch_x, size_t(m * nb) * sizeof(block_q8_0)));
     for (int64_t i = 0; i < m; ++i) quantize_row_q8_0(x + i * w.cols, q + i * nb, w.cols);
     xq = q;
   }
@@ -199,10 +189,9 @@ void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, th
   });
 }
 
-void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m, float* y,
-                     thread_pool& pool, matmul_mode mode) {
-  if (!isa_supported(level))
-    throw std::invalid_argument(std::string("matmul: this CPU lacks ") + isa_label(level));
+void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
+                     matmul_mode mode) {
+  if (!isa_supported(level)) throw std::invalid_argument(std::string("matmul: this CPU lacks ") + isa_label(level));
   if (w.cols % block_elems(w.type) != 0)  // a row is whole blocks
     throw std::invalid_argument("matmul: " + std::string(to_string(w.type)) + " weights need cols % " +
                                 std::to_string(block_elems(w.type)) + " == 0");
@@ -280,11 +269,11 @@ void matmul_group(std::span<const matmul_output> mats, const matmul_input& in, i
                   matmul_mode mode) {
   if (mats.empty()) return;
   const weight_view& w0 = *mats[0].w;
-  const bool together =
-      mats.size() > 1 && m > 0 && detail::best_isa() == detail::isa::avx512_bf16 && w0.cols > 0 &&
-      (in.op == input_op::none || fuses_input(w0)) && std::all_of(mats.begin(), mats.end(), [&](const matmul_output& o) {
-        return o.w->panels && o.w->type == w0.type && o.w->cols == w0.cols && o.w->rows > 0;
-      });
+  const bool together = mats.size() > 1 && m > 0 && detail::best_isa() == detail::isa::avx512_bf16 && w0.cols > 0 &&
+                        (in.op == input_op::none || fuses_input(w0)) &&
+                        std::all_of(mats.begin(), mats.end(), [&](const matmul_output& o) {
+                          return o.w->panels && o.w->type == w0.type && o.w->cols == w0.cols && o.w->rows > 0;
+                        });
   if (!together) {
     for (const matmul_output& o : mats) matmul(*o.w, in, m, o.y, pool, mode);
     return;
@@ -320,8 +309,8 @@ void* panel_memory::allocate(size_t bytes) {
 }
 
 weight_view pack_for_matmul(const weight_view& w, panel_memory& store) {
-  if (cpu::detail::best_isa() != cpu::detail::isa::avx512_bf16 || w.rows <= 0 ||
-      w.cols <= 0 || w.cols % block_elems(w.type) != 0)
+  if (cpu::detail::best_isa() != cpu::detail::isa::avx512_bf16 || w.rows <= 0 || w.cols <= 0 ||
+      w.cols % block_elems(w.type) != 0)
     return w;
   weight_view out = w;
   const int64_t np = (w.rows + cpu::detail::panel_rows - 1) / cpu::detail::panel_rows;
@@ -335,15 +324,14 @@ int64_t row_align(const weight_view& w) { return w.panels ? cpu::detail::panel_r
 
 weight_view slice_rows(const weight_view& w, int64_t r0, int64_t r1) {
   if (r0 < 0 || r1 < r0 || r1 > w.rows || r0 % row_align(w) != 0)
-    throw std::invalid_argument("slice_rows: rows [" + std::to_string(r0) + ", " + std::to_string(r1) +
-                                ") of " + std::to_string(w.rows) + " (aligned to " +
-                                std::to_string(row_align(w)) + ")");
+    throw std::invalid_argument("slice_rows: rows [" + std::to_string(r0) + ", " + std::to_string(r1) + ") of " +
+                                std::to_string(w.rows) + " (aligned to " + std::to_string(row_align(w)) + ")");
   weight_view out = w;
   out.data = cpu::detail::row_ptr(w, r0);
   out.rows = r1 - r0;
   if (w.panels)
-    out.panels = static_cast<const uint8_t*>(w.panels) +
-                 r0 / cpu::detail::panel_rows * cpu::detail::panel_bytes(w.type, w.cols);
+    out.panels =
+        static_cast<const uint8_t*>(w.panels) + r0 / cpu::detail::panel_rows * cpu::detail::panel_bytes(w.type, w.cols);
   return out;
 }
 

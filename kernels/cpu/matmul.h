@@ -80,7 +80,7 @@ void matmul(const weight_view& w, const float* x, int64_t m, float* y, thread_po
 // elementwise ops of ops.h that precede a matmul in a layer: RMSNorm before the q/k/v and
 // gate/up projections, SwiGLU or GEGLU before the down projection.
 enum class input_op {
-  none,      // x: [m, k]
+  none,  // x: [m, k]
   rms_norm,  // rms_norm(x) * aux: x [m, k], aux the norm's weights [k], eps
   silu_mul,  // silu(x) * aux: x the gate [m, k], aux up [m, k] (silu_mul_fast)
   gelu_mul,  // gelu(x) * aux: the same with gelu_mul

@@ -50,19 +50,17 @@ void decode_float(const weight_view& w, const float* x, float* y, int64_t r0, in
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = row_ptr(w, r);
     __m256 acc[M][U];
-    TANDEM_UNROLL for (auto& a : acc)
-      TANDEM_UNROLL for (auto& v : a) v = _mm256_setzero_ps();
+    TANDEM_UNROLL for (auto& a : acc) TANDEM_UNROLL for (auto& v : a) v = _mm256_setzero_ps();
     int64_t c = 0;
-    for (; c + 8 * U <= k; c += 8 * U)
-      TANDEM_UNROLL for (int u = 0; u < U; ++u) {
+    for (; c + 8 * U <= k; c += 8 * U) TANDEM_UNROLL for (int u = 0; u < U; ++u) {
         const __m256 wv = load8<T>(row, c + 8 * u);
-        TANDEM_UNROLL for (int i = 0; i < M; ++i)
-          acc[i][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * k + c + 8 * u), acc[i][u]);
+        TANDEM_UNROLL for (int i = 0; i < M; ++i) acc[i][u] =
+            _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * k + c + 8 * u), acc[i][u]);
       }
     for (; c + 8 <= k; c += 8) {
       const __m256 wv = load8<T>(row, c);
-      TANDEM_UNROLL for (int i = 0; i < M; ++i)
-        acc[i][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * k + c), acc[i][0]);
+      TANDEM_UNROLL for (int i = 0; i < M; ++i) acc[i][0] =
+          _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * k + c), acc[i][0]);
     }
     TANDEM_UNROLL for (int i = 0; i < M; ++i) {
       TANDEM_UNROLL for (int u = 1; u < U; ++u) acc[i][0] = _mm256_add_ps(acc[i][0], acc[i][u]);
@@ -75,8 +73,7 @@ void decode_float(const weight_view& w, const float* x, float* y, int64_t r0, in
 
 // q8_0 rows [r0, r1) against M quantized inputs. xq: [M, k] int8, xd: [M, k/32], y: [M, n].
 template <int M>
-void decode_q8(const weight_view& w, const int8_t* xq, const float* xd, float* y, int64_t r0,
-               int64_t r1) {
+void decode_q8(const weight_view& w, const int8_t* xq, const float* xd, float* y, int64_t r0, int64_t r1) {
   const int64_t k = w.cols, nb = k / q8_0_block, n = w.rows;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t r = r0; r < r1; ++r) {
@@ -87,11 +84,9 @@ void decode_q8(const weight_view& w, const int8_t* xq, const float* xd, float* y
       const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[b].qs));
       const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb[b].d));
       TANDEM_UNROLL for (int i = 0; i < M; ++i) {
-        const __m256i xv =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * k + b * q8_0_block));
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * k + b * q8_0_block));
         // maddubs wants u8 x s8: |x| times w carrying x's sign. Pair sums <= 2*127*128 fit s16.
-        const __m256i p16 =
-            _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wq, xv));
+        const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wq, xv));
         const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
         const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(xd[i * nb + b]));
         acc[i][chain] = _mm256_fmadd_ps(p, s, acc[i][chain]);
@@ -103,22 +98,20 @@ void decode_q8(const weight_view& w, const int8_t* xq, const float* xd, float* y
       block(b + 1, 1);
     }
     if (b < nb) block(b, 0);
-    TANDEM_UNROLL for (int i = 0; i < M; ++i)
-      y[i * n + r] = hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
+    TANDEM_UNROLL for (int i = 0; i < M; ++i) y[i * n + r] = hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
   }
 }
 
 template <dtype T>
-void decode_float_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_t r0,
-                       int64_t r1) {
+void decode_float_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_t r0, int64_t r1) {
   for_input_chunks<4>(m, [&](auto mc, int64_t i0) {
     decode_float<T, decltype(mc)::value>(w, x + i0 * w.cols, y + i0 * w.rows, r0, r1);
   });
 }
 
 // q8_0 rows [r0, r1) against m inputs quantized by quantize_x_q8_avx2: xq: [m, k], xd: [m, k/32].
-void decode_q8_rows(const weight_view& w, const int8_t* xq, const float* xd, int64_t m,
-                    float* y, int64_t r0, int64_t r1) {
+void decode_q8_rows(const weight_view& w, const int8_t* xq, const float* xd, int64_t m, float* y, int64_t r0,
+                    int64_t r1) {
   const int64_t k = w.cols, nb = k / q8_0_block;
   for_input_chunks<4>(m, [&](auto mc, int64_t i0) {
     decode_q8<decltype(mc)::value>(w, xq + i0 * k, xd + i0 * nb, y + i0 * w.rows, r0, r1);
@@ -148,8 +141,7 @@ void dequant_avx2(dtype t, const void* src, float* dst, int64_t n) {
         const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
         for (int j = 0; j < q8_0_block; j += 8) {
           const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[i].qs + j));
-          _mm256_storeu_ps(dst + i * q8_0_block + j,
-                           _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+          _mm256_storeu_ps(dst + i * q8_0_block + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
         }
       }
       return;

@@ -50,31 +50,28 @@ void decode_float(const weight_view& w, const float* x, float* y, int64_t r0, in
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = row_ptr(w, r);
     __m512 acc[M][U];
-    TANDEM_UNROLL for (auto& a : acc)
-      TANDEM_UNROLL for (auto& v : a) v = _mm512_setzero_ps();
+    TANDEM_UNROLL for (auto& a : acc) TANDEM_UNROLL for (auto& v : a) v = _mm512_setzero_ps();
     // A masked head (< 16 elements) first, so that the main loop's weight loads (16 elements)
     // are aligned to their size: loads straddling two cache lines cost ~30% of the DRAM
     // bandwidth here, and model files align tensors to 32 bytes only.
-    const int64_t head =
-        std::min<int64_t>(k, (-reinterpret_cast<uintptr_t>(row) & (16 * esize - 1)) / esize);
+    const int64_t head = std::min<int64_t>(k, (-reinterpret_cast<uintptr_t>(row) & (16 * esize - 1)) / esize);
     if (head > 0) {
       const __mmask16 mk = tail_mask(head);
       const __m512 wv = load16<T>(row, 0, mk);
-      TANDEM_UNROLL for (int i = 0; i < M; ++i)
-        acc[i][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mk, x + i * k), acc[i][0]);
+      TANDEM_UNROLL for (int i = 0; i < M; ++i) acc[i][0] =
+          _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mk, x + i * k), acc[i][0]);
     }
     int64_t c = head;
-    for (; c + 16 * U <= k; c += 16 * U)
-      TANDEM_UNROLL for (int u = 0; u < U; ++u) {
+    for (; c + 16 * U <= k; c += 16 * U) TANDEM_UNROLL for (int u = 0; u < U; ++u) {
         const __m512 wv = load16<T>(row, c + 16 * u);
-        TANDEM_UNROLL for (int i = 0; i < M; ++i)
-          acc[i][u] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i * k + c + 16 * u), acc[i][u]);
+        TANDEM_UNROLL for (int i = 0; i < M; ++i) acc[i][u] =
+            _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i * k + c + 16 * u), acc[i][u]);
       }
     for (; c < k; c += 16) {  // remaining vectors, the last one masked
       const __mmask16 mk = tail_mask(k - c);
       const __m512 wv = load16<T>(row, c, mk);
-      TANDEM_UNROLL for (int i = 0; i < M; ++i)
-        acc[i][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mk, x + i * k + c), acc[i][0]);
+      TANDEM_UNROLL for (int i = 0; i < M; ++i) acc[i][0] =
+          _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mk, x + i * k + c), acc[i][0]);
     }
     TANDEM_UNROLL for (int i = 0; i < M; ++i) {
       TANDEM_UNROLL for (int u = 1; u < U; ++u) acc[i][0] = _mm512_add_ps(acc[i][0], acc[i][u]);
@@ -115,22 +112,19 @@ struct q8_pairs {
 // vpdpbusd multiplies u8 x s8: the weights are offset to u8 by xor 0x80 (w + 128) and the bias
 // lanes subtract 128 * sum(x) again, so each block's int32 dot product is exact.
 template <int M>
-VNNI_BF16 inline __attribute__((always_inline)) void q8_pair(const block_q8_0* wb, int64_t nb,
-                                                             const q8_pairs* xs, int64_t p,
-                                                             __m512* acc) {
+VNNI_BF16 inline __attribute__((always_inline)) void q8_pair(const block_q8_0* wb, int64_t nb, const q8_pairs* xs,
+                                                             int64_t p, __m512* acc) {
   const int64_t b = 2 * p;
   const bool both = b + 1 < nb;
-  auto qs = [&](int64_t i) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[i].qs));
-  };
+  auto qs = [&](int64_t i) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[i].qs)); };
   __m512i wq = _mm512_zextsi256_si512(qs(b));
   if (both) wq = _mm512_inserti64x4(wq, qs(b + 1), 1);
   wq = _mm512_xor_si512(wq, _mm512_set1_epi8(char(0x80)));  // a missing 2nd block: 128 * 0
-  const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(wb[b].d)),
-                                       _mm256_set1_ps(both ? _cvtsh_ss(wb[b + 1].d) : 0.0f), 1);
+  const __m512 dw =
+      _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(wb[b].d)), _mm256_set1_ps(both ? _cvtsh_ss(wb[b + 1].d) : 0.0f), 1);
   TANDEM_UNROLL for (int i = 0; i < M; ++i) {
-    const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(xs[i].bias + p * 16), wq,
-                                          _mm512_loadu_si512(xs[i].q + p * 64));
+    const __m512i s =
+        _mm512_dpbusd_epi32(_mm512_loadu_si512(xs[i].bias + p * 16), wq, _mm512_loadu_si512(xs[i].q + p * 64));
     const __m512 scale = _mm512_mul_ps(dw, _mm512_loadu_ps(xs[i].d + p * 16));
     acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[i]);
   }
@@ -138,8 +132,7 @@ VNNI_BF16 inline __attribute__((always_inline)) void q8_pair(const block_q8_0* w
 
 // q8_0 rows [r0, r1) against M quantized inputs xs[M]; y: [M, n].
 template <int M>
-VNNI_BF16 void decode_q8_vnni(const weight_view& w, const q8_pairs* xs, float* y, int64_t r0,
-                              int64_t r1) {
+VNNI_BF16 void decode_q8_vnni(const weight_view& w, const q8_pairs* xs, float* y, int64_t r0, int64_t r1) {
   const int64_t nb = w.cols / q8_0_block, n = w.rows, np = xs[0].np;
   for (int64_t r = r0; r < r1; ++r) {
     const auto* wb = reinterpret_cast<const block_q8_0*>(row_ptr(w, r));
@@ -151,32 +144,26 @@ VNNI_BF16 void decode_q8_vnni(const weight_view& w, const q8_pairs* xs, float* y
       q8_pair<M>(wb, nb, xs, p + 1, acc1);
     }
     if (p < np) q8_pair<M>(wb, nb, xs, p, acc0);
-    TANDEM_UNROLL for (int i = 0; i < M; ++i)
-      y[i * n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
+    TANDEM_UNROLL for (int i = 0; i < M; ++i) y[i * n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
   }
 }
 
 template <dtype T>
-void decode_float_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_t r0,
-                       int64_t r1) {
+void decode_float_rows(const weight_view& w, const float* x, int64_t m, float* y, int64_t r0, int64_t r1) {
   for_input_chunks<8>(m, [&](auto mc, int64_t i0) {
     decode_float<T, decltype(mc)::value>(w, x + i0 * w.cols, y + i0 * w.rows, r0, r1);
   });
 }
 
-VNNI_BF16 void decode_q8_rows(const weight_view& w, const q8_pairs* xs, int64_t m, float* y,
-                              int64_t r0, int64_t r1) {
-  for_input_chunks<8>(m, [&](auto mc, int64_t i0) {
-    decode_q8_vnni<decltype(mc)::value>(w, xs + i0, y + i0 * w.rows, r0, r1);
-  });
+VNNI_BF16 void decode_q8_rows(const weight_view& w, const q8_pairs* xs, int64_t m, float* y, int64_t r0, int64_t r1) {
+  for_input_chunks<8>(
+      m, [&](auto mc, int64_t i0) { decode_q8_vnni<decltype(mc)::value>(w, xs + i0, y + i0 * w.rows, r0, r1); });
 }
 
 // The decode path; q8_0 weights need VNNI here.
 void decode(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
   const int64_t k = w.cols, grain = decode_grain(w, pool.size());
-  auto rows = [&](auto&& fn) {
-    pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); });
-  };
+  auto rows = [&](auto&& fn) { pool.parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); }); };
   if (w.type != dtype::q8_0) {
     const auto kern = w.type == dtype::f32   ? &decode_float_rows<dtype::f32>
                       : w.type == dtype::f16 ? &decode_float_rows<dtype::f16>
@@ -196,7 +183,7 @@ void decode(const weight_view& w, const float* x, int64_t m, float* y, thread_po
 
 // ---------------------------------------------------------------- prefill GEMM
 
-constexpr int MR = 6;   // x rows per microkernel: 6 x 4 zmm accumulators + 4 weight vectors
+constexpr int MR = 6;  // x rows per microkernel: 6 x 4 zmm accumulators + 4 weight vectors
 constexpr int NR = 64;  // weight rows per microkernel (y columns)
 constexpr int64_t NC = 256;  // weight rows per packed block (per thread)
 // k per packed block: one [KC][64] f32 micro-panel is 64 KiB, streamed from L2 (measured
@@ -206,13 +193,11 @@ constexpr int64_t KC_F32 = 256;  // a multiple of 32 (q8_0 blocks)
 // y[R, 64] (+)= a[R, kc] · b. a: rows at stride lda; b: [kc][64] packed; y: rows at stride
 // ldy, its columns beyond `mask` neither read nor written.
 template <int R>
-void kernel_f32(const float* a, int64_t lda, const float* b, int64_t kc, float* y, int64_t ldy,
-                const __mmask16* mask, bool accumulate) {
+void kernel_f32(const float* a, int64_t lda, const float* b, int64_t kc, float* y, int64_t ldy, const __mmask16* mask,
+                bool accumulate) {
   __m512 c[R][4];
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < 4; ++v)
-      c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v)
-                           : _mm512_setzero_ps();
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < 4; ++v) c[i][v] =
+      accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
   for (int64_t p = 0; p < kc; ++p) {
     __m512 bv[4];
     TANDEM_UNROLL for (int v = 0; v < 4; ++v) bv[v] = _mm512_load_ps(b + p * 64 + 16 * v);
@@ -221,8 +206,7 @@ void kernel_f32(const float* a, int64_t lda, const float* b, int64_t kc, float* 
       TANDEM_UNROLL for (int v = 0; v < 4; ++v) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
     }
   }
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < 4; ++v)
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < 4; ++v)
       _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
 }
 
@@ -270,11 +254,11 @@ inline void transpose16(const uint32_t* const* src, int64_t c, uint32_t* dst, in
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
   }
   TANDEM_UNROLL for (int i = 0; i < 16; i += 4)  // interleave 64-bit elements of pair pairs
-    TANDEM_UNROLL for (int j = 0; j < 2; ++j) {
-      const __m512d lo = _mm512_castps_pd(t[i + j]), hi = _mm512_castps_pd(t[i + j + 2]);
-      r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi));
-      r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi));
-    }
+      TANDEM_UNROLL for (int j = 0; j < 2; ++j) {
+    const __m512d lo = _mm512_castps_pd(t[i + j]), hi = _mm512_castps_pd(t[i + j + 2]);
+    r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi));
+    r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi));
+  }
   TANDEM_UNROLL for (int i = 0; i < 8; ++i) {  // then 128-bit lanes, in two steps
     const int g = (i / 4) * 8, q = i % 4;
     t[2 * i] = _mm512_shuffle_f32x4(r[g + q], r[g + 4 + q], 0x88);
@@ -285,8 +269,7 @@ inline void transpose16(const uint32_t* const* src, int64_t c, uint32_t* dst, in
     r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
   }
   // r[i] now holds column (i & 8) | (i & 1) << 2 | (i >> 1 & 3).
-  TANDEM_UNROLL for (int i = 0; i < 16; ++i)
-    _mm512_storeu_ps(dst + ((i & 8) | (i & 1) << 2 | (i >> 1 & 3)) * ld, r[i]);
+  TANDEM_UNROLL for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + ((i & 8) | (i & 1) << 2 | (i >> 1 & 3)) * ld, r[i]);
 }
 
 // Writes 16 rows of `units` 32-bit values into a packed panel: dst[c * NR + r] = rows[r][c].
@@ -299,8 +282,7 @@ void pack_group(const uint32_t* const* rows, int64_t units, uint32_t* dst) {
 
 // Packs weight rows [j0, j0 + nc) x columns [p0, p0 + kc) for kernel_f32:
 // bp: [ceil(nc/64)][kc][64], rows past nc zero. tmp: 17 * kc floats.
-void pack_f32(const weight_view& w, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* bp,
-              float* tmp) {
+void pack_f32(const weight_view& w, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* bp, float* tmp) {
   float* zero = tmp + 16 * kc;
   std::memset(zero, 0, size_t(kc) * 4);
   const uint32_t* rows[16];
@@ -344,22 +326,19 @@ void prefill(const weight_view& w, const float* x, int64_t m, float* y, thread_p
   if (n >= NR * pool.size()) {  // split weight rows: each is packed once
     pool.parallel_for(n, NR, [&](int64_t r0, int64_t r1, int) { gemm_rows(w, x, k, m, y, n, r0, r1); });
   } else {  // few weight rows: split the inputs
-    pool.parallel_for(m, MR, [&](int64_t i0, int64_t i1, int) {
-      gemm_rows(w, x + i0 * k, k, i1 - i0, y + i0 * n, n, 0, n);
-    });
+    pool.parallel_for(m, MR,
+                      [&](int64_t i0, int64_t i1, int) { gemm_rows(w, x + i0 * k, k, i1 - i0, y + i0 * n, n, 0, n); });
   }
 }
 
 }  // namespace
 
-void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
-                   bool vnni_bf16, bool gemm) {
-  if (gemm)
-    prefill(w, x, m, y, pool);
+void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool, bool vnni_bf16,
+                   bool gemm) {
+  if (gemm) prefill(w, x, m, y, pool);
   else if (w.type == dtype::q8_0 && !vnni_bf16)  // no VNNI: the AVX2 integer kernel
     matmul_avx2(w, x, m, y, pool, false);
-  else
-    decode(w, x, m, y, pool);
+  else decode(w, x, m, y, pool);
 }
 
 }  // namespace tandem::kernels::cpu::detail

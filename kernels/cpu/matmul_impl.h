@@ -15,11 +15,10 @@
 
 namespace tandem::kernels::cpu::detail {
 
-
 // The same contract as cpu::matmul on a chosen ISA level (tests compare levels through this).
 // Throws std::invalid_argument if the CPU lacks `level`.
-void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m, float* y,
-                     thread_pool& pool, matmul_mode mode = matmul_mode::batch_invariant);
+void matmul_with_isa(isa level, const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
+                     matmul_mode mode = matmul_mode::batch_invariant);
 
 // Batches of up to this many input rows take the decode (GEMV-like) path on `level`; larger
 // ones the GEMM path. Measured on the bench-76m shapes with weights out of cache (matmul.cpp).
@@ -30,8 +29,8 @@ int64_t decode_max_m(isa level, dtype t);
 // (tiled by cache_tile_rows), whose per-row arithmetic does not depend on m.
 void matmul_scalar(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool, bool gemm);
 void matmul_avx2(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool, bool gemm);
-void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
-                   bool vnni_bf16, bool gemm);
+void matmul_avx512(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool, bool vnni_bf16,
+                   bool gemm);
 
 // Quantizes n floats of x (n % 32 == 0) to int8 q[n] and one f32 scale per 32 in d[n / 32],
 // as ggml's quantize_row_q8_0 (but the scale is left in f32: see round_scales_f16). AVX2: the
@@ -86,12 +85,12 @@ enum scratch_slot {
   scratch_x = 0,
   scratch_panel = 1,
   scratch_tmp = 2,
-  scratch_deq_rows = 3,   // matmul_dequantized: a tile's rows in f32, its panel, its output
+  scratch_deq_rows = 3,  // matmul_dequantized: a tile's rows in f32, its panel, its output
   scratch_deq_panel = 4,
   scratch_deq_y = 5,
-  scratch_x_bf16 = 6,     // matmul_with_isa: x rounded to bf16 for bf16 weights
-  scratch_input = 7,      // matmul(matmul_input): the formed input of an unfused path
-  scratch_row = 8,        // matmul_panels: one formed input row of a fused conversion
+  scratch_x_bf16 = 6,  // matmul_with_isa: x rounded to bf16 for bf16 weights
+  scratch_input = 7,  // matmul(matmul_input): the formed input of an unfused path
+  scratch_row = 8,  // matmul_panels: one formed input row of a fused conversion
   scratch_slots = 9
 };
 void* thread_scratch(scratch_slot slot, size_t bytes);
@@ -100,8 +99,7 @@ void* thread_scratch(scratch_slot slot, size_t bytes);
 using dequant_fn = void (*)(dtype t, const void* src, float* dst, int64_t n);
 // Prefill through OpenBLAS: each pool thread dequantizes panels of its weight rows with
 // `dequant` and multiplies them with single-threaded cblas_sgemm (f32 weights are used in place).
-void prefill_blas(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool,
-                  dequant_fn dequant);
+void prefill_blas(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool, dequant_fn dequant);
 // Rows per parallel_for grain for the decode path on `threads` threads: equal slices, each big
 // enough that waking a thread pays off.
 int64_t decode_grain(const weight_view& w, int threads);

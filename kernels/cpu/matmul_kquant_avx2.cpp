@@ -132,8 +132,9 @@ inline void q6k_super(const block_q6_k& b, int64_t s, const x_rows& x, int64_t t
   for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
   for (int h = 0; h < 2; ++h) {  // elements 128h + 32g + l, g = 0..3: q in 0..63
     const __m256i l0 = load(b.ql + 64 * h), l1 = load(b.ql + 64 * h + 32), hb = load(b.qh + 32 * h);
-    const __m256i q[4] = {_mm256_or_si256(low4(l0), two_bits_to_4(hb, 0)), _mm256_or_si256(low4(l1), two_bits_to_4(hb, 2)),
-                          _mm256_or_si256(high4(l0), two_bits_to_4(hb, 4)), _mm256_or_si256(high4(l1), two_bits_to_4(hb, 6))};
+    const __m256i q[4] = {
+        _mm256_or_si256(low4(l0), two_bits_to_4(hb, 0)), _mm256_or_si256(low4(l1), two_bits_to_4(hb, 2)),
+        _mm256_or_si256(high4(l0), two_bits_to_4(hb, 4)), _mm256_or_si256(high4(l1), two_bits_to_4(hb, 6))};
     for (int g = 0; g < 4; ++g) {
       // 16-element sub-blocks 8h + 2g (elements l < 16: madd lanes 0-3) and 8h + 2g + 1 (lanes 4-7).
       const int j = 8 * h + 2 * g;
@@ -150,8 +151,8 @@ inline void q6k_super(const block_q6_k& b, int64_t s, const x_rows& x, int64_t t
   for (int t = 0; t < T; ++t) {
     const __m256i off = _mm256_madd_epi16(sc16, load(x.s16 + (t0 + t) * (x.k / 16) + s * 16));
     const __m256i exact = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(off, 5));
-    acc.main[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_set1_ps(d * x.d[(t0 + t) * (x.k / 32) + s * 8]),
-                                  acc.main[t]);
+    acc.main[t] =
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_set1_ps(d * x.d[(t0 + t) * (x.k / 32) + s * 8]), acc.main[t]);
   }
 }
 
@@ -170,8 +171,8 @@ inline void q40_row(const block_q4_0* b, int64_t nb, const x_rows& x, int64_t t0
     for (int t = 0; t < T; ++t) {
       const __m256i xv = load(x.q + (t0 + t) * x.k + 32 * i);
       const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q)), ones);
-      acc[t][i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * x.d[(t0 + t) * (x.k / 32) + i]),
-                                      acc[t][i & 1]);
+      acc[t][i & 1] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * x.d[(t0 + t) * (x.k / 32) + i]), acc[t][i & 1]);
     }
   }
   for (int t = 0; t < T; ++t) out[t * ldo] = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
@@ -184,7 +185,8 @@ void row_dot(const weight_view& w, int64_t r, const x_rows& x, int64_t t0, float
   const int64_t nsb = w.cols / qk_k;
   k_acc<T> sum;
   switch (w.type) {
-    case dtype::q4_0: return q40_row<T>(static_cast<const block_q4_0*>(row), w.cols / 32, x, t0, y + t0 * w.rows + r, w.rows);
+    case dtype::q4_0:
+      return q40_row<T>(static_cast<const block_q4_0*>(row), w.cols / 32, x, t0, y + t0 * w.rows + r, w.rows);
     case dtype::q4_k: {
       auto b = static_cast<const block_q4_k*>(row);
       for (int64_t s = 0; s < nsb; ++s) k4_super<T>(b[s].d, b[s].dmin, b[s].scales, b[s].qs, nullptr, s, x, t0, sum);
@@ -212,27 +214,29 @@ constexpr int64_t tile_bytes = 256 << 10;  // weight rows kept in L2 across a pr
 void matmul_kquant_avx2(const weight_view& w, const float* x, int64_t m, float* y, thread_pool& pool) {
   const int64_t k = w.cols, ng = k / 32;
   // x once per call (the calling thread's scratch; workers only read it).
-  auto* buf = static_cast<uint8_t*>(thread_scratch(scratch_x, size_t(m * k) + size_t(m * ng) * 6 + size_t(m * k / 16) * 2));
+  auto* buf =
+      static_cast<uint8_t*>(thread_scratch(scratch_x, size_t(m * k) + size_t(m * ng) * 6 + size_t(m * k / 16) * 2));
   auto* xq = reinterpret_cast<int8_t*>(buf);
   auto* dx = reinterpret_cast<float*>(buf + m * k);
   auto* s32 = reinterpret_cast<int16_t*>(dx + m * ng);
   auto* s16 = s32 + m * ng;
   // Rows of x are independent: a prefill's are split over the pool (the same bytes either way).
   auto quantize_rows = [&](int64_t i0, int64_t i1) {
-  for (int64_t i = i0; i < i1; ++i) {
-    if (w.type == dtype::q4_0) {  // as llama.cpp: Q8_0 x for Q4_0, Q8_K for the k-quants
-      quantize_x_q8_avx2(x + i * k, k, xq + i * k, dx + i * ng);
-      round_scales_f16(dx + i * ng, ng);
-    } else {
-      quantize_x_q8k_avx2(x + i * k, k, xq + i * k, dx + i * ng);
+    for (int64_t i = i0; i < i1; ++i) {
+      if (w.type == dtype::q4_0) {  // as llama.cpp: Q8_0 x for Q4_0, Q8_K for the k-quants
+        quantize_x_q8_avx2(x + i * k, k, xq + i * k, dx + i * ng);
+        round_scales_f16(dx + i * ng, ng);
+      } else {
+        quantize_x_q8k_avx2(x + i * k, k, xq + i * k, dx + i * ng);
+      }
+      for (int64_t h = 0; h < k / 16; ++h) {
+        int s = 0;
+        for (int e = 0; e < 16; ++e) s += xq[i * k + h * 16 + e];
+        s16[i * (k / 16) + h] = int16_t(s);
+      }
+      for (int64_t g = 0; g < ng; ++g)
+        s32[i * ng + g] = int16_t(s16[i * (k / 16) + 2 * g] + s16[i * (k / 16) + 2 * g + 1]);
     }
-    for (int64_t h = 0; h < k / 16; ++h) {
-      int s = 0;
-      for (int e = 0; e < 16; ++e) s += xq[i * k + h * 16 + e];
-      s16[i * (k / 16) + h] = int16_t(s);
-    }
-    for (int64_t g = 0; g < ng; ++g) s32[i * ng + g] = int16_t(s16[i * (k / 16) + 2 * g] + s16[i * (k / 16) + 2 * g + 1]);
-  }
   };
   if (m * k < (int64_t(1) << 14) || pool.size() == 1) quantize_rows(0, m);
   else pool.parallel_for(m, 16, [&](int64_t i0, int64_t i1, int) { quantize_rows(i0, i1); });

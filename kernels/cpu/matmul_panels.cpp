@@ -60,7 +60,7 @@
 namespace tandem::kernels::cpu::detail {
 namespace {
 
-constexpr int64_t PR = panel_rows;                  // output rows per panel
+constexpr int64_t PR = panel_rows;  // output rows per panel
 constexpr int64_t q8_block_bytes = PR * 32 + PR * 2;  // one k block of a q8_0 panel
 constexpr int64_t q8_scale_offset = PR * 32;
 
@@ -126,12 +126,10 @@ void pack_q8_panel(const weight_view& w, int64_t j0, uint8_t* dst) {
     uint8_t* blk = dst + b * q8_block_bytes;
     auto* scales = reinterpret_cast<uint16_t*>(blk + q8_scale_offset);
     for (int64_t c = 0; c < PR; ++c) {
-      const block_q8_0* src =
-          j0 + c < w.rows ? reinterpret_cast<const block_q8_0*>(row_ptr(w, j0 + c)) + b : nullptr;
+      const block_q8_0* src = j0 + c < w.rows ? reinterpret_cast<const block_q8_0*>(row_ptr(w, j0 + c)) + b : nullptr;
       scales[c] = src ? src->d : 0;
       for (int g = 0; g < 8; ++g)
-        for (int e = 0; e < 4; ++e)
-          blk[(g * PR + c) * 4 + e] = uint8_t(int(src ? src->qs[4 * g + e] : 0) + 128);
+        for (int e = 0; e < 4; ++e) blk[(g * PR + c) * 4 + e] = uint8_t(int(src ? src->qs[4 * g + e] : 0) + 128);
     }
   }
 }
@@ -171,15 +169,13 @@ void pack_k4_planes(const weight_view& w, int64_t j0, uint8_t* dst, int64_t bloc
       }
       for (int g = 0; g < 4; ++g)
         for (int e = 0; e < 8; ++e)
-          for (int l = 0; l < 4; ++l)
-            blk[((g * 8 + e) * PR + c) * 4 + l] = src ? src->qs[32 * g + 4 * e + l] : 0;
+          for (int l = 0; l < 4; ++l) blk[((g * 8 + e) * PR + c) * 4 + l] = src ? src->qs[32 * g + 4 * e + l] : 0;
       if constexpr (std::is_same_v<Block, block_q5_k>)
         for (int e = 0; e < 8; ++e)
           for (int l = 0; l < 4; ++l) blk[q5k_qh_offset + (e * PR + c) * 4 + l] = src ? src->qh[4 * e + l] : 0;
     }
   }
 }
-
 
 void pack_q6k_panel(const weight_view& w, int64_t j0, uint8_t* dst) {
   const int64_t nb = w.cols / qk_k;
@@ -214,12 +210,11 @@ inline __m512 load_weights(const uint16_t* p) {
 // stride lda; b: the panel at its k step p0 ([kc][64]); y's columns outside `mask` are neither
 // read nor written.
 template <int R, int V, class W>
-void kernel_float(const float* a, int64_t lda, const W* b, int64_t kc, float* y, int64_t ldy,
-                  const __mmask16* mask, bool accumulate) {
+void kernel_float(const float* a, int64_t lda, const W* b, int64_t kc, float* y, int64_t ldy, const __mmask16* mask,
+                  bool accumulate) {
   __m512 c[R][V];
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v)
-      c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v) c[i][v] =
+      accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
   for (int64_t p = 0; p < kc; ++p) {
     __m512 bv[V];
     TANDEM_UNROLL for (int v = 0; v < V; ++v) bv[v] = load_weights(b + p * PR + 16 * v);
@@ -228,18 +223,17 @@ void kernel_float(const float* a, int64_t lda, const W* b, int64_t kc, float* y,
       TANDEM_UNROLL for (int v = 0; v < V; ++v) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
     }
   }
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v)
+      _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
 }
 
 // As kernel_float for bf16: a is x rounded to bf16 (k pairs at stride lda), b: [kc/2][64][2].
 template <int R, int V>
-VNNI_BF16 void kernel_bf16(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kc, float* y,
-                           int64_t ldy, const __mmask16* mask, bool accumulate) {
+VNNI_BF16 void kernel_bf16(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kc, float* y, int64_t ldy,
+                           const __mmask16* mask, bool accumulate) {
   __m512 c[R][V];
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v)
-      c[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v) c[i][v] =
+      accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
   for (int64_t p = 0; p < kc; p += 2) {
     __m512bh bv[V];
     TANDEM_UNROLL for (int v = 0; v < V; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + p * PR + 32 * v);
@@ -250,8 +244,8 @@ VNNI_BF16 void kernel_bf16(const uint16_t* a, int64_t lda, const uint16_t* b, in
       TANDEM_UNROLL for (int v = 0; v < V; ++v) c[i][v] = _mm512_dpbf16_ps(c[i][v], av, bv[v]);
     }
   }
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v)
+      _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], c[i][v]);
 }
 
 // x quantized for kernel_q8, per row: q: [nb][32] s8, d: [nb] f32 scales, bias: [nb] int32
@@ -267,12 +261,11 @@ struct q8_x {
 // y[R, 16V] (+)= x[R] · panel columns [16 v0, 16 (v0 + V)), over blocks [b0, b0 + nbk).
 // panel points at block b0 of the panel.
 template <int R, int V>
-VNNI_BF16 void kernel_q8(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* panel, int64_t nbk, int v0,
-                         float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
+VNNI_BF16 void kernel_q8(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* panel, int64_t nbk, int v0, float* y,
+                         int64_t ldy, const __mmask16* mask, bool accumulate) {
   __m512 acc[R][V];
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v)
-      acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v) acc[i][v] =
+      accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
   for (int64_t b = 0; b < nbk; ++b) {
     const uint8_t* blk = panel + b * q8_block_bytes;
     const int64_t xb = b0 + b;
@@ -292,17 +285,16 @@ VNNI_BF16 void kernel_q8(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* p
       }
     }
     __m512 dw[V];
-    TANDEM_UNROLL for (int v = 0; v < V; ++v)
-      dw[v] = _mm512_cvtph_ps(_mm256_load_si256(
-          reinterpret_cast<const __m256i*>(blk + q8_scale_offset + 32 * (v0 + v))));
+    TANDEM_UNROLL for (int v = 0; v < V; ++v) dw[v] =
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q8_scale_offset + 32 * (v0 + v))));
     TANDEM_UNROLL for (int i = 0; i < R; ++i) {
       const __m512 dx = _mm512_set1_ps(x.d[(i0 + i) * x.nb + xb]);
-      TANDEM_UNROLL for (int v = 0; v < V; ++v)
-        acc[i][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][v]), _mm512_mul_ps(dw[v], dx), acc[i][v]);
+      TANDEM_UNROLL for (int v = 0; v < V; ++v) acc[i][v] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][v]), _mm512_mul_ps(dw[v], dx), acc[i][v]);
     }
   }
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], acc[i][v]);
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v)
+      _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], acc[i][v]);
 }
 
 // ---------------------------------------------------------------- drivers
@@ -313,20 +305,19 @@ VNNI_BF16 void kernel_q8(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* p
 // quarters of a panel in one pass (contiguous 256-byte groups), a prefill one quarter per pass.
 // Q5 (q5_k): the same with the fifth bits ORed in (16 where set), from the qh plane.
 template <int R, int V, bool Q5 = false>
-VNNI_BF16 void kernel_q4k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* panel, int64_t nsb, int v0,
-                          float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
+VNNI_BF16 void kernel_q4k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* panel, int64_t nsb, int v0, float* y,
+                          int64_t ldy, const __mmask16* mask, bool accumulate) {
   constexpr int64_t block_bytes = Q5 ? q5k_block_bytes : q4k_block_bytes;
   const __m512i low4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
   __m512 acc[R][V];
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v)
-      acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v) acc[i][v] =
+      accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = panel + sb * block_bytes;
     for (int g = 0; g < 4; ++g) {
       __m512i slo[R][V], shi[R][V];
-      TANDEM_UNROLL for (int i = 0; i < R; ++i)
-        TANDEM_UNROLL for (int v = 0; v < V; ++v) slo[i][v] = shi[i][v] = _mm512_setzero_si512();
+      TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v) slo[i][v] = shi[i][v] =
+          _mm512_setzero_si512();
       const int64_t xb = (s0 + sb) * 8 + 2 * g;  // x's 32-blocks of sub-blocks 2g and 2g + 1
       TANDEM_UNROLL for (int e = 0; e < 8; ++e) {
         __m512i xa[R], xc[R];
@@ -354,7 +345,8 @@ VNNI_BF16 void kernel_q4k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* 
       }
       TANDEM_UNROLL for (int v = 0; v < V; ++v) {
         const int q = v0 + v;
-        const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q4k_d_offset + 32 * q)));
+        const __m512 dw =
+            _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q4k_d_offset + 32 * q)));
         const __m512 dmw =
             _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q4k_dmin_offset + 32 * q)));
         for (int h = 0; h < 2; ++h) {
@@ -375,20 +367,19 @@ VNNI_BF16 void kernel_q4k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* 
       }
     }
   }
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], acc[i][v]);
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v)
+      _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], acc[i][v]);
 }
 
 // y[R, 16V] (+)= x[R, k] · the 16-row quarters [v0, v0 + V) of a q4_0 panel, blocks [b0, b0 + nbk)
 // (quarter v at y + 16 v under mask[v]); as kernel_q4k, R and V change no lane's arithmetic.
 template <int R, int V>
-VNNI_BF16 void kernel_q40(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* panel, int64_t nbk, int v0,
-                          float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
+VNNI_BF16 void kernel_q40(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* panel, int64_t nbk, int v0, float* y,
+                          int64_t ldy, const __mmask16* mask, bool accumulate) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 acc[R][V];
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v)
-      acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v) acc[i][v] =
+      accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
   for (int64_t b = 0; b < nbk; ++b) {
     const uint8_t* blk = panel + b * q40_block_bytes;
     const int64_t xb = b0 + b;
@@ -419,13 +410,12 @@ VNNI_BF16 void kernel_q40(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* 
     TANDEM_UNROLL for (int v = 0; v < V; ++v) {
       const __m512 dw =
           _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q40_d_offset + 32 * (v0 + v))));
-      TANDEM_UNROLL for (int i = 0; i < R; ++i)
-        acc[i][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][v]),
-                                    _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(i0 + i) * x.nb + xb])), acc[i][v]);
+      TANDEM_UNROLL for (int i = 0; i < R; ++i) acc[i][v] = _mm512_fmadd_ps(
+          _mm512_cvtepi32_ps(s[i][v]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(i0 + i) * x.nb + xb])), acc[i][v]);
     }
   }
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], acc[i][v]);
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v)
+      _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], acc[i][v]);
 }
 
 // y[R, 16V] (+)= x[R, k] · the 16-row quarters [v0, v0 + V) of a q6_k panel, super-blocks
@@ -435,86 +425,83 @@ VNNI_BF16 void kernel_q40(const q8_x& x, int64_t i0, int64_t b0, const uint8_t* 
 // meet the floats once per 32-block: half the float work of a float step per sub-block, which
 // was as much as the dot products themselves in 1-thread decode.
 template <int R, int V>
-VNNI_BF16 void kernel_q6k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* panel, int64_t nsb, int v0,
-                          float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
+VNNI_BF16 void kernel_q6k(const q8_x& x, int64_t i0, int64_t s0, const uint8_t* panel, int64_t nsb, int v0, float* y,
+                          int64_t ldy, const __mmask16* mask, bool accumulate) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
   __m512 acc[R][V];
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v)
-      acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v) acc[i][v] =
+      accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = panel + sb * q6k_block_bytes;
     // Unrolled so that odd is a constant in each copy: no selects in the inner loop.
     TANDEM_UNROLL for (int h = 0; h < 2; ++h)
-      TANDEM_UNROLL for (int odd = 0; odd < 2; ++odd) {  // x's 32-blocks q = odd, 2 + odd: ql plane a (odd 0) or b (1)
-        const uint8_t* plane = blk + (odd ? q6k_b_offset : 0);
-        __m512i s[R][V][2][2];  // [x row][quarter][c: q = 2c + odd][half: k 16 half..]
-        TANDEM_UNROLL for (int i = 0; i < R; ++i)
-          TANDEM_UNROLL for (int v = 0; v < V; ++v)
-            TANDEM_UNROLL for (int c = 0; c < 2; ++c) s[i][v][c][0] = s[i][v][c][1] = _mm512_setzero_si512();
-        const int64_t xb = (s0 + sb) * 8 + 4 * h;  // x's 32-blocks of k 128h + 32q
-        TANDEM_UNROLL for (int e = 0; e < 8; ++e) {
-          const int half = e / 4;
-          __m512i xv[R][2];
-          TANDEM_UNROLL for (int i = 0; i < R; ++i)
-            TANDEM_UNROLL for (int c = 0; c < 2; ++c) {
-              int32_t four;
-              std::memcpy(&four, x.q + ((i0 + i) * x.nb + xb + 2 * c + odd) * 32 + 4 * e, 4);
-              xv[i][c] = _mm512_set1_epi32(four);
-            }
-          TANDEM_UNROLL for (int v = 0; v < V; ++v) {
-            const int64_t at = ((h * 8 + e) * PR + 16 * (v0 + v)) * 4;
-            const __m512i a = _mm512_load_si512(plane + at);
-            const __m512i hb = _mm512_load_si512(blk + q6k_h_offset + at);
-            // q = odd: low nibbles, qh bits 2 odd..; q = 2 + odd: high nibbles, qh bits 4 + 2 odd..
-            const __m512i hlo = odd ? _mm512_slli_epi16(hb, 2) : _mm512_slli_epi16(hb, 4);
-            const __m512i hhi = odd ? _mm512_srli_epi16(hb, 2) : hb;
-            const __m512i q0 = _mm512_or_si512(_mm512_and_si512(a, low4), _mm512_and_si512(hlo, bits45));
-            const __m512i q1 =
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), low4), _mm512_and_si512(hhi, bits45));
-            TANDEM_UNROLL for (int i = 0; i < R; ++i) {
-              s[i][v][0][half] = _mm512_dpbusd_epi32(s[i][v][0][half], q0, xv[i][0]);
-              s[i][v][1][half] = _mm512_dpbusd_epi32(s[i][v][1][half], q1, xv[i][1]);
-            }
-          }
+        TANDEM_UNROLL for (int odd = 0; odd < 2;
+                           ++odd) {  // x's 32-blocks q = odd, 2 + odd: ql plane a (odd 0) or b (1)
+      const uint8_t* plane = blk + (odd ? q6k_b_offset : 0);
+      __m512i s[R][V][2][2];  // [x row][quarter][c: q = 2c + odd][half: k 16 half..]
+      TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v)
+          TANDEM_UNROLL for (int c = 0; c < 2; ++c) s[i][v][c][0] = s[i][v][c][1] = _mm512_setzero_si512();
+      const int64_t xb = (s0 + sb) * 8 + 4 * h;  // x's 32-blocks of k 128h + 32q
+      TANDEM_UNROLL for (int e = 0; e < 8; ++e) {
+        const int half = e / 4;
+        __m512i xv[R][2];
+        TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int c = 0; c < 2; ++c) {
+          int32_t four;
+          std::memcpy(&four, x.q + ((i0 + i) * x.nb + xb + 2 * c + odd) * 32 + 4 * e, 4);
+          xv[i][c] = _mm512_set1_epi32(four);
         }
         TANDEM_UNROLL for (int v = 0; v < V; ++v) {
-          const __m512 dw = _mm512_cvtph_ps(
-              _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q6k_d_offset + 32 * (v0 + v))));
-          TANDEM_UNROLL for (int c = 0; c < 2; ++c) {
-            const int q = 2 * c + odd;
-            __m512i sc[2];  // the 16-sub-blocks k 128h + 32q + 16 half: j = 8h + 2q + half
-            TANDEM_UNROLL for (int hf = 0; hf < 2; ++hf)
-              sc[hf] = _mm512_cvtepi8_epi32(
-                  _mm_load_si128(reinterpret_cast<const __m128i*>(blk + q6k_sc_offset + (8 * h + 2 * q + hf) * PR + 16 * (v0 + v))));
-            TANDEM_UNROLL for (int i = 0; i < R; ++i) {
-              const int64_t xi = (i0 + i) * x.nb + xb + q;
-              // (sum (q6 x) - 32 sum x) per sub-block: the q6 - 32 offset, exact in integers
-              const __m512i e0 = _mm512_sub_epi32(s[i][v][c][0], _mm512_set1_epi32(32 * x.sum16[2 * xi]));
-              const __m512i e1 = _mm512_sub_epi32(s[i][v][c][1], _mm512_set1_epi32(32 * x.sum16[2 * xi + 1]));
-              const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(e0, sc[0]), _mm512_mullo_epi32(e1, sc[1]));
-              acc[i][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[xi])), acc[i][v]);
-            }
+          const int64_t at = ((h * 8 + e) * PR + 16 * (v0 + v)) * 4;
+          const __m512i a = _mm512_load_si512(plane + at);
+          const __m512i hb = _mm512_load_si512(blk + q6k_h_offset + at);
+          // q = odd: low nibbles, qh bits 2 odd..; q = 2 + odd: high nibbles, qh bits 4 + 2 odd..
+          const __m512i hlo = odd ? _mm512_slli_epi16(hb, 2) : _mm512_slli_epi16(hb, 4);
+          const __m512i hhi = odd ? _mm512_srli_epi16(hb, 2) : hb;
+          const __m512i q0 = _mm512_or_si512(_mm512_and_si512(a, low4), _mm512_and_si512(hlo, bits45));
+          const __m512i q1 =
+              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), low4), _mm512_and_si512(hhi, bits45));
+          TANDEM_UNROLL for (int i = 0; i < R; ++i) {
+            s[i][v][0][half] = _mm512_dpbusd_epi32(s[i][v][0][half], q0, xv[i][0]);
+            s[i][v][1][half] = _mm512_dpbusd_epi32(s[i][v][1][half], q1, xv[i][1]);
           }
         }
       }
+      TANDEM_UNROLL for (int v = 0; v < V; ++v) {
+        const __m512 dw =
+            _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + q6k_d_offset + 32 * (v0 + v))));
+        TANDEM_UNROLL for (int c = 0; c < 2; ++c) {
+          const int q = 2 * c + odd;
+          __m512i sc[2];  // the 16-sub-blocks k 128h + 32q + 16 half: j = 8h + 2q + half
+          TANDEM_UNROLL for (int hf = 0; hf < 2; ++hf) sc[hf] = _mm512_cvtepi8_epi32(_mm_load_si128(
+              reinterpret_cast<const __m128i*>(blk + q6k_sc_offset + (8 * h + 2 * q + hf) * PR + 16 * (v0 + v))));
+          TANDEM_UNROLL for (int i = 0; i < R; ++i) {
+            const int64_t xi = (i0 + i) * x.nb + xb + q;
+            // (sum (q6 x) - 32 sum x) per sub-block: the q6 - 32 offset, exact in integers
+            const __m512i e0 = _mm512_sub_epi32(s[i][v][c][0], _mm512_set1_epi32(32 * x.sum16[2 * xi]));
+            const __m512i e1 = _mm512_sub_epi32(s[i][v][c][1], _mm512_set1_epi32(32 * x.sum16[2 * xi + 1]));
+            const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(e0, sc[0]), _mm512_mullo_epi32(e1, sc[1]));
+            acc[i][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[xi])), acc[i][v]);
+          }
+        }
+      }
+    }
   }
-  TANDEM_UNROLL for (int i = 0; i < R; ++i)
-    TANDEM_UNROLL for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], acc[i][v]);
+  TANDEM_UNROLL for (int i = 0; i < R; ++i) TANDEM_UNROLL for (int v = 0; v < V; ++v)
+      _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], acc[i][v]);
 }
 
-constexpr int MR_FLOAT = 6;     // x rows per float microkernel (6 x 4 zmm accumulators)
-constexpr int MR_Q8 = 4;        // x rows per q8_0 microkernel (4 x 2 int + 4 x 2 float zmm)
-constexpr int64_t KC_F32 = 256;   // k per pass over a panel: [256][64] f32 = 64 KiB, from L2
-constexpr int64_t KC_F16 = 512;   // [512][64] f16 = 64 KiB
+constexpr int MR_FLOAT = 6;  // x rows per float microkernel (6 x 4 zmm accumulators)
+constexpr int MR_Q8 = 4;  // x rows per q8_0 microkernel (4 x 2 int + 4 x 2 float zmm)
+constexpr int64_t KC_F32 = 256;  // k per pass over a panel: [256][64] f32 = 64 KiB, from L2
+constexpr int64_t KC_F16 = 512;  // [512][64] f16 = 64 KiB
 constexpr int64_t KC_BF16 = 512;  // [256][64][2] bf16 = 64 KiB
-constexpr int64_t KB_Q8 = 16;     // blocks per pass: 16 x 2176 bytes = 34 KiB
-constexpr int MR_Q4K = 4;         // x rows per q4_k microkernel
-constexpr int64_t KB_Q4K = 4;     // super-blocks per pass: 4 x 9472 bytes = 37 KiB
-constexpr int MR_Q6K = 2;         // x rows per q6_k microkernel (8 int accumulators + temporaries)
-constexpr int64_t KB_Q6K = 3;     // 3 x 13440 bytes = 39 KiB
+constexpr int64_t KB_Q8 = 16;  // blocks per pass: 16 x 2176 bytes = 34 KiB
+constexpr int MR_Q4K = 4;  // x rows per q4_k microkernel
+constexpr int64_t KB_Q4K = 4;  // super-blocks per pass: 4 x 9472 bytes = 37 KiB
+constexpr int MR_Q6K = 2;  // x rows per q6_k microkernel (8 int accumulators + temporaries)
+constexpr int64_t KB_Q6K = 3;  // 3 x 13440 bytes = 39 KiB
 constexpr int64_t PREFILL_ROWS = 96;  // x rows per block of a prefill (a multiple of every MR)
-constexpr int Q6K_DECODE_V = 4;   // quarters per decode pass: the whole panel (measured +14% decode over 1)
+constexpr int Q6K_DECODE_V = 4;  // quarters per decode pass: the whole panel (measured +14% decode over 1)
 
 // Column masks of the four 16-row vectors of the panel starting at row j0.
 void panel_masks(const weight_view& w, int64_t j0, __mmask16* mask) {
@@ -523,8 +510,8 @@ void panel_masks(const weight_view& w, int64_t j0, __mmask16* mask) {
 
 // Rows [i0, i1) of x against panels [p0, p1) of w. a: x as the kernel reads it.
 template <dtype T>
-void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq, int64_t i0, int64_t i1,
-               float* y, int64_t p0, int64_t p1) {
+void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq, int64_t i0, int64_t i1, float* y,
+               int64_t p0, int64_t p1) {
   const int64_t k = w.cols, n = w.rows, pbytes = panel_bytes(T, k);
   const auto* base = static_cast<const uint8_t*>(w.panels);
   for (int64_t pj = p0; pj < p1; ++pj) {
@@ -580,9 +567,10 @@ void run_block(const weight_view& w, const void* a, int64_t lda, const q8_x* xq,
       }
     } else if constexpr (T == dtype::q4_0) {
       if (i1 - i0 == 1) {  // decode: the whole panel per pass
-        decode_passes(k / q4_0_block, KB_Q8, q40_block_bytes, [&](int64_t b0, const uint8_t* p, int64_t nbk, float* yp) {
-          kernel_q40<1, 4>(*xq, i0, b0, p, nbk, 0, yp, n, mask, b0 > 0);
-        });
+        decode_passes(k / q4_0_block, KB_Q8, q40_block_bytes,
+                      [&](int64_t b0, const uint8_t* p, int64_t nbk, float* yp) {
+                        kernel_q40<1, 4>(*xq, i0, b0, p, nbk, 0, yp, n, mask, b0 > 0);
+                      });
       } else {
         quarters(std::integral_constant<int, MR_Q4K>{}, k / q4_0_block, KB_Q8, q40_block_bytes,
                  [&](auto rows, int64_t i, int64_t b0, const uint8_t* p, int64_t nbk, int v, float* yp, bool acc) {
@@ -733,10 +721,10 @@ void run_panels(std::span<const matmul_output> mats, const matmul_input& in, int
   auto panels_of = [](const weight_view& w) { return (w.rows + PR - 1) / PR; };
   int64_t np = 0;
   for (const matmul_output& t : mats) np += panels_of(*t.w);
-  const int64_t mr = T == dtype::q8_0                                          ? MR_Q8
-                     : T == dtype::q6_k                                          ? MR_Q6K
+  const int64_t mr = T == dtype::q8_0                                         ? MR_Q8
+                     : T == dtype::q6_k                                       ? MR_Q6K
                      : T == dtype::f32 || T == dtype::f16 || T == dtype::bf16 ? MR_FLOAT
-                                                                                 : MR_Q4K;
+                                                                              : MR_Q4K;
   auto block = [&](const matmul_output& t, int64_t i0, int64_t i1, int64_t p0, int64_t p1) {
     run_block<T>(*t.w, xf.a, xf.lda, &xf.xq, i0, i1, t.y, p0, p1);
   };
@@ -781,9 +769,8 @@ void run_panels(std::span<const matmul_output> mats, const matmul_input& in, int
           items.push_back({items[s].task, items[s].p0, items[s].p1, i0, std::min(m, i0 + PREFILL_ROWS)});
       }
       // The cut slices after the whole ones, each slice's blocks in turn.
-      std::stable_sort(items.begin() + std::ptrdiff_t(whole), items.end(), [](const item& a, const item& b) {
-        return a.task != b.task ? a.task < b.task : a.p0 < b.p0;
-      });
+      std::stable_sort(items.begin() + std::ptrdiff_t(whole), items.end(),
+                       [](const item& a, const item& b) { return a.task != b.task ? a.task < b.task : a.p0 < b.p0; });
     }
     pool.for_each_dynamic(int64_t(items.size()), [&](int64_t s, int) {
       const item& it = items[size_t(s)];

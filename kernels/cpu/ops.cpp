@@ -107,8 +107,8 @@ void add_inplace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
-void rope_table(const int32_t* pos, int64_t n_tokens, int64_t head_dim, float freq_base, float* cs,
-                float freq_scale, const float* freq_factors) {
+void rope_table(const int32_t* pos, int64_t n_tokens, int64_t head_dim, float freq_base, float* cs, float freq_scale,
+                const float* freq_factors) {
   // Angles depend only on (pos, i): the inverse frequencies once per call.
   std::vector<double> inv_freq(size_t(head_dim / 2));
   for (int64_t i = 0; i < head_dim / 2; ++i) {
@@ -176,8 +176,7 @@ void scale_inplace(float* x, int64_t n, float a) {
   for (int64_t i = 0; i < n; ++i) x[i] *= a;
 }
 
-void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-          float freq_base) {
+void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, float freq_base) {
   std::vector<float> cs(size_t(n_tokens * (head_dim / 2) * 2));
   rope_table(pos, n_tokens, head_dim, freq_base, cs.data());
   rope_apply(x, cs.data(), n_tokens, n_heads, head_dim);

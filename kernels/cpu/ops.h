@@ -20,8 +20,7 @@ void add_inplace(float* x, const float* y, int64_t n);
 enum class rope_style : uint8_t { normal, neox };
 // Rotary embedding, llama "normal" layout (adjacent pairs (2i, 2i+1) rotate together):
 // x: [n_tokens, n_heads, head_dim], pos: [n_tokens]; pair i turns by pos·base^(−2i/head_dim).
-void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-          float freq_base);
+void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, float freq_base);
 // rope in two steps, for callers that rotate many tensors at the same positions (every layer's
 // q and k): the angles once, cs: [n_tokens][head_dim / 2][2] (cos, sin) ... Pair i turns by
 // pos·freq_scale·base^(−2i/head_dim) / freq_factors[i] (llama.cpp's rope_ext without YaRN):

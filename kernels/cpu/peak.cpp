@@ -28,25 +28,25 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // (4 cycles x 2 pipes). Distinct seeds keep the compiler from merging chains; TANDEM_UNROLL
 // keeps them in registers. Evaluates to GFLOP/s (a multiply-add counts 2 per lane). A macro,
 // not a template: the intrinsics must expand inside the target-attributed functions below.
-#define TANDEM_FMA_CHAINS(V, LANES, FMA, SET1)                                      \
-  volatile float seed = 0.999999f; /* opaque to the optimiser */                   \
-  const V b = SET1(seed), c = SET1(1e-7f);                                          \
-  V a[12];                                                                          \
-  TANDEM_UNROLL for (int j = 0; j < 12; ++j) a[j] = SET1(float(j));                 \
-  const auto t0 = std::chrono::steady_clock::now();                                 \
-  int64_t rounds = 0;                                                               \
-  do {                                                                              \
-    for (int it = 0; it < 1 << 14; ++it) {                                          \
-      TANDEM_UNROLL for (int j = 0; j < 12; ++j) a[j] = FMA(a[j], b, c);            \
-    }                                                                               \
-    rounds += 1 << 14;                                                              \
-  } while (seconds_since(t0) < seconds);                                            \
-  const double elapsed = seconds_since(t0);                                         \
-  TANDEM_UNROLL for (int j = 1; j < 12; ++j) a[0] = FMA(a[0], b, a[j]);             \
-  float first;                                                                      \
-  std::memcpy(&first, &a[0], sizeof first);                                         \
-  volatile float sink = first;                                                      \
-  (void)sink;                                                                       \
+#define TANDEM_FMA_CHAINS(V, LANES, FMA, SET1)                           \
+  volatile float seed = 0.999999f; /* opaque to the optimiser */         \
+  const V b = SET1(seed), c = SET1(1e-7f);                               \
+  V a[12];                                                               \
+  TANDEM_UNROLL for (int j = 0; j < 12; ++j) a[j] = SET1(float(j));      \
+  const auto t0 = std::chrono::steady_clock::now();                      \
+  int64_t rounds = 0;                                                    \
+  do {                                                                   \
+    for (int it = 0; it < 1 << 14; ++it) {                               \
+      TANDEM_UNROLL for (int j = 0; j < 12; ++j) a[j] = FMA(a[j], b, c); \
+    }                                                                    \
+    rounds += 1 << 14;                                                   \
+  } while (seconds_since(t0) < seconds);                                 \
+  const double elapsed = seconds_since(t0);                              \
+  TANDEM_UNROLL for (int j = 1; j < 12; ++j) a[0] = FMA(a[0], b, a[j]);  \
+  float first;                                                           \
+  std::memcpy(&first, &a[0], sizeof first);                              \
+  volatile float sink = first;                                           \
+  (void)sink;                                                            \
   return double(rounds) * 12 * 2 * (LANES) / elapsed * 1e-9
 
 __attribute__((target("avx512f,fma"))) double fma_avx512(double seconds) {
@@ -127,9 +127,8 @@ double measure_read_bandwidth_gbs(thread_pool& pool, size_t bytes, double second
   // Equal slices of whole 256-byte steps (the vector loops read 64 floats per step).
   const size_t threads = size_t(pool.size());
   const size_t slice = std::max<size_t>(64, bytes / 4 / threads / 64 * 64);  // floats
-  const size_t total = slice * threads * 4;                                  // bytes
-  std::unique_ptr<float, decltype(&std::free)> buf(
-      static_cast<float*>(std::aligned_alloc(64, total)), &std::free);
+  const size_t total = slice * threads * 4;  // bytes
+  std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(64, total)), &std::free);
   if (!buf) throw std::bad_alloc();
   float* base = buf.get();
   // First touch by the thread that reads the slice later (its NUMA node, its page mapping).

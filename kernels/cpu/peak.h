@@ -13,7 +13,6 @@ double measure_fma_gflops(thread_pool& pool, double seconds = 0.3);
 
 // Read bandwidth in GB/s: every thread of `pool` sum-reduces its slice of a `bytes` buffer
 // (choose it larger than the caches), repeated for about `seconds`.
-double measure_read_bandwidth_gbs(thread_pool& pool, size_t bytes = 512ull << 20,
-                                  double seconds = 0.3);
+double measure_read_bandwidth_gbs(thread_pool& pool, size_t bytes = 512ull << 20, double seconds = 0.3);
 
 }  // namespace tandem::kernels::cpu

@@ -15,8 +15,7 @@ void check(int err, const char* what) {
   // The runtime also records a failed call as its "last error"; clear it, or the next
   // launch check would report this failure again. (Sticky errors stay regardless.)
   cudaGetLastError();
-  throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e) + " (" +
-                           cudaGetErrorName(e) + ")");
+  throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")");
 }
 }  // namespace detail
 
@@ -34,8 +33,7 @@ const probe_result& probe() {
     if (e != cudaSuccess) {
       cudaGetLastError();  // clear the error so later checks do not report it again
       p.count = 0;
-      p.reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e) + " (" +
-                 cudaGetErrorName(e) + ")";
+      p.reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")";
     } else if (p.count == 0) {
       p.reason = "the CUDA runtime reports no devices";
     }
@@ -77,8 +75,6 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
   detail::check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
 }
 
-void device_synchronize(const char* what) {
-  detail::check(cudaDeviceSynchronize(), what);
-}
+void device_synchronize(const char* what) { detail::check(cudaDeviceSynchronize(), what); }
 
 }  // namespace tandem::kernels::cuda

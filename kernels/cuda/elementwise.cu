@@ -36,8 +36,7 @@ __device__ float warp_sum(float v) {
 }
 
 // One block per row: threads stride over the row, then a two-level (warp, block) reduction.
-__global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_t dim,
-                                float eps) {
+__global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_t dim, float eps) {
   const float* xr = x + int64_t(blockIdx.x) * dim;
   float* yr = y + int64_t(blockIdx.x) * dim;
   float ss = 0.0f;
@@ -61,26 +60,23 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_
 }
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float g = gate[i];
     out[i] = g / (1.0f + expf(-g)) * up[i];  // expf, not __expf: keep full accuracy
   }
 }
 
 __global__ void add_inplace_kernel(float* x, const float* y, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] += y[i];
 }
 
 // One thread per rotated pair. The angle is computed in double, as on the CPU: at positions
 // in the thousands a float angle is off by ~1e-4 rad, far outside the 1e-5 tolerance.
-__global__ void rope_kernel(float* x, const int32_t* pos, int64_t n_heads, int64_t head_dim,
-                            int64_t n_pairs, double freq_base) {
+__global__ void rope_kernel(float* x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t n_pairs,
+                            double freq_base) {
   const int64_t half = head_dim / 2;
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n_pairs;
-       k += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n_pairs; k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = k % half, row = k / half;  // row = t * n_heads + h
     const int64_t t = row / n_heads;
     const double theta = double(pos[t]) * pow(freq_base, -2.0 * double(i) / double(head_dim));
@@ -118,13 +114,11 @@ void add_inplace(float* x, const float* y, int64_t n) {
   check_launch("cuda add_inplace");
 }
 
-void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-          float freq_base) {
+void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, float freq_base) {
   check_sizes("cuda rope", {n_tokens, n_heads, head_dim});
   const int64_t n_pairs = n_tokens * n_heads * (head_dim / 2);
   if (n_pairs == 0) return;
-  rope_kernel<<<grid_for(n_pairs), block_threads>>>(x, pos, n_heads, head_dim, n_pairs,
-                                                     double(freq_base));
+  rope_kernel<<<grid_for(n_pairs), block_threads>>>(x, pos, n_heads, head_dim, n_pairs, double(freq_base));
   check_launch("cuda rope");
 }
 

@@ -32,8 +32,7 @@ void device_synchronize(const char* what = "cuda");
 void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void add_inplace(float* x, const float* y, int64_t n);
-void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-          float freq_base);
+void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, float freq_base);
 
 namespace detail {
 // Throws std::runtime_error("<what>: <CUDA message> (<error name>)") when err != cudaSuccess.

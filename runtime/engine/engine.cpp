@@ -22,8 +22,8 @@ struct engine::scratch {
   std::vector<float> x, xn, q, k, v, attn, proj, gate, up;  // [T, width] each
   // [T, head_dim / 2, 2] for each distinct (RoPE base, scale) of the layers (Gemma 3: two)
   std::vector<std::vector<float>> rope_cs;
-  std::vector<std::vector<const void*>> kptr, vptr;         // per thread: block pointers
-  std::vector<engine::attn_task> attn_tasks;                // this forward's attention work
+  std::vector<std::vector<const void*>> kptr, vptr;  // per thread: block pointers
+  std::vector<engine::attn_task> attn_tasks;  // this forward's attention work
   // Decode: several matmuls on one x as one job of row slices, each run by one participant
   // with its own single-thread pool (no nested dispatch).
   struct slice_task {
@@ -67,16 +67,15 @@ engine::engine(std::shared_ptr<const model> m, engine_options opts)
     : model_(std::move(m)),
       opts_(opts),
       pool_threads_(opts.cores, opts.n_threads, opts.core_group),
-      pool_(kv_layout{model_->config().n_layer, model_->config().n_kv_head, model_->config().head_dim,
-                      opts.block_size, opts.kv_dtype},
+      pool_(kv_layout{model_->config().n_layer, model_->config().n_kv_head, model_->config().head_dim, opts.block_size,
+                      opts.kv_dtype},
             kv_blocks_per_worker(*model_, opts.block_size, opts.kv_dtype, opts.n_kv_blocks, opts.kv_memory_bytes)),
       scratch_(std::make_unique<scratch>()) {
   if (opts.block_size <= 0) throw failure(errc::invalid_argument, "KV block size must be positive");
   salt_ = engine_prefix_salt(*model_, opts.block_size, opts.matmul, opts.kv_dtype);
   if (opts.prefix_cache) prefix_ = std::make_unique<prefix_index>(pool_);
   scratch_->kptr.resize(size_t(pool_threads_.size()));
-  for (int i = 0; i < pool_threads_.size(); ++i)
-    scratch_->solo.push_back(std::make_unique<kernels::thread_pool>(1));
+  for (int i = 0; i < pool_threads_.size(); ++i) scratch_->solo.push_back(std::make_unique<kernels::thread_pool>(1));
   scratch_->vptr.resize(size_t(pool_threads_.size()));
 }
 
@@ -108,9 +107,7 @@ int32_t engine::blocks_needed(seq_id s, int32_t n_tokens) const {
   return std::max(0, div_up(len + n_tokens, opts_.block_size) - have);
 }
 
-int32_t engine::available_blocks() const {
-  return pool_.free_blocks() + (prefix_ ? prefix_->evictable() : 0);
-}
+int32_t engine::available_blocks() const { return pool_.free_blocks() + (prefix_ ? prefix_->evictable() : 0); }
 
 bool engine::make_room(int32_t n) {
   if (n <= pool_.free_blocks()) return true;
@@ -241,22 +238,21 @@ status engine::forward(std::span<const batch_entry> batch, std::vector<float>& l
   for (int32_t t = 0; t < T; ++t) {
     const auto& e = batch[size_t(t)];
     auto it = seqs_.find(e.seq);
-    if (it == seqs_.end())
-      return {errc::unknown_sequence, "sequence " + std::to_string(e.seq) + " does not exist"};
+    if (it == seqs_.end()) return {errc::unknown_sequence, "sequence " + std::to_string(e.seq) + " does not exist"};
     if (e.token < 0 || e.token >= c.n_vocab)
-      return {errc::invalid_argument, "token id " + std::to_string(e.token) + " is outside the vocabulary (" +
-                                          std::to_string(c.n_vocab) + ")"};
+      return {errc::invalid_argument,
+              "token id " + std::to_string(e.token) + " is outside the vocabulary (" + std::to_string(c.n_vocab) + ")"};
     seqs[size_t(t)] = &it->second;
     pos[size_t(t)] = it->second.n_tokens + added[e.seq]++;
     if (pos[size_t(t)] >= c.n_ctx)
-      return {errc::context_overflow, "sequence " + std::to_string(e.seq) + " would exceed the context length " +
-                                          std::to_string(c.n_ctx)};
+      return {errc::context_overflow,
+              "sequence " + std::to_string(e.seq) + " would exceed the context length " + std::to_string(c.n_ctx)};
   }
   int32_t need = 0;
   for (auto& [s, n] : added) need += blocks_needed(s, n);
   if (!make_room(need))
-    return {errc::out_of_kv_blocks, "batch needs " + std::to_string(need) + " KV blocks, " +
-                                        std::to_string(pool_.free_blocks()) + " free"};
+    return {errc::out_of_kv_blocks,
+            "batch needs " + std::to_string(need) + " KV blocks, " + std::to_string(pool_.free_blocks()) + " free"};
   for (auto& [s, n] : added) {
     sequence& sq = seqs_.at(s);
     for (int32_t i = blocks_needed(s, n); i > 0; --i) sq.blocks.push_back(pool_.allocate());
@@ -361,10 +357,10 @@ void engine::run_layers(std::span<const batch_entry> batch, std::span<const int3
       const int64_t align = kernels::row_align(*w);
       const int64_t per = ((w->rows + parts - 1) / parts + align - 1) / align * align;
       for (int64_t w0 = 0; w0 < w->rows; w0 += per)
-        s.slices.push_back({w, y + r0 * w->rows, w0, std::min(w->rows, w0 + per), std::min(per, w->rows - w0) * row_bytes});
+        s.slices.push_back(
+            {w, y + r0 * w->rows, w0, std::min(w->rows, w0 + per), std::min(per, w->rows - w0) * row_bytes});
     }
-    std::stable_sort(s.slices.begin(), s.slices.end(),
-                     [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+    std::stable_sort(s.slices.begin(), s.slices.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
     pool.for_each_dynamic(int64_t(s.slices.size()), [&](int64_t i, int p) {
       const auto& t = s.slices[size_t(i)];
       cpu::matmul(kernels::slice_rows(*t.w, t.r0, t.r1), in, 1, t.y + t.r0, *s.solo[size_t(p)], opts_.matmul);
@@ -578,10 +574,8 @@ status engine::prefill(seq_id s, std::span<const token_id> tokens, std::vector<f
   return forward(batch, last_logits);
 }
 
-status engine::decode(std::span<const seq_id> seqs, std::span<const token_id> tokens,
-                      std::vector<float>& logits) {
-  if (seqs.size() != tokens.size())
-    return {errc::invalid_argument, "decode needs one token per sequence"};
+status engine::decode(std::span<const seq_id> seqs, std::span<const token_id> tokens, std::vector<float>& logits) {
+  if (seqs.size() != tokens.size()) return {errc::invalid_argument, "decode needs one token per sequence"};
   std::vector<batch_entry> batch(seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i) {
     for (size_t j = 0; j < i; ++j)
@@ -650,15 +644,14 @@ status engine::import_kv(seq_id s, std::span<const kv_block_export* const> block
     const std::string which = "KV block " + std::to_string(i);
     if (e.checksum != e.compute_checksum())
       return {errc::checksum_mismatch, which + " fails its checksum: corrupted in transit"};
-    if (e.model_id != model_->identity())
-      return {errc::incompatible_kv, which + " was made by a different model"};
+    if (e.model_id != model_->identity()) return {errc::incompatible_kv, which + " was made by a different model"};
     if (e.dtype != lay.dtype)
       return {errc::incompatible_kv, which + " holds " + std::string(kernels::to_string(e.dtype)) +
                                          " KV; this engine's cache is " + std::string(kernels::to_string(lay.dtype)) +
                                          " (--kv-dtype must match on both sides)"};
-    if (e.block_size != lay.block_size || e.n_kv_head != lay.n_kv_head ||
-        e.head_dim != lay.head_dim || e.layer_begin < 0 || e.layer_end > lay.n_layer ||
-        e.layer_begin >= e.layer_end || int64_t(e.payload.size()) != int64_t(e.layer_end - e.layer_begin) * per_layer)
+    if (e.block_size != lay.block_size || e.n_kv_head != lay.n_kv_head || e.head_dim != lay.head_dim ||
+        e.layer_begin < 0 || e.layer_end > lay.n_layer || e.layer_begin >= e.layer_end ||
+        int64_t(e.payload.size()) != int64_t(e.layer_end - e.layer_begin) * per_layer)
       return {errc::incompatible_kv, which + " has a different layout than this engine's cache"};
     if (e.pos_begin < 0 || e.pos_begin % lay.block_size != 0 || e.pos_end <= e.pos_begin ||
         e.pos_end - e.pos_begin > lay.block_size || e.pos_end > config().n_ctx)

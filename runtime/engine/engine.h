@@ -47,11 +47,11 @@ struct engine_options {
 
 // What the prefix cache did so far (counters since the engine started, and its size now).
 struct prefix_cache_stats {
-  uint64_t hit_tokens = 0;      // prompt tokens attach_prefix found cached
-  uint64_t lookup_tokens = 0;   // prompt tokens attach_prefix was asked about
+  uint64_t hit_tokens = 0;  // prompt tokens attach_prefix found cached
+  uint64_t lookup_tokens = 0;  // prompt tokens attach_prefix was asked about
   uint64_t published_blocks = 0;
   uint64_t evicted_blocks = 0;
-  int32_t cached_blocks = 0;    // named blocks held now (in use or not)
+  int32_t cached_blocks = 0;  // named blocks held now (in use or not)
 };
 
 // The KV blocks one worker's engine holds: `blocks` when positive, else as many of the model's
@@ -130,14 +130,12 @@ class engine {
   // `after_layer(l)`, if set, runs on the calling thread as soon as layer l's K/V of the whole
   // batch is in the cache: a prefill worker streams finished layers while later ones compute.
   using layer_hook = std::function<void(int32_t layer)>;
-  status forward(std::span<const batch_entry> batch, std::vector<float>& logits,
-                 const layer_hook& after_layer = {});
+  status forward(std::span<const batch_entry> batch, std::vector<float>& logits, const layer_hook& after_layer = {});
 
   // Appends `tokens` to s; `last_logits` gets the logits after the last token.
   status prefill(seq_id s, std::span<const token_id> tokens, std::vector<float>& last_logits);
   // Advances each sequence by one token; logits: [seqs.size(), n_vocab].
-  status decode(std::span<const seq_id> seqs, std::span<const token_id> tokens,
-                std::vector<float>& logits);
+  status decode(std::span<const seq_id> seqs, std::span<const token_id> tokens, std::vector<float>& logits);
 
   // A sequence's KV as blocks (what a KV link moves) and the way back into another engine.
   status export_kv(seq_id s, std::vector<kv_block_export>& out) const;
@@ -175,8 +173,8 @@ class engine {
     int32_t first, n_tok, kv_head, last_pos;
   };
   struct scratch;
-  void run_layers(std::span<const batch_entry> batch, std::span<const int32_t> pos,
-                  std::span<sequence* const> seqs, const layer_hook& after_layer);
+  void run_layers(std::span<const batch_entry> batch, std::span<const int32_t> pos, std::span<sequence* const> seqs,
+                  const layer_hook& after_layer);
 
   std::shared_ptr<const model> model_;
   engine_options opts_;

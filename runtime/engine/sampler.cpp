@@ -42,10 +42,8 @@ std::span<const float> constrained_logits(std::span<const float> logits, const s
   const float ban = -std::numeric_limits<float>::infinity();
   bool any = false;
   for (size_t t = 0; t < buf.size(); ++t) {
-    if (!mask_allows(*mask, token_id(t)))
-      buf[t] = ban;
-    else
-      any = any || buf[t] != ban;
+    if (!mask_allows(*mask, token_id(t))) buf[t] = ban;
+    else any = any || buf[t] != ban;
   }
   if (!any)
     for (size_t t = 0; t < buf.size(); ++t)
@@ -54,8 +52,7 @@ std::span<const float> constrained_logits(std::span<const float> logits, const s
 }
 
 status sampling_params::validate(int32_t n_vocab) const {
-  if (bias_tokens.size() != bias_values.size())
-    return {errc::invalid_argument, "logit_bias needs one value per token"};
+  if (bias_tokens.size() != bias_values.size()) return {errc::invalid_argument, "logit_bias needs one value per token"};
   for (float b : bias_values)
     if (!std::isfinite(b) || b < -100.0f || b > 100.0f)
       return {errc::invalid_argument, "logit_bias values must be numbers in [-100, 100]"};
@@ -83,8 +80,8 @@ status sampling_params::validate(int32_t n_vocab) const {
 }
 
 std::span<const float> adjusted_logits(std::span<const float> logits, const sampling_params& p, uint64_t token_index,
-                                       const tokenizer& tok, std::vector<float>& buf,
-                                       std::span<const token_id> output, std::span<const token_id> prompt) {
+                                       const tokenizer& tok, std::vector<float>& buf, std::span<const token_id> output,
+                                       std::span<const token_id> prompt) {
   if (!p.adjusts(token_index)) return logits;
   buf.assign(logits.begin(), logits.end());
   const int32_t n = int32_t(buf.size());
@@ -168,8 +165,7 @@ double sample_uniform(uint64_t seed, uint64_t index) {
 token_id sample(std::span<const float> logits, const sampling_params& p, uint64_t token_index) {
   const int32_t n = int32_t(logits.size());
   if (n == 0) return -1;
-  if (p.temperature <= 0.0f)
-    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  if (p.temperature <= 0.0f) return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
 
   // Candidates by logit, highest first; ties keep the lower id first so the order is total.
   std::vector<int32_t> ids(static_cast<size_t>(n));

@@ -20,8 +20,8 @@ class grammar_constraint;
 // server's); the WebSocket protocol alone defaults to greedy (docs/protocol.md).
 struct sampling_params {
   float temperature = 0.8f;  // <= 0: greedy (argmax, lowest id on ties)
-  int32_t top_k = 40;        // <= 0: no top-k cut
-  float top_p = 0.95f;       // >= 1: no nucleus cut
+  int32_t top_k = 40;  // <= 0: no top-k cut
+  float top_p = 0.95f;  // >= 1: no nucleus cut
   uint64_t seed = 0;
   // OpenAI's logit_bias: bias_values[i] (in [-100, 100]) added to the logit of bias_tokens[i]
   // before any other step (greedy included); -100 in effect bans a token.
@@ -97,7 +97,7 @@ std::span<const float> constrained_logits(std::span<const float> logits, const s
 // penalties, temperature, top-k or top-p (vLLM's default, "raw_logprobs").
 struct token_logprobs {
   float logprob = 0.0f;
-  std::vector<token_id> top_ids;     // most likely first (ties: lower id first)
+  std::vector<token_id> top_ids;  // most likely first (ties: lower id first)
   std::vector<float> top_logprobs;
 };
 token_logprobs logprobs_of(std::span<const float> logits, token_id chosen, int32_t top_n);

@@ -65,7 +65,12 @@ step_result run_step(engine& eng, step_work work) {
   r.batch_tokens = int32_t(batch.size());
 
   // Streamed chunks: after every layer group, that group's blocks from stream_from on.
-  struct streamed { work_id id; seq_id seq; int32_t from; uint32_t epoch; };
+  struct streamed {
+    work_id id;
+    seq_id seq;
+    int32_t from;
+    uint32_t epoch;
+  };
   std::vector<streamed> streams;
   if (work.on_kv_piece)
     for (auto [i, s] : chunk_seq) {
@@ -96,9 +101,9 @@ step_result run_step(engine& eng, step_work work) {
       const auto& sp = *rows[i].sampling;
       const uint64_t index = uint64_t(rows[i].index);
       const auto& vocab = eng.get_model().tok();
-      auto l = adjusted_logits(std::span<const float>(logits).subspan(i * V, V), sp, index, vocab, adjusted,
-                               *rows[i].output,
-                               *rows[i].prompt ? std::span<const token_id>(**rows[i].prompt) : std::span<const token_id>());
+      auto l =
+          adjusted_logits(std::span<const float>(logits).subspan(i * V, V), sp, index, vocab, adjusted, *rows[i].output,
+                          *rows[i].prompt ? std::span<const token_id>(**rows[i].prompt) : std::span<const token_id>());
       l = constrained_logits(l, sp, *rows[i].output, vocab, adjusted);
       const token_id tok = sample(l, sp, index);
       std::shared_ptr<const token_logprobs> lp;

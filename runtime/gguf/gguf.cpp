@@ -20,16 +20,13 @@ constexpr uint32_t gguf_magic = 0x46554747;  // "GGUF" little-endian
 constexpr int max_array_depth = 4;
 constexpr uint32_t max_dims = 4;
 
-[[noreturn]] void malformed(const std::string& what) {
-  throw failure(errc::malformed_file, what);
-}
+[[noreturn]] void malformed(const std::string& what) { throw failure(errc::malformed_file, what); }
 
 const char* ggml_type_name(uint32_t t) {
-  static const char* names[] = {"F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1",
-                                "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
-                                "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",
-                                "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M",
-                                "BF16"};
+  static const char* names[] = {"F32",     "F16",    "Q4_0",    "Q4_1",  "Q4_2",   "Q4_3",  "Q5_0",  "Q5_1",
+                                "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",  "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",
+                                "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
+                                "I8",      "I16",    "I32",     "I64",   "F64",    "IQ1_M", "BF16"};
   return t < std::size(names) ? names[t] : "unknown";
 }
 
@@ -57,9 +54,8 @@ class cursor {
   }
   void need(uint64_t n, const char* what) {
     if (n > remaining())
-      malformed(std::string("file is truncated while reading ") + what + " at offset " +
-                std::to_string(pos_) + " (needs " + std::to_string(n) + " bytes, " +
-                std::to_string(remaining()) + " left)");
+      malformed(std::string("file is truncated while reading ") + what + " at offset " + std::to_string(pos_) +
+                " (needs " + std::to_string(n) + " bytes, " + std::to_string(remaining()) + " left)");
   }
 
  private:
@@ -70,10 +66,17 @@ class cursor {
 
 size_t scalar_size(value_type t) {
   switch (t) {
-    case value_type::u8: case value_type::i8: case value_type::boolean: return 1;
-    case value_type::u16: case value_type::i16: return 2;
-    case value_type::u32: case value_type::i32: case value_type::f32: return 4;
-    case value_type::u64: case value_type::i64: case value_type::f64: return 8;
+    case value_type::u8:
+    case value_type::i8:
+    case value_type::boolean: return 1;
+    case value_type::u16:
+    case value_type::i16: return 2;
+    case value_type::u32:
+    case value_type::i32:
+    case value_type::f32: return 4;
+    case value_type::u64:
+    case value_type::i64:
+    case value_type::f64: return 8;
     case value_type::string: return 8;  // at least the length prefix
     case value_type::array: return 12;  // at least type + count
   }
@@ -110,8 +113,7 @@ value read_value(cursor& c, value_type t, const std::string& key, int depth) {
       // Each element takes at least scalar_size bytes: a count beyond that is a lie, so
       // refuse it before allocating anything.
       if (n > c.remaining() / scalar_size(value_type(et)))
-        malformed("metadata key '" + key + "': array of " + std::to_string(n) +
-                  " elements does not fit in the file");
+        malformed("metadata key '" + key + "': array of " + std::to_string(n) + " elements does not fit in the file");
       v.elem_type = value_type(et);
       auto arr = std::make_shared<array>();
       arr->reserve(size_t(n));
@@ -119,39 +121,41 @@ value read_value(cursor& c, value_type t, const std::string& key, int depth) {
       v.arr = std::move(arr);
       break;
     }
-    default:
-      malformed("metadata key '" + key + "': unknown value type " + std::to_string(uint32_t(t)));
+    default: malformed("metadata key '" + key + "': unknown value type " + std::to_string(uint32_t(t)));
   }
   return v;
 }
 
 const char* type_label(value_type t) {
   switch (t) {
-    case value_type::u8: return "u8"; case value_type::i8: return "i8";
-    case value_type::u16: return "u16"; case value_type::i16: return "i16";
-    case value_type::u32: return "u32"; case value_type::i32: return "i32";
-    case value_type::f32: return "f32"; case value_type::boolean: return "bool";
-    case value_type::string: return "string"; case value_type::array: return "array";
-    case value_type::u64: return "u64"; case value_type::i64: return "i64";
+    case value_type::u8: return "u8";
+    case value_type::i8: return "i8";
+    case value_type::u16: return "u16";
+    case value_type::i16: return "i16";
+    case value_type::u32: return "u32";
+    case value_type::i32: return "i32";
+    case value_type::f32: return "f32";
+    case value_type::boolean: return "bool";
+    case value_type::string: return "string";
+    case value_type::array: return "array";
+    case value_type::u64: return "u64";
+    case value_type::i64: return "i64";
     case value_type::f64: return "f64";
   }
   return "?";
 }
 
 [[noreturn]] void wrong_type(std::string_view key, const value& v, const char* want) {
-  malformed("metadata key '" + std::string(key) + "' has type " + type_label(v.type) +
-            ", expected " + want);
+  malformed("metadata key '" + std::string(key) + "' has type " + type_label(v.type) + ", expected " + want);
 }
 
 }  // namespace
 
 bool value::is_unsigned() const {
-  return type == value_type::u8 || type == value_type::u16 || type == value_type::u32 ||
-         type == value_type::u64;
+  return type == value_type::u8 || type == value_type::u16 || type == value_type::u32 || type == value_type::u64;
 }
 bool value::is_signed() const {
-  return type == value_type::i8 || type == value_type::i16 || type == value_type::i32 ||
-         type == value_type::i64;
+  return type == value_type::i8 || type == value_type::i16 || type == value_type::i32 || type == value_type::i64;
 }
 
 int64_t tensor_info::n_elements() const {
@@ -224,19 +228,18 @@ void file::parse_image(const uint8_t* base, size_t size, bool skip_unsupported_t
   if (magic != gguf_magic) malformed("not a GGUF file (bad magic)");
   version_ = c.read<uint32_t>("version");
   if (version_ != 2 && version_ != 3)
-    throw failure(errc::unsupported, "GGUF version " + std::to_string(version_) +
-                                         " is not supported (2 and 3 are)");
+    throw failure(errc::unsupported, "GGUF version " + std::to_string(version_) + " is not supported (2 and 3 are)");
   const uint64_t n_tensors = c.read<uint64_t>("tensor count");
   const uint64_t n_kv = c.read<uint64_t>("metadata count");
   // Smallest possible entries: a kv is 8 (key len) + 4 (type) + 1; a tensor info 8 + 4 + 4 + 8.
   if (n_kv > c.remaining() / 13) malformed("metadata count " + std::to_string(n_kv) + " does not fit in the file");
-  if (n_tensors > c.remaining() / 24) malformed("tensor count " + std::to_string(n_tensors) + " does not fit in the file");
+  if (n_tensors > c.remaining() / 24)
+    malformed("tensor count " + std::to_string(n_tensors) + " does not fit in the file");
 
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key = c.read_string("metadata key");
     const uint32_t t = c.read<uint32_t>("metadata value type");
-    if (t > uint32_t(value_type::f64))
-      malformed("metadata key '" + key + "': unknown value type " + std::to_string(t));
+    if (t > uint32_t(value_type::f64)) malformed("metadata key '" + key + "': unknown value type " + std::to_string(t));
     value v = read_value(c, value_type(t), key, 0);
     if (!kv_.emplace(key, std::move(v)).second) malformed("metadata key '" + key + "' appears twice");
   }
@@ -270,8 +273,8 @@ void file::parse_image(const uint8_t* base, size_t size, bool skip_unsupported_t
     }
     ti.type = *dt;
     if (ti.shape[0] % kernels::block_elems(ti.type) != 0)
-      malformed("tensor '" + ti.name + "': row length " + std::to_string(ti.shape[0]) +
-                " is not a multiple of the " + std::string(kernels::to_string(ti.type)) + " block size");
+      malformed("tensor '" + ti.name + "': row length " + std::to_string(ti.shape[0]) + " is not a multiple of the " +
+                std::string(kernels::to_string(ti.type)) + " block size");
     ti.size_bytes = uint64_t(n_el / uint64_t(kernels::block_elems(ti.type)) * uint64_t(kernels::block_bytes(ti.type)));
     ti.offset = c.read<uint64_t>("tensor offset");
     if (ti.offset % alignment != 0)
@@ -286,8 +289,8 @@ void file::parse_image(const uint8_t* base, size_t size, bool skip_unsupported_t
     for (size_t i = 0; i < unsupported.size() && i < 6; ++i) list += (i ? ", " : "") + unsupported[i];
     if (unsupported.size() > 6) list += " and " + std::to_string(unsupported.size() - 6) + " more";
     throw failure(errc::unsupported,
-                  std::to_string(unsupported.size()) + " tensor" + (unsupported.size() > 1 ? "s have types" : " has a type") +
-                      " tandem does not support: " + list +
+                  std::to_string(unsupported.size()) + " tensor" +
+                      (unsupported.size() > 1 ? "s have types" : " has a type") + " tandem does not support: " + list +
                       ". It reads F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K: files made with llama-quantize's "
                       "F32, F16, BF16, Q8_0, Q4_0, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M or Q6_K load (with row lengths that "
                       "are multiples of 256 for the K types)");
@@ -316,9 +319,9 @@ void file::parse_image(const uint8_t* base, size_t size, bool skip_unsupported_t
     const tensor_info& a = *by_offset[i - 1];
     const tensor_info& b = *by_offset[i];
     if (a.size_bytes > 0 && b.offset < a.offset + a.size_bytes)
-      malformed("tensors '" + a.name + "' [" + std::to_string(a.offset) + ", " + std::to_string(a.offset + a.size_bytes) +
-                ") and '" + b.name + "' [" + std::to_string(b.offset) + ", " + std::to_string(b.offset + b.size_bytes) +
-                ") overlap in the data section: offsets corrupt");
+      malformed("tensors '" + a.name + "' [" + std::to_string(a.offset) + ", " +
+                std::to_string(a.offset + a.size_bytes) + ") and '" + b.name + "' [" + std::to_string(b.offset) + ", " +
+                std::to_string(b.offset + b.size_bytes) + ") overlap in the data section: offsets corrupt");
   }
 }
 
@@ -412,7 +415,10 @@ std::vector<int32_t> file::get_int_array(std::string_view key) const {
 
 void writer::set(const std::string& key, value v) {
   for (auto& [k, old] : kv_)
-    if (k == key) { old = std::move(v); return; }
+    if (k == key) {
+      old = std::move(v);
+      return;
+    }
   kv_.emplace_back(key, std::move(v));
 }
 void writer::set_u32(const std::string& k, uint32_t x) { set(k, value::of_u(value_type::u32, x)); }
@@ -449,7 +455,8 @@ void writer::add_tensor(const std::string& name, std::vector<int64_t> shape, ker
 namespace {
 struct out_buf {
   std::vector<uint8_t> b;
-  template <class T> void put(T v) {
+  template <class T>
+  void put(T v) {
     const auto* p = reinterpret_cast<const uint8_t*>(&v);
     b.insert(b.end(), p, p + sizeof(T));
   }

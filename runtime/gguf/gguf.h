@@ -14,8 +14,19 @@
 namespace tandem::gguf {
 
 enum class value_type : uint32_t {
-  u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7,
-  string = 8, array = 9, u64 = 10, i64 = 11, f64 = 12,
+  u8 = 0,
+  i8 = 1,
+  u16 = 2,
+  i16 = 3,
+  u32 = 4,
+  i32 = 5,
+  f32 = 6,
+  boolean = 7,
+  string = 8,
+  array = 9,
+  u64 = 10,
+  i64 = 11,
+  f64 = 12,
 };
 
 struct value;
@@ -36,23 +47,52 @@ struct value {
   bool is_unsigned() const;
   bool is_signed() const;
   bool is_float() const { return type == value_type::f32 || type == value_type::f64; }
-  static value of_u(value_type t, uint64_t x) { value v; v.type = t; v.u = x; return v; }
-  static value of_i(value_type t, int64_t x) { value v; v.type = t; v.i = x; return v; }
-  static value of_f(value_type t, double x) { value v; v.type = t; v.f = x; return v; }
-  static value of_bool(bool x) { value v; v.type = value_type::boolean; v.b = x; return v; }
-  static value of_string(std::string x) { value v; v.type = value_type::string; v.s = std::move(x); return v; }
+  static value of_u(value_type t, uint64_t x) {
+    value v;
+    v.type = t;
+    v.u = x;
+    return v;
+  }
+  static value of_i(value_type t, int64_t x) {
+    value v;
+    v.type = t;
+    v.i = x;
+    return v;
+  }
+  static value of_f(value_type t, double x) {
+    value v;
+    v.type = t;
+    v.f = x;
+    return v;
+  }
+  static value of_bool(bool x) {
+    value v;
+    v.type = value_type::boolean;
+    v.b = x;
+    return v;
+  }
+  static value of_string(std::string x) {
+    value v;
+    v.type = value_type::string;
+    v.s = std::move(x);
+    return v;
+  }
   static value of_array(value_type elem, std::shared_ptr<array> a) {
-    value v; v.type = value_type::array; v.elem_type = elem; v.arr = std::move(a); return v;
+    value v;
+    v.type = value_type::array;
+    v.elem_type = elem;
+    v.arr = std::move(a);
+    return v;
   }
 };
 
 struct tensor_info {
   std::string name;
-  std::vector<int64_t> shape;   // ggml order: shape[0] is the contiguous (innermost) dimension
+  std::vector<int64_t> shape;  // ggml order: shape[0] is the contiguous (innermost) dimension
   kernels::dtype type = kernels::dtype::f32;
-  uint64_t offset = 0;          // relative to the start of the data section
+  uint64_t offset = 0;  // relative to the start of the data section
   uint64_t size_bytes = 0;
-  const void* data = nullptr;   // points into the mapping (reader only)
+  const void* data = nullptr;  // points into the mapping (reader only)
   int64_t n_elements() const;
 };
 
@@ -120,8 +160,7 @@ class writer {
   void set_f32s(const std::string& key, const std::vector<float>& xs);
   void set_i32s(const std::string& key, const std::vector<int32_t>& xs);
   // shape in ggml order (innermost first); bytes must hold exactly the tensor's data.
-  void add_tensor(const std::string& name, std::vector<int64_t> shape, kernels::dtype type,
-                  std::vector<uint8_t> bytes);
+  void add_tensor(const std::string& name, std::vector<int64_t> shape, kernels::dtype type, std::vector<uint8_t> bytes);
   // Writes atomically (temp file + rename). Throws failure(io_error).
   void write(const std::string& path, uint32_t alignment = 32) const;
 

@@ -56,14 +56,17 @@ void kv_block_pool::release(block_id b) {
 kv_checksum::kv_checksum(const kv_block_export& b) : state_(XXH3_createState()) {
   auto* st = static_cast<XXH3_state_t*>(state_);
   XXH3_64bits_reset(st);
-  const int64_t header[] = {int64_t(b.model_id), b.layer_begin, b.layer_end, b.pos_begin, b.pos_end,
-                            int64_t(b.dtype), b.block_size, b.n_kv_head, b.head_dim, int64_t(b.request), int64_t(b.epoch)};
+  const int64_t header[] = {int64_t(b.model_id), b.layer_begin,      b.layer_end,     b.pos_begin,
+                            b.pos_end,           int64_t(b.dtype),   b.block_size,    b.n_kv_head,
+                            b.head_dim,          int64_t(b.request), int64_t(b.epoch)};
   XXH3_64bits_update(st, header, sizeof(header));
 }
 
 kv_checksum::~kv_checksum() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
 
-void kv_checksum::update(const void* bytes, size_t n) { XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), bytes, n); }
+void kv_checksum::update(const void* bytes, size_t n) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), bytes, n);
+}
 
 uint64_t kv_checksum::digest() const { return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_)); }
 

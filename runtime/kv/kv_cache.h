@@ -43,8 +43,7 @@ struct kv_layout {
 
 // Whether the KV cache can hold elements of type t (f32, f16, bf16, q8_0).
 constexpr bool kv_dtype_supported(kernels::dtype t) {
-  return t == kernels::dtype::f32 || t == kernels::dtype::f16 || t == kernels::dtype::bf16 ||
-         t == kernels::dtype::q8_0;
+  return t == kernels::dtype::f32 || t == kernels::dtype::f16 || t == kernels::dtype::bf16 || t == kernels::dtype::q8_0;
 }
 // "" when a KV cache of dtype t holds rows of head_dim (q8_0 needs whole 32-blocks), else why not.
 std::string kv_dtype_problem(kernels::dtype t, int32_t head_dim);
@@ -69,9 +68,7 @@ class kv_block_pool {
 
   // A block's memory, in 4-byte words (layout().words_per_block() of them).
   float* block_data(block_id b) { return data_.data() + int64_t(b) * layout_.words_per_block(); }
-  const float* block_data(block_id b) const {
-    return data_.data() + int64_t(b) * layout_.words_per_block();
-  }
+  const float* block_data(block_id b) const { return data_.data() + int64_t(b) * layout_.words_per_block(); }
   // k/v of one (layer, kv head) in a block, block_size x head_dim of layout().dtype (K in
   // kv_k_order(dtype), V position-major)
   void* k(block_id b, int32_t layer, int32_t head) { return bytes(b) + offset(layer, 0, head); }
@@ -117,18 +114,18 @@ using kv_payload = std::vector<float, uninitialized_allocator<float>>;
 
 // One block of a sequence's KV cache as it travels between engines (the unit a KV link moves).
 struct kv_block_export {
-  uint64_t model_id = 0;           // model::identity() of the engine that produced it
-  int32_t layer_begin = 0;         // layers [layer_begin, layer_end) are in the payload
+  uint64_t model_id = 0;  // model::identity() of the engine that produced it
+  int32_t layer_begin = 0;  // layers [layer_begin, layer_end) are in the payload
   int32_t layer_end = 0;
-  int32_t pos_begin = 0;           // positions [pos_begin, pos_end) are valid
+  int32_t pos_begin = 0;  // positions [pos_begin, pos_end) are valid
   int32_t pos_end = 0;
   kernels::dtype dtype = kernels::dtype::f32;
   int32_t block_size = 0;
   int32_t n_kv_head = 0;
   int32_t head_dim = 0;
-  uint64_t request = 0;            // whose KV (0: untagged, e.g. a local export)
-  uint32_t epoch = 0;              // which prefill attempt of that request made it
-  uint64_t checksum = 0;           // XXH3-64 over every field above and the payload
+  uint64_t request = 0;  // whose KV (0: untagged, e.g. a local export)
+  uint32_t epoch = 0;  // which prefill attempt of that request made it
+  uint64_t checksum = 0;  // XXH3-64 over every field above and the payload
   // [layer_end-layer_begin][2][n_kv_head][block_size x head_dim] of dtype, as the pool holds
   // it (K transposed but for q8_0), in 4-byte words
   kv_payload payload;

@@ -27,7 +27,8 @@ struct slot_header {
 kv_block_store::kv_block_store(kv_store_options o) : opts_(std::move(o)) {
   if (opts_.disk_path.empty() || opts_.disk_bytes <= 0) return;
   fd_ = ::open(opts_.disk_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd_ < 0) throw failure(errc::io_error, "KV store disk tier: cannot open " + opts_.disk_path + ": " + std::strerror(errno));
+  if (fd_ < 0)
+    throw failure(errc::io_error, "KV store disk tier: cannot open " + opts_.disk_path + ": " + std::strerror(errno));
   if (::ftruncate(fd_, opts_.disk_bytes) != 0) {
     const std::string why = std::strerror(errno);
     ::close(fd_);
@@ -102,8 +103,9 @@ bool kv_block_store::spill(block_key k, kv_block_export&& b) {
   const int64_t slot = free_slots_.back();
   free_slots_.pop_back();
   uint8_t* at = map_ + slot * slot_bytes_;
-  const slot_header h{b.model_id, b.layer_begin, b.layer_end, b.pos_begin, b.pos_end, uint32_t(b.dtype), b.block_size,
-                      b.n_kv_head, b.head_dim, b.request, b.epoch, 0, b.checksum, uint64_t(b.payload.size())};
+  const slot_header h{
+      b.model_id,  b.layer_begin, b.layer_end, b.pos_begin, b.pos_end, uint32_t(b.dtype), b.block_size,
+      b.n_kv_head, b.head_dim,    b.request,   b.epoch,     0,         b.checksum,        uint64_t(b.payload.size())};
   std::memcpy(at, &h, sizeof h);
   std::memcpy(at + sizeof h, b.payload.data(), b.payload.size() * sizeof(float));
   disk_lru_.push_front(k);

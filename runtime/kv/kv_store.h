@@ -21,7 +21,7 @@ namespace tandem {
 
 struct kv_store_options {
   int64_t memory_bytes = 1ll << 30;
-  std::string disk_path;   // empty: no disk tier
+  std::string disk_path;  // empty: no disk tier
   int64_t disk_bytes = 0;  // size of the disk tier's file
 };
 
@@ -29,9 +29,9 @@ struct kv_store_stats {
   int64_t memory_blocks = 0, disk_blocks = 0;
   int64_t memory_bytes = 0, disk_bytes = 0;  // held now
   uint64_t published = 0;  // blocks added
-  uint64_t fetched = 0;    // blocks handed out
-  uint64_t evicted = 0;    // blocks dropped for room (from the last tier)
-  uint64_t spilled = 0;    // blocks moved from memory to disk
+  uint64_t fetched = 0;  // blocks handed out
+  uint64_t evicted = 0;  // blocks dropped for room (from the last tier)
+  uint64_t spilled = 0;  // blocks moved from memory to disk
   uint64_t corrupted = 0;  // blocks that failed their checksum or key, dropped
 };
 
@@ -70,7 +70,9 @@ class kv_block_store {
   bool spill(block_key k, kv_block_export&& b);
   bool read_slot(int64_t slot, kv_block_export& out) const;
   void drop_disk(block_key k);
-  static bool valid(const kv_block_export& b, block_key k) { return b.request == k && b.checksum == b.compute_checksum(); }
+  static bool valid(const kv_block_export& b, block_key k) {
+    return b.request == k && b.checksum == b.compute_checksum();
+  }
 
   kv_store_options opts_;
   std::unordered_map<block_key, mem_entry> mem_;

@@ -11,9 +11,9 @@ namespace tandem {
 uint64_t prefix_salt(uint64_t model_identity, const kv_layout& layout, kernels::dtype kv_dtype, int32_t variant) {
   // The K order is a function of the dtype today, but names the block format: a block written
   // in another order (another build) must not be found under this one's keys.
-  const int64_t fields[] = {int64_t(model_identity), layout.n_layer,     layout.n_kv_head,
-                            layout.head_dim,         layout.block_size,  int64_t(kv_dtype),
-                            variant,                 int64_t(kernels::cpu::kv_k_order(kv_dtype)) + 1};
+  const int64_t fields[] = {
+      int64_t(model_identity), layout.n_layer,    layout.n_kv_head, layout.head_dim,
+      layout.block_size,       int64_t(kv_dtype), variant,          int64_t(kernels::cpu::kv_k_order(kv_dtype)) + 1};
   // A fixed, arbitrary seed keeps salts apart from keys of blocks made with seed 0.
   return XXH3_64bits_withSeed(fields, sizeof(fields), 0x7461'6e64'656d'6b76ull);
 }

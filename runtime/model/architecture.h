@@ -21,15 +21,15 @@ enum class ffn_activation : uint8_t { silu, gelu_tanh };
 
 struct architecture_traits {
   architecture arch;
-  std::string_view name;      // as in general.architecture and as the prefix of its keys
+  std::string_view name;  // as in general.architecture and as the prefix of its keys
   rope_style rope;
   ffn_activation activation;
-  bool qkv_bias;              // attn_{q,k,v}.bias (Qwen 2)
-  bool qk_norm;               // per-head RMSNorm of q and k before RoPE (Qwen 3, Gemma 3)
-  bool post_norms;            // RMSNorm of the attention and FFN outputs before the residual (Gemma 3)
-  bool fused_qkv_allowed;     // attn_qkv.weight may replace attn_q/k/v (Phi-3)
-  bool fused_gate_up;         // ffn_up.weight holds [gate; up] and there is no ffn_gate (Phi-3)
-  bool embedding_scaled;      // embeddings times sqrt(dim) (Gemma)
+  bool qkv_bias;  // attn_{q,k,v}.bias (Qwen 2)
+  bool qk_norm;  // per-head RMSNorm of q and k before RoPE (Qwen 3, Gemma 3)
+  bool post_norms;  // RMSNorm of the attention and FFN outputs before the residual (Gemma 3)
+  bool fused_qkv_allowed;  // attn_qkv.weight may replace attn_q/k/v (Phi-3)
+  bool fused_gate_up;  // ffn_up.weight holds [gate; up] and there is no ffn_gate (Phi-3)
+  bool embedding_scaled;  // embeddings times sqrt(dim) (Gemma)
   // Gemma 3: layers alternate sliding-window and global attention; every `swa_period`-th layer
   // is global, the others see `{arch}.attention.sliding_window` tokens and use their own RoPE base.
   int32_t swa_period;

@@ -29,8 +29,8 @@ const gguf::tensor_info& need_tensor(const gguf::file& f, const std::string& nam
 kernels::weight_view matrix(const gguf::file& f, const std::string& name, int64_t rows, int64_t cols) {
   const auto& t = need_tensor(f, name);
   if (t.shape.size() != 2 || t.shape[0] != cols || t.shape[1] != rows)
-    throw failure(errc::malformed_file, "tensor '" + name + "' has shape " + shape_str(t.shape) +
-                                            ", expected " + shape_str({cols, rows}));
+    throw failure(errc::malformed_file,
+                  "tensor '" + name + "' has shape " + shape_str(t.shape) + ", expected " + shape_str({cols, rows}));
   return {t.type, t.data, rows, cols};
 }
 
@@ -43,8 +43,8 @@ kernels::weight_view rows_of(const kernels::weight_view& w, int64_t r0, int64_t 
 std::vector<float> vector_f32(const gguf::file& f, const std::string& name, int64_t n) {
   const auto& t = need_tensor(f, name);
   if (t.shape.size() != 1 || t.shape[0] != n)
-    throw failure(errc::malformed_file, "tensor '" + name + "' has shape " + shape_str(t.shape) +
-                                            ", expected " + shape_str({n}));
+    throw failure(errc::malformed_file,
+                  "tensor '" + name + "' has shape " + shape_str(t.shape) + ", expected " + shape_str({n}));
   std::vector<float> out(static_cast<size_t>(n));
   kernels::dequantize_row(t.type, t.data, out.data(), n);
   return out;
@@ -52,8 +52,7 @@ std::vector<float> vector_f32(const gguf::file& f, const std::string& name, int6
 
 int32_t positive(const gguf::file& f, const std::string& key, uint64_t value) {
   if (value == 0 || value > (1u << 24))
-    throw failure(errc::malformed_file, "metadata key '" + key + "' = " + std::to_string(value) +
-                                            " is out of range");
+    throw failure(errc::malformed_file, "metadata key '" + key + "' = " + std::to_string(value) + " is out of range");
   (void)f;
   return int32_t(value);
 }
@@ -68,8 +67,8 @@ std::shared_ptr<const model> model::load(const std::string& path) {
     const std::string arch_name = f.get_string("general.architecture");
     const auto arch = find_architecture(arch_name);
     if (!arch)
-      throw failure(errc::unsupported, "architecture '" + arch_name + "' is not supported (" +
-                                           std::string(architecture_names()) + ")");
+      throw failure(errc::unsupported,
+                    "architecture '" + arch_name + "' is not supported (" + std::string(architecture_names()) + ")");
     const architecture_traits& at = traits(*arch);
     // Every hyperparameter key is `{arch}.name`, as llama.cpp's LLM_KV names them.
     const std::string K = arch_name + ".";
@@ -80,8 +79,8 @@ std::shared_ptr<const model> model::load(const std::string& path) {
     c.dim = need_uint("embedding_length");
     c.n_layer = need_uint("block_count");
     c.n_head = need_uint("attention.head_count");
-    c.n_kv_head = positive(f, K + "attention.head_count_kv",
-                           f.get_uint(K + "attention.head_count_kv", uint64_t(c.n_head)));
+    c.n_kv_head =
+        positive(f, K + "attention.head_count_kv", f.get_uint(K + "attention.head_count_kv", uint64_t(c.n_head)));
     c.ffn_dim = need_uint("feed_forward_length");
     c.n_ctx = need_uint("context_length");
     // llama files of old converters may lack the epsilon (llama.cpp's default then); the
@@ -89,11 +88,12 @@ std::shared_ptr<const model> model::load(const std::string& path) {
     const std::string eps_key = K + "attention.layer_norm_rms_epsilon";
     c.rms_eps = float(*arch == architecture::llama ? f.get_float(eps_key, 1e-5) : f.get_float(eps_key));
     if (!(std::isfinite(c.rms_eps) && c.rms_eps > 0))  // NaN, infinite, zero or negative: every norm is garbage
-      throw failure(errc::malformed_file, eps_key + " is " + std::to_string(c.rms_eps) + ": it must be a positive number");
+      throw failure(errc::malformed_file,
+                    eps_key + " is " + std::to_string(c.rms_eps) + ": it must be a positive number");
     c.rope_freq_base = float(f.get_float(K + "rope.freq_base", 10000.0));
     if (!(std::isfinite(c.rope_freq_base) && c.rope_freq_base > 0))
-      throw failure(errc::malformed_file, K + "rope.freq_base is " + std::to_string(c.rope_freq_base) +
-                                              ": it must be a positive number");
+      throw failure(errc::malformed_file,
+                    K + "rope.freq_base is " + std::to_string(c.rope_freq_base) + ": it must be a positive number");
     if (c.n_head % c.n_kv_head != 0)
       throw failure(errc::malformed_file, std::to_string(c.n_head) + " query heads do not divide into " +
                                               std::to_string(c.n_kv_head) + " KV heads");
@@ -115,8 +115,8 @@ std::shared_ptr<const model> model::load(const std::string& path) {
                                            " of head size " + std::to_string(c.head_dim) + ")");
     // llama.cpp's choice for Gemma 3 (query_pre_attn_scalar): 1/sqrt(dim/n_head) for the 62-layer
     // 27B, 1/sqrt(head_dim) for the rest, as for every other architecture here.
-    c.attn_scale = 1.0f / std::sqrt(float(*arch == architecture::gemma3 && c.n_layer == 62 ? c.dim / c.n_head
-                                                                                           : c.head_dim));
+    c.attn_scale =
+        1.0f / std::sqrt(float(*arch == architecture::gemma3 && c.n_layer == 62 ? c.dim / c.n_head : c.head_dim));
     c.embedding_scale = at.embedding_scaled ? std::sqrt(float(c.dim)) : 1.0f;
     c.final_logit_softcap = float(f.get_float(K + "final_logit_softcapping", 0.0));
     if (c.final_logit_softcap < 0) throw failure(errc::malformed_file, K + "final_logit_softcapping is negative");
@@ -142,8 +142,8 @@ std::shared_ptr<const model> model::load(const std::string& path) {
     }
     for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"})
       if (f.find_tensor(t))
-        throw failure(errc::unsupported, std::string("tensor '") + t +
-                                             "' (Phi-3 LongRoPE, the 128k-context variants) is not supported");
+        throw failure(errc::unsupported,
+                      std::string("tensor '") + t + "' (Phi-3 LongRoPE, the 128k-context variants) is not supported");
 
     m->tok_ = std::make_unique<tokenizer>(vocab_from_gguf(f));
     const auto& emb = need_tensor(f, "token_embd.weight");
@@ -153,7 +153,8 @@ std::shared_ptr<const model> model::load(const std::string& path) {
     c.n_vocab = int32_t(emb.shape[1]);
     if (m->tok_->n_vocab() != c.n_vocab)
       throw failure(errc::malformed_file, "tokenizer has " + std::to_string(m->tok_->n_vocab()) +
-                                              " tokens but token_embd.weight has " + std::to_string(c.n_vocab) + " rows");
+                                              " tokens but token_embd.weight has " + std::to_string(c.n_vocab) +
+                                              " rows");
     // Each tensor the forward pass uses is named here; any other in the file is refused below
     // rather than silently left out of the computation.
     std::set<std::string> used;
@@ -211,8 +212,8 @@ std::shared_ptr<const model> model::load(const std::string& path) {
       w.w_down = mat(p + "ffn_down.weight", c.dim, c.ffn_dim);
       w.ffn_post_norm = opt_vec(p + "post_ffw_norm.weight", c.dim, at.post_norms);
       w.sliding = at.swa_period > 0 && l % at.swa_period < at.swa_period - 1;
-      const std::pair<float, float> rope = w.sliding ? std::pair{at.swa_rope_freq_base, 1.0f}
-                                                     : std::pair{c.rope_freq_base, c.rope_freq_scale};
+      const std::pair<float, float> rope =
+          w.sliding ? std::pair{at.swa_rope_freq_base, 1.0f} : std::pair{c.rope_freq_base, c.rope_freq_scale};
       auto it = std::find(c.rope_variants.begin(), c.rope_variants.end(), rope);
       w.rope_variant = int32_t(it - c.rope_variants.begin());
       if (it == c.rope_variants.end()) c.rope_variants.push_back(rope);

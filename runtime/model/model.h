@@ -18,48 +18,48 @@
 namespace tandem {
 
 struct llama_config {
-  std::string name;            // general.name, or the file name
+  std::string name;  // general.name, or the file name
   architecture arch = architecture::llama;
   int32_t n_vocab = 0;
-  int32_t dim = 0;             // embedding width
+  int32_t dim = 0;  // embedding width
   int32_t n_layer = 0;
   int32_t n_head = 0;
-  int32_t n_kv_head = 0;       // < n_head: grouped-query attention
-  int32_t head_dim = 0;        // {arch}.attention.key_length, else dim / n_head
+  int32_t n_kv_head = 0;  // < n_head: grouped-query attention
+  int32_t head_dim = 0;  // {arch}.attention.key_length, else dim / n_head
   int32_t ffn_dim = 0;
-  int32_t n_ctx = 0;           // context length the model was trained for
+  int32_t n_ctx = 0;  // context length the model was trained for
   float rms_eps = 1e-5f;
   float rope_freq_base = 10000.0f;
-  float rope_freq_scale = 1.0f;          // linear position scaling: 1 / llama.rope.scaling.factor
+  float rope_freq_scale = 1.0f;  // linear position scaling: 1 / llama.rope.scaling.factor
   std::vector<float> rope_freq_factors;  // rope_freqs.weight (Llama 3.1+ scaling): [head_dim / 2], or empty
   // The distinct (base, scale) pairs the layers rotate with: one for most models, two for
   // Gemma 3 (its local layers' own base); the engine makes one angle table per pair.
   std::vector<std::pair<float, float>> rope_variants;
-  float attn_scale = 0.0f;     // on q·k: 1/sqrt(head_dim) (Gemma 3 27B: 1/sqrt(dim/n_head))
-  float embedding_scale = 1.0f;   // sqrt(dim) for Gemma, else 1
+  float attn_scale = 0.0f;  // on q·k: 1/sqrt(head_dim) (Gemma 3 27B: 1/sqrt(dim/n_head))
+  float embedding_scale = 1.0f;  // sqrt(dim) for Gemma, else 1
   float final_logit_softcap = 0;  // {arch}.final_logit_softcapping: logits = c·tanh(logits/c); 0: none
-  int32_t sliding_window = 0;     // tokens a sliding layer sees (itself included); 0: none
-  bool tied_output = false;    // output head shares token_embd
+  int32_t sliding_window = 0;  // tokens a sliding layer sees (itself included); 0: none
+  bool tied_output = false;  // output head shares token_embd
   int64_t n_params = 0;
 };
 
 // Optional parts are empty vectors when the architecture has none.
 struct layer_weights {
   std::vector<float> attn_norm;  // [dim]
-  kernels::weight_view wq;       // [n_head*head_dim, dim]
-  kernels::weight_view wk;       // [n_kv_head*head_dim, dim]
-  kernels::weight_view wv;       // [n_kv_head*head_dim, dim]
-  std::vector<float> bq, bk, bv; // [n_head*head_dim], [n_kv_head*head_dim] x2 (Qwen 2)
+  kernels::weight_view wq;  // [n_head*head_dim, dim]
+  kernels::weight_view wk;  // [n_kv_head*head_dim, dim]
+  kernels::weight_view wv;  // [n_kv_head*head_dim, dim]
+  std::vector<float> bq, bk, bv;  // [n_head*head_dim], [n_kv_head*head_dim] x2 (Qwen 2)
   std::vector<float> q_norm, k_norm;  // [head_dim]: per-head RMSNorm before RoPE (Qwen 3, Gemma 3)
-  kernels::weight_view wo;       // [dim, n_head*head_dim]
+  kernels::weight_view wo;  // [dim, n_head*head_dim]
   std::vector<float> attn_post_norm;  // [dim] (Gemma 3)
-  std::vector<float> ffn_norm;   // [dim]
-  kernels::weight_view w_gate;   // [ffn_dim, dim]
-  kernels::weight_view w_up;     // [ffn_dim, dim]
-  kernels::weight_view w_down;   // [dim, ffn_dim]
-  std::vector<float> ffn_post_norm;   // [dim] (Gemma 3)
-  bool sliding = false;          // attends to the last sliding_window positions only
-  int32_t rope_variant = 0;      // index into llama_config::rope_variants: this layer's RoPE
+  std::vector<float> ffn_norm;  // [dim]
+  kernels::weight_view w_gate;  // [ffn_dim, dim]
+  kernels::weight_view w_up;  // [ffn_dim, dim]
+  kernels::weight_view w_down;  // [dim, ffn_dim]
+  std::vector<float> ffn_post_norm;  // [dim] (Gemma 3)
+  bool sliding = false;  // attends to the last sliding_window positions only
+  int32_t rope_variant = 0;  // index into llama_config::rope_variants: this layer's RoPE
 };
 
 class model {
@@ -79,7 +79,7 @@ class model {
 
   const kernels::weight_view& tok_embd() const { return tok_embd_; }  // [n_vocab, dim]
   const std::vector<float>& output_norm() const { return output_norm_; }
-  const kernels::weight_view& output() const { return output_; }     // [n_vocab, dim]
+  const kernels::weight_view& output() const { return output_; }  // [n_vocab, dim]
   const std::vector<layer_weights>& layers() const { return layers_; }
 
  private:

@@ -6,7 +6,6 @@
 #include <set>
 #include <string_view>
 
-
 #include "runtime/atomic_file.h"
 #include "runtime/model/default_model.h"
 #include "runtime/errors.h"
@@ -76,9 +75,10 @@ void synthesize_model(const synth_preset& p, kernels::dtype type, const std::str
   const int64_t q_dim = p.n_head * hd, kv_dim = p.n_kv_head * hd;
   const int32_t n_vocab = opts.vocab ? int32_t(opts.vocab->tokens.size()) : p.n_vocab;
   if (p.dim % be != 0 || p.ffn_dim % be != 0 || q_dim % be != 0)
-    throw failure(errc::invalid_argument, std::string(kernels::to_string(type)) + " needs widths that are multiples of " +
-                                              std::to_string(be) + " (preset '" + p.name + "': dim " +
-                                              std::to_string(p.dim) + ", FFN " + std::to_string(p.ffn_dim) + ")");
+    throw failure(errc::invalid_argument, std::string(kernels::to_string(type)) +
+                                              " needs widths that are multiples of " + std::to_string(be) +
+                                              " (preset '" + p.name + "': dim " + std::to_string(p.dim) + ", FFN " +
+                                              std::to_string(p.ffn_dim) + ")");
   const bool tied = opts.arch == architecture::phi3 ? false : p.tied_output;  // llama.cpp's phi3 needs output.weight
   const std::string K = std::string(at.name) + ".";
   gguf::writer w;
@@ -229,7 +229,8 @@ void respell_unprintable_bytes(vocab_spec& v) {
   }
   // Fresh two-character spellings: "~A", "~B", ... then "^A", ... (none is a merge's part: merges
   // join what the training text holds, and these pairs are never built).
-  static constexpr std::string_view firsts = "~^`|", seconds = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  static constexpr std::string_view firsts = "~^`|",
+                                    seconds = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   size_t next = 0;
   auto fresh = [&] {
     for (; next < firsts.size() * seconds.size(); ++next) {

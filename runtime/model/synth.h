@@ -35,7 +35,7 @@ struct synth_options {
   // size replaces the preset's n_vocab.
   std::optional<vocab_spec> vocab;
   std::string chat_template;  // written as tokenizer.chat_template when not empty
-  std::string name;           // general.name when not empty (else "tandem-synth-PRESET[-ARCH]")
+  std::string name;  // general.name when not empty (else "tandem-synth-PRESET[-ARCH]")
   // The built-in vocabulary's byte tokens that are not printable text on their own (0x80..0xFF,
   // which are half a UTF-8 character, and the ASCII control bytes but tab, newline and return)
   // respelled as two printable ASCII characters: a random model then writes only printable
@@ -52,8 +52,8 @@ void respell_unprintable_bytes(vocab_spec& v);
 // heads, Gemma 3's post-norms and sliding window, Phi-3's fused matrices) are all written;
 // Phi-3 never ties its output head (llama.cpp requires output.weight), the rest follow the
 // preset. Architectures other than llama end the vocab with their chat control tokens.
-void synthesize_model(const synth_preset& p, kernels::dtype type, const std::string& path,
-                      uint64_t seed = 42, const synth_options& opts = {});
+void synthesize_model(const synth_preset& p, kernels::dtype type, const std::string& path, uint64_t seed = 42,
+                      const synth_options& opts = {});
 
 // The model `generate` and `serve` use when no --model is given: the built-in stories260K
 // (runtime/model/default_model.h), written on first use to the cache directory

@@ -19,8 +19,7 @@ std::string num(double x) {
 // Hints are whole milliseconds (they end up in a Retry-After) and never below the floor.
 double retry_hint(double ms) { return std::max(admission_policy::min_retry_ms, std::ceil(ms)); }
 
-admission_decision reject(reject_reason reason, double retry_after_ms, double predicted_ttft_ms,
-                          std::string message) {
+admission_decision reject(reject_reason reason, double retry_after_ms, double predicted_ttft_ms, std::string message) {
   message += retry_after_ms > 0 ? "; retry in " + num(retry_after_ms) + " ms" : "; retrying will not help";
   return {false, reason, retry_after_ms, predicted_ttft_ms, std::move(message)};
 }
@@ -43,9 +42,8 @@ admission_decision admission_policy::decide(const admission_config& config, cons
                   "prompt has " + num(double(prompt)) + " tokens (limit " + num(limit) + ", " + limit_source + ")");
 
   // The prefill pool drains its queue at the measured per-worker rate times the live workers.
-  const double pool_rate = load.prefill_tokens_per_s > 0
-                               ? load.prefill_tokens_per_s * std::max(load.prefill_workers, 1)
-                               : 0;
+  const double pool_rate =
+      load.prefill_tokens_per_s > 0 ? load.prefill_tokens_per_s * std::max(load.prefill_workers, 1) : 0;
   const auto prefill_ms = [&](double tokens) { return tokens / pool_rate * 1000.0; };
   const bool local = load.local_prefill_tokens > 0 && prompt <= load.local_prefill_tokens;
   const double predicted = pool_rate <= 0 ? 0
@@ -69,8 +67,8 @@ admission_decision admission_policy::decide(const admission_config& config, cons
     // A prompt above the bound on its own fits once the queue is empty (see decide's contract).
     drain_tokens = std::max(drain_tokens, double(std::min(queued, queued + prompt - config.max_prefill_queue_tokens)));
     if (!why.empty()) why += "; ";
-    why += "prefill queue holds " + num(double(queued)) + " prompt tokens and this prompt adds " +
-           num(double(prompt)) + " (bound " + num(double(config.max_prefill_queue_tokens)) + ")";
+    why += "prefill queue holds " + num(double(queued)) + " prompt tokens and this prompt adds " + num(double(prompt)) +
+           " (bound " + num(double(config.max_prefill_queue_tokens)) + ")";
   }
   if (prefill_full)
     return reject(reject_reason::prefill_queue_full,
@@ -80,17 +78,17 @@ admission_decision admission_policy::decide(const admission_config& config, cons
   if (config.max_decode_queue > 0 && load.decode_queue >= config.max_decode_queue) {
     const double excess = double(load.decode_queue) - config.max_decode_queue + 1;
     const double hint = load.decode_admits_per_s > 0 ? excess / load.decode_admits_per_s * 1000.0 : default_retry_ms;
-    return reject(reject_reason::decode_queue_full, retry_hint(hint), predicted,
-                  "decode queue holds " + num(load.decode_queue) + " requests (bound " +
-                      num(config.max_decode_queue) + ")");
+    return reject(
+        reject_reason::decode_queue_full, retry_hint(hint), predicted,
+        "decode queue holds " + num(load.decode_queue) + " requests (bound " + num(config.max_decode_queue) + ")");
   }
 
   if (config.ttft_budget_ms > 0 && pool_rate > 0 && predicted > config.ttft_budget_ms) {
-    std::string message = "predicted time to first token " + num(predicted) + " ms exceeds the " +
-                          num(config.ttft_budget_ms) + " ms budget (" +
-                          (local ? std::string("computed by a decode worker: ")
-                                 : num(double(queued)) + " queued prompt tokens + ") +
-                          num(double(prompt)) + " for this prompt at " + num(pool_rate) + " tokens/s)";
+    std::string message =
+        "predicted time to first token " + num(predicted) + " ms exceeds the " + num(config.ttft_budget_ms) +
+        " ms budget (" +
+        (local ? std::string("computed by a decode worker: ") : num(double(queued)) + " queued prompt tokens + ") +
+        num(double(prompt)) + " for this prompt at " + num(pool_rate) + " tokens/s)";
     // Even on an idle pool this prompt would miss the budget: waiting cannot help.
     if (prefill_ms(double(prompt)) > config.ttft_budget_ms)
       return reject(reject_reason::ttft_budget, 0, predicted, std::move(message));
@@ -122,8 +120,7 @@ int32_t prefill_placement::choose(std::span<const prefill_worker_load> workers, 
     if (!w.alive) continue;
     const double c = cost(w);
     // Strict comparisons keep the lowest index on a full tie.
-    if (best < 0 || c < best_cost ||
-        (c == best_cost && w.queued_requests < workers[size_t(best)].queued_requests)) {
+    if (best < 0 || c < best_cost || (c == best_cost && w.queued_requests < workers[size_t(best)].queued_requests)) {
       best = int32_t(i);
       best_cost = c;
     }
@@ -168,8 +165,7 @@ colocated_plan plan_colocated_step(int32_t running_decodes, std::span<const pend
   colocated_plan plan;
   plan.decode_tokens = std::max(running_decodes, 0);
   // With no decodes plan_prefill_step's floor of one token guarantees progress.
-  if (plan.decode_tokens == 0)
-    plan.prefill = plan_prefill_step(queue, token_budget, chunk_size);
+  if (plan.decode_tokens == 0) plan.prefill = plan_prefill_step(queue, token_budget, chunk_size);
   else if (token_budget > plan.decode_tokens)
     plan.prefill = plan_prefill_step(queue, token_budget - plan.decode_tokens, chunk_size);
   return plan;

@@ -31,12 +31,12 @@ constexpr std::string_view to_string(reject_reason r) {
 }
 
 struct admission_config {
-  int32_t max_prefill_queue = 256;             // requests waiting for prefill (0 = unbounded)
+  int32_t max_prefill_queue = 256;  // requests waiting for prefill (0 = unbounded)
   int64_t max_prefill_queue_tokens = 1 << 20;  // prompt tokens waiting for prefill (0 = unbounded)
-  int32_t max_decode_queue = 256;              // prefilled requests waiting for a decode slot (0 = unbounded)
-  double ttft_budget_ms = 0;                   // 0 = no TTFT check
-  double tpot_budget_ms = 0;                   // 0 = no TPOT check
-  int32_t max_prompt_tokens = 0;               // 0 = model context
+  int32_t max_decode_queue = 256;  // prefilled requests waiting for a decode slot (0 = unbounded)
+  double ttft_budget_ms = 0;  // 0 = no TTFT check
+  double tpot_budget_ms = 0;  // 0 = no TPOT check
+  int32_t max_prompt_tokens = 0;  // 0 = model context
 };
 
 // What the router knows at the moment of a decision.
@@ -44,9 +44,9 @@ struct load_snapshot {
   int32_t prefill_queue = 0;
   int64_t prefill_queue_tokens = 0;
   int32_t decode_queue = 0;
-  int32_t prefill_workers = 1;       // live
-  double prefill_tokens_per_s = 0;   // measured per worker (EWMA); 0 = unknown yet
-  double decode_step_ms = 0;         // measured mean step time (EWMA); 0 = unknown yet
+  int32_t prefill_workers = 1;  // live
+  double prefill_tokens_per_s = 0;  // measured per worker (EWMA); 0 = unknown yet
+  double decode_step_ms = 0;  // measured mean step time (EWMA); 0 = unknown yet
   int32_t context_length = 0;
   // Rate at which requests leave the decode queue for a decode slot (EWMA); 0 = unknown yet.
   // Only feeds the retry hint of decode_queue_full: without it that hint is the default.
@@ -58,10 +58,10 @@ struct load_snapshot {
 
 struct admission_decision {
   bool admitted = true;
-  reject_reason reason{};        // meaningful only when !admitted
-  double retry_after_ms = 0;     // when rejected: 0 = retrying cannot help (the request itself is the problem)
+  reject_reason reason{};  // meaningful only when !admitted
+  double retry_after_ms = 0;  // when rejected: 0 = retrying cannot help (the request itself is the problem)
   double predicted_ttft_ms = 0;  // 0 = no prefill rate measured yet
-  std::string message;           // empty when admitted
+  std::string message;  // empty when admitted
 };
 
 class admission_policy {
@@ -151,9 +151,9 @@ struct pending_prefill {
 
 struct prefill_chunk {
   int64_t request = 0;
-  int32_t begin = 0;   // first prompt position of the chunk
+  int32_t begin = 0;  // first prompt position of the chunk
   int32_t length = 0;
-  bool last = false;   // this chunk finishes the prompt
+  bool last = false;  // this chunk finishes the prompt
 };
 
 // Prefill worker: takes queued prompts in FIFO order into one step, up to token_budget tokens.

@@ -26,7 +26,7 @@ class restart_intensity {
   enum class verdict : uint8_t {
     restart,  // start the child again now
     degrade,  // give up: degraded, try again after backoff() (if it is not 0)
-    ignore,   // already degraded: nothing restarts until recover()
+    ignore,  // already degraded: nothing restarts until recover()
   };
 
   restart_intensity() = default;

@@ -106,7 +106,8 @@ bool router_core::none_alive(pool_side side) const {
 
 worker_kind router_core::kind_of(pool_side side) const {
   switch (side) {
-    case pool_side::prefill: return cfg_.mode == serving_mode::colocated ? worker_kind::colocated : worker_kind::prefill;
+    case pool_side::prefill:
+      return cfg_.mode == serving_mode::colocated ? worker_kind::colocated : worker_kind::prefill;
     case pool_side::decode: return worker_kind::decode;
   }
   return worker_kind::decode;
@@ -155,7 +156,8 @@ load_snapshot router_core::load() const {
   s.decode_admits_per_s = decode_admits_.has_value() ? decode_admits_.value() : 0;
   if (cfg_.mode == serving_mode::automatic)
     for (size_t i = 0; i < decode_load_.size() && i < decode_.size(); ++i)
-      if (decode_[i].alive) s.local_prefill_tokens = std::max(s.local_prefill_tokens, decode_load_[i].local_prefill_tokens);
+      if (decode_[i].alive)
+        s.local_prefill_tokens = std::max(s.local_prefill_tokens, decode_load_[i].local_prefill_tokens);
   return s;
 }
 
@@ -208,14 +210,15 @@ void router_core::handle(const ev::submit& s) {
   // (HTTP 503) rather than queue without bound. One that is restarting (its supervisor
   // restarts a worker at once) or not joined yet (start-up) queues requests.
   const std::optional<pool_side> down =
-      prefill_gone_ && none_alive(pool_side::prefill) ? std::optional(pool_side::prefill)
-      : splits_phases(cfg_.mode) && decode_gone_ && none_alive(pool_side::decode)
-          ? std::optional(pool_side::decode)
-          : std::nullopt;
+      prefill_gone_ && none_alive(pool_side::prefill)                             ? std::optional(pool_side::prefill)
+      : splits_phases(cfg_.mode) && decode_gone_ && none_alive(pool_side::decode) ? std::optional(pool_side::decode)
+                                                                                  : std::nullopt;
   if (down) {
     count("tandem_rejections_total", "Requests refused by admission control", {{"reason", "no_healthy_worker"}});
-    emit(cmd::refuse{s.spec.id, errc::worker_failed,
-                     "no healthy " + std::string(to_string(kind_of(*down))) + " worker: the pool failed past its restart intensity", 1000});
+    emit(cmd::refuse{
+        s.spec.id, errc::worker_failed,
+        "no healthy " + std::string(to_string(kind_of(*down))) + " worker: the pool failed past its restart intensity",
+        1000});
     return;
   }
   const auto decision = cfg_.admission_policy_impl->decide(cfg_.admission, load(), int32_t(s.spec.prompt.size()));
@@ -256,8 +259,7 @@ void router_core::enqueue(request_id id, entry e, bool ask_the_store) {
 
 // Asks the host store how much of a new prompt it holds (the router's metadata query).
 void router_core::ask_store(request_id id, entry& e) {
-  if (!cfg_.store || !splits_phases(cfg_.mode) || e.spec.resumed != 0 || usable_full_tokens(e) == 0)
-    return;
+  if (!cfg_.store || !splits_phases(cfg_.mode) || e.spec.resumed != 0 || usable_full_tokens(e) == 0) return;
   std::get<waiting>(e.where).asking_store = true;
   emit(cmd::ask_store{id, prompt_block_keys(cfg_.prefix_salt, e.spec.prompt, cfg_.block_size)});
 }
@@ -325,7 +327,8 @@ void router_core::dispatch_prefill() {
       decode_load_[size_t(d)].local_prefill_tokens -= prompt_len(e) - e.store_tokens;
       send_direct(pos, id, e);
       count("tandem_router_local_prefill_total",
-            "Requests whose prompt a decode worker computed itself (auto mode: a short uncached part, within its TPOT slack)");
+            "Requests whose prompt a decode worker computed itself (auto mode: a short uncached part, within its TPOT "
+            "slack)");
       continue;
     }
     if (disaggregated && !e.direct_tried && e.spec.resumed == 0 && e.store_tokens > 0 &&
@@ -435,7 +438,8 @@ void router_core::handle(const ev::reserve_answer& a) {
       c->state = claim_state::held;
       const auto now = now_();
       if (last_admit_ != clock::time_point{})
-        decode_admits_.add(1000.0 / std::max(1.0, std::chrono::duration<double, std::milli>(now - last_admit_).count()));
+        decode_admits_.add(1000.0 /
+                           std::max(1.0, std::chrono::duration<double, std::milli>(now - last_admit_).count()));
       last_admit_ = now;
       if (e.current() == phase::direct) {
         emit(cmd::fetch{a.worker, e.spec});
@@ -465,7 +469,8 @@ void router_core::handle(const ev::fetch_answer& a) {
   auto& e = it->second;
   if (e.current() != phase::direct || e.spec.epoch != a.epoch) return;
   e.direct_tried = true;
-  count("tandem_router_direct_fallbacks_total", "Direct-to-decode requests prefilled after all (blocks gone from the store)");
+  count("tandem_router_direct_fallbacks_total",
+        "Direct-to-decode requests prefilled after all (blocks gone from the store)");
   requeue_front(a.id, e);
   dispatch_prefill();
 }
@@ -558,7 +563,10 @@ void router_core::handle(const ev::worker_state& m) {
     case phase::migrating:
     case phase::parked:
     case phase::decoding: return;  // a late report from where it no longer is
-    case phase::waiting: erase_from(prefill_queue_, m.id); prefill_queue_tokens_ -= prompt_len(e); break;
+    case phase::waiting:
+      erase_from(prefill_queue_, m.id);
+      prefill_queue_tokens_ -= prompt_len(e);
+      break;
     case phase::prefilling: prefill_worker = std::get<prefilling>(e.where).worker; [[fallthrough]];
     case phase::direct: {
       auto& c = *claim_of(e);
@@ -884,14 +892,14 @@ void router_core::handle(const ev::worker_down& m) {
     // front of the decode queue now, and that answer is ignored if it comes.
     auto it = requests_.find(reserving_->id);
     if (it != requests_.end())
-      if (decode_claim* c = claim_of(it->second); c && c->state == claim_state::reserving && c->ticket == reserving_->ticket) {
+      if (decode_claim* c = claim_of(it->second);
+          c && c->state == claim_state::reserving && c->ticket == reserving_->ticket) {
         c->state = claim_state::queued;
         decode_queue_.push_front(reserving_->id);
       }
     reserving_.reset();
   }
-  count("tandem_restarts_total", "Worker restarts by kind",
-        {{"kind", std::string(to_string(kind_of(side)))}});
+  count("tandem_restarts_total", "Worker restarts by kind", {{"kind", std::string(to_string(kind_of(side)))}});
   // What the dead worker held. Not decoding yet (queued there, mid-prefill, or KV under its
   // lease): nothing was lost that a new prefill cannot redo, so back to the front of the prefill
   // queue (a repeated token 0 is dropped by the request actor). Decoding (or with its KV sent to

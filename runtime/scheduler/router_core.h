@@ -62,8 +62,8 @@ enum class claim_state : uint8_t { none, queued, reserving, held };
 
 struct decode_claim {
   claim_state state = claim_state::none;
-  uint64_t ticket = 0;         // reserving: the reservation's number
-  worker_ref worker;           // reserving or held: where
+  uint64_t ticket = 0;  // reserving: the reservation's number
+  worker_ref worker;  // reserving or held: where
   bool awaiting_link = false;  // held, its KV link (another process's) still coming
 };
 
@@ -72,8 +72,8 @@ struct waiting {
 };
 struct prefilling {
   worker_ref worker;
-  bool prefilled = false;       // its KV is under the worker's lease (request_state::transferring)
-  bool shipping = false;        // the worker handed the KV to a link
+  bool prefilled = false;  // its KV is under the worker's lease (request_state::transferring)
+  bool shipping = false;  // the worker handed the KV to a link
   int32_t transfer_retries = 0;  // of this attempt's KV transfer
   decode_claim decode;
 };
@@ -92,10 +92,10 @@ using phase_data = std::variant<waiting, prefilling, direct, decoding, migrating
 struct entry {
   request_spec spec;  // what workers are sent (prompt, sampling, limits); epoch = prefill attempt
   phase_data where;
-  int32_t migrations = 0;    // times it was moved off a worker that died while it decoded
+  int32_t migrations = 0;  // times it was moved off a worker that died while it decoded
   int32_t store_tokens = 0;  // prompt tokens whose blocks the store holds (at its answer)
   bool direct_tried = false;  // sent straight to decode once, and that failed: prefill it
-  bool paused = false;        // its client is behind (ev::pause): parked when other work waits
+  bool paused = false;  // its client is behind (ev::pause): parked when other work waits
   // Moved off a worker that died (migrate): from where and since when, until it decodes again
   // (then the log's `migrated` event says where to, with the tokens carried and the time it took).
   std::string moved_from;
@@ -108,62 +108,204 @@ struct entry {
 
 // ---- events: what happened ----
 namespace ev {
-struct submit { request_spec spec; };                                  // a new request (admission)
-struct rejoin { request_spec spec; std::vector<token_id> generated; };  // from a router that died
-struct prefilled { request_id id; int32_t worker; bool finished; };     // finished: done in prefill
-struct prefill_load { prefill_worker_load load; };
-struct decode_load { decode_worker_load load; };
-struct ended { request_id id; request_state end; double tpot_ms; };  // or its actor died (failed)
-struct worker_state { request_id id; pool_side side; worker_ref worker; request_state state; };
-struct transfer_failed { request_id id; uint32_t epoch; int32_t reporter; };  // reporter: prefill worker
-struct ship_started { request_id id; };
+struct submit {
+  request_spec spec;
+};  // a new request (admission)
+struct rejoin {
+  request_spec spec;
+  std::vector<token_id> generated;
+};  // from a router that died
+struct prefilled {
+  request_id id;
+  int32_t worker;
+  bool finished;
+};  // finished: done in prefill
+struct prefill_load {
+  prefill_worker_load load;
+};
+struct decode_load {
+  decode_worker_load load;
+};
+struct ended {
+  request_id id;
+  request_state end;
+  double tpot_ms;
+};  // or its actor died (failed)
+struct worker_state {
+  request_id id;
+  pool_side side;
+  worker_ref worker;
+  request_state state;
+};
+struct transfer_failed {
+  request_id id;
+  uint32_t epoch;
+  int32_t reporter;
+};  // reporter: prefill worker
+struct ship_started {
+  request_id id;
+};
 enum class reply : uint8_t { granted, refused, failed };  // failed: no answer (dead or stuck)
 // `why`: the code of a refusal or failure (refused: no credits or batch room; timeout; ...).
-struct reserve_answer { uint64_t ticket; int32_t worker; request_id id; reply answer; errc why = errc::ok; };
-struct fetch_answer { request_id id; uint32_t epoch; bool ok; };
-struct resume_answer { request_id id; std::optional<std::vector<token_id>> generated; };  // nullopt: no answer
-struct store_answer { request_id id; int32_t blocks; };
-struct joined { pool_side side; int32_t index; };
-struct worker_down { pool_side side; worker_ref worker; };
-struct worker_lost { pool_side side; int32_t index; };  // known dead without a down message
-struct link_up { int32_t p, d; };
-struct link_down { int32_t p, d; };
-struct link_stuck { int32_t p, d; };  // a link that did not answer its heartbeat
-struct heartbeat { pool_side side; worker_ref worker; bool busy; uint64_t finished_steps; };
-struct heartbeat_missed { pool_side side; worker_ref worker; };
-struct orphan_check { request_id id; uint32_t epoch; };
+struct reserve_answer {
+  uint64_t ticket;
+  int32_t worker;
+  request_id id;
+  reply answer;
+  errc why = errc::ok;
+};
+struct fetch_answer {
+  request_id id;
+  uint32_t epoch;
+  bool ok;
+};
+struct resume_answer {
+  request_id id;
+  std::optional<std::vector<token_id>> generated;
+};  // nullopt: no answer
+struct store_answer {
+  request_id id;
+  int32_t blocks;
+};
+struct joined {
+  pool_side side;
+  int32_t index;
+};
+struct worker_down {
+  pool_side side;
+  worker_ref worker;
+};
+struct worker_lost {
+  pool_side side;
+  int32_t index;
+};  // known dead without a down message
+struct link_up {
+  int32_t p, d;
+};
+struct link_down {
+  int32_t p, d;
+};
+struct link_stuck {
+  int32_t p, d;
+};  // a link that did not answer its heartbeat
+struct heartbeat {
+  pool_side side;
+  worker_ref worker;
+  bool busy;
+  uint64_t finished_steps;
+};
+struct heartbeat_missed {
+  pool_side side;
+  worker_ref worker;
+};
+struct orphan_check {
+  request_id id;
+  uint32_t epoch;
+};
 struct stranded_check {};
-struct pause { request_id id; bool pause; };
+struct pause {
+  request_id id;
+  bool pause;
+};
 }  // namespace ev
-using event = std::variant<ev::submit, ev::rejoin, ev::prefilled, ev::prefill_load, ev::decode_load, ev::ended,
-                           ev::worker_state, ev::transfer_failed, ev::ship_started, ev::reserve_answer,
-                           ev::fetch_answer, ev::resume_answer, ev::store_answer, ev::joined, ev::worker_down,
-                           ev::worker_lost, ev::link_up, ev::link_down, ev::link_stuck, ev::heartbeat,
-                           ev::heartbeat_missed, ev::orphan_check, ev::stranded_check, ev::pause>;
+using event =
+    std::variant<ev::submit, ev::rejoin, ev::prefilled, ev::prefill_load, ev::decode_load, ev::ended, ev::worker_state,
+                 ev::transfer_failed, ev::ship_started, ev::reserve_answer, ev::fetch_answer, ev::resume_answer,
+                 ev::store_answer, ev::joined, ev::worker_down, ev::worker_lost, ev::link_up, ev::link_down,
+                 ev::link_stuck, ev::heartbeat, ev::heartbeat_missed, ev::orphan_check, ev::stranded_check, ev::pause>;
 
 // ---- commands: what to do about it (in order) ----
 namespace cmd {
-struct admit { request_spec spec; int32_t position; };  // start its request actor (position: in the queue)
-struct refuse { request_id id; errc code; std::string message; double retry_after_ms; };  // to the submitter
-struct set_state { request_id id; request_state state; };                  // tell the request actor
-struct fail { request_id id; errc code; std::string message; };           // end the request
-struct ask_resume { request_id id; };                                     // -> ev::resume_answer
-struct ask_store { request_id id; std::vector<block_key> keys; };         // -> ev::store_answer
-struct prefill { int32_t worker; request_spec spec; };
-struct reserve { int32_t worker; request_id id; int32_t total_tokens; uint64_t ticket; };  // -> ev::reserve_answer
-struct fetch { int32_t worker; request_spec spec; };                      // -> ev::fetch_answer
-struct ship { int32_t p, d; request_id id; };                             // over link [p][d]
-struct cancel { pool_side side; int32_t worker; request_id id; };         // drop it, give back its credits
-struct release { int32_t worker; request_id id; std::optional<uint32_t> epoch; };  // end a KV lease
-struct pause { pool_side side; int32_t worker; request_id id; bool pause; };
-struct ask_load { int32_t worker; std::chrono::milliseconds after; };     // a decode worker's fresh report
-struct open_link { int32_t p, d; bool decode_side_replaced; };           // -> ev::link_up when it is there
-struct link_lost { int32_t p, d; };   // tell prefill worker p its link to d died (its transfers fail back)
-struct kill_link { int32_t p, d; };   // stuck: killed (its down is expected)
-struct kill_worker { pool_side side; worker_ref worker; };               // stalled: its supervisor restarts it
-struct isolate { pool_side side; int32_t index; };  // lost node: stop the worker and its links
-struct check_orphan { request_id id; uint32_t epoch; std::chrono::milliseconds after; };  // -> ev::orphan_check
-struct check_stranded { std::chrono::milliseconds after; };               // -> ev::stranded_check
+struct admit {
+  request_spec spec;
+  int32_t position;
+};  // start its request actor (position: in the queue)
+struct refuse {
+  request_id id;
+  errc code;
+  std::string message;
+  double retry_after_ms;
+};  // to the submitter
+struct set_state {
+  request_id id;
+  request_state state;
+};  // tell the request actor
+struct fail {
+  request_id id;
+  errc code;
+  std::string message;
+};  // end the request
+struct ask_resume {
+  request_id id;
+};  // -> ev::resume_answer
+struct ask_store {
+  request_id id;
+  std::vector<block_key> keys;
+};  // -> ev::store_answer
+struct prefill {
+  int32_t worker;
+  request_spec spec;
+};
+struct reserve {
+  int32_t worker;
+  request_id id;
+  int32_t total_tokens;
+  uint64_t ticket;
+};  // -> ev::reserve_answer
+struct fetch {
+  int32_t worker;
+  request_spec spec;
+};  // -> ev::fetch_answer
+struct ship {
+  int32_t p, d;
+  request_id id;
+};  // over link [p][d]
+struct cancel {
+  pool_side side;
+  int32_t worker;
+  request_id id;
+};  // drop it, give back its credits
+struct release {
+  int32_t worker;
+  request_id id;
+  std::optional<uint32_t> epoch;
+};  // end a KV lease
+struct pause {
+  pool_side side;
+  int32_t worker;
+  request_id id;
+  bool pause;
+};
+struct ask_load {
+  int32_t worker;
+  std::chrono::milliseconds after;
+};  // a decode worker's fresh report
+struct open_link {
+  int32_t p, d;
+  bool decode_side_replaced;
+};  // -> ev::link_up when it is there
+struct link_lost {
+  int32_t p, d;
+};  // tell prefill worker p its link to d died (its transfers fail back)
+struct kill_link {
+  int32_t p, d;
+};  // stuck: killed (its down is expected)
+struct kill_worker {
+  pool_side side;
+  worker_ref worker;
+};  // stalled: its supervisor restarts it
+struct isolate {
+  pool_side side;
+  int32_t index;
+};  // lost node: stop the worker and its links
+struct check_orphan {
+  request_id id;
+  uint32_t epoch;
+  std::chrono::milliseconds after;
+};  // -> ev::orphan_check
+struct check_stranded {
+  std::chrono::milliseconds after;
+};  // -> ev::stranded_check
 }  // namespace cmd
 using command = std::variant<cmd::admit, cmd::refuse, cmd::set_state, cmd::fail, cmd::ask_resume, cmd::ask_store,
                              cmd::prefill, cmd::reserve, cmd::fetch, cmd::ship, cmd::cancel, cmd::release, cmd::pause,
@@ -179,8 +321,8 @@ struct router_core_config {
   int32_t max_migrations = 3;
   int32_t max_transfer_retries = 2;
   std::chrono::milliseconds stall_timeout{30000};  // 0: not checked
-  bool store = false;             // a host KV store is attached (direct-to-decode is possible)
-  uint64_t prefix_salt = 0;       // 0: no KV-aware placement
+  bool store = false;  // a host KV store is attached (direct-to-decode is possible)
+  uint64_t prefix_salt = 0;  // 0: no KV-aware placement
   int32_t prefix_capacity_blocks = 0;
   std::shared_ptr<const admission_policy> admission_policy_impl;
   std::shared_ptr<const prefill_placement> prefill_policy;
@@ -287,7 +429,9 @@ class router_core {
   void count(const std::string& name, const std::string& help, metrics::labels l = {}, double n = 1);
   void update_gauges();
   template <class C>
-  void emit(C c) { out_.emplace_back(std::move(c)); }
+  void emit(C c) {
+    out_.emplace_back(std::move(c));
+  }
 
   router_core_config cfg_;
   std::unique_ptr<metrics::registry> own_metrics_;
@@ -297,9 +441,13 @@ class router_core {
 
   std::map<request_id, entry> requests_;
   std::deque<request_id> prefill_queue_;  // waiting entries, in order
-  std::deque<request_id> decode_queue_;   // entries whose claim is queued, in order
+  std::deque<request_id> decode_queue_;  // entries whose claim is queued, in order
   int64_t prefill_queue_tokens_ = 0;
-  struct reservation { uint64_t ticket; int32_t worker; request_id id; };
+  struct reservation {
+    uint64_t ticket;
+    int32_t worker;
+    request_id id;
+  };
   std::optional<reservation> reserving_;  // the one in flight
   uint64_t next_ticket_ = 1;
   request_id next_id_ = 1;

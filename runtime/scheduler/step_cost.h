@@ -44,7 +44,8 @@ class step_cost_model {
 // targets: the longest stall one prompt may cause its batch.
 class tpot_slack {
  public:
-  explicit tpot_slack(double target_ms, double burst = 10) : target_(target_ms), cap_(target_ms * burst), slack_(cap_) {}
+  explicit tpot_slack(double target_ms, double burst = 10)
+      : target_(target_ms), cap_(target_ms * burst), slack_(cap_) {}
   // A step ran: `decodes` sequences decoded in it, taking `ms` in all.
   void step(int32_t decodes, double ms);
   // Nothing decodes here any more.

@@ -152,17 +152,15 @@ void worker_core::handle(const ev::cancel& c) {
       case phase::waiting:
       case phase::prefilling:
         if (prompt_state* p = prompt_of(*e); p->in_step) {
-          p->cancelled = true;                            // dropped when the step returns
+          p->cancelled = true;  // dropped when the step returns
           if (cfg_.kind == worker_kind::prefill) return;  // (its lease, if any, is another attempt's)
         } else {
           drop_prompt(c.id);
         }
         break;
       case phase::decoding:
-        if (auto& d = std::get<decoding>(e->where); d.in_step)
-          d.cancelled = true;
-        else
-          retire(c.id);
+        if (auto& d = std::get<decoding>(e->where); d.in_step) d.cancelled = true;
+        else retire(c.id);
         break;
       case phase::reserved: drop(c.id); break;
       case phase::arriving:
@@ -188,10 +186,8 @@ void worker_core::handle(const ev::cancel& c) {
 void worker_core::handle(const ev::pause& p) {
   entry* e = get(p.id);
   if (!e) return;
-  if (e->current() == phase::decoding)
-    std::get<decoding>(e->where).paused = p.pause;
-  else if (prompt_state* s = prompt_of(*e); s && cfg_.kind == worker_kind::colocated)
-    s->paused = p.pause;
+  if (e->current() == phase::decoding) std::get<decoding>(e->where).paused = p.pause;
+  else if (prompt_state* s = prompt_of(*e); s && cfg_.kind == worker_kind::colocated) s->paused = p.pause;
 }
 
 void worker_core::handle(const ev::plan&) {
@@ -223,10 +219,8 @@ void worker_core::handle(const ev::plan&) {
 
 void worker_core::handle(const ev::step_returned& s) {
   busy_ = false;
-  if (cfg_.kind == worker_kind::decode)
-    decode_returned(*s.result);
-  else
-    prompts_returned(*s.result);
+  if (cfg_.kind == worker_kind::decode) decode_returned(*s.result);
+  else prompts_returned(*s.result);
 }
 
 // ---- steps ----

@@ -51,7 +51,7 @@ namespace tandem::sched {
 
 // What one sampled token does to its request.
 struct token_outcome {
-  bool emit = false;     // send it as output token number `index`
+  bool emit = false;  // send it as output token number `index`
   int32_t index = 0;
   finish_reason end = finish_reason::none;  // none: the request goes on
 };
@@ -96,42 +96,42 @@ using link_id = uint64_t;  // the actor's name for a KV link (0: none)
 
 // A prompt's progress on a prefill or colocated worker, from its arrival to its first token.
 struct prompt_state {
-  seq_id seq = 0;                 // 0: not created yet (or the step in flight creates it)
-  int32_t prefilled = 0;          // prompt tokens in the cache
-  int32_t planned = 0;            // prompt tokens in the step in flight
-  int32_t generated = 0;          // output tokens (a migrated request starts at spec.resumed)
-  std::vector<token_id> output;   // those tokens, kept only when the sampling needs them
-  prompt_ptr penalty_prompt;      // the prompt, shared by its steps, when the sampling repeats
-  int32_t reused = 0;             // prompt tokens it started with from a cache
-  int32_t expected_reuse = 0;     // while it waits for other prompts' blocks: what it will find
-  bool asked_store = false;       // the host store was asked (or there was nothing to ask)
-  kv_blocks_ptr fetched;          // what the store sent, cached before it starts
+  seq_id seq = 0;  // 0: not created yet (or the step in flight creates it)
+  int32_t prefilled = 0;  // prompt tokens in the cache
+  int32_t planned = 0;  // prompt tokens in the step in flight
+  int32_t generated = 0;  // output tokens (a migrated request starts at spec.resumed)
+  std::vector<token_id> output;  // those tokens, kept only when the sampling needs them
+  prompt_ptr penalty_prompt;  // the prompt, shared by its steps, when the sampling repeats
+  int32_t reused = 0;  // prompt tokens it started with from a cache
+  int32_t expected_reuse = 0;  // while it waits for other prompts' blocks: what it will find
+  bool asked_store = false;  // the host store was asked (or there was nothing to ask)
+  kv_blocks_ptr fetched;  // what the store sent, cached before it starts
   std::vector<block_key> fetched_keys;
-  bool reserved = false;          // colocated: its KV credits are held
-  bool paused = false;            // its subscriber is behind: skipped in decode steps
-  bool in_step = false;           // the step in flight holds it
-  bool cancelled = false;         // cancelled while in a step: dropped when it returns
-  bool announced = false;         // its request was told it is prefilling
+  bool reserved = false;  // colocated: its KV credits are held
+  bool paused = false;  // its subscriber is behind: skipped in decode steps
+  bool in_step = false;  // the step in flight holds it
+  bool cancelled = false;  // cancelled while in a step: dropped when it returns
+  bool announced = false;  // its request was told it is prefilling
   // Prefill: its decode worker was reserved before the prompt finished: the KV streams over
   // this link as it is made, from stream_next on.
   link_id link = 0;
   int32_t stream_next = 0;
-  bool stream_broken = false;     // the link changed while a streamed step was in flight
+  bool stream_broken = false;  // the link changed while a streamed step was in flight
 };
 struct waiting : prompt_state {};
 struct fetching : prompt_state {
-  uint64_t asked = 0;             // the store ask (its answer names it)
-  std::vector<block_key> keys;    // the blocks asked for
+  uint64_t asked = 0;  // the store ask (its answer names it)
+  std::vector<block_key> keys;  // the blocks asked for
   std::vector<uint64_t> tickets;  // decode: the fetch and any repeat of it, answered alike
 };
 struct prefilling : prompt_state {};
 struct decoding {
   seq_id seq = 0;
-  int32_t generated = 0;          // output tokens sent
-  std::vector<token_id> output;   // those tokens, kept only when the sampling needs them
+  int32_t generated = 0;  // output tokens sent
+  std::vector<token_id> output;  // those tokens, kept only when the sampling needs them
   prompt_ptr penalty_prompt;
-  token_id last = 0;              // the next step's input
-  int32_t publish_from = -1;      // at its end its blocks from this one go to the store (-1: none)
+  token_id last = 0;  // the next step's input
+  int32_t publish_from = -1;  // at its end its blocks from this one go to the store (-1: none)
   bool paused = false;
   bool in_step = false;
   bool cancelled = false;
@@ -139,11 +139,11 @@ struct decoding {
 // A finished prompt's KV on its prefill worker.
 struct lease {
   seq_id seq = 0;
-  kv_blocks_ptr kv;                 // the whole set, or null while it streamed to `streamed_to`
+  kv_blocks_ptr kv;  // the whole set, or null while it streamed to `streamed_to`
   std::vector<token_id> generated;  // every token so far: the resumed ones and token 0
-  link_id streamed_to = 0;          // the link holding its streamed pieces
-  bool resend_all = false;          // a try failed: the next one exports the whole set again
-  link_id waiting_idle = 0;         // a transfer over this link waits for the engine to be idle
+  link_id streamed_to = 0;  // the link holding its streamed pieces
+  bool resend_all = false;  // a try failed: the next one exports the whole set again
+  link_id waiting_idle = 0;  // a transfer over this link waits for the engine to be idle
 };
 struct leased : lease {};
 struct shipping : lease {
@@ -162,11 +162,11 @@ struct reserved {
 struct arrival {
   std::vector<kv_blocks_ptr> kv;
   std::vector<token_id> generated;  // from prefill: every token so far (the last is fed next)
-  std::vector<token_id> feed;       // from the store: the prompt's tokens past kv_tokens
+  std::vector<token_id> feed;  // from the store: the prompt's tokens past kv_tokens
   int32_t kv_tokens = 0;
-  std::vector<uint64_t> tickets;    // the try that brought it, then its duplicate tries
-  staged_kv late;                   // pieces that came meanwhile (kept if the import fails)
-  prompt_ptr penalty_prompt;        // made once, at its import step
+  std::vector<uint64_t> tickets;  // the try that brought it, then its duplicate tries
+  staged_kv late;  // pieces that came meanwhile (kept if the import fails)
+  prompt_ptr penalty_prompt;  // made once, at its import step
 };
 struct arriving : arrival {};
 struct importing : arrival {
@@ -183,47 +183,115 @@ struct entry {
 
 // ---- events: what happened ----
 namespace ev {
-struct prompt { request_spec spec; };  // prefill or colocated: compute its prompt
-struct reserve { uint64_t ticket; request_id id; int32_t total_tokens; };  // credits for its whole length
+struct prompt {
+  request_spec spec;
+};  // prefill or colocated: compute its prompt
+struct reserve {
+  uint64_t ticket;
+  request_id id;
+  int32_t total_tokens;
+};  // credits for its whole length
 struct transfer {  // its KV arrives (a prefill worker's closing transfer over a link)
   uint64_t ticket;
   request_spec spec;
   kv_blocks_ptr kv;
   std::vector<token_id> generated;
 };
-struct fetch { uint64_t ticket; request_spec spec; };  // sent straight here: fetch its prompt
-struct store_answer { uint64_t ask; kv_blocks_ptr blocks; };  // null: no answer, or no store
-struct kv_piece { request_id id; uint32_t epoch; kv_blocks_ptr kv; };
-struct ship { request_id id; link_id link; };  // send its KV over this link (now, or once prefilled)
-struct transfer_answer { request_id id; link_id link; status outcome; };  // ok: the decode side has it
-struct link_down { link_id link; };  // its transfers in flight will never be answered
-struct release { request_id id; std::optional<uint32_t> epoch; };  // decode has it (of that attempt)
-struct cancel { request_id id; };
-struct pause { request_id id; bool pause; };
+struct fetch {
+  uint64_t ticket;
+  request_spec spec;
+};  // sent straight here: fetch its prompt
+struct store_answer {
+  uint64_t ask;
+  kv_blocks_ptr blocks;
+};  // null: no answer, or no store
+struct kv_piece {
+  request_id id;
+  uint32_t epoch;
+  kv_blocks_ptr kv;
+};
+struct ship {
+  request_id id;
+  link_id link;
+};  // send its KV over this link (now, or once prefilled)
+struct transfer_answer {
+  request_id id;
+  link_id link;
+  status outcome;
+};  // ok: the decode side has it
+struct link_down {
+  link_id link;
+};  // its transfers in flight will never be answered
+struct release {
+  request_id id;
+  std::optional<uint32_t> epoch;
+};  // decode has it (of that attempt)
+struct cancel {
+  request_id id;
+};
+struct pause {
+  request_id id;
+  bool pause;
+};
 struct plan {};  // the engine is idle: what waits for it (a step, exports) may start
-struct step_returned { const step_result* result; };  // read during on() only
+struct step_returned {
+  const step_result* result;
+};  // read during on() only
 }  // namespace ev
-using event = std::variant<ev::prompt, ev::reserve, ev::transfer, ev::fetch, ev::store_answer, ev::kv_piece, ev::ship,
-                           ev::transfer_answer, ev::link_down, ev::release, ev::cancel, ev::pause, ev::plan,
-                           ev::step_returned>;
+using event =
+    std::variant<ev::prompt, ev::reserve, ev::transfer, ev::fetch, ev::store_answer, ev::kv_piece, ev::ship,
+                 ev::transfer_answer, ev::link_down, ev::release, ev::cancel, ev::pause, ev::plan, ev::step_returned>;
 
 // ---- commands: what to do about it (in order) ----
 namespace cmd {
-struct answer { uint64_t ticket; status outcome; };  // ok: true; else the error, with why
-struct ask_store { uint64_t ask; std::vector<block_key> keys; };  // -> ev::store_answer
+struct answer {
+  uint64_t ticket;
+  status outcome;
+};  // ok: true; else the error, with why
+struct ask_store {
+  uint64_t ask;
+  std::vector<block_key> keys;
+};  // -> ev::store_answer
 struct start_step {  // -> ev::step_returned
   step_work work;
   std::vector<std::pair<request_id, link_id>> streams;  // prefill: where streamed pieces go
 };
-struct token { request_id id; int32_t index; token_id tok; std::shared_ptr<const token_logprobs> logprobs; };
-struct done { request_id id; finish_reason reason; };
-struct fail { request_id id; errc code; std::string message; };
-struct tell_request { request_id id; request_state state; int32_t cached_tokens; };  // with this worker's name
-struct tell_router { request_id id; request_state state; };
-struct publish { seq_id seq; int32_t from_block; };  // its full blocks from there to the host store
+struct token {
+  request_id id;
+  int32_t index;
+  token_id tok;
+  std::shared_ptr<const token_logprobs> logprobs;
+};
+struct done {
+  request_id id;
+  finish_reason reason;
+};
+struct fail {
+  request_id id;
+  errc code;
+  std::string message;
+};
+struct tell_request {
+  request_id id;
+  request_state state;
+  int32_t cached_tokens;
+};  // with this worker's name
+struct tell_router {
+  request_id id;
+  request_state state;
+};
+struct publish {
+  seq_id seq;
+  int32_t from_block;
+};  // its full blocks from there to the host store
 struct report_load {};
-struct prefilled { request_id id; bool finished; };  // to the router
-struct ship_started { request_id id; };  // to the router, first: if this worker dies, the link still delivers
+struct prefilled {
+  request_id id;
+  bool finished;
+};  // to the router
+struct ship_started {
+  request_id id;
+};  // to the router, first: if this worker dies, the link still delivers
 struct transfer {  // -> ev::transfer_answer
   request_id id;
   link_id link;
@@ -231,8 +299,14 @@ struct transfer {  // -> ev::transfer_answer
   kv_blocks_ptr kv;
   std::vector<token_id> generated;
 };
-struct transfer_failed { request_id id; uint32_t epoch; link_id link; };  // to the router: ship again, or move on
-struct forget { request_id id; };  // nothing of it is left here (its request handle may go)
+struct transfer_failed {
+  request_id id;
+  uint32_t epoch;
+  link_id link;
+};  // to the router: ship again, or move on
+struct forget {
+  request_id id;
+};  // nothing of it is left here (its request handle may go)
 }  // namespace cmd
 using command = std::variant<cmd::answer, cmd::ask_store, cmd::start_step, cmd::token, cmd::done, cmd::fail,
                              cmd::tell_request, cmd::tell_router, cmd::publish, cmd::report_load, cmd::prefilled,
@@ -242,13 +316,13 @@ struct config {
   worker_kind kind = worker_kind::decode;
   int32_t n_ctx = 0;
   int32_t block_size = 16;
-  int32_t total_blocks = 0;     // its KV pool (a decode or colocated worker: its credits)
-  int32_t max_batch = 0;        // decode: reservations held at once; colocated: sequences in a step
-  uint64_t prefix_salt = 0;     // names a prompt's blocks
-  bool store = false;           // a host store is attached
-  int32_t token_budget = 0;     // prefill or colocated: tokens per step
+  int32_t total_blocks = 0;  // its KV pool (a decode or colocated worker: its credits)
+  int32_t max_batch = 0;  // decode: reservations held at once; colocated: sequences in a step
+  uint64_t prefix_salt = 0;  // names a prompt's blocks
+  bool store = false;  // a host store is attached
+  int32_t token_budget = 0;  // prefill or colocated: tokens per step
   int32_t chunk_size = 0;
-  bool stream_kv = false;       // prefill: KV streams to a reserved decode worker as it is made
+  bool stream_kv = false;  // prefill: KV streams to a reserved decode worker as it is made
   int32_t stream_layer_group = 4;
   // Colocated: a step's predicted time (0: the budget alone sizes it).
   double step_target_ms = 0;
@@ -258,7 +332,7 @@ struct config {
   int32_t prefill_token_budget = 0;
   // The tokenizer's half of the stop rule: does `tok` end this request's generation?
   std::function<bool(const request_spec&, token_id)> ends_generation;
-  std::shared_ptr<fault_hooks> faults;   // null: none
+  std::shared_ptr<fault_hooks> faults;  // null: none
   metrics::registry* metrics = nullptr;  // null: not counted
 };
 
@@ -278,9 +352,9 @@ class worker_core {
   bool has_arrivals() const { return !arrivals_.empty(); }  // imports wait for the next step
   int32_t holding() const;  // the requests its stats count (decode: arriving, importing, decoding)
   const kv_credit_ledger& ledger() const { return ledger_; }
-  prompt_load waiting_load() const;        // prompts still to compute (a prefill worker's report)
-  int64_t planned_prompt_tokens() const;   // prompt tokens the step in flight computes
-  int32_t local_prefill_tokens() const;    // decode, auto mode: prompt tokens it may compute now
+  prompt_load waiting_load() const;  // prompts still to compute (a prefill worker's report)
+  int64_t planned_prompt_tokens() const;  // prompt tokens the step in flight computes
+  int32_t local_prefill_tokens() const;  // decode, auto mode: prompt tokens it may compute now
   // A decode worker's load for the router (what it says of local prefill is remembered).
   decode_worker_load decode_load(int32_t index);
 
@@ -336,7 +410,9 @@ class worker_core {
   uint64_t ask_store(std::vector<block_key> keys);
   void forget_if_gone(request_id id);  // its request handle may go when neither map holds it
   template <class C>
-  void emit(C c) { out_.emplace_back(std::move(c)); }
+  void emit(C c) {
+    out_.emplace_back(std::move(c));
+  }
 
   worker::config cfg_;
   engine_port* engine_;  // null for a decode worker (it asks its engine nothing between steps)
@@ -344,17 +420,17 @@ class worker_core {
   kv_credit_ledger ledger_;
   prefix_claims claims_;
   std::map<request_id, worker::entry> entries_;  // prompts and a decode worker's requests
-  std::map<request_id, worker::entry> leases_;   // a prefill worker's (an id may be in both)
-  std::deque<request_id> queue_;       // prompts not fully prefilled, first come first
-  std::vector<request_id> arrivals_;   // arriving, in arrival order
+  std::map<request_id, worker::entry> leases_;  // a prefill worker's (an id may be in both)
+  std::deque<request_id> queue_;  // prompts not fully prefilled, first come first
+  std::vector<request_id> arrivals_;  // arriving, in arrival order
   std::vector<request_id> importing_;  // importing, in the order the step holds them
   std::map<uint64_t, request_id> store_asks_;  // asks whose answer is awaited
   std::map<uint64_t, std::vector<uint64_t>> abandoned_;  // decode: fetches cancelled meanwhile, by ask
   uint64_t next_ask_ = 1;
-  std::vector<seq_id> to_free_;        // engine sequences freed at the next step
+  std::vector<seq_id> to_free_;  // engine sequences freed at the next step
   bool busy_ = false;
-  step_cost_model cost_;               // colocated, and decode in auto mode: its steps' cost
-  std::optional<tpot_slack> slack_;    // decode, auto mode
+  step_cost_model cost_;  // colocated, and decode in auto mode: its steps' cost
+  std::optional<tpot_slack> slack_;  // decode, auto mode
   int32_t reported_local_ = 0;
 };
 

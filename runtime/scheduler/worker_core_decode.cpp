@@ -117,7 +117,7 @@ void worker_core::handle(const ev::fetch& f) {
       case phase::arriving:
       case phase::importing:
       case phase::decoding: return answer(f.ticket, {});  // already here
-      case phase::fetching:                               // asked already: this try gets the same answer
+      case phase::fetching:  // asked already: this try gets the same answer
         return std::get<fetching>(e->where).tickets.push_back(f.ticket);
       case phase::reserved: break;
       case phase::waiting:
@@ -224,7 +224,7 @@ void worker_core::plan_decode(step_work& work) {
 }
 
 void worker_core::decode_returned(const step_result& r) {
-  int32_t fed = 0;               // prompts computed here: no output token waited on them yet
+  int32_t fed = 0;  // prompts computed here: no output token waited on them yet
   if (slack_ && r.error.ok()) {  // auto: what this step cost, and the slack its decodes have left
     cost_.observe(r.batch_tokens, r.ms);
     for (request_id id : importing_) fed += !std::get<importing>(entries_.at(id).where).feed.empty();
@@ -282,13 +282,11 @@ void worker_core::imported(request_id id, entry& e, const step_result& r) {
             : im->st;
     const bool cancelled = a.cancelled;
     answer_all(a, why);
-    if (cancelled)
-      drop(id);
-    else
-      e.where = reserved{std::move(a.late)};
+    if (cancelled) drop(id);
+    else e.where = reserved{std::move(a.late)};
     return;
   }
-  answer_all(a, {});                    // the prefill side may drop its lease
+  answer_all(a, {});  // the prefill side may drop its lease
   if (!a.feed.empty() && cfg_.metrics)  // a prompt served from the store: its cache figures
     count_prefix_use(*cfg_.metrics, double(a.feed.size()), double(a.kv_tokens), double(e.spec.prompt.size()));
   decoding d;

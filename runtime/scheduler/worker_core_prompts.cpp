@@ -194,10 +194,8 @@ void worker_core::prompts_returned(const step_result& r) {
   if (colocated && r.error.ok()) cost_.observe(r.batch_tokens, r.ms);
   for (const auto& c : r.created_seqs) {
     entry* e = get(c.id);
-    if (prompt_state* p = e ? prompt_of(*e) : nullptr)
-      p->seq = c.seq;
-    else if (colocated)
-      to_free_.push_back(c.seq);
+    if (prompt_state* p = e ? prompt_of(*e) : nullptr) p->seq = c.seq;
+    else if (colocated) to_free_.push_back(c.seq);
   }
   const std::vector<request_id> held = release_step();
   for (request_id id : held) {
@@ -207,10 +205,8 @@ void worker_core::prompts_returned(const step_result& r) {
     if (!cancelled && r.error.ok()) continue;
     // All-or-nothing failed: every request in the step fails rather than retrying forever.
     if (!cancelled) emit(cmd::fail{id, r.error.code(), r.error.message()});
-    if (e.current() == phase::decoding)
-      retire(id);
-    else
-      drop_prompt(id);
+    if (e.current() == phase::decoding) retire(id);
+    else drop_prompt(id);
   }
   if (!r.error.ok()) return;
   if (!colocated) {

@@ -11,11 +11,11 @@ namespace tandem {
 namespace {
 
 // Bounds that keep a hostile grammar (or schema) from taking unbounded memory or time.
-constexpr size_t max_text = 1 << 20;         // bytes of grammar text
-constexpr size_t max_elements = 1 << 20;     // elements of the compiled program
-constexpr uint32_t max_repeat = 100000;      // the m and n of {m,n}
-constexpr size_t max_stacks = 4096;          // parse stacks a matcher keeps (an ambiguous grammar's)
-constexpr size_t max_cached_masks = 4096;    // per grammar, then the cache starts over
+constexpr size_t max_text = 1 << 20;  // bytes of grammar text
+constexpr size_t max_elements = 1 << 20;  // elements of the compiled program
+constexpr uint32_t max_repeat = 100000;  // the m and n of {m,n}
+constexpr size_t max_stacks = 4096;  // parse stacks a matcher keeps (an ambiguous grammar's)
+constexpr size_t max_cached_masks = 4096;  // per grammar, then the cache starts over
 constexpr size_t max_cached_grammars = 64;
 
 using element = grammar::element;
@@ -97,7 +97,8 @@ struct parser {
   }
   void count(size_t n) {
     n_elements += n;
-    if (n_elements > max_elements) fail(pos, "the grammar is too large (over " + std::to_string(max_elements) + " elements)");
+    if (n_elements > max_elements)
+      fail(pos, "the grammar is too large (over " + std::to_string(max_elements) + " elements)");
   }
 
   uint32_t hex(size_t digits) {
@@ -105,7 +106,10 @@ struct parser {
     for (size_t i = 0; i < digits; ++i, ++pos) {
       if (at_end()) fail(pos, "incomplete escape");
       const char c = src[pos];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      const int d = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
       if (d < 0) fail(pos, "expected a hex digit in the escape");
       v = v * 16 + uint32_t(d);
     }
@@ -128,7 +132,14 @@ struct parser {
         case 'x': return hex(2);
         case 'u': return hex(4);
         case 'U': return hex(8);
-        case '\\': case '"': case '[': case ']': case '-': case '^': case '/': case '\'': return uint32_t(e);
+        case '\\':
+        case '"':
+        case '[':
+        case ']':
+        case '-':
+        case '^':
+        case '/':
+        case '\'': return uint32_t(e);
         default: fail(pos - 1, std::string("unknown escape '\\") + e + "'");
       }
     }
@@ -509,9 +520,7 @@ void grammar_matcher::expand(stack& s, std::vector<stack>& out) const {
   const uint32_t pos = s.back();
   const element& e = g_->elems_[pos];
   switch (e.k) {
-    case kind::chars:
-      out.push_back(s);
-      return;
+    case kind::chars: out.push_back(s); return;
     case kind::end:
       s.pop_back();
       expand(s, out);

@@ -49,15 +49,15 @@ class grammar {
 
   // Element kinds of the flat program.
   enum class kind : uint8_t {
-    end,    // end of an alternative: return to the rule's caller
+    end,  // end of an alternative: return to the rule's caller
     chars,  // one code point in (or, negated, not in) ranges
-    rule,   // a reference to a rule
+    rule,  // a reference to a rule
   };
   struct element {
     kind k = kind::end;
     bool negated = false;
     uint32_t first = 0, count = 0;  // chars: ranges_[first .. first+count)
-    uint32_t rule = 0;              // rule: its id
+    uint32_t rule = 0;  // rule: its id
   };
 
   size_t rules() const { return alts_.size(); }
@@ -68,7 +68,7 @@ class grammar {
   grammar() = default;
   std::vector<element> elems_;
   std::vector<std::pair<uint32_t, uint32_t>> ranges_;  // inclusive code point ranges
-  std::vector<std::vector<uint32_t>> alts_;            // rule -> start position of each alternative
+  std::vector<std::vector<uint32_t>> alts_;  // rule -> start position of each alternative
   uint32_t root_ = 0;
   // ASCII bytes that every character element treats alike share a class (a JSON grammar has a
   // dozen); bytes >= 0x80 are each their own. Mask walks step once per class, not per byte.
@@ -106,9 +106,9 @@ class grammar_matcher {
   using stack = std::vector<uint32_t>;
   struct state {
     std::vector<stack> stacks;  // sorted, unique; an empty stack: the root matched whole
-    uint32_t partial = 0;       // bits of a code point whose UTF-8 bytes are not all in
-    uint8_t left = 0;           // its continuation bytes still to come
-    uint8_t width = 0;          // and its length in bytes
+    uint32_t partial = 0;  // bits of a code point whose UTF-8 bytes are not all in
+    uint8_t left = 0;  // its continuation bytes still to come
+    uint8_t width = 0;  // and its length in bytes
   };
   void expand(stack& s, std::vector<stack>& out) const;
   bool step_byte(const state& in, uint8_t b, state& out) const;

@@ -20,7 +20,7 @@ using ojson = nlohmann::ordered_json;
 
 constexpr int max_depth = 64;
 constexpr size_t max_grammar_bytes = size_t(1) << 20;
-constexpr int64_t max_items = 1000;    // minItems, maxItems, maxProperties
+constexpr int64_t max_items = 1000;  // minItems, maxItems, maxProperties
 constexpr int64_t max_length = 10000;  // minLength, maxLength
 constexpr int64_t unbounded = -1;
 
@@ -40,14 +40,17 @@ struct primitive {
   std::vector<const char*> uses;
 };
 const primitive primitives[] = {
-    {"value", "object | array | string | number | boolean | null",
+    {"value",
+     "object | array | string | number | boolean | null",
      {"object", "array", "string", "number", "boolean", "null"}},
-    {"object", R"("{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* ws )? "}")",
+    {"object",
+     R"("{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* ws )? "}")",
      {"ws", "string", "value"}},
     {"array", R"("[" ws ( value ( ws "," ws value )* ws )? "]")", {"ws", "value"}},
     {"string", R"("\"" char* "\"")", {"char"}},
     {"char",
-     R"([^"\\\x00-\x1f\uD800-\uDFFF] | "\\" ( ["\\/bfnrt] | "u" ( [0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2})"
+     R"([^"\\\x00-\x1f\uD800-\uDFFF] | "\\" ( ["\\/bfnrt] | "u" ( [0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] )"
+     R"([0-9a-fA-F]{2})"
      R"( | [dD] [89abAB] [0-9a-fA-F]{2} "\\u" [dD] [c-fC-F] [0-9a-fA-F]{2} ) ))",
      {}},
     {"number", R"(integer ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?)", {"integer"}},
@@ -67,21 +70,20 @@ const primitive primitives[] = {
 };
 const std::set<std::string_view> formats = {"date", "time", "date-time", "uuid", "ipv4"};
 
-const std::set<std::string_view> annotations = {"title",   "description", "default",    "examples",
-                                                "$schema", "$id",         "$comment",   "deprecated",
-                                                "readOnly", "writeOnly",  "$defs",      "definitions"};
+const std::set<std::string_view> annotations = {"title",    "description", "default",  "examples",
+                                                "$schema",  "$id",         "$comment", "deprecated",
+                                                "readOnly", "writeOnly",   "$defs",    "definitions"};
 // Keywords that apply to one type of instance (and are ignored for the others).
 const std::map<std::string_view, std::string_view> typed_keywords = {
-    {"properties", "object"},   {"required", "object"},    {"additionalProperties", "object"},
-    {"minProperties", "object"}, {"maxProperties", "object"}, {"items", "array"},
-    {"prefixItems", "array"},   {"minItems", "array"},     {"maxItems", "array"},
-    {"uniqueItems", "array"},   {"minLength", "string"},   {"maxLength", "string"},
-    {"format", "string"},       {"minimum", "number"},     {"maximum", "number"},
+    {"properties", "object"},       {"required", "object"},         {"additionalProperties", "object"},
+    {"minProperties", "object"},    {"maxProperties", "object"},    {"items", "array"},
+    {"prefixItems", "array"},       {"minItems", "array"},          {"maxItems", "array"},
+    {"uniqueItems", "array"},       {"minLength", "string"},        {"maxLength", "string"},
+    {"format", "string"},           {"minimum", "number"},          {"maximum", "number"},
     {"exclusiveMinimum", "number"}, {"exclusiveMaximum", "number"}, {"multipleOf", "number"}};
 // Keywords that stand for the whole schema; other constraints beside them are refused.
 const std::set<std::string_view> combinators = {"enum", "const", "anyOf", "oneOf", "allOf", "$ref"};
-const std::vector<std::string_view> type_names = {"object", "array",   "string", "number",
-                                                   "integer", "boolean", "null"};
+const std::vector<std::string_view> type_names = {"object", "array", "string", "number", "integer", "boolean", "null"};
 
 // A GBNF literal of these bytes (UTF-8 passes through; the engine matches code points).
 std::string literal(std::string_view bytes) { return gbnf_literal(bytes); }
@@ -227,7 +229,8 @@ class converter {
         const ojson& any = s.at(combinator);
         if (!any.is_array() || any.empty()) refuse_keyword(combinator, "must be a non-empty array");
         std::vector<std::string> alts;
-        for (size_t i = 0; i < any.size(); ++i) alts.push_back(gen(any[i], name + "-" + std::to_string(i), depth + 1).text);
+        for (size_t i = 0; i < any.size(); ++i)
+          alts.push_back(gen(any[i], name + "-" + std::to_string(i), depth + 1).text);
         e = alternatives(alts);
       }
     }
@@ -253,7 +256,8 @@ class converter {
       for (const auto& v : list) {
         if (!v.is_string() || std::find(type_names.begin(), type_names.end(), v.get<std::string>()) == type_names.end())
           refuse_keyword("type", "must name JSON types, not " + v.dump());
-        if (std::find(types.begin(), types.end(), v.get<std::string>()) == types.end()) types.push_back(v.get<std::string>());
+        if (std::find(types.begin(), types.end(), v.get<std::string>()) == types.end())
+          types.push_back(v.get<std::string>());
       }
       if (types.empty()) refuse_keyword("type", "must not be an empty list");
     } else {
@@ -263,8 +267,7 @@ class converter {
           if (std::find(types.begin(), types.end(), k->second) == types.end()) types.emplace_back(k->second);
     }
     // number includes integer
-    if (std::find(types.begin(), types.end(), "number") != types.end())
-      std::erase(types, std::string("integer"));
+    if (std::find(types.begin(), types.end(), "number") != types.end()) std::erase(types, std::string("integer"));
     return types;
   }
 
@@ -319,8 +322,7 @@ class converter {
     try {
       ojson::json_pointer ptr(ref.substr(1));
       if (root_.contains(ptr)) target = &root_.at(ptr);
-    } catch (const nlohmann::json::exception&) {
-    }
+    } catch (const nlohmann::json::exception&) {}
     if (!target) refuse_keyword("$ref", "to '" + ref + "' does not resolve in this schema");
     // One rule per target, named before its body is made, so a recursive reference finds it.
     std::string hint = ref.substr(ref.find_last_of('/') + 1);
@@ -429,7 +431,8 @@ class converter {
         required.insert(v.get<std::string>());
       }
     }
-    int64_t min_props = count(s, "minProperties", 0, max_items), max_props = count(s, "maxProperties", unbounded, max_items);
+    int64_t min_props = count(s, "minProperties", 0, max_items),
+            max_props = count(s, "maxProperties", unbounded, max_items);
     if (props == s.end()) {
       // A map: any keys, each value under additionalProperties. Duplicate keys collapse when
       // parsed, so only minProperties <= 1 is exact.
@@ -485,11 +488,11 @@ class converter {
 
   const ojson& root_;
   std::vector<std::pair<std::string, std::string>> rules_;  // in the order made; root first
-  std::map<std::string, size_t> index_;                     // rule name -> position in rules_
-  std::set<std::string> taken_;                             // rule names, primitives' included
-  std::map<std::string, std::string> by_body_;              // body -> rule name, to share rules
-  std::map<std::string, std::string> refs_;                 // $ref -> rule name
-  std::set<std::string> used_;                              // primitives used
+  std::map<std::string, size_t> index_;  // rule name -> position in rules_
+  std::set<std::string> taken_;  // rule names, primitives' included
+  std::map<std::string, std::string> by_body_;  // body -> rule name, to share rules
+  std::map<std::string, std::string> refs_;  // $ref -> rule name
+  std::set<std::string> used_;  // primitives used
   size_t bytes_ = 0;
 };
 

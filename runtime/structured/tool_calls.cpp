@@ -32,7 +32,6 @@ std::optional<tool_call> call_of(const ojson& j, const std::vector<std::string>&
   return tool_call{name, args.dump()};
 }
 
-
 }  // namespace
 
 std::string_view to_string(tool_format f) {
@@ -68,9 +67,9 @@ parsed_answer parse_tool_calls(tool_format f, const std::string& text, const std
         const size_t e = text.find(close, b);
         const size_t inner = b + open.size();
         const size_t end = e == std::string::npos ? text.size() : e + close.size();
-        const auto call = call_of(ojson::parse(trim(text.substr(inner, (e == std::string::npos ? text.size() : e) - inner)),
-                                               nullptr, false),
-                                  known);
+        const auto call = call_of(
+            ojson::parse(trim(text.substr(inner, (e == std::string::npos ? text.size() : e) - inner)), nullptr, false),
+            known);
         content += call ? text.substr(pos, b - pos) : text.substr(pos, end - pos);
         if (call) out.calls.push_back(*call);
         pos = end;
@@ -145,7 +144,8 @@ std::string forced_call_head(tool_format f, const std::string& name) {
 std::string_view forced_call_closing(tool_format f) { return f == tool_format::hermes ? "}\n</tool_call>" : "}"; }
 
 std::string tool_call_gbnf(tool_format f, const ojson& tools, const std::optional<std::string>& only) {
-  if (f == tool_format::none) throw failure(errc::invalid_argument, "the model's chat template has no tool-call format");
+  if (f == tool_format::none)
+    throw failure(errc::invalid_argument, "the model's chat template has no tool-call format");
   if (!tools.is_array() || tools.empty()) throw failure(errc::invalid_argument, "no tools to call");
   std::string rules, calls;
   int n = 0;

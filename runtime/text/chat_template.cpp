@@ -82,7 +82,9 @@ status render_chat(chat_format f, const std::vector<chat_message>& messages, std
 
 chat_template::chat_template(const std::string& source, std::string bos_token, std::string eos_token,
                              bool vocab_adds_bos, std::vector<std::string> control_tokens)
-    : bos_(std::move(bos_token)), eos_(std::move(eos_token)), strip_bos_(vocab_adds_bos),
+    : bos_(std::move(bos_token)),
+      eos_(std::move(eos_token)),
+      strip_bos_(vocab_adds_bos),
       controls_(std::move(control_tokens)) {
   std::erase(controls_, std::string());
   fallback_ = detect_chat_format(source);
@@ -128,8 +130,8 @@ std::string mark_controls(const std::string& content, const std::vector<std::str
       i += kMark.size();
       continue;
     }
-    const bool starts_control =
-        std::any_of(controls.begin(), controls.end(), [&](const std::string& c) { return content.compare(i, c.size(), c) == 0; });
+    const bool starts_control = std::any_of(controls.begin(), controls.end(),
+                                            [&](const std::string& c) { return content.compare(i, c.size(), c) == 0; });
     out += content[i++];
     if (starts_control) out.append(kMark);
   }
@@ -197,7 +199,8 @@ status chat_template::render(const std::vector<chat_message>& messages, std::str
   if (strip_bos_ && !bos_.empty() && out.rfind(bos_, 0) == 0) out.erase(0, bos_.size());
   // And a vocabulary that appends EOS itself loses a rendering's last eos_token (llama.cpp's
   // rule; no real template ends its generation prompt with one).
-  if (strip_eos_ && !eos_.empty() && out.size() >= eos_.size() && out.compare(out.size() - eos_.size(), eos_.size(), eos_) == 0)
+  if (strip_eos_ && !eos_.empty() && out.size() >= eos_.size() &&
+      out.compare(out.size() - eos_.size(), eos_.size(), eos_) == 0)
     out.erase(out.size() - eos_.size());
   unmark(out, literal);
   return {};

@@ -16,7 +16,7 @@
 namespace tandem {
 
 struct chat_message {
-  std::string role;     // "system", "user", "assistant" (and "tool" for templates that take it)
+  std::string role;  // "system", "user", "assistant" (and "tool" for templates that take it)
   std::string content;
   // An assistant's earlier calls (OpenAI's [{id, type, function: {name, arguments}}], the
   // arguments given to the template as objects, as transformers does); null when none.

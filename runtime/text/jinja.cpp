@@ -11,8 +11,8 @@ namespace {
 [[noreturn]] void rethrow(const detail::template_error& e) {
   if (e.raised) throw failure(errc::invalid_argument, std::string(raised_prefix) + e.message);
   if (e.pos.line > 0)
-    throw failure(errc::invalid_argument,
-                  "template line " + std::to_string(e.pos.line) + " col " + std::to_string(e.pos.col) + ": " + e.message);
+    throw failure(errc::invalid_argument, "template line " + std::to_string(e.pos.line) + " col " +
+                                              std::to_string(e.pos.col) + ": " + e.message);
   throw failure(errc::invalid_argument, "template: " + e.message);
 }
 

@@ -30,7 +30,7 @@ struct render_options {
   // Set it to make renderings of date-dependent templates (Llama 3.2) deterministic.
   std::optional<std::time_t> now;
   size_t max_output_bytes = size_t{16} << 20;  // the rendered text, and any one string built
-  uint64_t max_steps = 10'000'000;             // statements, loop iterations and calls, in total
+  uint64_t max_steps = 10'000'000;  // statements, loop iterations and calls, in total
 };
 
 namespace detail {

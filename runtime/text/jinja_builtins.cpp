@@ -75,7 +75,8 @@ uint32_t map_case(uint32_t cp, bool upper) {
   if (!upper && cp == 0x178) return 0xff;
   if (cp != 0xd7 && cp != 0xf7)
     if (auto r = shift(0xc0, 0xde, 0x20)) return *r;
-  if (cp >= 0x100 && cp <= 0x17f && cp != 0x130 && cp != 0x131 && cp != 0x138 && cp != 0x149 && cp != 0x178 && cp != 0x17f) {
+  if (cp >= 0x100 && cp <= 0x17f && cp != 0x130 && cp != 0x131 && cp != 0x138 && cp != 0x149 && cp != 0x178 &&
+      cp != 0x17f) {
     bool odd_upper = (cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17e);
     bool is_upper = odd_upper ? (cp & 1) : !(cp & 1);
     if (upper && !is_upper) return cp - 1;
@@ -94,7 +95,9 @@ std::string map_case_str(const std::string& s, bool upper) {
   out.reserve(s.size());
   for (std::string_view c : utf8_chars(s)) {
     unsigned char b = static_cast<unsigned char>(c[0]);
-    uint32_t cp = c.size() == 1 ? b : c.size() == 2 ? ((b & 0x1fu) << 6) | (static_cast<unsigned char>(c[1]) & 0x3fu) : 0xffffffff;
+    uint32_t cp = c.size() == 1   ? b
+                  : c.size() == 2 ? ((b & 0x1fu) << 6) | (static_cast<unsigned char>(c[1]) & 0x3fu)
+                                  : 0xffffffff;
     if (c.size() > 2 || (c.size() == 1 && b >= 0x80)) {
       out += c;  // three- and four-byte characters (and stray bytes) have no mapping here
       continue;
@@ -122,7 +125,8 @@ value get_path(evaluator& ev, const value& v, const value& path) {
   while (start <= p.size()) {
     size_t dot = p.find('.', start);
     std::string part = p.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    bool digits = !part.empty() && std::all_of(part.begin(), part.end(),
+                                               [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
     cur = digits ? ev.get_item(cur, value(int64_t(std::stoll(part))), {}) : ev.get_item(cur, value(part), {});
     if (dot == std::string::npos) break;
     start = dot + 1;
@@ -330,7 +334,8 @@ std::string printf_format(const std::string& fmt, const std::vector<value>& args
       }
       size_t width = 0;
       for (size_t k = 1; k < spec.size() && spec[k] != '.'; ++k)
-        if (std::isdigit(static_cast<unsigned char>(spec[k])) && !(spec[k] == '0' && width == 0)) width = width * 10 + size_t(spec[k] - '0');
+        if (std::isdigit(static_cast<unsigned char>(spec[k])) && !(spec[k] == '0' && width == 0))
+          width = width * 10 + size_t(spec[k] - '0');
       size_t len = utf8_length(s);
       if (len < width) {
         if (spec.find('-') != std::string::npos) s += std::string(width - len, ' ');
@@ -338,7 +343,8 @@ std::string printf_format(const std::string& fmt, const std::vector<value>& args
       }
       out += s;
     } else if (std::strchr("diouxXc", conv)) {
-      if (!a.is_number()) fail("%" + std::string(1, conv) + " format: a number is required, not " + std::string(type_name(a)));
+      if (!a.is_number())
+        fail("%" + std::string(1, conv) + " format: a number is required, not " + std::string(type_name(a)));
       long long n = a.is_float() ? (long long)a.as_float() : a.is_int() ? a.as_int() : a.as_bool();
       if (conv == 'c') {
         out += char(n);
@@ -348,7 +354,8 @@ std::string printf_format(const std::string& fmt, const std::vector<value>& args
       std::snprintf(buf, sizeof buf, (spec + "ll" + c).c_str(), n);
       out += buf;
     } else if (std::strchr("eEfFgG", conv)) {
-      if (!a.is_number()) fail("%" + std::string(1, conv) + " format: a number is required, not " + std::string(type_name(a)));
+      if (!a.is_number())
+        fail("%" + std::string(1, conv) + " format: a number is required, not " + std::string(type_name(a)));
       double d = a.is_float() ? a.as_float() : a.is_int() ? double(a.as_int()) : double(a.as_bool());
       std::snprintf(buf, sizeof buf, (spec + conv).c_str(), d);
       out += buf;
@@ -394,7 +401,8 @@ std::string py_format(const std::string& fmt, const call_args& a) {
     if (field.empty()) {
       if (auto_index >= a.args.size()) fail("Replacement index " + std::to_string(auto_index) + " out of range");
       v = &a.args[auto_index++];
-    } else if (std::all_of(field.begin(), field.end(), [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
+    } else if (std::all_of(field.begin(), field.end(),
+                           [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
       size_t k = size_t(std::stoul(field));
       if (k >= a.args.size()) fail("Replacement index " + field + " out of range");
       v = &a.args[k];
@@ -409,7 +417,8 @@ std::string py_format(const std::string& fmt, const call_args& a) {
 }
 
 value bound(const value& self, std::string name, std::function<value(const value&, evaluator&, call_args&)> fn) {
-  return make_callable(std::move(name), [self, fn = std::move(fn)](evaluator& ev, call_args& a) { return fn(self, ev, a); });
+  return make_callable(std::move(name),
+                       [self, fn = std::move(fn)](evaluator& ev, call_args& a) { return fn(self, ev, a); });
 }
 
 value kv_tuples(const dict_obj& d) {
@@ -579,7 +588,8 @@ value f_int(evaluator&, const value& v, call_args& a) {
 value f_indent(evaluator&, const value& v, call_args& a) {
   std::string s = to_str(v);
   value w = arg_or(a, 0, "width", value(int64_t(4)));
-  std::string ind = w.is_string() ? w.str() : std::string(size_t(std::clamp<int64_t>(want_int(w, "width"), 0, 1 << 16)), ' ');
+  std::string ind =
+      w.is_string() ? w.str() : std::string(size_t(std::clamp<int64_t>(want_int(w, "width"), 0, 1 << 16)), ' ');
   bool first = truthy(arg_or(a, 1, "first", value(false)));
   bool blank = truthy(arg_or(a, 2, "blank", value(false)));
   // Jinja2 appends a newline before splitting so a trailing newline survives.
@@ -773,9 +783,12 @@ value f_sum(evaluator& ev, const value& v, call_args& a) {
   for (const auto& it : items_of(v)) {
     value x = attr ? get_path(ev, it, *attr) : it;
     if (!x.is_number() || !acc.is_number())
-      fail("unsupported operand type(s) for +: '" + std::string(type_name(acc)) + "' and '" + std::string(type_name(x)) + "'");
+      fail("unsupported operand type(s) for +: '" + std::string(type_name(acc)) + "' and '" +
+           std::string(type_name(x)) + "'");
     if (acc.is_float() || x.is_float()) {
-      auto f = [](const value& y) { return y.is_float() ? y.as_float() : y.is_int() ? double(y.as_int()) : double(y.as_bool()); };
+      auto f = [](const value& y) {
+        return y.is_float() ? y.as_float() : y.is_int() ? double(y.as_int()) : double(y.as_bool());
+      };
       acc = value(f(acc) + f(x));
     } else {
       int64_t r;
@@ -847,17 +860,50 @@ value f_format(evaluator&, const value& v, call_args& a) {
 
 const std::map<std::string, filter_fn, std::less<>>& filters() {
   static const std::map<std::string, filter_fn, std::less<>> table = {
-      {"abs", f_abs},           {"attr", f_attr},         {"batch", f_batch},       {"capitalize", f_capitalize},
-      {"center", f_center},     {"count", f_length},      {"d", f_default},         {"default", f_default},
-      {"dictsort", f_dictsort}, {"e", f_escape},          {"escape", f_escape},     {"first", f_first},
-      {"float", f_float},       {"forceescape", f_escape}, {"format", f_format},    {"indent", f_indent},
-      {"int", f_int},           {"items", f_items},       {"join", f_join},         {"last", f_last},
-      {"length", f_length},     {"list", f_list},         {"lower", f_lower},       {"map", f_map},
-      {"max", f_max},           {"min", f_min},           {"pprint", f_pprint},     {"reject", f_reject},
-      {"rejectattr", f_rejectattr}, {"replace", f_replace}, {"reverse", f_reverse}, {"round", f_round},
-      {"safe", f_safe},         {"select", f_select},     {"selectattr", f_selectattr}, {"sort", f_sort},
-      {"string", f_string},     {"sum", f_sum},           {"title", f_title},       {"tojson", f_tojson},
-      {"trim", f_trim},         {"unique", f_unique},     {"upper", f_upper},       {"wordcount", f_wordcount},
+      {"abs", f_abs},
+      {"attr", f_attr},
+      {"batch", f_batch},
+      {"capitalize", f_capitalize},
+      {"center", f_center},
+      {"count", f_length},
+      {"d", f_default},
+      {"default", f_default},
+      {"dictsort", f_dictsort},
+      {"e", f_escape},
+      {"escape", f_escape},
+      {"first", f_first},
+      {"float", f_float},
+      {"forceescape", f_escape},
+      {"format", f_format},
+      {"indent", f_indent},
+      {"int", f_int},
+      {"items", f_items},
+      {"join", f_join},
+      {"last", f_last},
+      {"length", f_length},
+      {"list", f_list},
+      {"lower", f_lower},
+      {"map", f_map},
+      {"max", f_max},
+      {"min", f_min},
+      {"pprint", f_pprint},
+      {"reject", f_reject},
+      {"rejectattr", f_rejectattr},
+      {"replace", f_replace},
+      {"reverse", f_reverse},
+      {"round", f_round},
+      {"safe", f_safe},
+      {"select", f_select},
+      {"selectattr", f_selectattr},
+      {"sort", f_sort},
+      {"string", f_string},
+      {"sum", f_sum},
+      {"title", f_title},
+      {"tojson", f_tojson},
+      {"trim", f_trim},
+      {"unique", f_unique},
+      {"upper", f_upper},
+      {"wordcount", f_wordcount},
   };
   return table;
 }
@@ -883,7 +929,9 @@ bool t_number(evaluator&, const value& v, call_args&) { return v.is_number(); }
 bool t_string(evaluator&, const value& v, call_args&) { return v.is_string(); }
 bool t_mapping(evaluator&, const value& v, call_args&) { return v.is_dict() && !v.dict().is_namespace; }
 // Jinja2's Undefined has __iter__ and __len__, so it passes `iterable` and `sequence`.
-bool t_iterable(evaluator&, const value& v, call_args&) { return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined(); }
+bool t_iterable(evaluator&, const value& v, call_args&) {
+  return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
+}
 bool t_sequence(evaluator& ev, const value& v, call_args& a) { return t_iterable(ev, v, a); }
 bool t_callable(evaluator&, const value& v, call_args&) { return v.is_callable(); }
 bool t_odd(evaluator&, const value& v, call_args&) { return (want_int(v, "odd test operand") & 1) != 0; }
@@ -926,15 +974,42 @@ bool t_escaped(evaluator&, const value&, call_args&) { return false; }
 
 const std::map<std::string, test_fn, std::less<>>& tests() {
   static const std::map<std::string, test_fn, std::less<>> table = {
-      {"defined", t_defined}, {"undefined", t_undefined}, {"none", t_none},     {"boolean", t_boolean},
-      {"true", t_true},       {"false", t_false},         {"integer", t_integer}, {"float", t_float},
-      {"number", t_number},   {"string", t_string},       {"mapping", t_mapping}, {"iterable", t_iterable},
-      {"sequence", t_sequence}, {"callable", t_callable}, {"odd", t_odd},       {"even", t_even},
-      {"divisibleby", t_divisibleby}, {"eq", t_eq},       {"equalto", t_eq},    {"==", t_eq},
-      {"ne", t_ne},           {"!=", t_ne},               {"lt", t_lt},         {"lessthan", t_lt},
-      {"<", t_lt},            {"le", t_le},               {"<=", t_le},         {"gt", t_gt},
-      {"greaterthan", t_gt},  {">", t_gt},                {"ge", t_ge},         {">=", t_ge},
-      {"in", t_in},           {"sameas", t_sameas},       {"lower", t_lower},   {"upper", t_upper},
+      {"defined", t_defined},
+      {"undefined", t_undefined},
+      {"none", t_none},
+      {"boolean", t_boolean},
+      {"true", t_true},
+      {"false", t_false},
+      {"integer", t_integer},
+      {"float", t_float},
+      {"number", t_number},
+      {"string", t_string},
+      {"mapping", t_mapping},
+      {"iterable", t_iterable},
+      {"sequence", t_sequence},
+      {"callable", t_callable},
+      {"odd", t_odd},
+      {"even", t_even},
+      {"divisibleby", t_divisibleby},
+      {"eq", t_eq},
+      {"equalto", t_eq},
+      {"==", t_eq},
+      {"ne", t_ne},
+      {"!=", t_ne},
+      {"lt", t_lt},
+      {"lessthan", t_lt},
+      {"<", t_lt},
+      {"le", t_le},
+      {"<=", t_le},
+      {"gt", t_gt},
+      {"greaterthan", t_gt},
+      {">", t_gt},
+      {"ge", t_ge},
+      {">=", t_ge},
+      {"in", t_in},
+      {"sameas", t_sameas},
+      {"lower", t_lower},
+      {"upper", t_upper},
       {"escaped", t_escaped},
   };
   return table;
@@ -1034,7 +1109,9 @@ bool call_test(evaluator& ev, const std::string& name, const value& input, call_
 static value string_method(const value& self, const std::string& name) {
   using A = call_args;
   auto strip = [](int side) {
-    return [side](const value& s, evaluator&, A& a) { return value(py_strip(s.str(), arg_or(a, 0, "chars", value(none_t{})), side)); };
+    return [side](const value& s, evaluator&, A& a) {
+      return value(py_strip(s.str(), arg_or(a, 0, "chars", value(none_t{})), side));
+    };
   };
   if (name == "strip") return bound(self, name, strip(both));
   if (name == "lstrip") return bound(self, name, strip(left));
@@ -1058,7 +1135,8 @@ static value string_method(const value& self, const std::string& name) {
       for (const auto& o : options) {
         const std::string& x = want_str(o, "startswith()/endswith() argument");
         const std::string& str = s.str();
-        if (x.size() <= str.size() && (start ? str.compare(0, x.size(), x) == 0 : str.compare(str.size() - x.size(), x.size(), x) == 0))
+        if (x.size() <= str.size() &&
+            (start ? str.compare(0, x.size(), x) == 0 : str.compare(str.size() - x.size(), x.size(), x) == 0))
           return value(true);
       }
       return value(false);
@@ -1066,16 +1144,21 @@ static value string_method(const value& self, const std::string& name) {
   };
   if (name == "startswith") return bound(self, name, affix(true));
   if (name == "endswith") return bound(self, name, affix(false));
-  if (name == "upper") return bound(self, name, [](const value& s, evaluator&, A&) { return value(py_upper(s.str())); });
-  if (name == "lower") return bound(self, name, [](const value& s, evaluator&, A&) { return value(py_lower(s.str())); });
-  if (name == "title") return bound(self, name, [](const value& s, evaluator&, A&) { return value(py_title(s.str())); });
-  if (name == "capitalize") return bound(self, name, [](const value& s, evaluator&, A&) { return value(py_capitalize(s.str())); });
+  if (name == "upper")
+    return bound(self, name, [](const value& s, evaluator&, A&) { return value(py_upper(s.str())); });
+  if (name == "lower")
+    return bound(self, name, [](const value& s, evaluator&, A&) { return value(py_lower(s.str())); });
+  if (name == "title")
+    return bound(self, name, [](const value& s, evaluator&, A&) { return value(py_title(s.str())); });
+  if (name == "capitalize")
+    return bound(self, name, [](const value& s, evaluator&, A&) { return value(py_capitalize(s.str())); });
   if (name == "replace")
     return bound(self, name, [](const value& s, evaluator& ev, A& a) {
       if (a.args.size() < 2) fail("replace() needs two arguments");
       value count = arg_or(a, 2, "count", value(int64_t(-1)));
-      return value(py_replace(s.str(), want_str(a.args[0], "replace() argument"), want_str(a.args[1], "replace() argument"),
-                              want_int(count, "count"), ev.options().max_output_bytes));
+      return value(py_replace(s.str(), want_str(a.args[0], "replace() argument"),
+                              want_str(a.args[1], "replace() argument"), want_int(count, "count"),
+                              ev.options().max_output_bytes));
     });
   auto find = [](bool reverse, bool raise) {
     return [reverse, raise](const value& s, evaluator&, A& a) {
@@ -1102,7 +1185,8 @@ static value string_method(const value& self, const std::string& name) {
       for (size_t p = str.find(sub); p != std::string::npos; p = str.find(sub, p + sub.size())) ++n;
       return value(n);
     });
-  if (name == "format") return bound(self, name, [](const value& s, evaluator&, A& a) { return value(py_format(s.str(), a)); });
+  if (name == "format")
+    return bound(self, name, [](const value& s, evaluator&, A& a) { return value(py_format(s.str(), a)); });
   if (name == "join")
     return bound(self, name, [](const value& s, evaluator& ev, A& a) {
       std::string out;
@@ -1118,15 +1202,18 @@ static value string_method(const value& self, const std::string& name) {
   auto classify = [](int (*pred)(int)) {
     return [pred](const value& s, evaluator&, A&) {
       const std::string& str = s.str();
-      return value(!str.empty() && std::all_of(str.begin(), str.end(), [pred](char c) { return pred(static_cast<unsigned char>(c)) != 0; }));
+      return value(!str.empty() && std::all_of(str.begin(), str.end(),
+                                               [pred](char c) { return pred(static_cast<unsigned char>(c)) != 0; }));
     };
   };
   if (name == "isdigit") return bound(self, name, classify(isdigit));
   if (name == "isalpha") return bound(self, name, classify(isalpha));
   if (name == "isalnum") return bound(self, name, classify(isalnum));
   if (name == "isspace") return bound(self, name, classify(isspace));
-  if (name == "isupper") return bound(self, name, [](const value& s, evaluator& ev, A& a) { return value(t_upper(ev, s, a)); });
-  if (name == "islower") return bound(self, name, [](const value& s, evaluator& ev, A& a) { return value(t_lower(ev, s, a)); });
+  if (name == "isupper")
+    return bound(self, name, [](const value& s, evaluator& ev, A& a) { return value(t_upper(ev, s, a)); });
+  if (name == "islower")
+    return bound(self, name, [](const value& s, evaluator& ev, A& a) { return value(t_lower(ev, s, a)); });
   return value();
 }
 

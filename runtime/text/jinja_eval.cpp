@@ -70,7 +70,9 @@ void evaluator::assign(const target& t, const value& v, source_pos pos) {
   }
   const auto& items = v.is_list() ? v.list().items : chars;
   if (items.size() != t.elements.size())
-    fail("cannot unpack " + std::to_string(items.size()) + " values into " + std::to_string(t.elements.size()) + " names", pos);
+    fail("cannot unpack " + std::to_string(items.size()) + " values into " + std::to_string(t.elements.size()) +
+             " names",
+         pos);
   for (size_t i = 0; i < items.size(); ++i) assign(t.elements[i], items[i], pos);
 }
 
@@ -199,7 +201,8 @@ value index_expr::eval(evaluator& ev) const {
 }
 
 // Python's slice index normalisation for a sequence of length n.
-static std::vector<size_t> slice_indices(int64_t n, const value& start, const value& stop, const value& step, source_pos pos) {
+static std::vector<size_t> slice_indices(int64_t n, const value& start, const value& stop, const value& step,
+                                         source_pos pos) {
   auto get = [&](const value& v, const char* what) -> std::optional<int64_t> {
     if (v.is_undefined() || v.is_none()) return std::nullopt;
     int64_t i;
@@ -319,8 +322,13 @@ static value repeat(const value& seq, int64_t n, evaluator& ev, source_pos pos) 
 }
 
 static value arith(binary_op op, const value& a, const value& b, evaluator& ev, source_pos pos) {
-  const char* sym = op == binary_op::add ? "+" : op == binary_op::sub ? "-" : op == binary_op::mul ? "*"
-                  : op == binary_op::div ? "/" : op == binary_op::floordiv ? "//" : op == binary_op::mod ? "%" : "**";
+  const char* sym = op == binary_op::add        ? "+"
+                    : op == binary_op::sub      ? "-"
+                    : op == binary_op::mul      ? "*"
+                    : op == binary_op::div      ? "/"
+                    : op == binary_op::floordiv ? "//"
+                    : op == binary_op::mod      ? "%"
+                                                : "**";
   if (a.is_number() && b.is_number()) {
     if (int_like(a) && int_like(b) && op != binary_op::div) {
       int64_t x = int_of(a), y = int_of(b), r = 0;
@@ -512,10 +520,11 @@ void for_stmt::exec(evaluator& ev) const {
     bool stop = false;
     ev.with_scope(nullptr, [&] {
       ev.assign(var, items[size_t(i)], pos);
-      std::vector<std::pair<std::string, value>> loop = {
-          {"index", value(i + 1)},      {"index0", value(i)},      {"revindex", value(n - i)},
-          {"revindex0", value(n - i - 1)}, {"first", value(i == 0)}, {"last", value(i == n - 1)},
-          {"length", value(n)},         {"depth", value(1)}, {"depth0", value(0)}};  // no recursive loops
+      std::vector<std::pair<std::string, value>> loop = {{"index", value(i + 1)},    {"index0", value(i)},
+                                                         {"revindex", value(n - i)}, {"revindex0", value(n - i - 1)},
+                                                         {"first", value(i == 0)},   {"last", value(i == n - 1)},
+                                                         {"length", value(n)},       {"depth", value(1)},
+                                                         {"depth0", value(0)}};  // no recursive loops
       if (i > 0) loop.emplace_back("previtem", items[size_t(i - 1)]);
       if (i + 1 < n) loop.emplace_back("nextitem", items[size_t(i + 1)]);
       loop.emplace_back("cycle", make_callable("cycle", [i](evaluator&, call_args& a) {

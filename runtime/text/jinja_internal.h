@@ -96,12 +96,12 @@ struct value {
 struct list_obj {
   std::vector<value> items;
   bool tuple = false;  // printed as (a, b); otherwise the same as a list
-  int depth = 1;       // nesting depth, bounded by max_depth
+  int depth = 1;  // nesting depth, bounded by max_depth
 };
 
 struct dict_obj {
   std::vector<std::pair<std::string, value>> items;  // insertion order, as Python dicts
-  bool is_namespace = false;                         // namespace(): attributes may be set
+  bool is_namespace = false;  // namespace(): attributes may be set
   int depth = 1;
 
   const value* find(std::string_view key) const;
@@ -133,7 +133,7 @@ value from_json(const nlohmann::json& j, int depth = 0);
 // Python semantics on values (jinja_value.cpp).
 std::string_view type_name(const value& v);  // Python's name: str, int, list, dict, NoneType ...
 bool truthy(const value& v);
-std::string to_str(const value& v);   // str(v): what {{ v }} prints
+std::string to_str(const value& v);  // str(v): what {{ v }} prints
 std::string to_repr(const value& v);  // repr(v): how v prints inside a list
 bool equals(const value& a, const value& b);
 int compare(const value& a, const value& b, source_pos pos);  // <0, 0, >0; type error if unordered
@@ -245,7 +245,7 @@ struct cond_expr : expr {  // then if cond else otherwise (otherwise may be abse
 
 // Assignment targets of for and set: a name, or a (possibly nested) tuple of names.
 struct target {
-  std::string name;              // empty for a tuple
+  std::string name;  // empty for a tuple
   std::vector<target> elements;  // tuple elements
 };
 

@@ -20,7 +20,7 @@ enum class tok { text, var_begin, var_end, block_begin, block_end, name, string,
 struct token {
   tok type;
   std::string text;  // text, name, operator, or the decoded string literal
-  value number;      // integer and floating literals
+  value number;  // integer and floating literals
   source_pos pos;
 };
 
@@ -61,8 +61,7 @@ class lexer {
       } else if (mod != '+' && kind != '{') {
         size_t l = text.rfind('\n');
         size_t from = l == std::string::npos ? 0 : l + 1;
-        if ((l != std::string::npos || line_starting) &&
-            text.find_first_not_of(" \t", from) == std::string::npos)
+        if ((l != std::string::npos || line_starting) && text.find_first_not_of(" \t", from) == std::string::npos)
           text.erase(from);
       }
       add_text(std::move(text), text_pos);
@@ -325,7 +324,8 @@ class lexer {
         default:
           if (e >= '0' && e <= '7') {
             uint32_t v = uint32_t(e - '0');
-            for (int i = 0; i < 2 && p < src_.size() && src_[p] >= '0' && src_[p] <= '7'; ++i) v = v * 8 + uint32_t(src_[p++] - '0');
+            for (int i = 0; i < 2 && p < src_.size() && src_[p] >= '0' && src_[p] <= '7'; ++i)
+              v = v * 8 + uint32_t(src_[p++] - '0');
             append_utf8(s, v);
           } else {
             s += '\\';
@@ -736,8 +736,12 @@ class parser {
       if (cur().type == tok::op && (cur().text == "==" || cur().text == "!=" || cur().text == "<" ||
                                     cur().text == "<=" || cur().text == ">" || cur().text == ">=")) {
         const std::string& o = cur().text;
-        op = o == "==" ? compare_op::eq : o == "!=" ? compare_op::ne : o == "<" ? compare_op::lt
-           : o == "<=" ? compare_op::le : o == ">" ? compare_op::gt : compare_op::ge;
+        op = o == "=="   ? compare_op::eq
+             : o == "!=" ? compare_op::ne
+             : o == "<"  ? compare_op::lt
+             : o == "<=" ? compare_op::le
+             : o == ">"  ? compare_op::gt
+                         : compare_op::ge;
         next();
       } else if (is_name("in")) {
         op = compare_op::in;
@@ -782,7 +786,10 @@ class parser {
     expr_ptr e = parse_pow();
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
       const std::string& o = cur().text;
-      binary_op op = o == "*" ? binary_op::mul : o == "/" ? binary_op::div : o == "//" ? binary_op::floordiv : binary_op::mod;
+      binary_op op = o == "*"    ? binary_op::mul
+                     : o == "/"  ? binary_op::div
+                     : o == "//" ? binary_op::floordiv
+                                 : binary_op::mod;
       source_pos pos = next().pos;
       e = make_binary(op, std::move(e), parse_pow(), pos);
     }

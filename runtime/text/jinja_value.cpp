@@ -160,8 +160,10 @@ static void repr_string(std::string& out, const std::string& s) {
   out += q;
   for (unsigned char c : s) {
     if (c == '\\') out += "\\\\";
-    else if (c == q) { out += '\\'; out += char(c); }
-    else if (c == '\n') out += "\\n";
+    else if (c == q) {
+      out += '\\';
+      out += char(c);
+    } else if (c == '\n') out += "\\n";
     else if (c == '\r') out += "\\r";
     else if (c == '\t') out += "\\t";
     else if (c < 0x20 || c == 0x7f) {
@@ -232,7 +234,9 @@ static bool equals_at(const value& a, const value& b, int depth) {
   if (depth > 2 * max_depth) fail("values nest too deeply to compare");
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) {
-      auto num = [](const value& x) { return x.is_float() ? x.as_float() : x.is_int() ? double(x.as_int()) : double(x.as_bool()); };
+      auto num = [](const value& x) {
+        return x.is_float() ? x.as_float() : x.is_int() ? double(x.as_int()) : double(x.as_bool());
+      };
       return num(a) == num(b);
     }
     auto num = [](const value& x) { return x.is_int() ? x.as_int() : int64_t(x.as_bool()); };
@@ -269,7 +273,9 @@ static int compare_at(const value& a, const value& b, source_pos pos, int depth)
   if (depth > 2 * max_depth) fail("values nest too deeply to compare", pos);
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) {
-      auto num = [](const value& x) { return x.is_float() ? x.as_float() : x.is_int() ? double(x.as_int()) : double(x.as_bool()); };
+      auto num = [](const value& x) {
+        return x.is_float() ? x.as_float() : x.is_int() ? double(x.as_int()) : double(x.as_bool());
+      };
       double x = num(a), y = num(b);
       return x < y ? -1 : x > y ? 1 : 0;
     }
@@ -290,8 +296,8 @@ static int compare_at(const value& a, const value& b, source_pos pos, int depth)
     }
     return x.size() < y.size() ? -1 : x.size() > y.size() ? 1 : 0;
   }
-  fail("'<' not supported between instances of '" + std::string(type_name(a)) + "' and '" +
-           std::string(type_name(b)) + "'",
+  fail("'<' not supported between instances of '" + std::string(type_name(a)) + "' and '" + std::string(type_name(b)) +
+           "'",
        pos);
 }
 
@@ -342,8 +348,8 @@ size_t utf8_length(std::string_view s) {
 bool is_py_space(std::string_view s, size_t i, size_t* len) {
   uint32_t cp = decode_utf8(s, i, len);
   if ((cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20)) return true;
-  return cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 ||
-         cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
+  return cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202f || cp == 0x205f || cp == 0x3000;
 }
 
 // json.dumps' string escaping: ensure_ascii=False leaves non-ASCII as is (what transformers
@@ -415,8 +421,7 @@ static void json_into(std::string& out, const value& v, const json_format& f, in
       out += "{}";
       return;
     }
-    if (f.sort_keys)
-      std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+    if (f.sort_keys) std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
     out += '{';
     for (size_t i = 0; i < items.size(); ++i) {
       if (i) out += f.item_sep;

@@ -24,9 +24,9 @@ using namespace detail;
 
 namespace {
 
-constexpr std::string_view kReplacement = "\xEF\xBF\xBD";   // U+FFFD
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 constexpr std::string_view kUnknownPiece = "\xE2\x96\x85";  // U+2585, as llama.cpp shows <unk>
-constexpr std::string_view kSpmSpace = "\xE2\x96\x81";      // U+2581 "▁"
+constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581 "▁"
 
 std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
   std::string out;
@@ -42,21 +42,18 @@ std::string replace_all(std::string_view s, std::string_view from, std::string_v
   return out;
 }
 
-[[noreturn]] void malformed(const std::string& what) {
-  throw failure(errc::malformed_file, "tokenizer: " + what);
-}
+[[noreturn]] void malformed(const std::string& what) { throw failure(errc::malformed_file, "tokenizer: " + what); }
 
 void check_special_id(token_id id, const char* key, size_t n_tokens) {
   if (id < -1 || (id >= 0 && static_cast<size_t>(id) >= n_tokens)) {
-    malformed(std::string(key) + " " + std::to_string(id) + " is out of range (vocab of " +
-              std::to_string(n_tokens) + " tokens)");
+    malformed(std::string(key) + " " + std::to_string(id) + " is out of range (vocab of " + std::to_string(n_tokens) +
+              " tokens)");
   }
 }
 
 void validate(const vocab_spec& s) {
   if (s.model != "llama" && s.model != "gpt2") {
-    throw failure(errc::unsupported,
-                  "tokenizer model '" + s.model + "' is not supported (llama, gpt2)");
+    throw failure(errc::unsupported, "tokenizer model '" + s.model + "' is not supported (llama, gpt2)");
   }
   const size_t n = s.tokens.size();
   if (n == 0) malformed("tokenizer.ggml.tokens is empty");
@@ -89,10 +86,8 @@ void validate(const vocab_spec& s) {
     for (size_t i = 0; i < s.merges.size(); ++i) {
       const std::string& m = s.merges[i];
       const size_t sp = m.find(' ');
-      if (sp == std::string::npos || sp == 0 || sp + 1 == m.size() ||
-          m.find(' ', sp + 1) != std::string::npos) {
-        malformed("tokenizer.ggml.merges[" + std::to_string(i) + "] '" + m +
-                  "' is not two space-separated tokens");
+      if (sp == std::string::npos || sp == 0 || sp + 1 == m.size() || m.find(' ', sp + 1) != std::string::npos) {
+        malformed("tokenizer.ggml.merges[" + std::to_string(i) + "] '" + m + "' is not two space-separated tokens");
       }
     }
   }
@@ -118,12 +113,9 @@ std::string compute_bytes(const tokenizer_tables& t, size_t i) {
   const std::string& text = t.spec.tokens[i];
   switch (t.types[i]) {
     case type_control:
-    case type_unused:
-      return {};
-    case type_unknown:
-      return std::string(kUnknownPiece);
-    case type_user_defined:
-      return text;
+    case type_unused: return {};
+    case type_unknown: return std::string(kUnknownPiece);
+    case type_user_defined: return text;
     case type_byte: {
       const int b = parse_byte_token(text);
       if (b >= 0) return std::string(1, static_cast<char>(b));
@@ -180,8 +172,8 @@ tokenizer::tokenizer(vocab_spec spec) : impl_(std::make_unique<impl>()) {
     return t.spec.tokens[size_t(a)].size() > t.spec.tokens[size_t(b)].size();
   });
 
-  static constexpr std::array<std::string_view, 6> kEotTexts = {
-      "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"};
+  static constexpr std::array<std::string_view, 6> kEotTexts = {"<|eot_id|>", "<|eom_id|>",    "<|im_end|>",
+                                                                "<|end|>",    "<end_of_turn>", "<|endoftext|>"};
   t.eog.assign(n, 0);
   for (token_id id : {t.spec.eos_id, t.spec.eot_id, t.spec.eom_id})
     if (id >= 0 && size_t(id) < n) t.eog[size_t(id)] = 1;
@@ -273,8 +265,7 @@ std::vector<token_id> tokenizer::encode(std::string_view text, specials add, boo
 
 std::string tokenizer::token_bytes(token_id id) const {
   if (id < 0 || id >= n_vocab()) {
-    throw failure(errc::invalid_argument, "token id " + std::to_string(id) +
-                                              " is out of range (vocab of " +
+    throw failure(errc::invalid_argument, "token id " + std::to_string(id) + " is out of range (vocab of " +
                                               std::to_string(n_vocab()) + " tokens)");
   }
   return impl_->bytes[id];
@@ -286,24 +277,19 @@ std::string tokenizer::decode(std::span<const token_id> ids, bool strip_leading_
     if (id < 0 || id >= n_vocab()) (void)token_bytes(id);  // throws
     out += impl_->bytes[id];
   }
-  if (strip_leading_space && impl_->is_llama && impl_->spec.add_space_prefix && !out.empty() &&
-      out[0] == ' ') {
+  if (strip_leading_space && impl_->is_llama && impl_->spec.add_space_prefix && !out.empty() && out[0] == ' ') {
     out.erase(0, 1);
   }
   return out;
 }
 
-int32_t tokenizer::token_type(token_id id) const {
-  return id >= 0 && id < n_vocab() ? impl_->types[size_t(id)] : 0;
-}
+int32_t tokenizer::token_type(token_id id) const { return id >= 0 && id < n_vocab() ? impl_->types[size_t(id)] : 0; }
 
 int32_t tokenizer::n_vocab() const { return static_cast<int32_t>(impl_->spec.tokens.size()); }
 token_id tokenizer::bos() const { return impl_->spec.bos_id; }
 token_id tokenizer::eos() const { return impl_->spec.eos_id; }
 
-bool tokenizer::is_eog(token_id id) const {
-  return id >= 0 && id < n_vocab() && impl_->eog[id] != 0;
-}
+bool tokenizer::is_eog(token_id id) const { return id >= 0 && id < n_vocab() && impl_->eog[id] != 0; }
 
 const std::string& tokenizer::token_text(token_id id) const {
   if (id < 0 || id >= n_vocab()) (void)token_bytes(id);  // throws

@@ -18,18 +18,18 @@ struct token_trie;
 
 // What a tokenizer is built from: exactly the tokenizer.ggml.* keys of a GGUF file.
 struct vocab_spec {
-  std::string model;                 // tokenizer.ggml.model: "llama" or "gpt2"
-  std::string pre;                   // tokenizer.ggml.pre (informational; "default" if absent)
-  std::vector<std::string> tokens;   // tokenizer.ggml.tokens
-  std::vector<float> scores;         // tokenizer.ggml.scores (llama); may be empty for gpt2
+  std::string model;  // tokenizer.ggml.model: "llama" or "gpt2"
+  std::string pre;  // tokenizer.ggml.pre (informational; "default" if absent)
+  std::vector<std::string> tokens;  // tokenizer.ggml.tokens
+  std::vector<float> scores;  // tokenizer.ggml.scores (llama); may be empty for gpt2
   std::vector<int32_t> token_types;  // tokenizer.ggml.token_type: 1 normal, 2 unknown, 3 control,
                                      // 4 user-defined, 5 unused, 6 byte; may be empty
-  std::vector<std::string> merges;   // tokenizer.ggml.merges (gpt2): "left right", by rank
+  std::vector<std::string> merges;  // tokenizer.ggml.merges (gpt2): "left right", by rank
   token_id bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
   token_id eot_id = -1, eom_id = -1;  // tokenizer.ggml.eot/eom_token_id: also end a turn
-  bool add_bos = true;               // tokenizer.ggml.add_bos_token
-  bool add_eos = false;              // tokenizer.ggml.add_eos_token
-  bool add_space_prefix = true;      // tokenizer.ggml.add_space_prefix (llama only)
+  bool add_bos = true;  // tokenizer.ggml.add_bos_token
+  bool add_eos = false;  // tokenizer.ggml.add_eos_token
+  bool add_space_prefix = true;  // tokenizer.ggml.add_space_prefix (llama only)
   // Per token, 1 where whitespace after the token is dropped when the token is matched in text
   // (llama.cpp's LLAMA_TOKEN_ATTR_RSTRIP, which GGUF has no key for: llama.cpp sets it by
   // general.name for Phi-3 files, as vocab_from_gguf does); empty: none.

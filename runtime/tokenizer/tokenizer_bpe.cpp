@@ -87,12 +87,13 @@ std::string unspell_byte_level(std::string_view text) {
 
 namespace {
 // The regexes of llama.cpp's pre-tokenizer table (llama-vocab.cpp), by tokenizer.ggml.pre.
-constexpr char kGpt2Pattern[] =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr char kGpt2Pattern[] = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr char kLlama3Pattern[] =
-    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| )"
+    R"(?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr char kQwen2Pattern[] =
-    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| )"
+    R"(?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr char kDigitPattern[] = R"(\p{N})";
 
 std::vector<const char*> patterns_for(std::string_view pre) {
@@ -104,9 +105,10 @@ std::vector<const char*> patterns_for(std::string_view pre) {
   for (std::string_view p : {"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", "hunyuan"})
     if (pre == p) return {kQwen2Pattern};
   if (pre == "smollm") return {kDigitPattern, kGpt2Pattern};
-  throw failure(errc::unsupported,
-                "tokenizer.ggml.pre '" + std::string(pre) +
-                    "' is not supported (gpt-2/default, llama-bpe/llama3 and its aliases, qwen2 and its aliases, smollm)");
+  throw failure(
+      errc::unsupported,
+      "tokenizer.ggml.pre '" + std::string(pre) +
+          "' is not supported (gpt-2/default, llama-bpe/llama3 and its aliases, qwen2 and its aliases, smollm)");
 }
 }  // namespace
 
@@ -145,13 +147,14 @@ std::vector<std::string_view> gpt2_splitter::split(std::string_view text) const 
   return pieces;
 }
 
-void gpt2_splitter::split_with(const pcre2_code* code, std::string_view text, std::vector<std::string_view>& pieces) const {
+void gpt2_splitter::split_with(const pcre2_code* code, std::string_view text,
+                               std::vector<std::string_view>& pieces) const {
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
       pcre2_match_data_create_from_pattern(code, nullptr), &pcre2_match_data_free);
   if (!md) throw std::bad_alloc();
   const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t last = 0;  // end of what has been emitted
-  size_t pos = 0;   // where the next search starts
+  size_t pos = 0;  // where the next search starts
   while (pos < text.size()) {
     int rc = pcre2_match(code, subject, text.size(), pos, 0, md.get(), nullptr);
     if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {  // e.g. JIT stack limit: retry interpreted
@@ -161,8 +164,8 @@ void gpt2_splitter::split_with(const pcre2_code* code, std::string_view text, st
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(rc, msg, sizeof msg);
-      throw failure(errc::invalid_argument, std::string("tokenizer: pre-tokenizer regex failed: ") +
-                                                reinterpret_cast<const char*>(msg));
+      throw failure(errc::invalid_argument,
+                    std::string("tokenizer: pre-tokenizer regex failed: ") + reinterpret_cast<const char*>(msg));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
     const size_t start = ov[0], end = ov[1];
@@ -197,8 +200,7 @@ void bpe_build(tokenizer_tables& t) {
     joined.assign(left).append(right);
     auto res = t.text_to_id.find(joined);
     if (res == t.text_to_id.end()) continue;
-    t.merges.emplace(pair_key(l->second, r->second),
-                     merge_rule{static_cast<int32_t>(rank), res->second});
+    t.merges.emplace(pair_key(l->second, r->second), merge_rule{static_cast<int32_t>(rank), res->second});
   }
   t.splitter = std::make_unique<gpt2_splitter>(t.spec.pre);
   for (std::string_view p : {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"})
@@ -257,8 +259,7 @@ void bpe_encode(const tokenizer_tables& t, std::string_view text, std::vector<to
     syms.clear();
     const int n = static_cast<int>(piece.size());
     for (int i = 0; i < n; ++i) {
-      syms.push_back({t.byte_token[static_cast<unsigned char>(piece[i])], i - 1,
-                      i + 1 < n ? i + 1 : -1, true});
+      syms.push_back({t.byte_token[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1, true});
     }
     for (int i = 1; i < n; ++i) try_add(i - 1, i);
     while (!queue.empty()) {
@@ -282,9 +283,9 @@ void bpe_encode(const tokenizer_tables& t, std::string_view text, std::vector<to
       } else if (t.spec.unk_id >= 0) {
         out.push_back(t.spec.unk_id);
       } else {
-        throw failure(errc::invalid_argument,
-                      "tokenizer: byte " + std::to_string(static_cast<unsigned char>(piece[i])) +
-                          " has no token and the vocab has no unknown token");
+        throw failure(errc::invalid_argument, "tokenizer: byte " +
+                                                  std::to_string(static_cast<unsigned char>(piece[i])) +
+                                                  " has no token and the vocab has no unknown token");
       }
     }
   }
@@ -345,8 +346,7 @@ constexpr std::string_view kTrainingText =
 vocab_spec make_byte_level_vocab(int32_t n_vocab) {
   if (n_vocab < 259) {
     throw failure(errc::invalid_argument,
-                  "make_byte_level_vocab: n_vocab must be at least 259, got " +
-                      std::to_string(n_vocab));
+                  "make_byte_level_vocab: n_vocab must be at least 259, got " + std::to_string(n_vocab));
   }
   vocab_spec spec;
   spec.model = "gpt2";
@@ -406,8 +406,8 @@ vocab_spec make_byte_level_vocab(int32_t n_vocab) {
     for (const auto& [key, count] : pair_counts) {
       const auto l = static_cast<token_id>(key >> 32), r = static_cast<token_id>(key & 0xFFFFFFFFu);
       if (best_l < 0 || count > best_count ||
-          (count == best_count && std::tie(spec.tokens[l], spec.tokens[r]) <
-                                      std::tie(spec.tokens[best_l], spec.tokens[best_r]))) {
+          (count == best_count &&
+           std::tie(spec.tokens[l], spec.tokens[r]) < std::tie(spec.tokens[best_l], spec.tokens[best_r]))) {
         best_l = l;
         best_r = r;
         best_count = count;

@@ -43,11 +43,11 @@ inline int utf8_check(const unsigned char* p, size_t n) {
     len = 2;
   } else if (c >= 0xE0 && c <= 0xEF) {
     len = 3;
-    if (c == 0xE0) lo = 0xA0;       // no overlong 3-byte forms
+    if (c == 0xE0) lo = 0xA0;  // no overlong 3-byte forms
     else if (c == 0xED) hi = 0x9F;  // no surrogates
   } else if (c >= 0xF0 && c <= 0xF4) {
     len = 4;
-    if (c == 0xF0) lo = 0x90;       // no overlong 4-byte forms
+    if (c == 0xF0) lo = 0x90;  // no overlong 4-byte forms
     else if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
   } else {
     return -1;
@@ -128,11 +128,11 @@ inline uint64_t pair_key(token_id left, token_id right) {
 // Everything encode/decode need, built once by the tokenizer constructor.
 struct tokenizer_tables {
   vocab_spec spec;
-  bool is_llama = false;                 // "llama" (SPM) or "gpt2" (byte-level BPE)
-  std::vector<int32_t> types;            // one per token (inferred when the spec had none)
-  std::vector<std::string> bytes;        // token_bytes() of every token
-  std::vector<char> eog;                 // is_eog() of every token
-  text_map text_to_id;                   // tokens that plain text may produce (normal, user-defined)
+  bool is_llama = false;  // "llama" (SPM) or "gpt2" (byte-level BPE)
+  std::vector<int32_t> types;  // one per token (inferred when the spec had none)
+  std::vector<std::string> bytes;  // token_bytes() of every token
+  std::vector<char> eog;  // is_eog() of every token
+  text_map text_to_id;  // tokens that plain text may produce (normal, user-defined)
   std::array<token_id, 256> byte_token;  // the token for a single byte, or -1
   // gpt2 only
   std::unordered_map<uint64_t, merge_rule> merges;

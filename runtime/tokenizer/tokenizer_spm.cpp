@@ -120,9 +120,8 @@ void spm_encode(const tokenizer_tables& t, std::string_view text, std::vector<to
     } else if (t.spec.unk_id >= 0) {
       out.push_back(t.spec.unk_id);
     } else {
-      throw failure(errc::invalid_argument,
-                    "tokenizer: cannot encode '" + std::string(piece) +
-                        "': the vocab has neither byte tokens for it nor an unknown token");
+      throw failure(errc::invalid_argument, "tokenizer: cannot encode '" + std::string(piece) +
+                                                "': the vocab has neither byte tokens for it nor an unknown token");
     }
   }
 }

@@ -24,8 +24,7 @@ token_id read_id(const gguf::file& f, std::string_view key, token_id def) {
     if (v->i < 0) return -1;
     return static_cast<token_id>(std::min(static_cast<uint64_t>(v->i), kMax));
   }
-  throw failure(errc::malformed_file,
-                std::string(key) + " in " + f.path() + " is not an integer");
+  throw failure(errc::malformed_file, std::string(key) + " in " + f.path() + " is not an integer");
 }
 
 }  // namespace
@@ -61,7 +60,8 @@ vocab_spec vocab_from_gguf(const gguf::file& f) {
   if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
     s.rstrip.assign(s.tokens.size(), 0);
     for (size_t i = 0; i < s.token_types.size(); ++i)
-      if (s.token_types[i] == 2 || s.token_types[i] == 3 || s.token_types[i] == 4) s.rstrip[i] = 1;  // unknown, control, user-defined
+      if (s.token_types[i] == 2 || s.token_types[i] == 3 || s.token_types[i] == 4)
+        s.rstrip[i] = 1;  // unknown, control, user-defined
     for (size_t i = 0; i < s.tokens.size(); ++i) {
       const std::string& t = s.tokens[i];
       if (t == "</s>") s.rstrip[i] = 1;

@@ -31,9 +31,11 @@ json read_json(const std::string& path) {
 // The Split regexes of the pre-tokenizers llama.cpp names, as tokenizer.json spells them.
 const std::map<std::string, std::string>& known_splits() {
   static const std::map<std::string, std::string> m = {
-      {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+      {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|)"
+       R"(\s+(?!\S)|\s+)",
        "llama-bpe"},
-      {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+      {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|)"
+       R"(\s+)",
        "qwen2"},
   };
   return m;
@@ -69,8 +71,9 @@ vocab_spec vocab_from_tokenizer_json(const std::string& path, const std::string&
   try {
     const json& model = t.at("model");
     if (model.value("type", "") != "BPE")
-      throw failure(errc::unsupported, "'" + path + "': tokenizer model '" + model.value("type", "?") +
-                                           "' is not supported (BPE only: byte-level, or SentencePiece-style with byte_fallback)");
+      throw failure(errc::unsupported,
+                    "'" + path + "': tokenizer model '" + model.value("type", "?") +
+                        "' is not supported (BPE only: byte-level, or SentencePiece-style with byte_fallback)");
     // A BPE with byte fallback is a SentencePiece BPE in Hugging Face's form (Llama 2, Gemma):
     // llama.cpp's "llama" tokenizer, which merges by token score instead of merge rank.
     const bool spm = model.value("byte_fallback", false);
@@ -78,13 +81,15 @@ vocab_spec vocab_from_tokenizer_json(const std::string& path, const std::string&
     s.model = spm ? "llama" : "gpt2";
     s.pre = spm ? "default" : pre.empty() ? detect_pre(t.value("pre_tokenizer", json())) : pre;
     if (s.pre.empty())
-      throw failure(errc::unsupported, "'" + path + "': its pre-tokenizer is not one tandem recognises (Llama 3's, "
-                                       "Qwen 2's, GPT-2's): name it with --pre");
+      throw failure(errc::unsupported, "'" + path +
+                                           "': its pre-tokenizer is not one tandem recognises (Llama 3's, "
+                                           "Qwen 2's, GPT-2's): name it with --pre");
     // id -> text over the model's vocab and the added tokens.
     std::map<int64_t, std::pair<std::string, int32_t>> by_id;  // id -> (text, type)
     for (const auto& [text, id] : model.at("vocab").items())
       by_id[id.get<int64_t>()] = {text, spm && detail::parse_byte_token(text) >= 0 ? 6 : 1};
-    const std::string unk = model.contains("unk_token") && model["unk_token"].is_string() ? model["unk_token"].get<std::string>() : "";
+    const std::string unk =
+        model.contains("unk_token") && model["unk_token"].is_string() ? model["unk_token"].get<std::string>() : "";
     for (const auto& a : t.value("added_tokens", json::array())) {
       const std::string text = a.at("content").get<std::string>();
       by_id[a.at("id").get<int64_t>()] = {text, spm && text == unk ? 2 : a.value("special", false) ? 3 : 4};
@@ -102,7 +107,8 @@ vocab_spec vocab_from_tokenizer_json(const std::string& path, const std::string&
       if (m.is_string()) {
         const std::string ab = m.get<std::string>();
         const size_t sp = ab.find(' ');
-        if (sp == std::string::npos) throw failure(errc::malformed_file, "'" + path + "': merge '" + ab + "' has no space");
+        if (sp == std::string::npos)
+          throw failure(errc::malformed_file, "'" + path + "': merge '" + ab + "' has no space");
         merges.emplace_back(ab.substr(0, sp), ab.substr(sp + 1));
       } else {
         merges.emplace_back(m.at(0).get<std::string>(), m.at(1).get<std::string>());
@@ -155,8 +161,10 @@ vocab_spec vocab_from_tokenizer_json(const std::string& path, const std::string&
       if (cfg.contains("bos_token") && !cfg["bos_token"].is_null()) s.bos_id = id_of(token_text(cfg["bos_token"]));
       if (cfg.contains("eos_token") && !cfg["eos_token"].is_null()) s.eos_id = id_of(token_text(cfg["eos_token"]));
       if (cfg.contains("pad_token") && !cfg["pad_token"].is_null()) s.pad_id = id_of(token_text(cfg["pad_token"]));
-      if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()) s.add_bos = cfg["add_bos_token"].get<bool>();
-      if (cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean()) s.add_eos = cfg["add_eos_token"].get<bool>();
+      if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean())
+        s.add_bos = cfg["add_bos_token"].get<bool>();
+      if (cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean())
+        s.add_eos = cfg["add_eos_token"].get<bool>();
     }
     // SentencePiece's dummy prefix ("▁" before the text) is the normalizer's Prepend (Llama 2's;
     // Gemma's normalizer only replaces spaces).

@@ -29,13 +29,12 @@ std::shared_ptr<const model> tiny() {
   return m;
 }
 
-
 struct chaos_case {
   std::string name;
   serving_mode mode;
-  int workers;       // per pool
+  int workers;  // per pool
   std::string pool;  // the kind killed (pipeline::kill), or a fault armed (corrupt_kv, ...)
-  int kills;         // kills, or faults armed
+  int kills;  // kills, or faults armed
   int32_t chunk = 32;  // prefill chunk size (tandem serve's default is 256: one step per prompt)
 };
 
@@ -98,8 +97,8 @@ static void run_chaos_case(const chaos_case& c) {
   for (int i = 0; i < 64; ++i) {
     job j;
     // Prompt + output stay within the context (256); killing prefill workers wants long prompts.
-    const bool long_prompts = c.pool == "prefill" || c.pool == "mixed" || c.pool == "kv_link" || c.pool == "drop_kv" || c.pool == "delay_kv" ||
-                              c.pool == "stall_link";
+    const bool long_prompts = c.pool == "prefill" || c.pool == "mixed" || c.pool == "kv_link" || c.pool == "drop_kv" ||
+                              c.pool == "delay_kv" || c.pool == "stall_link";
     const int len = long_prompts ? 100 + int(rng() % 100) : 4 + int(rng() % 60);
     for (int t = 0; t < len; ++t) j.prompt.push_back(token_id(3 + rng() % uint64_t(vocab - 3)));
     j.sp = i % 2 == 0 ? sampling_params{.temperature = 0.0f}
@@ -112,26 +111,26 @@ static void run_chaos_case(const chaos_case& c) {
   std::vector<request_id> ids;
   // All at once: the first kills find prompts queued for prefill, later ones sequences decoding.
   for (const auto& j : jobs) {
-    ids.push_back(p.submit({.prompt_tokens = j.prompt, .max_tokens = j.max_tokens, .sampling = j.sp, .ignore_eos = true},
-                           [&](const request_event& ev) {
-                             std::lock_guard<std::mutex> lk(mu);
-                             auto& s = streams[ev.id];
-                             if (s.finals > 0) {
-                               ++s.events_after_final;
-                               return;
-                             }
-                             if (ev.kind == event_kind::token && ev.token >= 0) {
-                               s.indices.push_back(ev.index);
-                               s.tokens.push_back(ev.token);
-                             } else if (ev.kind == event_kind::done || ev.kind == event_kind::error) {
-                               ++s.finals;
-                               s.end = ev.kind == event_kind::done
-                                           ? std::string(to_string(ev.finish_reason))
-                                           : "error:" + std::string(to_string(ev.code)) + ": " + ev.message;
-                               ++ended;
-                               cv.notify_all();
-                             }
-                           }));
+    ids.push_back(p.submit(
+        {.prompt_tokens = j.prompt, .max_tokens = j.max_tokens, .sampling = j.sp, .ignore_eos = true},
+        [&](const request_event& ev) {
+          std::lock_guard<std::mutex> lk(mu);
+          auto& s = streams[ev.id];
+          if (s.finals > 0) {
+            ++s.events_after_final;
+            return;
+          }
+          if (ev.kind == event_kind::token && ev.token >= 0) {
+            s.indices.push_back(ev.index);
+            s.tokens.push_back(ev.token);
+          } else if (ev.kind == event_kind::done || ev.kind == event_kind::error) {
+            ++s.finals;
+            s.end = ev.kind == event_kind::done ? std::string(to_string(ev.finish_reason))
+                                                : "error:" + std::string(to_string(ev.code)) + ": " + ev.message;
+            ++ended;
+            cv.notify_all();
+          }
+        }));
   }
 
   // The killer: `kills` times, after a random pause, a random actor of the kind (or, for a
@@ -152,13 +151,15 @@ static void run_chaos_case(const chaos_case& c) {
   };
   // The planned kills; then, if none of them hit work (a link killed while idle), more, until
   // one does or every request has ended.
-  for (int k = 0; k < c.kills || (k < 4 * c.kills && c.pool != "request" && !is_fault(c.pool) &&
-                                   effects() == 0 && !all_done());
+  for (int k = 0;
+       k < c.kills || (k < 4 * c.kills && c.pool != "request" && !is_fault(c.pool) && effects() == 0 && !all_done());
        ++k) {
     // Past the planned kills (none hit work yet), kill sooner: with fast kernels a link's
     // transfers are short, and the requests may all end before a slow killer finds one.
     // (A sleep: the kills land at random, seeded moments; that is the test.)
-    std::this_thread::sleep_for(std::chrono::milliseconds(k == 0 ? rng() % 3 : k >= c.kills ? rng() % 6 : 2 + rng() % 40));
+    std::this_thread::sleep_for(std::chrono::milliseconds(k == 0         ? rng() % 3
+                                                          : k >= c.kills ? rng() % 6
+                                                                         : 2 + rng() % 40));
     if (is_fault(c.pool)) {
       fault_kind f;
       parse_fault_kind(c.pool, f);
@@ -196,7 +197,8 @@ static void run_chaos_case(const chaos_case& c) {
       ASSERT_GE(killed, 3) << "the requests ended before the test could kill them";
       break;
     }
-    ASSERT_FALSE(name.empty()) << kind << " " << index << " never came back to be killed (kill " << k << ")\n" << p.metrics().to_prometheus().substr(0, 3000);
+    ASSERT_FALSE(name.empty()) << kind << " " << index << " never came back to be killed (kill " << k << ")\n"
+                               << p.metrics().to_prometheus().substr(0, 3000);
     ++killed;
     if (c.pool == "request") {
       killed_requests.insert(request_id(std::stoull(name.substr(name.find('-') + 1))));
@@ -245,7 +247,8 @@ static void run_chaos_case(const chaos_case& c) {
       size_t k = 0;
       while (k < s.tokens.size() && k < expected.size() && s.tokens[k] == expected[k]) ++k;
       ADD_FAILURE() << "output differs from token " << k << " of " << expected.size() << " (got " << s.tokens.size()
-                    << " tokens; prompt " << jobs[i].prompt.size() << " tokens, temperature " << jobs[i].sp.temperature << ")";
+                    << " tokens; prompt " << jobs[i].prompt.size() << " tokens, temperature " << jobs[i].sp.temperature
+                    << ")";
     }
   }
 
@@ -294,23 +297,24 @@ static void run_chaos_case(const chaos_case& c) {
 
 TEST_P(Chaos, KilledWorkersLoseNothing) { run_chaos_case(GetParam()); }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, Chaos,
-                         ::testing::Values(chaos_case{"prefill_2x2", serving_mode::disaggregated, 2, "prefill", 4},
-                                           chaos_case{"decode_2x2", serving_mode::disaggregated, 2, "decode", 4},
-                                           chaos_case{"decode_1x1", serving_mode::disaggregated, 1, "decode", 3},
-                                           chaos_case{"colocated_2", serving_mode::colocated, 2, "colocated", 4},
-                                           chaos_case{"kv_link_2x2", serving_mode::disaggregated, 2, "kv_link", 8},
-                                           chaos_case{"request_2x2", serving_mode::disaggregated, 2, "request", 6},
-                                           chaos_case{"router_2x2", serving_mode::disaggregated, 2, "router", 2},
-                                           chaos_case{"router_colocated", serving_mode::colocated, 2, "router", 2},
-                                           chaos_case{"corrupt_kv_2x2", serving_mode::disaggregated, 2, "corrupt_kv", 6},
-                                           chaos_case{"drop_kv_2x2", serving_mode::disaggregated, 2, "drop_kv", 6},
-                                           chaos_case{"fail_alloc_2x2", serving_mode::disaggregated, 2, "fail_alloc", 6},
-                                           chaos_case{"stall_2x2", serving_mode::disaggregated, 2, "stall", 3},
-                                           chaos_case{"stall_colocated", serving_mode::colocated, 2, "stall", 3},
-                                           chaos_case{"delay_kv_2x2", serving_mode::disaggregated, 2, "delay_kv", 6},
-                                           chaos_case{"stall_link_2x2", serving_mode::disaggregated, 2, "stall_link", 2}),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, Chaos,
+    ::testing::Values(chaos_case{"prefill_2x2", serving_mode::disaggregated, 2, "prefill", 4},
+                      chaos_case{"decode_2x2", serving_mode::disaggregated, 2, "decode", 4},
+                      chaos_case{"decode_1x1", serving_mode::disaggregated, 1, "decode", 3},
+                      chaos_case{"colocated_2", serving_mode::colocated, 2, "colocated", 4},
+                      chaos_case{"kv_link_2x2", serving_mode::disaggregated, 2, "kv_link", 8},
+                      chaos_case{"request_2x2", serving_mode::disaggregated, 2, "request", 6},
+                      chaos_case{"router_2x2", serving_mode::disaggregated, 2, "router", 2},
+                      chaos_case{"router_colocated", serving_mode::colocated, 2, "router", 2},
+                      chaos_case{"corrupt_kv_2x2", serving_mode::disaggregated, 2, "corrupt_kv", 6},
+                      chaos_case{"drop_kv_2x2", serving_mode::disaggregated, 2, "drop_kv", 6},
+                      chaos_case{"fail_alloc_2x2", serving_mode::disaggregated, 2, "fail_alloc", 6},
+                      chaos_case{"stall_2x2", serving_mode::disaggregated, 2, "stall", 3},
+                      chaos_case{"stall_colocated", serving_mode::colocated, 2, "stall", 3},
+                      chaos_case{"delay_kv_2x2", serving_mode::disaggregated, 2, "delay_kv", 6},
+                      chaos_case{"stall_link_2x2", serving_mode::disaggregated, 2, "stall_link", 2}),
+    [](const auto& info) { return info.param.name; });
 
 // Kills of different kinds in turn (decode, prefill, kv_link), with serve's one-step prefill.
 INSTANTIATE_TEST_SUITE_P(Mixed, Chaos,

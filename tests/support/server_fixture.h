@@ -124,7 +124,8 @@ class ServerTest : public ::testing::Test {
       bool clean = st.live_requests == 0;
       for (const auto& w : st.workers) clean = clean && w.kv_free_blocks == w.kv_total_blocks && w.reserved_blocks == 0;
       return clean;
-    })) << "requests or KV blocks still held: " << st.live_requests << " live requests";
+    })) << "requests or KV blocks still held: "
+        << st.live_requests << " live requests";
   }
 };
 

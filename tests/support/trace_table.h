@@ -18,7 +18,7 @@ namespace tandem::testing {
 template <class Event, class Phase>
 struct trace_row {
   Event in;
-  std::vector<std::string> out;                                          // commands, in order
+  std::vector<std::string> out;  // commands, in order
   std::vector<std::pair<request_id, std::optional<Phase>>> after;  // nullopt: forgotten (may be left out)
 };
 

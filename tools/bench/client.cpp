@@ -79,8 +79,8 @@ stream_result openai_stream(const endpoint& ep, const std::string& api_key, cons
     beast::tcp_stream s(ioc);
     s.expires_after(timeout);
     s.connect(tcp::resolver(ioc).resolve(ep.host, ep.port));
-    json body = {{"model", r.model},      {"prompt", prompt_json(r)}, {"max_tokens", r.max_tokens},
-                 {"temperature", 0},      {"stream", true},          {"stream_options", {{"include_usage", true}}},
+    json body = {{"model", r.model},  {"prompt", prompt_json(r)}, {"max_tokens", r.max_tokens},
+                 {"temperature", 0},  {"stream", true},           {"stream_options", {{"include_usage", true}}},
                  {"ignore_eos", true}};
     http::request<http::string_body> req{http::verb::post, "/v1/completions", 11};
     req.set(http::field::host, ep.host);
@@ -259,8 +259,11 @@ ws_client::~ws_client() {
 }
 
 void ws_client::submit(const stream_request& r, std::function<void(stream_result)> done) {
-  json f = {{"type", "generate"}, {"prompt", prompt_json(r)}, {"max_tokens", r.max_tokens},
-            {"temperature", 0},   {"ignore_eos", true}};
+  json f = {{"type", "generate"},
+            {"prompt", prompt_json(r)},
+            {"max_tokens", r.max_tokens},
+            {"temperature", 0},
+            {"ignore_eos", true}};
   asio::post(impl_->ioc, [this, f = std::move(f), done = std::move(done)]() mutable {
     auto& i = *impl_;
     if (!i.broken.empty()) {

@@ -37,8 +37,8 @@ struct stream_request {
 
 struct stream_result {
   bool ok = false;
-  std::string error;                  // why not ok
-  double ttft_s = 0, e2e_s = 0;       // from the send
+  std::string error;  // why not ok
+  double ttft_s = 0, e2e_s = 0;  // from the send
   std::vector<double> token_times_s;  // each streamed token's arrival, from the send
   int32_t prompt_tokens = 0, output_tokens = 0;  // as the server counted them
   // Each generated token's id, in order: only tandem's WebSocket sends them (OpenAI's SSE

@@ -43,7 +43,9 @@ class server_process {
     for (size_t at; (at = command.find("{port}")) != std::string::npos;) command.replace(at, 6, std::to_string(port));
     return server_process({"/bin/sh", "-c", "exec " + command}, "http://127.0.0.1:" + std::to_string(port));
   }
-  server_process(server_process&& o) noexcept : pid_(o.pid_), log_(std::move(o.log_)), url_(std::move(o.url_)) { o.pid_ = -1; }
+  server_process(server_process&& o) noexcept : pid_(o.pid_), log_(std::move(o.log_)), url_(std::move(o.url_)) {
+    o.pid_ = -1;
+  }
   server_process& operator=(server_process&&) = delete;
   ~server_process() {
     if (pid_ > 0) {
@@ -66,8 +68,9 @@ class server_process {
  private:
   // known_url empty: tandem serve, which logs the URL it serves on.
   server_process(std::vector<std::string> all, std::string known_url) : url_(std::move(known_url)) {
-    log_ = (std::filesystem::temp_directory_path() / ("tandem-bench-" + std::to_string(getpid()) + "-" +
-                                                      std::to_string(counter_++) + ".log")).string();
+    log_ = (std::filesystem::temp_directory_path() /
+            ("tandem-bench-" + std::to_string(getpid()) + "-" + std::to_string(counter_++) + ".log"))
+               .string();
     std::vector<char*> argv;
     for (auto& a : all) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -181,8 +184,7 @@ class killer {
         if (stop_.load()) break;
         try {
           if (http_call(ep_, "POST", "/admin/kill", admin_key, json{{"kind", kind}}.dump()).status == 200) ++kills_;
-        } catch (const std::exception&) {
-        }
+        } catch (const std::exception&) {}
       }
     });
   }
@@ -291,86 +293,86 @@ compare_result run_compare(const compare_options& o) {
   // Round after round, every contender on a fresh server in turn (interleaved: a drift of the
   // machine's speed falls on all of them alike), each round with new prompt contents.
   for (int32_t round = 0; round < rounds; ++round)
-  for (size_t ci = 0; ci < names.size(); ++ci) {
-    const std::string& mode = names[ci];
-    const bool ours = ci < o.modes.size();
-    const external_server* ext = ours ? nullptr : &o.against[ci - o.modes.size()];
-    std::optional<server_process> srv;
-    if (ours) srv.emplace(server_process::start_tandem(o.tandem_binary, serve_args(o, mode)));
-    else if (!ext->command.empty()) srv.emplace(server_process::start_command(ext->command));
-    serve_options so;
-    so.url = srv ? srv->url() : ext->url;
-    // tandem's WebSocket sends a frame for every token, also one whose text is held back (an
-    // incomplete UTF-8 sequence, a possible stop string); SSE, like OpenAI's, only sends
-    // visible text, which would time a later token as the first. Against another server every
-    // contender is measured over the OpenAI API instead: the same client for all.
-    so.api = o.against.empty() ? "ws" : "openai";
-    so.slos = o.slos;
-    so.seed = o.seed;
-    so.progress = o.progress;
-    const served_info info = query_server(so);
-    so.model = info.model;
-    // One context for every contender: the first one's (a server with parallel slots, as
-    // llama-server -np, may report all of them together), unless given.
-    if (context == 0) context = o.max_context > 0 ? o.max_context : info.context_length;
-    std::vector<trace_entry> base;
-    workload w;
-    if (parse_workload(o.trace, w)) {
-      trace_options t{.kind = w, .requests = o.requests, .rate = 1.0, .seed = o.seed, .max_context = context};
-      base = make_trace(t);
-    } else if (!o.mooncake_file.empty()) {
-      auto m = o.mooncake;
-      m.max_context = context;
-      auto t = load_mooncake_trace(o.mooncake_file, m);
-      if (round == 0) spdlog::info("trace: {}", t.scaling);
-      base = std::move(t.entries);
-    } else {
-      base = load_trace(o.trace);
+    for (size_t ci = 0; ci < names.size(); ++ci) {
+      const std::string& mode = names[ci];
+      const bool ours = ci < o.modes.size();
+      const external_server* ext = ours ? nullptr : &o.against[ci - o.modes.size()];
+      std::optional<server_process> srv;
+      if (ours) srv.emplace(server_process::start_tandem(o.tandem_binary, serve_args(o, mode)));
+      else if (!ext->command.empty()) srv.emplace(server_process::start_command(ext->command));
+      serve_options so;
+      so.url = srv ? srv->url() : ext->url;
+      // tandem's WebSocket sends a frame for every token, also one whose text is held back (an
+      // incomplete UTF-8 sequence, a possible stop string); SSE, like OpenAI's, only sends
+      // visible text, which would time a later token as the first. Against another server every
+      // contender is measured over the OpenAI API instead: the same client for all.
+      so.api = o.against.empty() ? "ws" : "openai";
+      so.slos = o.slos;
+      so.seed = o.seed;
+      so.progress = o.progress;
+      const served_info info = query_server(so);
+      so.model = info.model;
+      // One context for every contender: the first one's (a server with parallel slots, as
+      // llama-server -np, may report all of them together), unless given.
+      if (context == 0) context = o.max_context > 0 ? o.max_context : info.context_length;
+      std::vector<trace_entry> base;
+      workload w;
+      if (parse_workload(o.trace, w)) {
+        trace_options t{.kind = w, .requests = o.requests, .rate = 1.0, .seed = o.seed, .max_context = context};
+        base = make_trace(t);
+      } else if (!o.mooncake_file.empty()) {
+        auto m = o.mooncake;
+        m.max_context = context;
+        auto t = load_mooncake_trace(o.mooncake_file, m);
+        if (round == 0) spdlog::info("trace: {}", t.scaling);
+        base = std::move(t.entries);
+      } else {
+        base = load_trace(o.trace);
+      }
+      {  // warm-up, not measured: the first requests of a fresh server pay page faults and spin-ups
+        serve_options quiet = so;
+        quiet.progress = false;
+        std::vector<trace_entry> warm(base.begin(), base.begin() + std::min<size_t>(base.size(), 4));
+        quiet.seed = o.seed + 0x5eed;  // prompts of its own: the servers' prefix caches must not
+        (void)run_serve_bench(quiet, at_rate(warm, 2.0));  // serve the measured runs' prompts
+      }
+      uint64_t run_index = 0;
+      auto run_at = [&](double rate) {
+        spdlog::info("{}: {} requests at {:.3g} req/s{}", mode, base.size(), rate,
+                     rounds > 1 ? " (round " + std::to_string(round + 1) + " of " + std::to_string(rounds) + ")" : "");
+        // Every rate (and round) replays the same lengths and arrivals with new prompt contents:
+        // replaying the same prompts would measure the prefix cache, not the modes. Contenders
+        // get the same contents at the same rate and round.
+        serve_options run_so = so;
+        run_so.seed = o.seed + 1000 * ++run_index + 1000000 * uint64_t(round);
+        mode_run r{mode, rate, run_serve_bench(run_so, at_rate(base, rate))};
+        const bool ok = r.held = holds(r.report, o);
+        spdlog::info("{} at {:.3g} req/s: goodput {:.3f} req/s, {:.0f}% meet the SLOs{}", mode, rate,
+                     r.report.figures.goodput, 100 * r.report.figures.slo_attainment, ok ? "" : " (missed)");
+        if (ok) best[ci] = std::max(best[ci], rate);
+        (rounds > 1 ? res.round_runs : res.runs).push_back(std::move(r));
+        return ok;
+      };
+      if (!o.rates.empty()) {
+        for (double r : o.rates) run_at(r);
+      } else {
+        // Doubling until the SLOs are missed, then the point halfway to it.
+        double rate = 0.25, missed = 0;
+        for (int i = 0; i < 9; ++i, rate *= 2)
+          if (!run_at(rate)) {
+            missed = rate;
+            break;
+          }
+        if (missed > 0 && best[ci] > 0) run_at(best[ci] * 1.5);
+      }
+      if (o.with_chaos && best[ci] > 0 && ours) {
+        spdlog::info("{}: again at {:.3g} req/s, a worker killed every 3 s", mode, best[ci]);
+        killer k(so.url, mode.rfind("colocated", 0) == 0 ? "colocated" : "random");
+        mode_run r{mode, best[ci], run_serve_bench(so, at_rate(base, best[ci]))};
+        r.report.server["kills"] = k.kills();
+        res.chaos_runs.push_back(std::move(r));
+      }
     }
-    {  // warm-up, not measured: the first requests of a fresh server pay page faults and spin-ups
-      serve_options quiet = so;
-      quiet.progress = false;
-      std::vector<trace_entry> warm(base.begin(), base.begin() + std::min<size_t>(base.size(), 4));
-      quiet.seed = o.seed + 0x5eed;  // prompts of its own: the servers' prefix caches must not
-      (void)run_serve_bench(quiet, at_rate(warm, 2.0));  // serve the measured runs' prompts
-    }
-    uint64_t run_index = 0;
-    auto run_at = [&](double rate) {
-      spdlog::info("{}: {} requests at {:.3g} req/s{}", mode, base.size(), rate,
-                   rounds > 1 ? " (round " + std::to_string(round + 1) + " of " + std::to_string(rounds) + ")" : "");
-      // Every rate (and round) replays the same lengths and arrivals with new prompt contents:
-      // replaying the same prompts would measure the prefix cache, not the modes. Contenders
-      // get the same contents at the same rate and round.
-      serve_options run_so = so;
-      run_so.seed = o.seed + 1000 * ++run_index + 1000000 * uint64_t(round);
-      mode_run r{mode, rate, run_serve_bench(run_so, at_rate(base, rate))};
-      const bool ok = r.held = holds(r.report, o);
-      spdlog::info("{} at {:.3g} req/s: goodput {:.3f} req/s, {:.0f}% meet the SLOs{}", mode, rate, r.report.figures.goodput,
-                   100 * r.report.figures.slo_attainment, ok ? "" : " (missed)");
-      if (ok) best[ci] = std::max(best[ci], rate);
-      (rounds > 1 ? res.round_runs : res.runs).push_back(std::move(r));
-      return ok;
-    };
-    if (!o.rates.empty()) {
-      for (double r : o.rates) run_at(r);
-    } else {
-      // Doubling until the SLOs are missed, then the point halfway to it.
-      double rate = 0.25, missed = 0;
-      for (int i = 0; i < 9; ++i, rate *= 2)
-        if (!run_at(rate)) {
-          missed = rate;
-          break;
-        }
-      if (missed > 0 && best[ci] > 0) run_at(best[ci] * 1.5);
-    }
-    if (o.with_chaos && best[ci] > 0 && ours) {
-      spdlog::info("{}: again at {:.3g} req/s, a worker killed every 3 s", mode, best[ci]);
-      killer k(so.url, mode.rfind("colocated", 0) == 0 ? "colocated" : "random");
-      mode_run r{mode, best[ci], run_serve_bench(so, at_rate(base, best[ci]))};
-      r.report.server["kills"] = k.kills();
-      res.chaos_runs.push_back(std::move(r));
-    }
-  }
   if (rounds > 1) {  // the table: each contender's median at each rate (run_compare's caller gave rates)
     std::fill(best.begin(), best.end(), 0);
     for (size_t ci = 0; ci < names.size(); ++ci)
@@ -402,7 +404,8 @@ bool has_mode(const compare_options& o, const std::string& m) {
 std::string slo_text(const compare_options& o) {
   std::string slos;
   if (o.slos.ttft_s) slos += "TTFT <= " + std::to_string(int(*o.slos.ttft_s * 1e3)) + " ms";
-  if (o.slos.tpot_s) slos += std::string(slos.empty() ? "" : " and ") + "TPOT <= " + std::to_string(int(*o.slos.tpot_s * 1e3)) + " ms";
+  if (o.slos.tpot_s)
+    slos += std::string(slos.empty() ? "" : " and ") + "TPOT <= " + std::to_string(int(*o.slos.tpot_s * 1e3)) + " ms";
   return slos.empty() ? "no SLO" : slos;
 }
 
@@ -422,37 +425,48 @@ std::string modes_verdict(const compare_result& res, const compare_options& o) {
   const std::string slos = slo_text(o);
   char buf[512];
   if (c == 0 && d == 0) {
-    std::snprintf(buf, sizeof buf, "neither mode holds %s for %.0f%% of requests at any rate tried", slos.c_str(), 100 * o.attainment);
+    std::snprintf(buf, sizeof buf, "neither mode holds %s for %.0f%% of requests at any rate tried", slos.c_str(),
+                  100 * o.attainment);
   } else if (c == 0 || d == 0) {
     const bool dis = d > 0;
     double lowest = 1e300;
     for (const auto& m : res.runs)
       if (m.mode == "colocated" || m.mode == "disaggregated") lowest = std::min(lowest, m.rate);
-    std::snprintf(buf, sizeof buf, "%s wins: it holds %s for %.0f%% of requests up to %.3g req/s; %s does not at any rate tried (from %.3g req/s)",
-                  dis ? "disaggregated" : "colocated", slos.c_str(), 100 * o.attainment, dis ? d : c,
-                  dis ? "colocated" : "disaggregated", lowest);
+    std::snprintf(
+        buf, sizeof buf,
+        "%s wins: it holds %s for %.0f%% of requests up to %.3g req/s; %s does not at any rate tried (from %.3g req/s)",
+        dis ? "disaggregated" : "colocated", slos.c_str(), 100 * o.attainment, dis ? d : c,
+        dis ? "colocated" : "disaggregated", lowest);
   } else if (d > c) {
-    std::snprintf(buf, sizeof buf, "disaggregated wins: it holds %s for %.0f%% of requests up to %.3g req/s, colocated up to %.3g req/s (%s)",
-                  slos.c_str(), 100 * o.attainment, d, c, (std::to_string(d / c).substr(0, 4) + "x").c_str());
+    std::snprintf(
+        buf, sizeof buf,
+        "disaggregated wins: it holds %s for %.0f%% of requests up to %.3g req/s, colocated up to %.3g req/s (%s)",
+        slos.c_str(), 100 * o.attainment, d, c, (std::to_string(d / c).substr(0, 4) + "x").c_str());
   } else if (c > d) {
-    std::snprintf(buf, sizeof buf, "colocated wins: it holds %s for %.0f%% of requests up to %.3g req/s, disaggregated up to %.3g req/s (%s)",
-                  slos.c_str(), 100 * o.attainment, c, d, (std::to_string(c / d).substr(0, 4) + "x").c_str());
+    std::snprintf(
+        buf, sizeof buf,
+        "colocated wins: it holds %s for %.0f%% of requests up to %.3g req/s, disaggregated up to %.3g req/s (%s)",
+        slos.c_str(), 100 * o.attainment, c, d, (std::to_string(c / d).substr(0, 4) + "x").c_str());
   } else {
-    std::snprintf(buf, sizeof buf, "a tie: both hold %s for %.0f%% of requests up to %.3g req/s", slos.c_str(), 100 * o.attainment, c);
+    std::snprintf(buf, sizeof buf, "a tie: both hold %s for %.0f%% of requests up to %.3g req/s", slos.c_str(),
+                  100 * o.attainment, c);
   }
   v << buf;
   const double common = res.explained_rate;
-  if (const mode_run *cr = find_run(res, "colocated", common), *dr = find_run(res, "disaggregated", common); cr && dr) {
+  if (const mode_run* cr = find_run(res, "colocated", common), *dr = find_run(res, "disaggregated", common); cr && dr) {
     const auto& cf = cr->report.figures;
     const auto& df = dr->report.figures;
-    const double handoff = dr->report.server.is_object() ? double(dr->report.server.value("handoff_ms_mean", 0.0)) : 0.0;
-    std::snprintf(buf, sizeof buf,
-                  ". Why, at %.3g req/s: colocated decode steps carry prefill chunks, TPOT p90 %.1f ms vs %.1f ms "
-                  "disaggregated (interference %+.1f ms per token); the split costs a KV handoff of %.2f ms per request "
-                  "(%.1f%% of the disaggregated mean TTFT, %.1f ms) and half the cores per phase (TTFT p90 %.1f ms vs %.1f ms colocated)",
-                  common, cf.tpot_s.p90 * 1e3, df.tpot_s.p90 * 1e3, (cf.tpot_s.p90 - df.tpot_s.p90) * 1e3, handoff,
-                  df.ttft_s.mean > 0 ? 100 * handoff / (df.ttft_s.mean * 1e3) : 0.0, df.ttft_s.mean * 1e3, df.ttft_s.p90 * 1e3,
-                  cf.ttft_s.p90 * 1e3);
+    const double handoff =
+        dr->report.server.is_object() ? double(dr->report.server.value("handoff_ms_mean", 0.0)) : 0.0;
+    std::snprintf(
+        buf, sizeof buf,
+        ". Why, at %.3g req/s: colocated decode steps carry prefill chunks, TPOT p90 %.1f ms vs %.1f ms "
+        "disaggregated (interference %+.1f ms per token); the split costs a KV handoff of %.2f ms per request "
+        "(%.1f%% of the disaggregated mean TTFT, %.1f ms) and half the cores per phase (TTFT p90 %.1f ms vs %.1f ms "
+        "colocated)",
+        common, cf.tpot_s.p90 * 1e3, df.tpot_s.p90 * 1e3, (cf.tpot_s.p90 - df.tpot_s.p90) * 1e3, handoff,
+        df.ttft_s.mean > 0 ? 100 * handoff / (df.ttft_s.mean * 1e3) : 0.0, df.ttft_s.mean * 1e3, df.ttft_s.p90 * 1e3,
+        cf.ttft_s.p90 * 1e3);
     v << buf;
   }
   return v.str();
@@ -470,7 +484,9 @@ std::string shared_verdict(const compare_result& res, const compare_options& o) 
   if (other.empty()) {
     std::snprintf(buf, sizeof buf, "shared cores hold %s up to %.3g req/s", slo_text(o).c_str(), s);
   } else {
-    std::snprintf(buf, sizeof buf, "shared cores (disaggregated, each phase computing on the cores the other leaves) hold %s up to %.3g req/s, %s up to %.3g req/s%s",
+    std::snprintf(buf, sizeof buf,
+                  "shared cores (disaggregated, each phase computing on the cores the other leaves) hold %s up to %.3g "
+                  "req/s, %s up to %.3g req/s%s",
                   slo_text(o).c_str(), s, other.c_str(), b, s > 0 && b > 0 ? (" (" + ratio(s, b) + ")").c_str() : "");
   }
   return buf;
@@ -485,10 +501,11 @@ std::string auto_verdict(const compare_result& res, const compare_options& o) {
   for (const std::string m : {"colocated", "colocated-slo", "disaggregated", "shared"})
     if (has_mode(o, m) && res.best_rate(m) > b) b = res.best_rate(m), other = m;
   char buf[512];
-  if (other.empty())
-    std::snprintf(buf, sizeof buf, "auto holds %s up to %.3g req/s", slo_text(o).c_str(), a);
+  if (other.empty()) std::snprintf(buf, sizeof buf, "auto holds %s up to %.3g req/s", slo_text(o).c_str(), a);
   else
-    std::snprintf(buf, sizeof buf, "auto (shared cores, short prompts computed where they decode) holds %s up to %.3g req/s, %s up to %.3g req/s%s",
+    std::snprintf(buf, sizeof buf,
+                  "auto (shared cores, short prompts computed where they decode) holds %s up to %.3g req/s, %s up to "
+                  "%.3g req/s%s",
                   slo_text(o).c_str(), a, other.c_str(), b, a > 0 && b > 0 ? (" (" + ratio(a, b) + ")").c_str() : "");
   return buf;
 }
@@ -515,8 +532,8 @@ std::string against_verdict(const compare_result& r, const compare_options& o) {
     else std::snprintf(theirs, sizeof theirs, "at none of the rates tried");
     char buf[640];
     std::snprintf(buf, sizeof buf, "%sAgainst %s: tandem's best mode (%s) holds %s up to %.3g req/s, %s %s%s",
-                  v.tellp() > 0 ? ". " : "", names[i].c_str(), ours.c_str(), slo_text(o).c_str(), b, names[i].c_str(), theirs,
-                  b > 0 && e > 0 ? (" (" + ratio(b, e) + ")").c_str() : "");
+                  v.tellp() > 0 ? ". " : "", names[i].c_str(), ours.c_str(), slo_text(o).c_str(), b, names[i].c_str(),
+                  theirs, b > 0 && e > 0 ? (" (" + ratio(b, e) + ")").c_str() : "");
     v << buf;
     if (rate > 0) {
       std::snprintf(buf, sizeof buf, "; at %.3g req/s goodput %.3f vs %.3f req/s%s", rate, g_ours, g_ext,
@@ -531,13 +548,18 @@ json compare_result::to_json(const compare_options& o) const {
   json runs_j = json::array(), chaos_j = json::array(), best_j = json::object();
   for (const auto& [n, b] : best) best_j[n] = b;
   for (const auto& r : runs) runs_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
-  for (const auto& r : chaos_runs) chaos_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
+  for (const auto& r : chaos_runs)
+    chaos_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
   json rounds_j = json::array();
-  for (const auto& r : round_runs) rounds_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
+  for (const auto& r : round_runs)
+    rounds_j.push_back({{"mode", r.mode}, {"rate", r.rate}, {"result", r.report.to_json()}});
   json trace = o.trace;
   if (!o.mooncake_file.empty())
-    trace = {{"kind", "mooncake"}, {"file", o.mooncake_file}, {"scale_tokens", o.mooncake.scale_tokens},
-             {"from", o.mooncake.from}, {"count", o.mooncake.count}};
+    trace = {{"kind", "mooncake"},
+             {"file", o.mooncake_file},
+             {"scale_tokens", o.mooncake.scale_tokens},
+             {"from", o.mooncake.from},
+             {"count", o.mooncake.count}};
   return {{"trace", trace},
           {"requests_per_run", o.mooncake_file.empty() ? size_t(o.requests) : o.mooncake.count},
           {"total_threads", o.total_threads},
@@ -563,14 +585,15 @@ void print_compare(const compare_result& r, const compare_options& o) {
   auto row = [w](const mode_run& m, const char* tag) {
     const auto& f = m.report.figures;
     const double handoff = m.report.server.is_object() ? double(m.report.server.value("handoff_ms_mean", 0.0)) : 0.0;
-    std::printf("%-*s %8.3g | %9.3f %9.3f %5.0f%% | %9.1f %9.1f | %9.2f %9.2f | %8.2f%s\n", w, m.mode.c_str(), m.rate, f.goodput,
-                f.request_throughput, 100 * f.slo_attainment, f.ttft_s.p50 * 1e3, f.ttft_s.p90 * 1e3, f.tpot_s.p50 * 1e3,
-                f.tpot_s.p90 * 1e3, handoff, tag);
+    std::printf("%-*s %8.3g | %9.3f %9.3f %5.0f%% | %9.1f %9.1f | %9.2f %9.2f | %8.2f%s\n", w, m.mode.c_str(), m.rate,
+                f.goodput, f.request_throughput, 100 * f.slo_attainment, f.ttft_s.p50 * 1e3, f.ttft_s.p90 * 1e3,
+                f.tpot_s.p50 * 1e3, f.tpot_s.p90 * 1e3, handoff, tag);
   };
   for (const auto& m : r.runs) row(m, "");
   for (const auto& m : r.chaos_runs) row(m, "  (killing a worker every 3 s)");
-  std::printf("(ms; goodput and throughput in req/s; SLO%%: requests meeting the SLOs; target %.0f%%%s)\n", 100 * o.attainment,
-              o.rounds > 1 ? ("; each figure the median of " + std::to_string(o.rounds) + " interleaved rounds").c_str() : "");
+  std::printf(
+      "(ms; goodput and throughput in req/s; SLO%%: requests meeting the SLOs; target %.0f%%%s)\n", 100 * o.attainment,
+      o.rounds > 1 ? ("; each figure the median of " + std::to_string(o.rounds) + " interleaved rounds").c_str() : "");
   if (o.rounds > 1) {  // the spread behind each median
     std::printf("goodput by round:\n");
     for (const auto& m : r.runs) {
@@ -583,10 +606,12 @@ void print_compare(const compare_result& r, const compare_options& o) {
   for (const auto& m : r.chaos_runs) {
     const mode_run* calm = find_run(r, m.mode, m.rate);
     if (!calm) continue;
-    std::printf("chaos, %s: %d kills; goodput %.3f -> %.3f req/s (%.0f%% lost); longest stall of a stream %.0f ms (%.0f ms without kills)\n",
-                m.mode.c_str(), int(m.report.server.value("kills", 0)), calm->report.figures.goodput, m.report.figures.goodput,
-                calm->report.figures.goodput > 0 ? 100 * (1 - m.report.figures.goodput / calm->report.figures.goodput) : 0.0,
-                m.report.figures.itl_s.max * 1e3, calm->report.figures.itl_s.max * 1e3);
+    std::printf(
+        "chaos, %s: %d kills; goodput %.3f -> %.3f req/s (%.0f%% lost); longest stall of a stream %.0f ms (%.0f ms "
+        "without kills)\n",
+        m.mode.c_str(), int(m.report.server.value("kills", 0)), calm->report.figures.goodput, m.report.figures.goodput,
+        calm->report.figures.goodput > 0 ? 100 * (1 - m.report.figures.goodput / calm->report.figures.goodput) : 0.0,
+        m.report.figures.itl_s.max * 1e3, calm->report.figures.itl_s.max * 1e3);
   }
   std::printf("\nverdict: %s\n", r.verdict.c_str());
 }

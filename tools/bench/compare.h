@@ -17,30 +17,30 @@ namespace tandem::bench {
 // A server that is not tandem, on the same trace, rates and client: one already running (url),
 // or one this run starts (command, run by /bin/sh; "{port}" in it is replaced by a free port).
 struct external_server {
-  std::string name;     // in the table and the verdict (default: the command's program, or "external")
+  std::string name;  // in the table and the verdict (default: the command's program, or "external")
   std::string url;
   std::string command;
 };
 
 struct compare_options {
-  std::string tandem_binary;   // the `tandem` to run `serve` with
-  std::string model;           // --model for both servers (empty: the built-in default)
-  std::string trace = "mixed"; // short, long, mixed, a JSON Lines file, or mooncake (mooncake_file)
-  std::string mooncake_file;   // --trace mooncake FILE: a window of it, scaled (its speedup unused: rates are swept)
+  std::string tandem_binary;  // the `tandem` to run `serve` with
+  std::string model;  // --model for both servers (empty: the built-in default)
+  std::string trace = "mixed";  // short, long, mixed, a JSON Lines file, or mooncake (mooncake_file)
+  std::string mooncake_file;  // --trace mooncake FILE: a window of it, scaled (its speedup unused: rates are swept)
   mooncake_options mooncake;
-  int32_t requests = 40;       // per run
-  std::vector<double> rates;   // empty: doubling from 0.25 req/s until both modes miss the SLOs
-  int32_t total_threads = 2;   // colocated: one worker with all; disaggregated, shared: split in two
+  int32_t requests = 40;  // per run
+  std::vector<double> rates;  // empty: doubling from 0.25 req/s until both modes miss the SLOs
+  int32_t total_threads = 2;  // colocated: one worker with all; disaggregated, shared: split in two
   // tandem's modes to run, in this order: colocated, colocated-slo (steps sized to the TPOT SLO),
   // disaggregated (fixed halves of the cores), shared (disaggregated, the cores shared:
   // --share-cores, decode paced under the TPOT SLO), auto (tandem serve's default).
   std::vector<std::string> modes = {"colocated", "disaggregated", "auto"};
   std::vector<external_server> against;  // other servers (all runs then use the OpenAI API)
-  int32_t max_context = 0;     // prompt + output within this (0: what the first server reports)
+  int32_t max_context = 0;  // prompt + output within this (0: what the first server reports)
   slo slos;
   double attainment = 0.9;
   uint64_t seed = 1;
-  bool with_chaos = false;     // repeat each mode's best rate while killing a worker every 3 s
+  bool with_chaos = false;  // repeat each mode's best rate while killing a worker every 3 s
   // Rounds of every contender at every rate, interleaved (round 1 of each, then round 2, ...);
   // the table gives each figure's median over them. More than 1 needs `rates`.
   int32_t rounds = 1;
@@ -56,7 +56,7 @@ struct mode_run {
 };
 
 struct compare_result {
-  std::vector<mode_run> runs;        // one per contender and rate (with rounds: the medians)
+  std::vector<mode_run> runs;  // one per contender and rate (with rounds: the medians)
   std::vector<mode_run> round_runs;  // with rounds > 1: every round's run, in run order
   std::vector<mode_run> chaos_runs;
   // Every contender's highest rate holding the SLOs (0: none), in run order.

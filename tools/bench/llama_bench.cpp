@@ -33,8 +33,7 @@ std::string capture(const std::string& cmd) {
   char buf[4096];
   for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
   const int st = ::pclose(p);
-  if (st != 0)
-    throw failure(errc::io_error, "'" + cmd + "' failed (status " + std::to_string(WEXITSTATUS(st)) + ")");
+  if (st != 0) throw failure(errc::io_error, "'" + cmd + "' failed (status " + std::to_string(WEXITSTATUS(st)) + ")");
   return out;
 }
 
@@ -51,8 +50,7 @@ std::optional<std::string> flattened_link(const fs::path& p) {
 
 llama_bench::llama_bench(const std::string& dir) {
   const fs::path src(dir);
-  if (!fs::is_regular_file(src / "llama-bench"))
-    throw failure(errc::io_error, "no llama-bench in '" + dir + "'");
+  if (!fs::is_regular_file(src / "llama-bench")) throw failure(errc::io_error, "no llama-bench in '" + dir + "'");
   stage_ = (fs::temp_directory_path() / ("tandem-llama-bench-" + std::to_string(::getpid()))).string();
   fs::remove_all(stage_);
   fs::create_directories(stage_);

@@ -109,20 +109,27 @@ int64_t child_process::open_fds() const {
 }
 
 netns_host::netns_host(const std::string& name, const std::string& veth, int subnet)
-    : here("10.213." + std::to_string(subnet) + ".1"), there("10.213." + std::to_string(subnet) + ".2"), name_(name), veth_(veth) {
+    : here("10.213." + std::to_string(subnet) + ".1"),
+      there("10.213." + std::to_string(subnet) + ".2"),
+      name_(name),
+      veth_(veth) {
   ok_ = sh("ip netns add " + name_) && sh("ip link add " + veth_ + "a type veth peer name " + veth_ + "b") &&
         sh("ip link set " + veth_ + "b netns " + name_) && sh("ip addr add " + here + "/30 dev " + veth_ + "a") &&
-        sh("ip link set " + veth_ + "a up") && sh("ip netns exec " + name_ + " ip addr add " + there + "/30 dev " + veth_ + "b") &&
-        sh("ip netns exec " + name_ + " ip link set " + veth_ + "b up") && sh("ip netns exec " + name_ + " ip link set lo up");
+        sh("ip link set " + veth_ + "a up") &&
+        sh("ip netns exec " + name_ + " ip addr add " + there + "/30 dev " + veth_ + "b") &&
+        sh("ip netns exec " + name_ + " ip link set " + veth_ + "b up") &&
+        sh("ip netns exec " + name_ + " ip link set lo up");
 }
 
-netns_host::netns_host(const std::string& name, const std::string& veth, const std::string& bridge, std::string here_addr,
-                       std::string there_addr)
+netns_host::netns_host(const std::string& name, const std::string& veth, const std::string& bridge,
+                       std::string here_addr, std::string there_addr)
     : here(std::move(here_addr)), there(std::move(there_addr)), name_(name), veth_(veth) {
   ok_ = sh("ip netns add " + name_) && sh("ip link add " + veth_ + "a type veth peer name " + veth_ + "b") &&
         sh("ip link set " + veth_ + "b netns " + name_) && sh("ip link set " + veth_ + "a master " + bridge) &&
-        sh("ip link set " + veth_ + "a up") && sh("ip netns exec " + name_ + " ip addr add " + there + "/24 dev " + veth_ + "b") &&
-        sh("ip netns exec " + name_ + " ip link set " + veth_ + "b up") && sh("ip netns exec " + name_ + " ip link set lo up");
+        sh("ip link set " + veth_ + "a up") &&
+        sh("ip netns exec " + name_ + " ip addr add " + there + "/24 dev " + veth_ + "b") &&
+        sh("ip netns exec " + name_ + " ip link set " + veth_ + "b up") &&
+        sh("ip netns exec " + name_ + " ip link set lo up");
 }
 
 netns_host::~netns_host() {
@@ -149,8 +156,8 @@ bool run_sh(const std::string& cmd, std::string& why) {
 
 netns_lan::netns_lan(const std::string& bridge, int subnet)
     : bridge_(bridge), here_("10.213." + std::to_string(subnet) + ".1"), subnet_(subnet) {
-  ok_ = run_sh("ip link add " + bridge_ + " type bridge", why_) && run_sh("ip addr add " + here_ + "/24 dev " + bridge_, why_) &&
-        run_sh("ip link set " + bridge_ + " up", why_);
+  ok_ = run_sh("ip link add " + bridge_ + " type bridge", why_) &&
+        run_sh("ip addr add " + here_ + "/24 dev " + bridge_, why_) && run_sh("ip link set " + bridge_ + " up", why_);
 }
 
 netns_lan::~netns_lan() {
@@ -159,7 +166,8 @@ netns_lan::~netns_lan() {
 }
 
 std::unique_ptr<netns_host> netns_lan::add(const std::string& name, const std::string& veth, int k) {
-  return std::make_unique<netns_host>(name, veth, bridge_, here_, "10.213." + std::to_string(subnet_) + "." + std::to_string(10 + k));
+  return std::make_unique<netns_host>(name, veth, bridge_, here_,
+                                      "10.213." + std::to_string(subnet_) + "." + std::to_string(10 + k));
 }
 
 uint16_t free_port() {
@@ -170,7 +178,8 @@ uint16_t free_port() {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof a;
   uint16_t port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
     port = ntohs(a.sin_port);
   ::close(fd);
   return port;

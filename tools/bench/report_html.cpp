@@ -50,7 +50,8 @@ std::string chart(const std::string& title, const std::string& xlabel, const std
   auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
   auto py = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
   std::ostringstream o;
-  o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' font-size='11'>";
+  o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
+    << "' font-family='sans-serif' font-size='11'>";
   o << "<text x='" << W / 2 << "' y='18' text-anchor='middle' font-size='13'>" << esc(title) << "</text>";
   o << "<line x1='" << L << "' y1='" << H - B << "' x2='" << W - R << "' y2='" << H - B << "' stroke='#333'/>";
   o << "<line x1='" << L << "' y1='" << T << "' x2='" << L << "' y2='" << H - B << "' stroke='#333'/>";
@@ -61,7 +62,8 @@ std::string chart(const std::string& title, const std::string& xlabel, const std
     o << "<line x1='" << L << "' y1='" << py(yv) << "' x2='" << W - R << "' y2='" << py(yv) << "' stroke='#eee'/>";
   }
   o << "<text x='" << (L + W - R) / 2 << "' y='" << H - 8 << "' text-anchor='middle'>" << esc(xlabel) << "</text>";
-  o << "<text transform='translate(14," << (T + H - B) / 2 << ") rotate(-90)' text-anchor='middle'>" << esc(ylabel) << "</text>";
+  o << "<text transform='translate(14," << (T + H - B) / 2 << ") rotate(-90)' text-anchor='middle'>" << esc(ylabel)
+    << "</text>";
   int li = 0;
   for (const auto& s : all) {
     o << "<polyline fill='none' stroke='" << s.color << "' stroke-width='2' points='";
@@ -75,7 +77,8 @@ std::string chart(const std::string& title, const std::string& xlabel, const std
     }
     o << "'/>";
     if (!steps)
-      for (auto [x, y] : s.points) o << "<circle cx='" << px(x) << "' cy='" << py(y) << "' r='3' fill='" << s.color << "'/>";
+      for (auto [x, y] : s.points)
+        o << "<circle cx='" << px(x) << "' cy='" << py(y) << "' r='3' fill='" << s.color << "'/>";
     o << "<rect x='" << L + 10 << "' y='" << T + 5 + 16 * li << "' width='12' height='3' fill='" << s.color << "'/>";
     o << "<text x='" << L + 27 << "' y='" << T + 10 + 16 * li << "'>" << esc(s.label) << "</text>";
     ++li;
@@ -128,10 +131,11 @@ std::string html_report(const compare_result& r, const compare_options& o) {
   h << "<h1>" << esc(title) << ": " << esc(o.trace) << " trace</h1>";
   h << "<p class='v'><b>Verdict.</b> " << esc(r.verdict) << "</p>";
   h << "<p>" << o.requests << " requests per run; " << o.total_threads
-    << " threads in all (colocated: one worker with all of them; disaggregated: a prefill and a decode worker with half each; "
+    << " threads in all (colocated: one worker with all of them; disaggregated: a prefill and a decode worker with "
+       "half each; "
        "shared: those two workers, each keeping its half while busy and computing on the other's while it is idle); "
-    << (o.against.empty() ? "tandem's WebSocket client" : "the OpenAI API (SSE) for every server") << "; SLO attainment target "
-    << 100 * o.attainment << "%.</p>";
+    << (o.against.empty() ? "tandem's WebSocket client" : "the OpenAI API (SSE) for every server")
+    << "; SLO attainment target " << 100 * o.attainment << "%.</p>";
   h << chart("Goodput vs offered rate", "offered rate (req/s)", "goodput (req/s meeting the SLOs)", good, false);
   if (common > 0) {
     h << "<br>" << chart("TTFT CDF at " + fmt(common) + " req/s", "TTFT (ms)", "fraction of requests", ttft, true);
@@ -143,9 +147,10 @@ std::string html_report(const compare_result& r, const compare_options& o) {
     const auto& f = m.report.figures;
     const double handoff = m.report.server.is_object() ? double(m.report.server.value("handoff_ms_mean", 0.0)) : 0.0;
     h << "<tr><td>" << m.mode << tag << "</td><td>" << fmt(m.rate) << "</td><td>" << fmt(f.goodput) << "</td><td>"
-      << fmt(f.request_throughput) << "</td><td>" << fmt(100 * f.slo_attainment) << "</td><td>" << fmt(f.ttft_s.p50 * 1e3)
-      << "</td><td>" << fmt(f.ttft_s.p90 * 1e3) << "</td><td>" << fmt(f.tpot_s.p50 * 1e3) << "</td><td>"
-      << fmt(f.tpot_s.p90 * 1e3) << "</td><td>" << fmt(handoff) << "</td><td>" << f.failed << "</td></tr>";
+      << fmt(f.request_throughput) << "</td><td>" << fmt(100 * f.slo_attainment) << "</td><td>"
+      << fmt(f.ttft_s.p50 * 1e3) << "</td><td>" << fmt(f.ttft_s.p90 * 1e3) << "</td><td>" << fmt(f.tpot_s.p50 * 1e3)
+      << "</td><td>" << fmt(f.tpot_s.p90 * 1e3) << "</td><td>" << fmt(handoff) << "</td><td>" << f.failed
+      << "</td></tr>";
   };
   for (const auto& m : r.runs) row(m, "");
   for (const auto& m : r.chaos_runs) row(m, " (chaos)");

@@ -47,8 +47,7 @@ std::map<std::string, double> scrape(const endpoint& ep) {
     if (name_end == std::string::npos || value_at == std::string::npos || value_at + 1 >= line.size()) continue;
     try {
       out[line.substr(0, name_end)] += std::stod(line.substr(value_at + 1));
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
   }
   return out;
 }
@@ -151,8 +150,9 @@ std::vector<size_t> previous_turns(const std::vector<trace_entry>& trace) {
     const auto it = last.find(e.conversation);
     if (e.turn > 0) {
       if (it == last.end() || trace[it->second].turn != e.turn - 1)
-        throw std::invalid_argument("conversation " + std::to_string(e.conversation) + ": turn " + std::to_string(e.turn) +
-                                    " does not follow turn " + std::to_string(e.turn - 1) + " in the trace");
+        throw std::invalid_argument("conversation " + std::to_string(e.conversation) + ": turn " +
+                                    std::to_string(e.turn) + " does not follow turn " + std::to_string(e.turn - 1) +
+                                    " in the trace");
       if (!e.prompt_text.empty()) throw std::invalid_argument("a conversation's turns need token-id prompts, not text");
       prev[i] = it->second;
     }
@@ -171,8 +171,8 @@ class progress_bar {
     last_tenth_ = tenth;
     const int width = 30, filled = int(double(width) * double(done) / double(total_));
     std::fprintf(stderr, "%s[%.*s%.*s] %zu/%zu done, %zu failed, %zu in flight, %.1f s%s", tty_ ? "\r" : "", filled,
-                 "##############################", width - filled, "..............................", done, total_, failed,
-                 inflight, elapsed, tty_ && !last ? "" : "\n");
+                 "##############################", width - filled, "..............................", done, total_,
+                 failed, inflight, elapsed, tty_ && !last ? "" : "\n");
     std::fflush(stderr);
   }
 
@@ -194,8 +194,8 @@ std::vector<int32_t> synthetic_prompt(const trace_entry& e, size_t index, const 
     std::vector<int32_t> p;
     p.reserve(total);
     for (size_t k = 0; k < e.block_ids.size() && p.size() < total; ++k)
-      append_tokens(p, std::min(size_t(std::max(1, e.block_tokens)), total - p.size()), block_stream(o.seed, e.block_ids[k]),
-                    o.vocab);
+      append_tokens(p, std::min(size_t(std::max(1, e.block_tokens)), total - p.size()),
+                    block_stream(o.seed, e.block_ids[k]), o.vocab);
     append_tokens(p, total - p.size(), request_stream(o.seed, index), o.vocab);  // (ids that fall short: its own)
     return p;
   }
@@ -207,8 +207,9 @@ std::vector<int32_t> synthetic_prompt(const trace_entry& e, size_t index, const 
   return p;
 }
 
-std::vector<int32_t> next_turn_prompt(const std::vector<int32_t>& previous_prompt, const std::vector<int32_t>& previous_output,
-                                      const trace_entry& e, size_t index, const serve_options& o) {
+std::vector<int32_t> next_turn_prompt(const std::vector<int32_t>& previous_prompt,
+                                      const std::vector<int32_t>& previous_output, const trace_entry& e, size_t index,
+                                      const serve_options& o) {
   std::vector<int32_t> p;
   p.reserve(previous_prompt.size() + previous_output.size() + size_t(std::max(0, e.new_tokens)));
   p.insert(p.end(), previous_prompt.begin(), previous_prompt.end());
@@ -221,7 +222,8 @@ served_info query_server(const serve_options& o) {
   served_info s;
   const endpoint ep = parse_url(o.url);
   const http_reply r = http_call(ep, "GET", "/v1/models", o.api_key);
-  if (r.status != 200) throw std::runtime_error("GET /v1/models: HTTP " + std::to_string(r.status) + " " + r.body.substr(0, 200));
+  if (r.status != 200)
+    throw std::runtime_error("GET /v1/models: HTTP " + std::to_string(r.status) + " " + r.body.substr(0, 200));
   const json j = json::parse(r.body, nullptr, false);
   if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty())
     throw std::runtime_error("GET /v1/models: no model listed");
@@ -243,7 +245,8 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
     if (p != no_turn) needed[p] = 1;
   if (o.api != "ws" && std::find(needed.begin(), needed.end(), 1) != needed.end())
     throw std::invalid_argument(
-        "multiturn needs --api ws: the OpenAI streaming API returns text, not token ids, and a turn's prompt must carry "
+        "multiturn needs --api ws: the OpenAI streaming API returns text, not token ids, and a turn's prompt must "
+        "carry "
         "the exact tokens the previous turn produced");
   std::vector<stream_request> reqs(n);
   for (size_t i = 0; i < n; ++i) {
@@ -281,7 +284,8 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
     out.e2e_s = r.e2e_s;
     out.prompt_tokens = r.prompt_tokens > 0 ? r.prompt_tokens : int32_t(reqs[i].prompt_tokens.size());
     out.output_tokens = r.output_tokens;
-    for (size_t k = 1; k < r.token_times_s.size(); ++k) out.itl_s.push_back(r.token_times_s[k] - r.token_times_s[k - 1]);
+    for (size_t k = 1; k < r.token_times_s.size(); ++k)
+      out.itl_s.push_back(r.token_times_s[k] - r.token_times_s[k - 1]);
     std::lock_guard<std::mutex> lk(mu);
     if (needed[i]) outputs[i] = std::move(r.output_token_ids);
     --inflight;
@@ -314,8 +318,7 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
             std::lock_guard<std::mutex> lk(mu);
             ++rep.arrivals_late;
           }
-          record(i, send_s,
-                 openai_stream(ep, o.api_key, reqs[i], std::chrono::seconds(int64_t(o.request_timeout_s))));
+          record(i, send_s, openai_stream(ep, o.api_key, reqs[i], std::chrono::seconds(int64_t(o.request_timeout_s))));
         }
       });
   }
@@ -325,7 +328,7 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
   };
   // Entries go out at their arrival; a later turn of a conversation at max(its arrival, the
   // end of the turn before), which makes a conversation a closed loop.
-  size_t next = 0;              // the next entry to arrive
+  size_t next = 0;  // the next entry to arrive
   std::vector<size_t> waiting;  // arrived, waiting for the previous turn, in arrival order
   {
     std::unique_lock<std::mutex> lk(mu);
@@ -393,7 +396,10 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
       const double c = diff(h + "_count");
       return c > 0 ? 1000.0 * diff(h + "_sum") / c : 0.0;
     };
-    auto value = [&](const std::string& k) { auto a = after.find(k); return a != after.end() ? a->second : 0.0; };
+    auto value = [&](const std::string& k) {
+      auto a = after.find(k);
+      return a != after.end() ? a->second : 0.0;
+    };
     const double one_copy = value("tandem_model_weight_bytes");
     // The prefix cache's counters, null where the server does not export them (another server,
     // or a tandem without the cache): "not reported", never a made-up 0.
@@ -406,7 +412,8 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
         {"kv_transfers", diff("tandem_kv_link_transfers_total")},
         {"kv_transfer_ms_mean", mean_ms("tandem_request_kv_transfer_seconds")},
         {"handoff_ms_mean", mean_ms("tandem_request_handoff_seconds")},
-        {"queue_wait_ms_mean", mean_ms("tandem_request_queue_prefill_seconds") + mean_ms("tandem_request_queue_decode_seconds")},
+        {"queue_wait_ms_mean",
+         mean_ms("tandem_request_queue_prefill_seconds") + mean_ms("tandem_request_queue_decode_seconds")},
         {"output_tokens", diff("tandem_output_tokens_total")},
         {"prompt_tokens", prompt},
         {"prefix_cache_hit_tokens", hit},
@@ -434,10 +441,11 @@ serve_report run_serve_bench(const serve_options& o, const std::vector<trace_ent
       if (d < 0) d += rapl0->counters[k].second;  // the counter wrapped
       joules += d / 1e6;
     }
-    rep.energy["cpu"] = {{"source", "RAPL (CPU packages, the whole machine)"},
-                  {"joules", joules},
-                  {"watts", joules / duration},
-                  {"joules_per_output_token", rep.figures.output_tokens > 0 ? joules / double(rep.figures.output_tokens) : 0.0}};
+    rep.energy["cpu"] = {
+        {"source", "RAPL (CPU packages, the whole machine)"},
+        {"joules", joules},
+        {"watts", joules / duration},
+        {"joules_per_output_token", rep.figures.output_tokens > 0 ? joules / double(rep.figures.output_tokens) : 0.0}};
   } else {
     rep.energy = {{"cpu", "not available (no readable RAPL counters under /sys/class/powercap)"}};
   }
@@ -482,8 +490,10 @@ void print_report(const serve_report& r, const serve_options& o) {
     std::printf("%-28s %12lld (--max-concurrency %d was reached)\n", "arrivals sent late", (long long)r.arrivals_late,
                 o.max_concurrency);
   std::printf("%-28s %12.3f req/s\n", "request throughput", f.request_throughput);
-  std::printf("%-28s %12.1f tok/s (%lld tokens)\n", "prompt throughput", f.prompt_tokens_per_s, (long long)f.prompt_tokens);
-  std::printf("%-28s %12.1f tok/s (%lld tokens)\n", "output throughput", f.output_tokens_per_s, (long long)f.output_tokens);
+  std::printf("%-28s %12.1f tok/s (%lld tokens)\n", "prompt throughput", f.prompt_tokens_per_s,
+              (long long)f.prompt_tokens);
+  std::printf("%-28s %12.1f tok/s (%lld tokens)\n", "output throughput", f.output_tokens_per_s,
+              (long long)f.output_tokens);
   if (r.trace_shared_share > 0)  // what the trace offers a prefix cache: the hit ratio's ceiling
     std::printf("%-28s %11.1f%% of prompt tokens (trace)\n", "shared prefix", 100.0 * r.trace_shared_share);
   std::printf("\n%-10s %10s %10s %10s %10s %10s   (ms)\n", "", "mean", "p50", "p90", "p99", "max");
@@ -509,8 +519,8 @@ void print_report(const serve_report& r, const serve_options& o) {
       std::printf("%-28s %12.0f prompts computed by their decode worker (no KV link)\n", "local prefill",
                   double(s["local_prefills"]));
     std::printf("%-28s %12.2f ms mean (prefill + decode queues)\n", "queue wait", double(s["queue_wait_ms_mean"]));
-    std::printf("%-28s %12.1f MB per worker, duplication factor %.2f\n", "weights", double(s["weight_bytes_per_worker"]) / 1e6,
-                double(s["weight_duplication_factor"]));
+    std::printf("%-28s %12.1f MB per worker, duplication factor %.2f\n", "weights",
+                double(s["weight_bytes_per_worker"]) / 1e6, double(s["weight_duplication_factor"]));
     auto count_or_not = [&](const char* label, const json& v) {
       if (v.is_number()) std::printf("%-28s %12.0f tokens\n", label, double(v));
       else std::printf("%-28s %12s\n", label, "not reported");
@@ -518,8 +528,7 @@ void print_report(const serve_report& r, const serve_options& o) {
     count_or_not("prefix-cache hit tokens", s["prefix_cache_hit_tokens"]);
     if (s["prefix_cache_hit_ratio"].is_number())
       std::printf("%-28s %11.1f%% of prompt tokens\n", "hit ratio", 100.0 * double(s["prefix_cache_hit_ratio"]));
-    else
-      std::printf("%-28s %12s\n", "hit ratio", "not reported");
+    else std::printf("%-28s %12s\n", "hit ratio", "not reported");
     count_or_not("prompt tokens computed", s["prompt_tokens_computed"]);
   } else {
     std::printf("%-28s %s\n", "server metrics", std::string(r.server).c_str());
@@ -527,10 +536,8 @@ void print_report(const serve_report& r, const serve_options& o) {
   for (const char* part : {"cpu", "gpu"}) {
     const auto& e = r.energy[part];
     const std::string label = std::string("energy, ") + part;
-    if (e.is_object())
-      std::printf("%-28s %12.1f J, %.1f W\n", label.c_str(), double(e["joules"]), double(e["watts"]));
-    else
-      std::printf("%-28s %s\n", label.c_str(), std::string(e).c_str());
+    if (e.is_object()) std::printf("%-28s %12.1f J, %.1f W\n", label.c_str(), double(e["joules"]), double(e["watts"]));
+    else std::printf("%-28s %s\n", label.c_str(), std::string(e).c_str());
   }
 }
 

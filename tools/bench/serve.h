@@ -20,9 +20,9 @@ namespace tandem::bench {
 struct serve_options {
   std::string url = "http://127.0.0.1:8080";
   std::string api = "openai";  // openai | ws
-  std::string model;           // OpenAI model id; empty: the first /v1/models lists
+  std::string model;  // OpenAI model id; empty: the first /v1/models lists
   std::string api_key;
-  int32_t vocab = 256;         // synthetic prompts draw token ids from [3, 3 + vocab)
+  int32_t vocab = 256;  // synthetic prompts draw token ids from [3, 3 + vocab)
   int32_t max_concurrency = 256;
   double request_timeout_s = 600;
   slo slos;
@@ -34,10 +34,10 @@ struct serve_report {
   run_figures figures;
   std::vector<request_outcome> outcomes;
   std::map<std::string, int64_t> errors;  // first words of each error, counted
-  nlohmann::json server;                  // from /metrics: KV moved, transfer, queue, weights
-  nlohmann::json energy;                  // RAPL joules and watts, or "not available"
-  int64_t arrivals_late = 0;              // sends delayed past their arrival by the concurrency cap
-  double trace_shared_share = 0;          // shared_prefix_share of the trace run: the cache's best case
+  nlohmann::json server;  // from /metrics: KV moved, transfer, queue, weights
+  nlohmann::json energy;  // RAPL joules and watts, or "not available"
+  int64_t arrivals_late = 0;  // sends delayed past their arrival by the concurrency cap
+  double trace_shared_share = 0;  // shared_prefix_share of the trace run: the cache's best case
   nlohmann::json to_json() const;
 };
 
@@ -54,8 +54,9 @@ served_info query_server(const serve_options& o);
 std::vector<int32_t> synthetic_prompt(const trace_entry& e, size_t index, const serve_options& o);
 // Turn k > 0 of a conversation (entry `index`): turn k-1's prompt, the token ids it produced,
 // then e.new_tokens ids of its own from (seed, index).
-std::vector<int32_t> next_turn_prompt(const std::vector<int32_t>& previous_prompt, const std::vector<int32_t>& previous_output,
-                                      const trace_entry& e, size_t index, const serve_options& o);
+std::vector<int32_t> next_turn_prompt(const std::vector<int32_t>& previous_prompt,
+                                      const std::vector<int32_t>& previous_output, const trace_entry& e, size_t index,
+                                      const serve_options& o);
 
 // Runs the trace: each entry sent at its arrival, a conversation's turn k not before turn k-1
 // has finished (its prompt is built then; a failed turn fails the rest of its conversation

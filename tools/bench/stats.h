@@ -35,8 +35,8 @@ struct slo {
 };
 
 struct request_outcome {
-  bool ok = false;            // finished (not an error, not lost)
-  double send_s = 0;          // when it was sent, from the start of the run
+  bool ok = false;  // finished (not an error, not lost)
+  double send_s = 0;  // when it was sent, from the start of the run
   double ttft_s = 0;
   double e2e_s = 0;
   int32_t prompt_tokens = 0;
@@ -57,7 +57,7 @@ struct run_figures {
   double prompt_tokens_per_s = 0, output_tokens_per_s = 0;
   summary ttft_s, tpot_s, itl_s, e2e_s;
   double slo_attainment = 0;  // fraction of sent requests that meet the SLOs
-  double goodput = 0;         // requests / s that meet the SLOs
+  double goodput = 0;  // requests / s that meet the SLOs
 };
 
 // `duration_s`: from the first send to the last completion (> 0).

@@ -108,7 +108,8 @@ std::vector<trace_entry> make_shared_prefix(const trace_options& o, rng& r, cons
     out_lo = std::min(out_lo, out_hi);
     const int64_t budget = int64_t(o.max_context) - out_hi - 1;  // prompt tokens that always fit
     if (budget < 2)
-      throw std::invalid_argument("a context of " + std::to_string(o.max_context) + " tokens is too small for a system-prompt trace");
+      throw std::invalid_argument("a context of " + std::to_string(o.max_context) +
+                                  " tokens is too small for a system-prompt trace");
     std::vector<int32_t> parts = {prefix, suffix_hi};
     fit_within(parts, budget);
     if (parts[1] < suffix_hi) suffix_lo = std::max(1, int32_t(int64_t(suffix_lo) * parts[1] / suffix_hi));
@@ -226,14 +227,14 @@ std::vector<trace_entry> load_trace(const std::string& path) {
     e.arrival_s = j["arrival_s"].get<double>();
     if (j.contains("prompt") && j["prompt"].is_string() && !j["prompt"].get<std::string>().empty()) {
       e.prompt_text = j["prompt"].get<std::string>();
-    } else if (j.contains("prompt_tokens") && j["prompt_tokens"].is_number_integer() && j["prompt_tokens"].get<int64_t>() > 0 &&
-               j["prompt_tokens"].get<int64_t>() < too_big) {
+    } else if (j.contains("prompt_tokens") && j["prompt_tokens"].is_number_integer() &&
+               j["prompt_tokens"].get<int64_t>() > 0 && j["prompt_tokens"].get<int64_t>() < too_big) {
       e.prompt_tokens = int32_t(j["prompt_tokens"].get<int64_t>());
     } else {
       throw std::runtime_error(where("'prompt' (text) or 'prompt_tokens' (a positive integer) is required"));
     }
-    if (!j.contains("output_tokens") || !j["output_tokens"].is_number_integer() || j["output_tokens"].get<int64_t>() < 1 ||
-        j["output_tokens"].get<int64_t>() >= too_big)
+    if (!j.contains("output_tokens") || !j["output_tokens"].is_number_integer() ||
+        j["output_tokens"].get<int64_t>() < 1 || j["output_tokens"].get<int64_t>() >= too_big)
       throw std::runtime_error(where("'output_tokens' (a positive integer) is required"));
     e.output_tokens = int32_t(j["output_tokens"].get<int64_t>());
     // The optional prefix-cache keys: absent (or null) keeps the default. Shared prefixes and
@@ -241,7 +242,9 @@ std::vector<trace_entry> load_trace(const std::string& path) {
     if (!e.prompt_text.empty())
       for (const char* key : {"prefix_group", "prefix_tokens", "conversation", "turn", "new_tokens"})
         if (j.contains(key) && !j[key].is_null())
-          throw std::runtime_error(where("'" + std::string(key) + "' needs 'prompt_tokens', not 'prompt' text (shared prefixes and conversations are token ids)"));
+          throw std::runtime_error(
+              where("'" + std::string(key) +
+                    "' needs 'prompt_tokens', not 'prompt' text (shared prefixes and conversations are token ids)"));
     auto optional_int = [&](const char* key, int64_t lo, int64_t hi, int32_t& to) {
       if (!j.contains(key) || j[key].is_null()) return false;
       const auto& v = j[key];
@@ -257,27 +260,32 @@ std::vector<trace_entry> load_trace(const std::string& path) {
     const bool turn = optional_int("turn", 0, too_big, e.turn);
     const bool fresh = optional_int("new_tokens", 1, std::max(1, e.prompt_tokens), e.new_tokens);
     if (group != prefix) throw std::runtime_error(where("'prefix_group' and 'prefix_tokens' go together"));
-    if ((turn || fresh) && !conversation) throw std::runtime_error(where("'turn' and 'new_tokens' need 'conversation'"));
+    if ((turn || fresh) && !conversation)
+      throw std::runtime_error(where("'turn' and 'new_tokens' need 'conversation'"));
     if (conversation) {
       if (e.turn == 0 && fresh && e.new_tokens != e.prompt_tokens)
         throw std::runtime_error(where("turn 0's 'new_tokens' must equal 'prompt_tokens' (its whole prompt is new)"));
       if (e.turn == 0) e.new_tokens = e.prompt_tokens;
       if (e.turn > 0 && !fresh) throw std::runtime_error(where("a turn after the first needs 'new_tokens'"));
-      if (e.turn > 0 && group) throw std::runtime_error(where("'prefix_group' belongs on turn 0 (later turns start with its prompt)"));
+      if (e.turn > 0 && group)
+        throw std::runtime_error(where("'prefix_group' belongs on turn 0 (later turns start with its prompt)"));
     }
     // A block-structured prompt (as a Mooncake replay saves it): its ids must cover it exactly.
     const bool block_tokens = optional_int("block_tokens", 1, 1 << 20, e.block_tokens);
     if (j.contains("block_ids") && !j["block_ids"].is_null()) {
       if (!block_tokens || !e.prompt_text.empty() || group || conversation)
-        throw std::runtime_error(where("'block_ids' go with 'block_tokens' and 'prompt_tokens', without prefix groups or conversations"));
+        throw std::runtime_error(
+            where("'block_ids' go with 'block_tokens' and 'prompt_tokens', without prefix groups or conversations"));
       if (!j["block_ids"].is_array()) throw std::runtime_error(where("'block_ids' must be an array"));
       for (const auto& id : j["block_ids"]) {
-        if (!id.is_number_integer() || id.get<int64_t>() < 0) throw std::runtime_error(where("'block_ids' holds non-negative integers"));
+        if (!id.is_number_integer() || id.get<int64_t>() < 0)
+          throw std::runtime_error(where("'block_ids' holds non-negative integers"));
         e.block_ids.push_back(id.get<int64_t>());
       }
       const int64_t n_blocks = int64_t(e.block_ids.size());
       if (e.prompt_tokens > n_blocks * e.block_tokens || e.prompt_tokens <= (n_blocks - 1) * e.block_tokens)
-        throw std::runtime_error(where("'prompt_tokens' must fill its 'block_ids' of 'block_tokens' each (the last one partly)"));
+        throw std::runtime_error(
+            where("'prompt_tokens' must fill its 'block_ids' of 'block_tokens' each (the last one partly)"));
     } else if (block_tokens) {
       throw std::runtime_error(where("'block_tokens' needs 'block_ids'"));
     }
@@ -294,14 +302,17 @@ std::vector<trace_entry> load_trace(const std::string& path) {
     const auto it = last.find(e.conversation);
     const int32_t expected = it == last.end() ? 0 : t[it->second].turn + 1;
     if (e.turn != expected)
-      throw std::runtime_error(where_at(lines[i], "conversation " + std::to_string(e.conversation) + ": turn " + std::to_string(e.turn) +
-                                                      " where turn " + std::to_string(expected) +
+      throw std::runtime_error(where_at(lines[i], "conversation " + std::to_string(e.conversation) + ": turn " +
+                                                      std::to_string(e.turn) + " where turn " +
+                                                      std::to_string(expected) +
                                                       " comes next by arrival (each turn follows the one before)"));
     if (e.turn > 0) {
       const auto& p = t[it->second];
       if (int64_t(p.prompt_tokens) + p.output_tokens + e.new_tokens != e.prompt_tokens)
-        throw std::runtime_error(where_at(lines[i], "'prompt_tokens' must be turn " + std::to_string(p.turn) + "'s prompt_tokens + output_tokens + this turn's new_tokens (" +
-                                                        std::to_string(int64_t(p.prompt_tokens) + p.output_tokens + e.new_tokens) + ")"));
+        throw std::runtime_error(
+            where_at(lines[i], "'prompt_tokens' must be turn " + std::to_string(p.turn) +
+                                   "'s prompt_tokens + output_tokens + this turn's new_tokens (" +
+                                   std::to_string(int64_t(p.prompt_tokens) + p.output_tokens + e.new_tokens) + ")"));
     }
     last[e.conversation] = i;
   }
@@ -351,22 +362,25 @@ mooncake_trace load_mooncake_trace(const std::string& path, const mooncake_optio
     const auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw std::runtime_error(where("not a JSON object"));
     auto integer = [&](const char* key, int64_t lo) {
-      if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < lo || j[key].get<int64_t>() > (int64_t(1) << 40))
+      if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < lo ||
+          j[key].get<int64_t>() > (int64_t(1) << 40))
         throw std::runtime_error(where("'" + std::string(key) + "' must be an integer >= " + std::to_string(lo)));
       return j[key].get<int64_t>();
     };
-    const int64_t ts = integer("timestamp", 0), input = integer("input_length", 1), output = integer("output_length", 1);
+    const int64_t ts = integer("timestamp", 0), input = integer("input_length", 1),
+                  output = integer("output_length", 1);
     if (!j.contains("hash_ids") || !j["hash_ids"].is_array() || j["hash_ids"].empty())
       throw std::runtime_error(where("'hash_ids' must be a non-empty array (one id per 512-token block)"));
     trace_entry e;
     for (const auto& id : j["hash_ids"]) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0) throw std::runtime_error(where("'hash_ids' holds non-negative integers"));
+      if (!id.is_number_integer() || id.get<int64_t>() < 0)
+        throw std::runtime_error(where("'hash_ids' holds non-negative integers"));
       e.block_ids.push_back(id.get<int64_t>());
     }
     const int64_t blocks = int64_t(e.block_ids.size());
     if (input > blocks * mooncake_block || input <= (blocks - 1) * mooncake_block)
-      throw std::runtime_error(where("'input_length' " + std::to_string(input) + " does not fit " + std::to_string(blocks) +
-                                     " blocks of 512 tokens"));
+      throw std::runtime_error(where("'input_length' " + std::to_string(input) + " does not fit " +
+                                     std::to_string(blocks) + " blocks of 512 tokens"));
     if (out.entries.empty()) first_ms = double(ts);
     e.arrival_s = (double(ts) - first_ms) / 1000.0 / o.speedup;
     e.block_tokens = block;
@@ -388,10 +402,11 @@ mooncake_trace load_mooncake_trace(const std::string& path, const mooncake_optio
   if (!out.entries.empty())  // (timestamps out of order in the file: the earliest is time 0)
     for (double t0 = out.entries.front().arrival_s; auto& e : out.entries) e.arrival_s -= t0;
   char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "Mooncake trace entries %zu..%zu of %zu; lengths and 512-token blocks / %d (%d-token blocks); time / %g%s",
-                o.from, o.from + out.entries.size(), out.file_entries, o.scale_tokens, block, o.speedup,
-                out.trimmed ? (", " + std::to_string(out.trimmed) + " shortened to the context").c_str() : "");
+  std::snprintf(
+      buf, sizeof buf,
+      "Mooncake trace entries %zu..%zu of %zu; lengths and 512-token blocks / %d (%d-token blocks); time / %g%s",
+      o.from, o.from + out.entries.size(), out.file_entries, o.scale_tokens, block, o.speedup,
+      out.trimmed ? (", " + std::to_string(out.trimmed) + " shortened to the context").c_str() : "");
   out.scaling = buf;
   return out;
 }

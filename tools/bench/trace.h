@@ -25,8 +25,8 @@ struct trace_entry {
   int32_t prefix_group = -1;  // >= 0: the prompt starts with this group's shared tokens
   int32_t prefix_tokens = 0;  // how many (<= prompt_tokens)
   int32_t conversation = -1;  // >= 0: a turn of this conversation, sent once the previous turn finished
-  int32_t turn = 0;           // 0, 1, ... within the conversation
-  int32_t new_tokens = 0;     // a turn's own new tokens at the end of its prompt (turn 0: the whole prompt)
+  int32_t turn = 0;  // 0, 1, ... within the conversation
+  int32_t new_tokens = 0;  // a turn's own new tokens at the end of its prompt (turn 0: the whole prompt)
   // A prompt made of blocks (a Mooncake trace): block k is block_tokens token ids drawn from
   // block_ids[k] alone (the last block may be shorter), so equal ids give equal blocks, and
   // requests whose ids agree up to a block share their prompt up to there. Empty: not so.
@@ -46,16 +46,16 @@ enum class arrival_kind { poisson, gamma };
 
 struct trace_options {
   workload kind = workload::short_prompts;
-  int32_t requests = 100;        // multiturn: conversations x turns instead
-  double rate = 1.0;             // mean requests per second (> 0); multiturn: of first turns
+  int32_t requests = 100;  // multiturn: conversations x turns instead
+  double rate = 1.0;  // mean requests per second (> 0); multiturn: of first turns
   arrival_kind arrival = arrival_kind::poisson;
-  double burstiness = 1.0;       // gamma shape: < 1 burstier than Poisson, 1 is Poisson
+  double burstiness = 1.0;  // gamma shape: < 1 burstier than Poisson, 1 is Poisson
   uint64_t seed = 1;
-  int32_t max_context = 0;       // > 0: prompt + output kept within it
+  int32_t max_context = 0;  // > 0: prompt + output kept within it
   int32_t prefix_tokens = 1024;  // system-prompt: the shared prefix's length
-  int32_t prefix_groups = 1;     // system-prompt: distinct shared prefixes, each request picks one
-  int32_t conversations = 8;     // multiturn
-  int32_t turns = 4;             // multiturn: turns per conversation
+  int32_t prefix_groups = 1;  // system-prompt: distinct shared prefixes, each request picks one
+  int32_t conversations = 8;  // multiturn
+  int32_t turns = 4;  // multiturn: turns per conversation
 };
 
 // Throws std::invalid_argument for options that cannot make a trace (naming the option).
@@ -72,16 +72,16 @@ void save_trace(const std::vector<trace_entry>& t, const std::string& path);
 // arrival times (from the window's first) by speedup.
 struct mooncake_options {
   int32_t scale_tokens = 16;  // 1..512: blocks of 512 / scale_tokens tokens
-  double speedup = 1.0;       // > 0
-  size_t from = 0;            // the window: entries [from, from + count) in file order
-  size_t count = 0;           // 0: to the end
-  int32_t max_context = 0;    // > 0: prompt + output within it (outputs shortened, then prompts cut)
+  double speedup = 1.0;  // > 0
+  size_t from = 0;  // the window: entries [from, from + count) in file order
+  size_t count = 0;  // 0: to the end
+  int32_t max_context = 0;  // > 0: prompt + output within it (outputs shortened, then prompts cut)
 };
 struct mooncake_trace {
   std::vector<trace_entry> entries;
   size_t file_entries = 0;  // in the whole file
-  int32_t trimmed = 0;      // entries shortened to fit max_context
-  std::string scaling;      // what was done, in words, for the report
+  int32_t trimmed = 0;  // entries shortened to fit max_context
+  std::string scaling;  // what was done, in words, for the report
 };
 // Throws std::runtime_error naming the line of a malformed entry, std::invalid_argument for
 // options it cannot honour.

@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 
-
 #include "runtime/atomic_file.h"
 #include "runtime/errors.h"
 
@@ -40,8 +39,8 @@ std::optional<cached_file> read_record(const std::string& file_path) {
 }
 
 void write_record(const cached_file& f) {
-  const nlohmann::json j = {{"repo", f.repo}, {"file", f.file}, {"sha256", f.sha256}, {"size", f.size},
-                            {"commit", f.commit}};
+  const nlohmann::json j = {
+      {"repo", f.repo}, {"file", f.file}, {"sha256", f.sha256}, {"size", f.size}, {"commit", f.commit}};
   const std::string dest = f.path + ".json";
   write_file_atomically(dest, [&](std::ostream& out) { out << j.dump(2) << "\n"; });
 }

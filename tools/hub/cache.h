@@ -10,12 +10,12 @@
 namespace tandem::hub {
 
 struct cached_file {
-  std::string repo;    // owner/name
-  std::string file;    // the file's name in the repository (may contain '/')
+  std::string repo;  // owner/name
+  std::string file;  // the file's name in the repository (may contain '/')
   std::string sha256;  // lowercase hex
   uint64_t size = 0;
   std::string commit;  // the repository's revision it came from
-  std::string path;    // where it is on this machine
+  std::string path;  // where it is on this machine
 };
 
 // {root}/{owner}--{name}

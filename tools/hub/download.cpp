@@ -79,7 +79,8 @@ class part_file {
     return have_;
   }
   void truncate() {
-    if (::ftruncate(fd_, 0) != 0) throw failure(errc::io_error, "cannot truncate '" + path_ + "': " + std::strerror(errno));
+    if (::ftruncate(fd_, 0) != 0)
+      throw failure(errc::io_error, "cannot truncate '" + path_ + "': " + std::strerror(errno));
     ::lseek(fd_, 0, SEEK_SET);
     hash_.reset();
     have_ = 0;
@@ -199,8 +200,7 @@ std::string download(const download_request& r) {
   const std::string got = part.hex();
   if (expected.empty() && linked.empty())
     spdlog::warn("{}: the hub gives no sha256 for this file; only its size was checked", r.label);
-  if (!expected.empty() && got != expected)
-    reject(part, r, "sha256 " + got + " does not match the hub's " + expected);
+  if (!expected.empty() && got != expected) reject(part, r, "sha256 " + got + " does not match the hub's " + expected);
   if (!linked.empty() && got != linked)
     reject(part, r, "sha256 " + got + " does not match the hub's X-Linked-Etag " + linked);
   part.sync_and_close();

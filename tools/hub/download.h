@@ -10,11 +10,11 @@
 namespace tandem::hub {
 
 struct download_request {
-  std::string url;     // the hub's resolve URL (it redirects to the bytes)
-  std::string dest;    // the final path; DEST.part while it comes, DEST.bad if it fails its check
-  uint64_t size = 0;   // as the hub lists it
+  std::string url;  // the hub's resolve URL (it redirects to the bytes)
+  std::string dest;  // the final path; DEST.part while it comes, DEST.bad if it fails its check
+  uint64_t size = 0;  // as the hub lists it
   std::string sha256;  // lowercase hex as the hub lists it (X-Linked-Etag's is checked too)
-  std::string label;   // what the progress bar calls it
+  std::string label;  // what the progress bar calls it
   get_options http;
   int retries = 5;  // after a dropped connection or a 5xx, each from where it stopped
 };

@@ -26,7 +26,6 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
-
 std::string host_port(const url& u) {
   const bool v6 = u.host.find(':') != std::string::npos;
   return (v6 ? "[" + u.host + "]" : u.host) + ":" + u.port;

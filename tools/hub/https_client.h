@@ -15,17 +15,17 @@
 namespace tandem::hub {
 
 struct url {
-  std::string scheme;    // "http" or "https"
+  std::string scheme;  // "http" or "https"
   std::string userinfo;  // "user:password" (a proxy's credentials), usually empty
-  std::string host;    // without brackets for IPv6 literals
-  std::string port;    // always set (the scheme's default when the URL has none)
+  std::string host;  // without brackets for IPv6 literals
+  std::string port;  // always set (the scheme's default when the URL has none)
   std::string target;  // path and query, at least "/"
   std::string str() const;
 };
 // Throws failure(invalid_argument) naming the URL when it is not http(s)://HOST[:PORT][/PATH].
 url parse_url(const std::string& s);
-std::string lower(std::string s);    // ASCII lower case (host names, quant tags)
-std::string env(const char* name);   // an environment variable's value, "" when unset
+std::string lower(std::string s);  // ASCII lower case (host names, quant tags)
+std::string env(const char* name);  // an environment variable's value, "" when unset
 // `location` (a redirect's Location: absolute, or a path on the same origin) against `base`.
 url resolve_location(const url& base, const std::string& location);
 
@@ -39,7 +39,7 @@ std::string encode_path(const std::string& path);
 
 struct response_head {
   int status = 0;
-  std::string url;                            // the URL that answered
+  std::string url;  // the URL that answered
   std::map<std::string, std::string> fields;  // lowercased names
   std::string field(const std::string& lower_name) const;
 };
@@ -58,9 +58,9 @@ struct get_options {
 using body_sink = std::function<void(const char* data, size_t n)>;
 
 struct get_result {
-  response_head head;                 // the final response (after the redirects)
-  std::vector<response_head> chain;   // every response, redirects first
-  std::string body;                   // when get() was given no sink
+  response_head head;  // the final response (after the redirects)
+  std::vector<response_head> chain;  // every response, redirects first
+  std::string body;  // when get() was given no sink
 };
 
 // A network failure (unreachable, TLS, timeout, dropped connection), as opposed to an answer.

@@ -18,9 +18,8 @@ namespace tandem::hub {
 namespace {
 
 bool name_chars(const std::string& s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
-    return std::isalnum(c) || c == '-' || c == '_' || c == '.';
-  });
+  return !s.empty() && std::all_of(s.begin(), s.end(),
+                                   [](unsigned char c) { return std::isalnum(c) || c == '-' || c == '_' || c == '.'; });
 }
 
 std::string basename(const std::string& f) { return f.substr(f.rfind('/') + 1); }
@@ -79,8 +78,9 @@ nlohmann::json repo_info(const model_ref& ref, const settings& s) {
     throw failure(errc::invalid_argument, fmt::format("repository '{}' not found on {}", ref.repo, s.endpoint));
   // huggingface.co answers 401 for a repository it will not say exists to an anonymous client.
   if (st == 401 && s.token.empty() && r.head.field("x-error-code") == "RepoNotFound")
-    throw failure(errc::invalid_argument, fmt::format("repository '{}' not found on {} (if it is private, set HF_TOKEN)",
-                                                      ref.repo, s.endpoint));
+    throw failure(
+        errc::invalid_argument,
+        fmt::format("repository '{}' not found on {} (if it is private, set HF_TOKEN)", ref.repo, s.endpoint));
   if (st >= 500) throw transfer_error(fmt::format("{} answered {}", s.endpoint, st));  // the cache may do
   if (st == 401 || st == 403) throw access_failure(st, ref.repo, s);
   if (st != 200)
@@ -89,7 +89,8 @@ nlohmann::json repo_info(const model_ref& ref, const settings& s) {
   try {
     return nlohmann::json::parse(r.body);
   } catch (const std::exception& e) {
-    throw failure(errc::malformed_file, fmt::format("{}'s listing of '{}' is not JSON: {}", s.endpoint, ref.repo, e.what()));
+    throw failure(errc::malformed_file,
+                  fmt::format("{}'s listing of '{}' is not JSON: {}", s.endpoint, ref.repo, e.what()));
   }
 }
 
@@ -105,8 +106,7 @@ std::optional<cached_file> cached_fallback(const model_ref& ref, const settings&
       for (const auto& f : c)
         if (f.file == pick) return f;
     }
-  } catch (const failure&) {
-  }
+  } catch (const failure&) {}
   return std::nullopt;
 }
 
@@ -125,9 +125,9 @@ model_ref parse_ref(const std::string& text) {
   const bool ok = slash != std::string::npos && name_chars(r.repo.substr(0, slash)) &&
                   name_chars(r.repo.substr(slash + 1)) && (colon == std::string::npos || name_chars(r.quant));
   if (!ok)
-    throw failure(errc::invalid_argument,
-                  "'" + text + "' does not name a Hugging Face repository: OWNER/NAME[:QUANT], e.g. "
-                  "bartowski/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M");
+    throw failure(errc::invalid_argument, "'" + text +
+                                              "' does not name a Hugging Face repository: OWNER/NAME[:QUANT], e.g. "
+                                              "bartowski/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M");
   return r;
 }
 
@@ -164,8 +164,8 @@ std::string pick_gguf(const std::vector<std::string>& files, const model_ref& re
     }
   }
   if (choices.empty())
-    throw failure(errc::invalid_argument, fmt::format("{} has no GGUF file{}", where,
-                                                      files.empty() ? "" : " (files: " + join(files) + ")"));
+    throw failure(errc::invalid_argument,
+                  fmt::format("{} has no GGUF file{}", where, files.empty() ? "" : " (files: " + join(files) + ")"));
   const std::string tag = lower(ref.quant.empty() ? "Q4_K_M" : ref.quant);
   std::vector<std::string> matches;
   for (const auto& c : choices)
@@ -187,11 +187,10 @@ std::string pick_gguf(const std::vector<std::string>& files, const model_ref& re
                   fmt::format("no GGUF file in {} matches '{}' (choices: {})", where, ref.quant, listing()));
   if (matches.size() > 1)
     throw failure(errc::invalid_argument,
-                  ref.quant.empty()
-                      ? fmt::format("{} has several GGUF files: name one, {}:QUANT (choices: {})", where, ref.repo,
-                                    join(matches))
-                      : fmt::format("'{}' matches several GGUF files in {}: {} (name one more precisely)", ref.quant,
-                                    where, join(matches)));
+                  ref.quant.empty() ? fmt::format("{} has several GGUF files: name one, {}:QUANT (choices: {})", where,
+                                                  ref.repo, join(matches))
+                                    : fmt::format("'{}' matches several GGUF files in {}: {} (name one more precisely)",
+                                                  ref.quant, where, join(matches)));
   const std::string& m = matches[0];
   if (const auto it = parts_of.find(m); it != parts_of.end())
     throw failure(errc::unsupported,
@@ -245,7 +244,8 @@ cached_file pull(const model_ref& ref, const settings& s) {
   }
   const std::string file = pick_gguf(names, ref, "repository '" + ref.repo + "'");
   const std::string commit = info.value("sha", "");
-  cached_file want{ref.repo, file, meta[file].second, meta[file].first, commit, cache_path(s.cache_root, ref.repo, file)};
+  cached_file want{ref.repo,         file,   meta[file].second,
+                   meta[file].first, commit, cache_path(s.cache_root, ref.repo, file)};
   if (want.size == 0) throw failure(errc::malformed_file, fmt::format("{} lists no size for {}", s.endpoint, file));
   if (auto c = read_record(want.path); c && c->size == want.size && (want.sha256.empty() || c->sha256 == want.sha256)) {
     spdlog::info("{} is up to date in the cache", file);
@@ -262,8 +262,8 @@ cached_file pull(const model_ref& ref, const settings& s) {
   d.sha256 = want.sha256;
   d.label = file;
   d.http = http_options(s);
-  spdlog::info("downloading {} ({:.1f} MiB) from {} into {}", file, double(want.size) / (1024.0 * 1024.0),
-               ref.repo, want.path);
+  spdlog::info("downloading {} ({:.1f} MiB) from {} into {}", file, double(want.size) / (1024.0 * 1024.0), ref.repo,
+               want.path);
   try {
     want.sha256 = download(d);
   } catch (const status_error& e) {

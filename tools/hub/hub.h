@@ -20,9 +20,9 @@ model_ref parse_ref(const std::string& s);
 // What the environment says, as huggingface_hub reads it.
 struct settings {
   std::string endpoint = "https://huggingface.co";  // HF_ENDPOINT, without a trailing '/'
-  std::string token;                                // HF_TOKEN (or HUGGING_FACE_HUB_TOKEN)
-  bool offline = false;                             // HF_HUB_OFFLINE=1: never contact the hub
-  std::string cache_root;                           // {cache directory}/hub
+  std::string token;  // HF_TOKEN (or HUGGING_FACE_HUB_TOKEN)
+  bool offline = false;  // HF_HUB_OFFLINE=1: never contact the hub
+  std::string cache_root;  // {cache directory}/hub
   static settings from_env(const std::string& cache_dir);
 };
 

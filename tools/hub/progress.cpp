@@ -11,8 +11,13 @@
 namespace tandem::hub {
 
 progress::progress(std::string label, uint64_t total, uint64_t start)
-    : label_(std::move(label)), total_(total), start_(start), done_(start), tty_(::isatty(2) == 1),
-      t0_(clock::now()), last_(t0_) {}
+    : label_(std::move(label)),
+      total_(total),
+      start_(start),
+      done_(start),
+      tty_(::isatty(2) == 1),
+      t0_(clock::now()),
+      last_(t0_) {}
 
 void progress::update(uint64_t done) {
   done_ = done;
@@ -48,8 +53,8 @@ void progress::draw(bool last) {
   const int filled = int(pct / 100.0 * width);
   std::string bar(size_t(std::clamp(filled, 0, width)), '#');
   bar.resize(width, '.');
-  std::fprintf(stderr, "\r%s [%s] %5.1f%% %8.1f / %.1f MiB %7.1f MiB/s ETA %s\x1b[K%s", label_.c_str(), bar.c_str(), pct,
-               double(done_) / mib, double(total_) / mib, rate / mib, eta.c_str(), last ? "\n" : "");
+  std::fprintf(stderr, "\r%s [%s] %5.1f%% %8.1f / %.1f MiB %7.1f MiB/s ETA %s\x1b[K%s", label_.c_str(), bar.c_str(),
+               pct, double(done_) / mib, double(total_) / mib, rate / mib, eta.c_str(), last ? "\n" : "");
   std::fflush(stderr);
 }
 

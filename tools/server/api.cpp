@@ -72,11 +72,30 @@ bool is_empty_value(const json& v) {
 }
 
 std::optional<api_error> check_fields(const json& b, endpoint ep) {
-  static const char* const shared[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
-                                       "stream", "stream_options", "ignore_eos", "user", "logit_bias",
-                                       "min_tokens", "stop_token_ids", "presence_penalty", "frequency_penalty",
-                                       "repetition_penalty", "response_format", "grammar", "guided_json",
-                                       "guided_choice", "guided_grammar", "best_of"};
+  static const char* const shared[] = {"model",
+                                       "max_tokens",
+                                       "temperature",
+                                       "top_p",
+                                       "top_k",
+                                       "seed",
+                                       "n",
+                                       "stop",
+                                       "stream",
+                                       "stream_options",
+                                       "ignore_eos",
+                                       "user",
+                                       "logit_bias",
+                                       "min_tokens",
+                                       "stop_token_ids",
+                                       "presence_penalty",
+                                       "frequency_penalty",
+                                       "repetition_penalty",
+                                       "response_format",
+                                       "grammar",
+                                       "guided_json",
+                                       "guided_choice",
+                                       "guided_grammar",
+                                       "best_of"};
   for (const auto& [key, v] : b.items()) {
     if (std::find_if(std::begin(shared), std::end(shared), [&](const char* k) { return key == k; }) != std::end(shared))
       continue;
@@ -85,41 +104,38 @@ std::optional<api_error> check_fields(const json& b, endpoint ep) {
         (key == "parse_special" || key == "add_special_tokens"))
       continue;
     if (ep == endpoint::completions && (key == "prompt" || key == "logprobs" || key == "echo")) continue;
-    if (ep == endpoint::chat && (key == "messages" || key == "max_completion_tokens" || key == "logprobs" ||
-                                 key == "top_logprobs" || key == "tools" || key == "tool_choice" ||
-                                 key == "parallel_tool_calls"))
+    if (ep == endpoint::chat &&
+        (key == "messages" || key == "max_completion_tokens" || key == "logprobs" || key == "top_logprobs" ||
+         key == "tools" || key == "tool_choice" || key == "parallel_tool_calls"))
       continue;
     if (ep == endpoint::websocket &&
         (key == "type" || key == "id" || key == "prompt" || key == "messages" || key == "logprobs"))
       continue;
     // Known to OpenAI-compatible servers, not implemented by tandem (docs/protocol.md).
     static const char* const unimplemented[] = {
-        "logprobs", "top_logprobs", "echo", "suffix", "tools",
-        "tool_choice", "parallel_tool_calls", "functions", "function_call", "store", "metadata", "modalities",
-        "audio", "prediction", "reasoning_effort", "service_tier", "web_search_options", "min_p", "typical_p",
-        "guided_regex", "guided_whitespace_pattern", "guided_decoding_backend", "json_schema", "use_beam_search",
-        "length_penalty", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
-        "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs", "documents",
-        "priority", "mirostat", "n_probs", "cache_prompt", "samplers", "dynatemp_range", "xtc_probability",
-        "dry_multiplier", "n_predict", "id_slot", "return_tokens", "post_sampling_probs", "verbosity",
-        "prompt_cache_key", "safety_identifier", "truncate_prompt_tokens",
+        "logprobs", "top_logprobs", "echo", "suffix", "tools", "tool_choice", "parallel_tool_calls", "functions",
+        "function_call", "store", "metadata", "modalities", "audio", "prediction", "reasoning_effort", "service_tier",
+        "web_search_options", "min_p", "typical_p", "guided_regex", "guided_whitespace_pattern",
+        "guided_decoding_backend", "json_schema", "use_beam_search", "length_penalty", "include_stop_str_in_output",
+        "skip_special_tokens", "spaces_between_special_tokens", "add_generation_prompt", "continue_final_message",
+        "chat_template", "chat_template_kwargs", "documents", "priority", "mirostat", "n_probs", "cache_prompt",
+        "samplers", "dynatemp_range", "xtc_probability", "dry_multiplier", "n_predict", "id_slot", "return_tokens",
+        "post_sampling_probs", "verbosity", "prompt_cache_key", "safety_identifier", "truncate_prompt_tokens",
         // vLLM's chat field (default false): the chat template places BOS, one at most.
         "add_special_tokens"};
     const bool known = std::find_if(std::begin(unimplemented), std::end(unimplemented),
                                     [&](const char* k) { return key == k; }) != std::end(unimplemented);
     if (!known) return bad("unknown parameter '" + key + "'", key);
-    if ((key == "tools" || key == "tool_choice" || key == "parallel_tool_calls") && ep != endpoint::chat && !is_empty_value(v) &&
-        v != json("none"))
+    if ((key == "tools" || key == "tool_choice" || key == "parallel_tool_calls") && ep != endpoint::chat &&
+        !is_empty_value(v) && v != json("none"))
       return bad("'" + key + "' is for /v1/chat/completions (the chat template renders the tools)", key);
-    const bool nothing_asked =
-        is_empty_value(v) || (key == "repetition_penalty" && v == json(1)) ||
-        (key == "tool_choice" && v == json("none")) ||
-        (key == "service_tier" && (v == json("auto") || v == json("default")));
+    const bool nothing_asked = is_empty_value(v) || (key == "repetition_penalty" && v == json(1)) ||
+                               (key == "tool_choice" && v == json("none")) ||
+                               (key == "service_tier" && (v == json("auto") || v == json("default")));
     if (!nothing_asked) return bad("'" + key + "' is not supported by tandem (yet); leave it out or null", key);
   }
   return std::nullopt;
 }
-
 
 // Structured outputs: the output constrained by a grammar, from one of OpenAI's
 // response_format (json_object, json_schema), llama-server's `grammar` (GBNF), vLLM's
@@ -143,7 +159,8 @@ std::optional<api_error> parse_constraint(const json& b, std::string_view raw, a
   const char* current = nullptr;
   auto given = [&](const char* key) { return b.contains(key) && !b[key].is_null(); };
   auto take = [&](std::string text) -> std::optional<api_error> {
-    if (source) return bad(std::string("'") + current + "' and '" + source + "' both constrain the output; give one", current);
+    if (source)
+      return bad(std::string("'") + current + "' and '" + source + "' both constrain the output; give one", current);
     source = current;
     gbnf = std::move(text);
     return std::nullopt;
@@ -156,7 +173,8 @@ std::optional<api_error> parse_constraint(const json& b, std::string_view raw, a
         return bad("'response_format' must be an object with a string 'type'", current);
       const std::string type = rf["type"].get<std::string>();
       for (const auto& [key, v] : rf.items())
-        if (key != "type" && !(type == "json_schema" && key == "json_schema") && !(type == "json_object" && key == "schema"))
+        if (key != "type" && !(type == "json_schema" && key == "json_schema") &&
+            !(type == "json_object" && key == "schema"))
           return bad("'response_format." + key + "' is not a field of response_format type '" + type + "'", current);
       if (type == "json_object") {
         // llama-server's extension: a schema given with json_object.
@@ -175,8 +193,9 @@ std::optional<api_error> parse_constraint(const json& b, std::string_view raw, a
         if (js.contains("strict") && !js["strict"].is_boolean() && !js["strict"].is_null())
           return bad("'response_format.json_schema.strict' must be a boolean", current);
         // Without a schema any JSON value does; strict or not, the output always follows it.
-        if (auto e = take(js.contains("schema") ? json_schema_to_gbnf(ordered({"response_format", "json_schema", "schema"}))
-                                                : json_schema_to_gbnf(json::object())))
+        if (auto e =
+                take(js.contains("schema") ? json_schema_to_gbnf(ordered({"response_format", "json_schema", "schema"}))
+                                           : json_schema_to_gbnf(json::object())))
           return e;
       } else if (type != "text") {
         return bad("'response_format.type' must be 'text', 'json_object' or 'json_schema'", current);
@@ -320,7 +339,8 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
       if (key != "include_usage" && !is_empty_value(v))
         return bad("'stream_options." + key + "' is not supported by tandem", "stream_options");
     if (so.contains("include_usage")) {
-      if (!so["include_usage"].is_boolean()) return bad("'stream_options.include_usage' must be a boolean", "stream_options");
+      if (!so["include_usage"].is_boolean())
+        return bad("'stream_options.include_usage' must be a boolean", "stream_options");
       out.include_usage = so["include_usage"].get<bool>();
     }
   }
@@ -328,7 +348,8 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
     if (!b["ignore_eos"].is_boolean()) return bad("'ignore_eos' must be a boolean", "ignore_eos");
     out.gen.ignore_eos = b["ignore_eos"].get<bool>();
   }
-  if (b.contains("user") && !b["user"].is_null() && !b["user"].is_string()) return bad("'user' must be a string", "user");
+  if (b.contains("user") && !b["user"].is_null() && !b["user"].is_string())
+    return bad("'user' must be a string", "user");
 
   // logit_bias: {"token id": bias in [-100, 100]} (OpenAI's form: ids as object keys).
   if (b.contains("logit_bias") && !b["logit_bias"].is_null()) {
@@ -344,8 +365,9 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
         used = 0;
       }
       if (used != key.size() || id < 0 || id >= m.n_vocab)
-        return bad("'logit_bias' key '" + key + "' is not a token id of this model (0.." + std::to_string(m.n_vocab - 1) + ")",
-                   "logit_bias");
+        return bad(
+            "'logit_bias' key '" + key + "' is not a token id of this model (0.." + std::to_string(m.n_vocab - 1) + ")",
+            "logit_bias");
       if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < -100 || v.get<double>() > 100)
         return bad("'logit_bias' values must be numbers in [-100, 100]", "logit_bias");
       out.gen.sampling.bias_tokens.push_back(token_id(id));
@@ -392,7 +414,8 @@ std::optional<api_error> parse_common(const json& b, const served_model& m, api_
   out.gen.sampling.min_tokens = int32_t(min_tokens);
   if (b.contains("stop_token_ids") && !b["stop_token_ids"].is_null()) {
     const auto& st = b["stop_token_ids"];
-    if (!st.is_array() || st.size() > 64) return bad("'stop_token_ids' must be an array of up to 64 token ids", "stop_token_ids");
+    if (!st.is_array() || st.size() > 64)
+      return bad("'stop_token_ids' must be an array of up to 64 token ids", "stop_token_ids");
     for (const auto& x : st) {
       if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= m.n_vocab)
         return bad("'stop_token_ids' must hold token ids of this model (0.." + std::to_string(m.n_vocab - 1) + ")",
@@ -419,8 +442,8 @@ std::optional<api_error> parse_messages(const json& b, const served_model& m, ap
       const auto& tc = x["tool_calls"];
       if (!tc.is_array()) return bad("an assistant message's 'tool_calls' must be an array", "messages");
       for (const auto& t : tc)
-        if (!t.is_object() || !t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
-            !t["function"]["name"].is_string())
+        if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
+            !t["function"].contains("name") || !t["function"]["name"].is_string())
           return bad("each of an assistant message's 'tool_calls' needs function.name", "messages");
       cm.tool_calls = nlohmann::ordered_json::parse(tc.dump());
     }
@@ -436,7 +459,8 @@ std::optional<api_error> parse_messages(const json& b, const served_model& m, ap
       cm.content = c.get<std::string>();
     } else if (c.is_array()) {  // content parts: only text is supported
       for (const auto& part : c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
           return bad("only text content parts are supported", "messages");
         cm.content += part["text"].get<std::string>();
       }
@@ -474,7 +498,8 @@ std::optional<api_error> parse_prompt(const json& b, const json& p, api_request&
     out.gen.prompt = p.get<std::string>();
   } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
     out.gen.prompt = p[0].get<std::string>();
-  } else if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
+  } else if (p.is_array() && !p.empty() &&
+             std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
     for (const auto& x : p) out.gen.prompt_tokens.push_back(token_id(x.get<int64_t>()));
   } else {
     return bad("'prompt' must be a string or an array of token ids (one prompt per request)", "prompt");
@@ -506,7 +531,8 @@ static std::optional<api_error> parse_tools(const json& b, const served_model& m
                                             std::string_view raw) {
   auto given = [&](const char* k) { return b.contains(k) && !b[k].is_null(); };
   if (given("parallel_tool_calls")) {
-    if (!b["parallel_tool_calls"].is_boolean()) return bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+    if (!b["parallel_tool_calls"].is_boolean())
+      return bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
     out.parallel_tools = b["parallel_tool_calls"].get<bool>();
   }
   const bool has_tools = given("tools") && !(b["tools"].is_array() && b["tools"].empty());
@@ -515,7 +541,8 @@ static std::optional<api_error> parse_tools(const json& b, const served_model& m
       return bad("'tool_choice' needs 'tools'", "tool_choice");
     return std::nullopt;
   }
-  if (!b["tools"].is_array() || b["tools"].size() > 128) return bad("'tools' must be an array of up to 128 tools", "tools");
+  if (!b["tools"].is_array() || b["tools"].size() > 128)
+    return bad("'tools' must be an array of up to 128 tools", "tools");
   out.tools_format = m.chat ? m.chat->tool_calls_format() : tool_format::none;
   if (out.tools_format == tool_format::none)
     return bad("this model's chat template has no tool-call format tandem reads (hermes <tool_call>, Llama 3 JSON)",
@@ -546,7 +573,8 @@ static std::optional<api_error> parse_tools(const json& b, const served_model& m
     if (tc.is_string()) {
       choice = tc.get<std::string>();
       if (choice != "auto" && choice != "none" && choice != "required")
-        return bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", ...}", "tool_choice");
+        return bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", ...}",
+                   "tool_choice");
     } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("function") &&
                tc["function"].is_object() && tc["function"].contains("name") && tc["function"]["name"].is_string()) {
       choice = "named";
@@ -554,7 +582,8 @@ static std::optional<api_error> parse_tools(const json& b, const served_model& m
       if (std::find(out.tool_names.begin(), out.tool_names.end(), *only) == out.tool_names.end())
         return bad("'tool_choice' names '" + *only + "', which is not among 'tools'", "tool_choice");
     } else {
-      return bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", ...}", "tool_choice");
+      return bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", ...}",
+                 "tool_choice");
     }
   }
   // With "auto" beside a response_format the answer follows that grammar, which has no calls
@@ -637,7 +666,9 @@ api_error error_from(errc code, const std::string& message, double retry_after_m
 }
 
 json error_body(const api_error& e) {
-  json err = {{"message", e.message}, {"type", e.type}, {"param", e.param.empty() ? json() : json(e.param)},
+  json err = {{"message", e.message},
+              {"type", e.type},
+              {"param", e.param.empty() ? json() : json(e.param)},
               {"code", e.code.empty() ? json() : json(e.code)}};
   if (e.retry_after_ms > 0) err["retry_after_ms"] = e.retry_after_ms;
   return {{"error", err}};
@@ -652,7 +683,8 @@ json chat_logprobs_json(const tokenizer& tok, const std::vector<logprob_entry>& 
       const std::string tb = tok.token_bytes(e.lp.top_ids[i]);
       top.push_back({{"token", printable(tb)}, {"logprob", e.lp.top_logprobs[i]}, {"bytes", bytes_json(tb)}});
     }
-    content.push_back({{"token", printable(b)}, {"logprob", e.lp.logprob}, {"bytes", bytes_json(b)}, {"top_logprobs", top}});
+    content.push_back(
+        {{"token", printable(b)}, {"logprob", e.lp.logprob}, {"bytes", bytes_json(b)}, {"top_logprobs", top}});
   }
   return {{"content", content}};
 }
@@ -677,7 +709,8 @@ void add_ws_logprobs(json& frame, const tokenizer& tok, const token_logprobs& lp
   frame["logprob"] = lp.logprob;
   json top = json::array();
   for (size_t i = 0; i < lp.top_ids.size(); ++i)
-    top.push_back({{"token", lp.top_ids[i]}, {"text", printable(tok.token_bytes(lp.top_ids[i]))},
+    top.push_back({{"token", lp.top_ids[i]},
+                   {"text", printable(tok.token_bytes(lp.top_ids[i]))},
                    {"logprob", lp.top_logprobs[i]}});
   frame["top_logprobs"] = top;
 }
@@ -710,14 +743,26 @@ void log_request(const request_log& r) {
   std::string message = r.message.substr(0, 300);
   if (r.id == 0) {  // refused before it reached the pipeline
     oplog::event(lvl, "request",
-                 {{"endpoint", r.endpoint}, {"protocol", r.protocol}, {"status", r.status}, {"error", r.error}, {"message", message}});
+                 {{"endpoint", r.endpoint},
+                  {"protocol", r.protocol},
+                  {"status", r.status},
+                  {"error", r.error},
+                  {"message", message}});
     return;
   }
   if (!r.error.empty()) {
     oplog::event(lvl, "request",
-                 {{"id", r.id}, {"ref", r.ref}, {"endpoint", r.endpoint}, {"protocol", r.protocol}, {"status", r.status},
-                  {"prompt_tokens", t.prompt_tokens}, {"output_tokens", r.output_tokens}, {"e2e_ms", t.e2e_ms},
-                  {"prefill_worker", t.prefill_worker}, {"decode_worker", t.decode_worker}, {"error", r.error},
+                 {{"id", r.id},
+                  {"ref", r.ref},
+                  {"endpoint", r.endpoint},
+                  {"protocol", r.protocol},
+                  {"status", r.status},
+                  {"prompt_tokens", t.prompt_tokens},
+                  {"output_tokens", r.output_tokens},
+                  {"e2e_ms", t.e2e_ms},
+                  {"prefill_worker", t.prefill_worker},
+                  {"decode_worker", t.decode_worker},
+                  {"error", r.error},
                   {"message", message}});
     return;
   }

@@ -18,20 +18,20 @@ using json = nlohmann::json;
 
 // What the server knows of the model it serves.
 struct served_model {
-  std::string id;              // the name clients put in "model"
+  std::string id;  // the name clients put in "model"
   int32_t context_length = 0;
   // Renders chat messages (the model's Jinja template, or a fallback format); null: ChatML.
   std::shared_ptr<const chat_template> chat;
-  int32_t n_vocab = 0;         // token ids in logit_bias and stop_token_ids are below it
-  sampling_params defaults;    // temperature, top_k, top_p where a request leaves them out
+  int32_t n_vocab = 0;  // token ids in logit_bias and stop_token_ids are below it
+  sampling_params defaults;  // temperature, top_k, top_p where a request leaves them out
 };
 
 struct api_error {
   int http_status = 400;
   std::string type = "invalid_request_error";
   std::string message;
-  std::string param;           // the offending field, when there is one
-  std::string code;            // tandem's error code name
+  std::string param;  // the offending field, when there is one
+  std::string code;  // tandem's error code name
   double retry_after_ms = 0;
 };
 
@@ -41,7 +41,7 @@ struct api_request {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool chat = false;
-  bool echo = false;           // completions: the prompt's text comes first in the answer
+  bool echo = false;  // completions: the prompt's text comes first in the answer
   bool return_token_ids = false;  // vLLM's: prompt_token_ids and each choice's token_ids in the answer
   // HTTP: choices per request (1..16). Choice i samples with derived_seed(seed, i); the prompt
   // is computed once (the others start when the first has its first token, from its blocks).
@@ -58,7 +58,7 @@ struct api_request {
   bool parse_tools = false;
   bool parallel_tools = true;
   std::vector<std::string> tool_names;
-  std::string client_id;       // WebSocket: the client's id for the request
+  std::string client_id;  // WebSocket: the client's id for the request
 };
 
 // Each returns nullopt and fills `out`, or the error to send. `raw`: the text `body` was parsed
@@ -101,16 +101,16 @@ json timings_json(const metrics::request_timings& t);
 // where it came in, how it ended (the HTTP status; a WebSocket request's is 200 or its error's),
 // its tokens, latencies, workers and KV bytes moved.
 struct request_log {
-  int64_t id = 0;        // the pipeline's request id (0: refused before it got one)
-  std::string ref;       // the client's name for it: "cmpl-7", a WebSocket request's id
+  int64_t id = 0;  // the pipeline's request id (0: refused before it got one)
+  std::string ref;  // the client's name for it: "cmpl-7", a WebSocket request's id
   std::string endpoint;  // "/v1/chat/completions", "/ws"
   std::string protocol;  // "json", "sse", "ws"
-  int status = 200;      // 499: the client went away first
+  int status = 200;  // 499: the client went away first
   metrics::request_timings timings;
   int64_t output_tokens = 0;  // of every choice
-  std::string finish;         // its finish reason, or
-  std::string error;          // its error code
-  std::string message;        // and message
+  std::string finish;  // its finish reason, or
+  std::string error;  // its error code
+  std::string message;  // and message
 };
 void log_request(const request_log& r);
 

@@ -75,7 +75,7 @@ struct http_server::impl : std::enable_shared_from_this<impl> {
   // crashed (SIGSEGV in start_op when a close met a re-armed accept: issue 22 item 5).
   tcp::acceptor acceptor{net::make_strand(ioc)};
   std::atomic<bool> draining{false};
-  std::atomic<int64_t> in_flight{0};   // generation requests not finished
+  std::atomic<int64_t> in_flight{0};  // generation requests not finished
   std::atomic<int64_t> next_id{1};
 
   // When the grace period ends, every session still streaming is told (the documented
@@ -85,7 +85,7 @@ struct http_server::impl : std::enable_shared_from_this<impl> {
   struct session_hooks {
     std::weak_ptr<void> session;
     std::function<void()> grace_over;  // posts the session's grace_over on its strand
-    std::function<void()> release;     // once the io_context has stopped: drop self-references
+    std::function<void()> release;  // once the io_context has stopped: drop self-references
   };
   std::vector<session_hooks> grace_hooks;
 
@@ -178,7 +178,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   request_t req_;
   // Streaming (SSE) and pending generation state.
   connection conn_;  // opened with the first generation; its actor subscribes to its requests
-  std::array<char, 1024> peek_;   // what the disconnect watch reads
+  std::array<char, 1024> peek_;  // what the disconnect watch reads
   std::shared_ptr<http_session> keep_alive_;  // set while a generation runs (see generate)
   bool watching_ = false, read_after_watch_ = false;
   std::optional<openai_stream> answer_;  // the generation request's answer, while it runs
@@ -200,9 +200,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
     parser_->body_limit(srv_->cfg.max_body_bytes);
     parser_->header_limit(16 * 1024);
     stream_.expires_after(srv_->cfg.header_timeout);
-    http::async_read(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      self->on_read(ec);
-    });
+    http::async_read(stream_, buf_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
@@ -220,9 +219,9 @@ class http_session : public std::enable_shared_from_this<http_session> {
     }
     if (ec) {
       req_ = {};
-      return send_error(api_error{400, "invalid_request_error", "malformed HTTP request: " + ec.message(), "",
-                                  "invalid_argument"},
-                        true);
+      return send_error(
+          api_error{400, "invalid_request_error", "malformed HTTP request: " + ec.message(), "", "invalid_argument"},
+          true);
     }
     req_ = parser_->release();
     stream_.expires_never();
@@ -291,7 +290,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
     auto only = [&](http::verb v) {
       if (method == v) return true;
       send_error(api_error{405, "invalid_request_error",
-                           "method " + std::string(req_.method_string()) + " is not allowed on " + path, "", "invalid_argument"});
+                           "method " + std::string(req_.method_string()) + " is not allowed on " + path, "",
+                           "invalid_argument"});
       return false;
     };
     if (path == "/health") {
@@ -317,14 +317,16 @@ class http_session : public std::enable_shared_from_this<http_session> {
     if (path.rfind("/admin/", 0) == 0) return admin(path);
     if (path.rfind("/v1/", 0) == 0) {
       if (!srv_->cfg.api_key.empty() && bearer(req_) != srv_->cfg.api_key)
-        return send_error(api_error{401, "invalid_request_error", "missing or wrong API key (Authorization: Bearer KEY)",
-                                    "", "unauthorized"});
+        return send_error(api_error{401, "invalid_request_error",
+                                    "missing or wrong API key (Authorization: Bearer KEY)", "", "unauthorized"});
       if (path == "/v1/models") {
         if (only(http::verb::get))
-          send_json(http::status::ok,
-                    {{"object", "list"},
-                     {"data", json::array({{{"id", srv_->mdl.id}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"},
-                                                 {"max_model_len", srv_->mdl.context_length}}})}});
+          send_json(http::status::ok, {{"object", "list"},
+                                       {"data", json::array({{{"id", srv_->mdl.id},
+                                                              {"object", "model"},
+                                                              {"created", 0},
+                                                              {"owned_by", "tandem"},
+                                                              {"max_model_len", srv_->mdl.context_length}}})}});
         return;
       }
       if (path == "/v1/completions" || path == "/v1/chat/completions") {
@@ -338,8 +340,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   // From the pipeline's latest snapshot: this thread never waits on an actor.
   void health() {
     const auto st = srv_->pipe.snapshot();
-    if (!st)
-      return send_json(http::status::service_unavailable, {{"status", "starting"}});
+    if (!st) return send_json(http::status::service_unavailable, {{"status", "starting"}});
     int prefill = 0, decode = 0, colocated = 0;
     for (const auto& w : st->workers) {
       prefill += w.name.rfind("prefill", 0) == 0;
@@ -352,7 +353,9 @@ class http_session : public std::enable_shared_from_this<http_session> {
     const bool disagg = splits_phases(srv_->pipe.config().pools.mode);
     const bool workers_up = disagg ? prefill > 0 && decode > 0 : colocated > 0;
     const bool ready = !srv_->draining && workers_up && !st->router_degraded;
-    const char* status = ready ? (degraded.empty() ? "ok" : "degraded") : !degraded.empty() ? "degraded" : "unavailable";
+    const char* status = ready               ? (degraded.empty() ? "ok" : "degraded")
+                         : !degraded.empty() ? "degraded"
+                                             : "unavailable";
     json j = {{"status", status},
               {"mode", std::string(to_string(srv_->pipe.config().pools.mode))},
               {"workers", {{"prefill", prefill}, {"decode", decode}, {"colocated", colocated}}},
@@ -367,23 +370,26 @@ class http_session : public std::enable_shared_from_this<http_session> {
 
   void admin(const std::string& path) {
     if (srv_->cfg.admin_key.empty())
-      return send_error(api_error{404, "invalid_request_error", "admin endpoints are off (start with --admin-key)", "",
-                                  "not_found"});
+      return send_error(
+          api_error{404, "invalid_request_error", "admin endpoints are off (start with --admin-key)", "", "not_found"});
     if (bearer(req_) != srv_->cfg.admin_key && query_param(std::string(req_.target()), "key") != srv_->cfg.admin_key)
       return send_error(api_error{401, "invalid_request_error", "missing or wrong admin key", "", "unauthorized"});
-    if (path == "/admin/state" && req_.method() == http::verb::get) return send_json(http::status::ok, state_json(*srv_));
+    if (path == "/admin/state" && req_.method() == http::verb::get)
+      return send_json(http::status::ok, state_json(*srv_));
     if (path == "/admin/kill" && req_.method() == http::verb::post) {
       // {"kind": "prefill|decode|colocated|kv_link|request|router|random", "index": N (optional:
       // a random one of the kind)}; {"pool": ..., "index": N} as before.
       const json b = json::parse(req_.body(), nullptr, false);
-      const char* usage = "body: {\"kind\": \"prefill|decode|colocated|kv_link|request|router|random\", \"index\": N (optional)}";
+      const char* usage =
+          "body: {\"kind\": \"prefill|decode|colocated|kv_link|request|router|random\", \"index\": N (optional)}";
       if (!b.is_object()) return send_error(api_error{400, "invalid_request_error", usage, "", "invalid_argument"});
       const char* key = b.contains("kind") ? "kind" : "pool";
       if (!b.contains(key) || !b[key].is_string() || (b.contains("index") && !b["index"].is_number_integer()))
         return send_error(api_error{400, "invalid_request_error", usage, "", "invalid_argument"});
       if (b.contains("index") && b["index"].get<int64_t>() < 0)
-        return send_error(api_error{400, "invalid_request_error", "'index' must be >= 0 (leave it out for a random one)",
-                                    "index", "invalid_argument"});
+        return send_error(api_error{400, "invalid_request_error",
+                                    "'index' must be >= 0 (leave it out for a random one)", "index",
+                                    "invalid_argument"});
       std::string killed;
       try {
         // Bounded: a router that cannot answer now (its threads busy or blocked) gets a 503, not
@@ -395,27 +401,34 @@ class http_session : public std::enable_shared_from_this<http_session> {
         return send_error(api_error{400, "invalid_request_error", f.what(), key, "invalid_argument"});
       }
       if (killed.empty())
-        return send_error(api_error{404, "invalid_request_error", "nothing of that kind and index is alive", key, "not_found"});
+        return send_error(
+            api_error{404, "invalid_request_error", "nothing of that kind and index is alive", key, "not_found"});
       beast::error_code ec;
       const auto peer = stream_.socket().remote_endpoint(ec);
-      oplog::event(oplog::level::warn, "kill",
-                   {{"actor", killed}, {"by", "/admin/kill"}, {"from", ec ? std::string("?") : peer.address().to_string()}});
+      oplog::event(
+          oplog::level::warn, "kill",
+          {{"actor", killed}, {"by", "/admin/kill"}, {"from", ec ? std::string("?") : peer.address().to_string()}});
       return send_json(http::status::ok, {{"killed", true}, {"name", killed}});
     }
     if (path == "/admin/fault" && req_.method() == http::verb::post) {
       // {"fault": "corrupt_kv|drop_kv|delay_kv|fail_alloc|stall|stall_link", "count": N (default 1), "stall_ms": M}
       const json b = json::parse(req_.body(), nullptr, false);
       fault_kind f;
-      if (!b.is_object() || !b.contains("fault") || !b["fault"].is_string() || !parse_fault_kind(b["fault"].get<std::string>(), f) ||
-          (b.contains("count") && !b["count"].is_number_integer()) || (b.contains("stall_ms") && !b["stall_ms"].is_number_integer()))
+      if (!b.is_object() || !b.contains("fault") || !b["fault"].is_string() ||
+          !parse_fault_kind(b["fault"].get<std::string>(), f) ||
+          (b.contains("count") && !b["count"].is_number_integer()) ||
+          (b.contains("stall_ms") && !b["stall_ms"].is_number_integer()))
         return send_error(api_error{400, "invalid_request_error",
-                                    "body: {\"fault\": \"corrupt_kv|drop_kv|delay_kv|fail_alloc|stall|stall_link\", \"count\": N, \"stall_ms\": M}", "",
-                                    "invalid_argument"});
+                                    "body: {\"fault\": \"corrupt_kv|drop_kv|delay_kv|fail_alloc|stall|stall_link\", "
+                                    "\"count\": N, \"stall_ms\": M}",
+                                    "", "invalid_argument"});
       // Out of range is refused, not clamped: a count of 0 arms nothing, so it is no request.
       if (b.contains("count") && (b["count"].get<int64_t>() < 1 || b["count"].get<int64_t>() > 1000))
-        return send_error(api_error{400, "invalid_request_error", "'count' must be in 1..1000", "count", "invalid_argument"});
+        return send_error(
+            api_error{400, "invalid_request_error", "'count' must be in 1..1000", "count", "invalid_argument"});
       if (b.contains("stall_ms") && (b["stall_ms"].get<int64_t>() < 1 || b["stall_ms"].get<int64_t>() > 600000))
-        return send_error(api_error{400, "invalid_request_error", "'stall_ms' must be in 1..600000", "stall_ms", "invalid_argument"});
+        return send_error(
+            api_error{400, "invalid_request_error", "'stall_ms' must be in 1..600000", "stall_ms", "invalid_argument"});
       const int count = b.contains("count") ? int(b["count"].get<int64_t>()) : 1;
       const auto stall = std::chrono::milliseconds(b.contains("stall_ms") ? b["stall_ms"].get<int64_t>() : 5000);
       srv_->pipe.inject(f, count, stall);
@@ -522,20 +535,20 @@ class http_session : public std::enable_shared_from_this<http_session> {
   // Bytes that arrive instead (a pipelined request) are kept for their turn.
   void watch_disconnect() {
     watching_ = true;
-    stream_.async_read_some(net::buffer(peek_), [self = shared_from_this(), serial = answer_->serial()](
-                                                    beast::error_code ec, size_t n) {
-      self->watching_ = false;
-      if (n > 0) self->buf_.commit(net::buffer_copy(self->buf_.prepare(n), net::buffer(self->peek_.data(), n)));
-      if (self->read_after_watch_) {
-        self->read_after_watch_ = false;
-        return self->read();
-      }
-      const bool same = self->answer_ && self->answer_->serial() == serial;
-      if (ec && ec != net::error::operation_aborted && same) return self->close();
-      // Bytes of a pipelined request: kept, and the watch goes on (up to a bound on what is
-      // buffered), so a client that then goes away is still noticed.
-      if (!ec && same && self->buf_.size() < kMaxPipelinedBytes) self->watch_disconnect();
-    });
+    stream_.async_read_some(
+        net::buffer(peek_), [self = shared_from_this(), serial = answer_->serial()](beast::error_code ec, size_t n) {
+          self->watching_ = false;
+          if (n > 0) self->buf_.commit(net::buffer_copy(self->buf_.prepare(n), net::buffer(self->peek_.data(), n)));
+          if (self->read_after_watch_) {
+            self->read_after_watch_ = false;
+            return self->read();
+          }
+          const bool same = self->answer_ && self->answer_->serial() == serial;
+          if (ec && ec != net::error::operation_aborted && same) return self->close();
+          // Bytes of a pipelined request: kept, and the watch goes on (up to a bound on what is
+          // buffered), so a client that then goes away is still noticed.
+          if (!ec && same && self->buf_.size() < kMaxPipelinedBytes) self->watch_disconnect();
+        });
   }
   static constexpr size_t kMaxPipelinedBytes = size_t(1) << 20;
 
@@ -582,8 +595,9 @@ class http_session : public std::enable_shared_from_this<http_session> {
 
  private:
   void start_sse() {
-    std::string head = "HTTP/1.1 200 OK\r\nServer: tandem\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                       "Transfer-Encoding: chunked\r\n";
+    std::string head =
+        "HTTP/1.1 200 OK\r\nServer: tandem\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+        "Transfer-Encoding: chunked\r\n";
     head += req_.keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     close_after_ = !req_.keep_alive();
     write_raw(std::move(head));
@@ -678,7 +692,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
   beast::flat_buffer buf_;
   connection conn_;  // its actor subscribes to every request of this WebSocket
   std::map<std::string, std::unique_ptr<ws_request>> gens_;  // by client id
-  std::unordered_map<request_id, std::string> keys_;         // client id by request id
+  std::unordered_map<request_id, std::string> keys_;  // client id by request id
   std::deque<std::string> out_;
   size_t out_bytes_ = 0;
   bool writing_ = false;
@@ -695,7 +709,9 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     if (closed_ || closing_) return;
     for (const auto& [key, g] : gens_) {
       conn_.cancel(g->rid);
-      send_frame({{"type", "error"}, {"id", key}, {"code", "shutting_down"},
+      send_frame({{"type", "error"},
+                  {"id", key},
+                  {"code", "shutting_down"},
                   {"message", "the server is shutting down: the grace period ended"}});
       log_end(key, *g, 503, "shutting_down", "the grace period ended");
     }
@@ -730,27 +746,40 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     const std::string type = f.contains("type") && f["type"].is_string() ? f["type"].get<std::string>() : "";
     const json id = f.contains("id") ? f["id"] : json();
     if (type == "cancel") {
-      const std::string key = id.is_string() ? id.get<std::string>() : id.is_number_integer() ? std::to_string(id.get<int64_t>()) : "";
+      const std::string key = id.is_string()           ? id.get<std::string>()
+                              : id.is_number_integer() ? std::to_string(id.get<int64_t>())
+                                                       : "";
       auto it = gens_.find(key);
       if (it == gens_.end())
-        return reject({{"type", "error"}, {"id", id}, {"code", "invalid_argument"}, {"message", "no request with this id in flight"}});
+        return reject({{"type", "error"},
+                       {"id", id},
+                       {"code", "invalid_argument"},
+                       {"message", "no request with this id in flight"}});
       conn_.cancel(it->second->rid);
       return;
     }
     if (type != "generate")
-      return reject({{"type", "error"}, {"id", id}, {"code", "invalid_argument"},
-                         {"message", "unknown frame type '" + type + "' (generate, cancel)"}});
+      return reject({{"type", "error"},
+                     {"id", id},
+                     {"code", "invalid_argument"},
+                     {"message", "unknown frame type '" + type + "' (generate, cancel)"}});
     if (srv_->draining)
-      return reject({{"type", "error"}, {"id", id}, {"code", "shutting_down"}, {"message", "the server is shutting down"}});
+      return reject(
+          {{"type", "error"}, {"id", id}, {"code", "shutting_down"}, {"message", "the server is shutting down"}});
     auto g = std::make_unique<ws_request>();
     if (auto err = parse_ws_generate(f, srv_->mdl, g->req, text))
       return reject({{"type", "error"}, {"id", id}, {"code", err->code}, {"message", err->message}});
     if (gens_.count(g->req.client_id))
-      return reject({{"type", "error"}, {"id", id}, {"code", "invalid_argument"}, {"message", "a request with this id is in flight"}});
+      return reject({{"type", "error"},
+                     {"id", id},
+                     {"code", "invalid_argument"},
+                     {"message", "a request with this id is in flight"}});
     if (gens_.size() >= srv_->cfg.max_requests_per_connection)
-      return reject({{"type", "error"}, {"id", id}, {"code", "overloaded"},
-                         {"message", "too many requests in flight on this connection (limit " +
-                                         std::to_string(srv_->cfg.max_requests_per_connection) + ")"}});
+      return reject({{"type", "error"},
+                     {"id", id},
+                     {"code", "overloaded"},
+                     {"message", "too many requests in flight on this connection (limit " +
+                                     std::to_string(srv_->cfg.max_requests_per_connection) + ")"}});
     g->gen = generation(g->req.stop);
     ++srv_->in_flight;
     ws_request* raw = g.get();
@@ -794,7 +823,8 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
         send_frame(f);
       }
       if (ev.kind == event_kind::done) {
-        if (!shown.empty()) send_frame({{"type", "token"}, {"id", key}, {"index", g.index++}, {"text", shown}, {"token", -1}});
+        if (!shown.empty())
+          send_frame({{"type", "token"}, {"id", key}, {"index", g.index++}, {"text", shown}, {"token", -1}});
         send_frame({{"type", "done"},
                     {"id", key},
                     {"finish_reason", std::string(to_string(g.gen.finish_reason))},
@@ -953,12 +983,11 @@ http_server::http_server(pipeline& p, served_model m, server_config cfg)
   if (!ec) im.acceptor.bind(ep, ec);
   if (!ec) im.acceptor.listen(net::socket_base::max_listen_connections, ec);
   if (ec)
-    throw failure(errc::io_error, "cannot listen on " + im.cfg.host + ":" + std::to_string(im.cfg.port) + ": " + ec.message());
+    throw failure(errc::io_error,
+                  "cannot listen on " + im.cfg.host + ":" + std::to_string(im.cfg.port) + ": " + ec.message());
 }
 
-http_server::~http_server() {
-  stop();
-}
+http_server::~http_server() { stop(); }
 
 uint16_t http_server::port() const { return impl_->acceptor.local_endpoint().port(); }
 
@@ -973,7 +1002,8 @@ void http_server::run() {
     signals->async_wait([this](beast::error_code ec, int sig) {
       if (ec) return;
       oplog::event(oplog::level::info, "draining",
-                   {{"signal", sig}, {"in_flight", int64_t(impl_->in_flight.load())},
+                   {{"signal", sig},
+                    {"in_flight", int64_t(impl_->in_flight.load())},
                     {"grace_s", double(impl_->cfg.grace.count()) / 1000}});
       stop();
     });

@@ -14,17 +14,17 @@ namespace tandem::server {
 
 struct server_config {
   std::string host = "127.0.0.1";
-  uint16_t port = 8080;                         // 0: any free port (see http_server::port)
-  std::string api_key;                          // required on /v1/* and the WebSocket when set
-  std::string admin_key;                        // /admin/* exist only when set
-  size_t max_body_bytes = 1 << 20;              // larger bodies get 413
-  size_t max_frame_bytes = 1 << 20;             // larger WebSocket messages close with 1009
-  size_t max_requests_per_connection = 32;      // in flight on one WebSocket
-  size_t outgoing_limit_bytes = 1 << 20;        // queued for one slow client before its requests pause
+  uint16_t port = 8080;  // 0: any free port (see http_server::port)
+  std::string api_key;  // required on /v1/* and the WebSocket when set
+  std::string admin_key;  // /admin/* exist only when set
+  size_t max_body_bytes = 1 << 20;  // larger bodies get 413
+  size_t max_frame_bytes = 1 << 20;  // larger WebSocket messages close with 1009
+  size_t max_requests_per_connection = 32;  // in flight on one WebSocket
+  size_t outgoing_limit_bytes = 1 << 20;  // queued for one slow client before its requests pause
   std::chrono::milliseconds header_timeout{10000};
-  std::chrono::milliseconds grace{10000};       // shutdown: how long in-flight requests may finish
+  std::chrono::milliseconds grace{10000};  // shutdown: how long in-flight requests may finish
   int io_threads = 2;
-  bool stop_on_signals = false;                 // SIGINT/SIGTERM call stop() (for `tandem serve`)
+  bool stop_on_signals = false;  // SIGINT/SIGTERM call stop() (for `tandem serve`)
 };
 
 class http_server {
@@ -32,7 +32,7 @@ class http_server {
   http_server(pipeline& p, served_model m, server_config cfg);  // binds; throws failure(io_error)
   ~http_server();
   uint16_t port() const;
-  void run();   // serves until stop() has drained (or the grace period ended)
+  void run();  // serves until stop() has drained (or the grace period ended)
   void stop();  // thread-safe; call from any thread (not from a signal handler)
 
   struct impl;  // opaque

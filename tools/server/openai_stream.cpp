@@ -353,9 +353,7 @@ void openai_stream::fail(const api_error& e) {
       emit(out::sse{std::string(sse_done)});
       emit(out::close_sse{});
       return finish(200, e.code, e.message);
-    case phase::waiting:
-      finish(e.http_status, e.code, e.message);
-      return emit(out::refuse{e});
+    case phase::waiting: finish(e.http_status, e.code, e.message); return emit(out::refuse{e});
     case phase::ended: return;
   }
 }

@@ -46,7 +46,7 @@ struct generation {
   bool ended = false;  // its text is complete: its done event, a completed stop string, an error
 
   struct applied {
-    std::string shown;    // the text to show for this event (a token's, after stop strings)
+    std::string shown;  // the text to show for this event (a token's, after stop strings)
     bool stopped = false;  // a stop string completed just now: cancel the rest of the request
   };
   applied apply(const request_event& ev);
@@ -54,31 +54,46 @@ struct generation {
 
 // ---- inputs besides the request's events ----
 namespace in {
-struct client_gone {};              // the connection closed first: 499, its choices cancelled
-struct abort { api_error error; };  // the server ends it (grace period over): the error, as a failure
+struct client_gone {};  // the connection closed first: 499, its choices cancelled
+struct abort {
+  api_error error;
+};  // the server ends it (grace period over): the error, as a failure
 }  // namespace in
 using input = std::variant<request_event, in::client_gone, in::abort>;
 
 // ---- outputs: what to do, in order ----
 namespace out {
-struct submit { int32_t choice; generation_request request; };  // start a choice; answer with submitted()
-struct cancel { request_id id; };
-struct open_sse {};                         // the SSE response's head (200, text/event-stream)
-struct sse { std::string event; };          // one event: "data: ...\n\n"
-struct close_sse {};                        // the stream's end (after its [DONE])
-struct respond { json body; };              // the whole answer (200, application/json)
-struct refuse { api_error error; };         // the error response (nothing was sent before it)
-struct finished { request_log log; };       // the request is over: its log line (before a respond or refuse)
+struct submit {
+  int32_t choice;
+  generation_request request;
+};  // start a choice; answer with submitted()
+struct cancel {
+  request_id id;
+};
+struct open_sse {};  // the SSE response's head (200, text/event-stream)
+struct sse {
+  std::string event;
+};  // one event: "data: ...\n\n"
+struct close_sse {};  // the stream's end (after its [DONE])
+struct respond {
+  json body;
+};  // the whole answer (200, application/json)
+struct refuse {
+  api_error error;
+};  // the error response (nothing was sent before it)
+struct finished {
+  request_log log;
+};  // the request is over: its log line (before a respond or refuse)
 }  // namespace out
 using output = std::variant<out::submit, out::cancel, out::open_sse, out::sse, out::close_sse, out::respond,
                             out::refuse, out::finished>;
 
 // What an answer needs of the server around it.
 struct stream_context {
-  std::string model;               // "model" in every chunk and body
+  std::string model;  // "model" in every chunk and body
   const tokenizer* tok = nullptr;  // log-probabilities' token strings, echo of a token-id prompt
-  int64_t serial = 0;              // the answer's id: cmpl-SERIAL, chatcmpl-SERIAL
-  std::function<int64_t()> now;    // "created" (Unix seconds); empty: the system clock
+  int64_t serial = 0;  // the answer's id: cmpl-SERIAL, chatcmpl-SERIAL
+  std::function<int64_t()> now;  // "created" (Unix seconds); empty: the system clock
 };
 
 class openai_stream {
@@ -89,8 +104,8 @@ class openai_stream {
   // to rank by, shown only when asked for.
   openai_stream(api_request req, stream_context ctx);
 
-  std::vector<output> start();                         // choice 0's submit
-  void submitted(int32_t choice, request_id id);       // the id a submit got
+  std::vector<output> start();  // choice 0's submit
+  void submitted(int32_t choice, request_id id);  // the id a submit got
   std::vector<output> on(const input& i);
   std::vector<output> on(const request_event& ev);  // the same, without a copy of the event
 
@@ -104,8 +119,8 @@ class openai_stream {
     int32_t index;
     request_id id = 0;  // 0: not submitted yet
     generation gen;
-    bool done = false;       // its done event came
-    bool first = true;       // chat streaming: its first chunk carries the role
+    bool done = false;  // its done event came
+    bool first = true;  // chat streaming: its first chunk carries the role
     double logprob_sum = 0;  // of its tokens: best_of ranks choices by the mean
     int32_t logprob_count = 0;
     // A forced tool call being streamed: where its arguments start in the text (0: not yet
@@ -156,7 +171,9 @@ class openai_stream {
   json usage_all() const;
   std::string echoed_prompt() const;
   template <class O>
-  void emit(O o) { out_.emplace_back(std::move(o)); }
+  void emit(O o) {
+    out_.emplace_back(std::move(o));
+  }
 
   api_request req_;
   stream_context ctx_;

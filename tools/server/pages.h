@@ -5,7 +5,7 @@
 
 namespace tandem::server {
 
-std::string_view chat_page();       // GET /
+std::string_view chat_page();  // GET /
 std::string_view dashboard_page();  // GET /dashboard (reads the SSE feed /dashboard/feed)
 
 }  // namespace tandem::server

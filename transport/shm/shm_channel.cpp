@@ -40,8 +40,8 @@ std::string shm_ring::name_prefix() { return name_prefix(long(::getpid())); }
 shm_ring shm_ring::create(size_t data_bytes) {
   static std::atomic<uint64_t> next{0};
   if (data_bytes < 4096 || data_bytes > (64ull << 30))
-    throw failure(errc::invalid_argument, "shared-memory ring of " + std::to_string(data_bytes) +
-                                              " bytes: outside 4 KiB..64 GiB");
+    throw failure(errc::invalid_argument,
+                  "shared-memory ring of " + std::to_string(data_bytes) + " bytes: outside 4 KiB..64 GiB");
   shm_ring r;
   r.nonce_ = random_u64();
   char suffix[32];
@@ -63,8 +63,8 @@ shm_ring shm_ring::create(size_t data_bytes) {
   if (const int rc = ::posix_fallocate(fd, 0, off_t(total)); rc != 0) {
     ::close(fd);
     ::shm_unlink(r.name_.c_str());
-    throw failure(errc::io_error, "reserving " + std::to_string(total) + " bytes of shared memory for " + r.name_ + ": " +
-                                      std::strerror(rc));
+    throw failure(errc::io_error, "reserving " + std::to_string(total) + " bytes of shared memory for " + r.name_ +
+                                      ": " + std::strerror(rc));
   }
   void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);

@@ -12,10 +12,10 @@ namespace tandem::transport {
 
 // Layout of one slot in the arena (the header protocol a peer process reads).
 struct shm_slot_header {
-  uint64_t magic;       // shm_slot_magic when the slot holds a payload
-  uint64_t sequence;    // increases by one per slot written
-  uint64_t size;        // payload bytes that follow the header
-  uint64_t checksum;    // XXH3-64 of the payload
+  uint64_t magic;  // shm_slot_magic when the slot holds a payload
+  uint64_t sequence;  // increases by one per slot written
+  uint64_t size;  // payload bytes that follow the header
+  uint64_t checksum;  // XXH3-64 of the payload
 };
 constexpr uint64_t shm_slot_magic = 0x746e656d64657373ull;  // "tandem" slot
 

@@ -27,8 +27,6 @@ std::string host_identity() {
   return id;
 }
 
-
-
 // ---------------------------------------------------------------------------------------------
 // Receiver
 
@@ -136,8 +134,8 @@ struct rx_session : std::enable_shared_from_this<rx_session> {
     cur = wire::get_prefix(pfx);
     if (auto st = wire::check_prefix(cur); !st) return protocol_error(st.message());
     const auto t = wire::msg(cur.type);
-    const bool from_sender = t == wire::msg::hello || t == wire::msg::frame || t == wire::msg::doorbell ||
-                             t == wire::msg::mapped;
+    const bool from_sender =
+        t == wire::msg::hello || t == wire::msg::frame || t == wire::msg::doorbell || t == wire::msg::mapped;
     if (!from_sender) return protocol_error("unexpected message type " + std::to_string(cur.type));
     if ((t == wire::msg::hello) == handshaken)
       return protocol_error(handshaken ? "a second hello" : "a message before the hello");
@@ -171,13 +169,14 @@ struct rx_session : std::enable_shared_from_this<rx_session> {
   void on_hello() {
     wire::hello h;
     if (auto st = wire::decode(hdr, h); !st) return protocol_error(st.message());
-    if (h.version != kv_channel_version) return refuse(errc::incompatible_kv, version_mismatch(h.version, kv_channel_version));
+    if (h.version != kv_channel_version)
+      return refuse(errc::incompatible_kv, version_mismatch(h.version, kv_channel_version));
     const bool same_host = h.host == rx.host;
     if (h.mode == channel_mode::shm && !rx.opts.allow_shm)
       return refuse(errc::unsupported, "shared memory asked for, but this receiver does not allow it");
     if (h.mode == channel_mode::shm && !same_host)
-      return refuse(errc::unsupported, "shared memory asked for, but the hosts differ (sender " + h.host +
-                                           ", receiver " + rx.host + ")");
+      return refuse(errc::unsupported,
+                    "shared memory asked for, but the hosts differ (sender " + h.host + ", receiver " + rx.host + ")");
     wire::welcome w;
     w.host = rx.host;
     w.credit_bytes = rx.opts.credit_bytes;
@@ -411,8 +410,8 @@ kv_receiver::kv_receiver(receiver_options opts, frame_handler on_frame) : impl_(
     impl_->acceptor.listen(asio::socket_base::max_listen_connections);
     impl_->port = impl_->acceptor.local_endpoint().port();
   } catch (const boost::system::system_error& e) {
-    throw failure(errc::io_error, "kv_receiver cannot listen on " + o.bind_host + ":" + std::to_string(o.port) +
-                                      ": " + e.code().message());
+    throw failure(errc::io_error, "kv_receiver cannot listen on " + o.bind_host + ":" + std::to_string(o.port) + ": " +
+                                      e.code().message());
   }
   impl_->guard.emplace(impl_->io.get_executor());
   impl_->accept();

@@ -8,7 +8,6 @@ namespace tandem::transport {
 
 using namespace tcp_detail;
 
-
 namespace {
 
 struct tx_frame {
@@ -197,11 +196,11 @@ struct tx_conn : std::enable_shared_from_this<tx_conn> {
       if (auto st = wire::check_prefix(self->cur); !st)
         return self->fail({errc::io_error, "from " + self->s.where + ": " + st.message()});
       const auto t = wire::msg(self->cur.type);
-      const bool expected = self->state == st::handshaking ? t == wire::msg::welcome
-                                                           : (t == wire::msg::ack || t == wire::msg::release);
+      const bool expected =
+          self->state == st::handshaking ? t == wire::msg::welcome : (t == wire::msg::ack || t == wire::msg::release);
       if (!expected)
-        return self->fail({errc::io_error, "unexpected message type " + std::to_string(self->cur.type) + " from " +
-                                               self->s.where});
+        return self->fail(
+            {errc::io_error, "unexpected message type " + std::to_string(self->cur.type) + " from " + self->s.where});
       self->hdr.resize(self->cur.header_len);
       asio::async_read(self->sock, asio::buffer(self->hdr), [self](error_code ec, size_t) {
         if (self->dead()) return;
@@ -253,10 +252,8 @@ struct tx_conn : std::enable_shared_from_this<tx_conn> {
     inflight.pop_front();
     unacked -= f.bytes;
     if (streaming && stream_seq == f.seq) streaming = false;
-    if (a.code == errc::ok)
-      s.complete(f.id, transfer_status{transfer_state::done, {}, f.bytes});
-    else
-      s.fail(f.id, {a.code, a.message});
+    if (a.code == errc::ok) s.complete(f.id, transfer_status{transfer_state::done, {}, f.bytes});
+    else s.fail(f.id, {a.code, a.message});
     pump();
   }
 
@@ -344,10 +341,8 @@ void tx_core::connect() {
 
 void tx_core::on_submit(tx_frame f) {
   queue.push_back(std::move(f));
-  if (!conn)
-    connect();
-  else
-    conn->pump();
+  if (!conn) connect();
+  else conn->pump();
 }
 
 }  // namespace

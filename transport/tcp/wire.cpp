@@ -258,8 +258,7 @@ status decode_frame_header(std::string_view body, frame_header& h) {
   if (version != kv_channel_version)
     return {errc::incompatible_kv, "frame of KV channel version " + std::to_string(version) + ", this end speaks " +
                                        std::to_string(kv_channel_version)};
-  if (!h.have_seq || !get(a.ptr[2], h.target) || !get(a.ptr[3], h.request) ||
-      !get(a.ptr[4], h.epoch))
+  if (!h.have_seq || !get(a.ptr[2], h.target) || !get(a.ptr[3], h.request) || !get(a.ptr[4], h.epoch))
     return bad("frame: fields");
   const auto& bl = a.ptr[5];
   if (bl.type != msgpack::type::ARRAY) return bad("frame: blocks");
@@ -282,11 +281,10 @@ status decode_frame_header(std::string_view body, frame_header& h) {
     k.dtype = kernels::dtype(dt);
     const uint64_t floats = block_floats(k);
     if (floats == 0)
-      return {errc::invalid_argument, "block " + std::to_string(i) + ": shape out of bounds (layers [" +
-                                          std::to_string(k.layer_begin) + "," + std::to_string(k.layer_end) +
-                                          "), block_size " + std::to_string(k.block_size) + ", n_kv_head " +
-                                          std::to_string(k.n_kv_head) + ", head_dim " + std::to_string(k.head_dim) +
-                                          ")"};
+      return {errc::invalid_argument,
+              "block " + std::to_string(i) + ": shape out of bounds (layers [" + std::to_string(k.layer_begin) + "," +
+                  std::to_string(k.layer_end) + "), block_size " + std::to_string(k.block_size) + ", n_kv_head " +
+                  std::to_string(k.n_kv_head) + ", head_dim " + std::to_string(k.head_dim) + ")"};
     if (!kv_dtype_supported(k.dtype))
       return {errc::invalid_argument, "block " + std::to_string(i) + ": KV element type " + std::to_string(dt) +
                                           " is not f32, f16, bf16 or q8_0"};

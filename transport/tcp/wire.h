@@ -31,12 +31,12 @@ constexpr size_t prefix_bytes = 12;
 enum class msg : uint32_t { hello = 1, welcome = 2, frame = 3, ack = 4, doorbell = 5, release = 6, mapped = 7 };
 
 // Bounds a receiver enforces before it allocates anything.
-constexpr uint32_t max_control_header = 64u << 10;   // every message but frame
+constexpr uint32_t max_control_header = 64u << 10;  // every message but frame
 constexpr uint32_t max_frame_header = 16u << 20;
-constexpr size_t max_blocks = 65536;                 // per frame
-constexpr int32_t max_dim = 1 << 20;                  // each of block_size, n_kv_head, head_dim, layers
-constexpr uint64_t max_block_floats = 1ull << 28;    // 1 GiB of payload per block
-constexpr uint64_t max_frame_payload = 4ull << 30;   // 4 GiB per frame
+constexpr size_t max_blocks = 65536;  // per frame
+constexpr int32_t max_dim = 1 << 20;  // each of block_size, n_kv_head, head_dim, layers
+constexpr uint64_t max_block_floats = 1ull << 28;  // 1 GiB of payload per block
+constexpr uint64_t max_frame_payload = 4ull << 30;  // 4 GiB per frame
 
 struct prefix {
   uint32_t magic = 0;
