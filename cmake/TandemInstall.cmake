@@ -97,6 +97,11 @@ foreach(h IN LISTS TANDEM_PUBLIC_HEADERS)
 endforeach()
 configure_file(docs/Doxyfile.in ${PROJECT_BINARY_DIR}/Doxyfile @ONLY)
 find_program(DOXYGEN_PROGRAM doxygen)
-add_custom_target(api_reference COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/docs/api
-                  COMMAND ${DOXYGEN_PROGRAM} ${PROJECT_BINARY_DIR}/Doxyfile
-                  WORKING_DIRECTORY ${PROJECT_BINARY_DIR} COMMENT "API reference (Doxygen) of the public headers")
+if(DOXYGEN_PROGRAM)
+  add_custom_target(api_reference COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/docs/api
+                    COMMAND ${DOXYGEN_PROGRAM} ${PROJECT_BINARY_DIR}/Doxyfile
+                    WORKING_DIRECTORY ${PROJECT_BINARY_DIR} COMMENT "API reference (Doxygen) of the public headers")
+else()
+  add_custom_target(api_reference COMMAND ${CMAKE_COMMAND} -E echo "doxygen is needed (tools/scripts/setup.sh --tests)"
+                    COMMAND ${CMAKE_COMMAND} -E false)
+endif()
